@@ -1,0 +1,1 @@
+"""From samples to conclusions: decomposition, bounds and (later) study statistics."""

@@ -1,0 +1,108 @@
+"""Sharp bounds from a finite observation window (SPEC.md section 5).
+
+Observing each divergent trajectory for only ``L`` positions from ``tau`` leaves the
+full-horizon risk anywhere in ``[R_L, R_L + B_L]`` and nowhere else; these helpers
+build that interval, its minimax point, contrasts, orderings and the Hoeffding
+finite-sample enclosure.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def check_depth(L: int, horizon: int) -> int:
+    """Return ``L`` if it is an integer in 1..H, else raise a clear error."""
+    if isinstance(L, bool) or not isinstance(L, int | np.integer) or not 1 <= L <= horizon:
+        raise ValueError(f"depth L must be an integer within 1..H = 1..{horizon}; got {L!r}")
+    return int(L)
+
+
+@dataclass(frozen=True)
+class WindowTerms:
+    """Per-trajectory window terms: ``observed`` (mean -> R_L) and ``capacity`` (mean -> B_L)."""
+
+    observed: np.ndarray
+    capacity: np.ndarray
+
+
+def window_terms(mismatch: np.ndarray, L: int) -> WindowTerms:
+    """From complete rollouts ``[N, H]``: ``(1/H) sum_{j<l} I_{tau+j}`` and ``(H-tau-L+1)_+/H``."""
+    m = np.asarray(mismatch, dtype=bool)
+    H = m.shape[1]
+    L = check_depth(L, H)
+    diverged = m.any(axis=1)
+    tau = np.where(diverged, m.argmax(axis=1) + 1, H + 1)
+    t = np.arange(1, H + 1)[None, :]
+    window = (t >= tau[:, None]) & (t < tau[:, None] + L)
+    capacity = np.where(diverged, np.maximum(H - tau - L + 1, 0), 0) / H
+    return WindowTerms(observed=(m & window).sum(axis=1) / H, capacity=capacity)
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A closed interval ``[lo, hi]`` with its midpoint (the minimax point estimate)."""
+
+    lo: float
+    hi: float
+
+    def __post_init__(self) -> None:
+        if not self.lo <= self.hi:
+            raise ValueError(f"interval needs lo <= hi; got [{self.lo}, {self.hi}]")
+
+    @property
+    def minimax(self) -> float:
+        return (self.lo + self.hi) / 2
+
+    @property
+    def worst_error(self) -> float:
+        return (self.hi - self.lo) / 2
+
+    def contains(self, value: float, tol: float = 0.0) -> bool:
+        return self.lo - tol <= value <= self.hi + tol
+
+
+def sharp_interval(R_L: float, B_L: float) -> Interval:
+    """The exact set of full-horizon risks compatible with depth-L observation."""
+    if B_L < 0:
+        raise ValueError(f"unobserved capacity B_L must be >= 0; got {B_L}")
+    return Interval(R_L, R_L + B_L)
+
+
+def contrast_interval(a: Interval, b: Interval) -> Interval:
+    """Sharp set of ``R_b - R_a`` given each action's interval."""
+    return Interval(b.lo - a.hi, b.hi - a.lo)
+
+
+def certainly_better(a: Interval, b: Interval) -> bool:
+    """True iff action ``a`` has lower risk than ``b`` for every compatible kernel pair."""
+    return a.hi < b.lo
+
+
+def certified_order(intervals: dict[str, Interval]) -> list[tuple[str, str]]:
+    """All pairs ``(a, b)`` of named actions where ``a`` is certainly better than ``b``."""
+    return [
+        (a, b)
+        for a, ia in intervals.items()
+        for b, ib in intervals.items()
+        if a != b and certainly_better(ia, ib)
+    ]
+
+
+def hoeffding_enclosure(lower: np.ndarray, upper: np.ndarray, alpha: float = 0.05) -> Interval:
+    """Finite-sample enclosure of the full-horizon risk from per-document bounds.
+
+    ``lower[i]`` and ``upper[i]`` are document ``i``'s replicate means of ``Z_L`` and
+    ``Z_L + W_L`` (each in [0, 1]). With probability at least ``1 - alpha`` the risk lies
+    in ``[max(0, r_- - eps), min(1, r_+ + eps)]``, ``eps = sqrt(log(4/alpha) / (2n))``.
+    """
+    lo_v, hi_v = np.asarray(lower, dtype=float), np.asarray(upper, dtype=float)
+    if lo_v.shape != hi_v.shape or lo_v.ndim != 1 or lo_v.size == 0:
+        raise ValueError("lower and upper must be non-empty 1-D arrays of equal length")
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must be within (0, 1); got {alpha}")
+    eps = math.sqrt(math.log(4 / alpha) / (2 * lo_v.size))
+    return Interval(max(0.0, float(lo_v.mean()) - eps), min(1.0, float(hi_v.mean()) + eps))

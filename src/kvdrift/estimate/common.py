@@ -1,0 +1,39 @@
+"""Argument checks and random generators shared by the estimators."""
+
+from __future__ import annotations
+
+import torch
+
+
+def check_horizon(horizon: int) -> int:
+    """Return the horizon H if it is an integer >= 1, else raise a clear error."""
+    if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1:
+        raise ValueError(f"horizon H must be an integer >= 1; got {horizon!r}")
+    return horizon
+
+
+def check_replicates(replicates: int) -> int:
+    """Return the replicate count K if it is an integer >= 1, else raise a clear error."""
+    if isinstance(replicates, bool) or not isinstance(replicates, int) or replicates < 1:
+        raise ValueError(f"replicates K must be an integer >= 1; got {replicates!r}")
+    return replicates
+
+
+def check_depths(depths: tuple[int, ...] | list[int], horizon: int) -> tuple[int, ...]:
+    """Return observation depths L as a sorted tuple, each within 1..H."""
+    out = tuple(sorted(set(int(d) for d in depths)))
+    bad = [d for d in out if not 1 <= d <= horizon]
+    if bad:
+        raise ValueError(f"depth L must be within 1..H = 1..{horizon}; got {bad[0]}")
+    return out
+
+
+def make_generator(
+    seed: int | torch.Generator, device: torch.device | str = "cpu"
+) -> torch.Generator:
+    """A torch.Generator on ``device`` seeded with ``seed`` (a Generator passes through)."""
+    if isinstance(seed, torch.Generator):
+        return seed
+    gen = torch.Generator(device=device)
+    gen.manual_seed(int(seed))
+    return gen

@@ -1,0 +1,103 @@
+"""Complete coupled rollouts: the naive estimator (SPEC.md section 6).
+
+Each replicate runs the stepwise maximal coupling for ``H`` steps on three paths:
+the reference branch ``X`` under P, the intervention branch ``Y`` under Q, and Q
+forced along ``X`` (for the fixed-history TV ``f_t``). The two Q paths share one
+batched state (rows ``[Y; X]``) so a language model runs them in one forward pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kvdrift.coupling import absorb_eos, coupled_draw, tempered_probs, tv_distance
+from kvdrift.estimate.common import check_horizon, check_replicates, make_generator
+from kvdrift.kernel import KernelPair
+
+NEVER = 0
+"""Value of ``tau`` for a trajectory that never diverged within the horizon."""
+
+
+@dataclass(frozen=True)
+class RolloutResult:
+    """Per replicate and position records of complete coupled rollouts.
+
+    Tensors are ``[K, H]`` (positions ``t = 1..H`` in columns ``0..H-1``) unless noted.
+    ``tau`` is the first mismatch position (1-based), ``0`` when there is none.
+    ``x_eos``/``y_eos`` flag positions at which that branch has emitted EOS (at or before t).
+    """
+
+    x: torch.Tensor
+    y: torch.Tensor
+    mismatch: torch.Tensor  # bool
+    delta: torch.Tensor  # float64, branch-aligned TV
+    f: torch.Tensor  # float64, fixed-history TV along X
+    x_eos: torch.Tensor  # bool
+    y_eos: torch.Tensor  # bool
+    tau: torch.Tensor  # [K] long, 0 = never
+    evaluations: int  # kernel-pair evaluations (one per replicate and position)
+
+    @property
+    def replicates(self) -> int:
+        return int(self.x.shape[0])
+
+    @property
+    def horizon(self) -> int:
+        return int(self.x.shape[1])
+
+
+def first_mismatch(mismatch: torch.Tensor) -> torch.Tensor:
+    """``tau`` per row of a ``[K, H]`` bool tensor: 1-based first True, 0 if none."""
+    any_ = mismatch.any(dim=-1)
+    first = mismatch.to(torch.int8).argmax(dim=-1) + 1
+    return torch.where(any_, first, torch.zeros_like(first))
+
+
+def coupled_rollouts(
+    pair: KernelPair,
+    replicates: int,
+    horizon: int,
+    temperature: float = 1.0,
+    seed: int | torch.Generator = 0,
+) -> RolloutResult:
+    """Run ``replicates`` complete coupled rollouts of length ``horizon`` on ``pair``."""
+    K = check_replicates(replicates)
+    H = check_horizon(horizon)
+    gen = make_generator(seed, pair.device)
+    eos = pair.eos_token_id
+    p_state = pair.start("p", K)
+    q_state = pair.start("q", 2 * K)  # rows [Y-branch; Q forced along X]
+
+    cols: dict[str, list[torch.Tensor]] = {k: [] for k in ("x", "y", "m", "d", "f", "xe", "ye")}
+    x_done = torch.zeros(K, dtype=torch.bool, device=pair.device)
+    y_done = torch.zeros(K, dtype=torch.bool, device=pair.device)
+    for t in range(H):
+        p = absorb_eos(tempered_probs(pair.logprobs(p_state), temperature), x_done, eos)
+        q_both = tempered_probs(pair.logprobs(q_state), temperature)
+        q = absorb_eos(q_both[:K], y_done, eos)
+        q_on_x = absorb_eos(q_both[K:], x_done, eos)
+        draw = coupled_draw(p, q, gen)
+        if eos is not None:
+            x_done = x_done | (draw.x == eos)
+            y_done = y_done | (draw.y == eos)
+        cols["x"].append(draw.x)
+        cols["y"].append(draw.y)
+        cols["m"].append(draw.x != draw.y)
+        cols["d"].append(draw.tv)
+        cols["f"].append(tv_distance(p, q_on_x))
+        cols["xe"].append(x_done.clone())
+        cols["ye"].append(y_done.clone())
+        if t + 1 < H:
+            p_state = pair.advance(p_state, draw.x)
+            q_state = pair.advance(q_state, torch.cat([draw.y, draw.x]))
+
+    def stack(k: str) -> torch.Tensor:
+        return torch.stack(cols[k], dim=1).cpu()
+
+    mismatch = stack("m")
+    return RolloutResult(
+        x=stack("x"), y=stack("y"), mismatch=mismatch, delta=stack("d"), f=stack("f"),
+        x_eos=stack("xe"), y_eos=stack("ye"), tau=first_mismatch(mismatch), evaluations=K * H,
+    )

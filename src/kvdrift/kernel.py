@@ -1,0 +1,71 @@
+"""The kernel-pair protocol: the one interface every estimator talks to.
+
+A kernel pair is two autoregressive next-token kernels over the same vocabulary:
+the reference ``P`` (side ``"p"``, e.g. the full-cache model) and the intervention
+``Q`` (side ``"q"``, e.g. the same weights with an evicted prompt cache). Each is
+stepped on a batch of generated histories held in an opaque *path state*.
+
+Two worlds implement it: explicit finite tables (:mod:`kvdrift.finite`) and
+language models (:mod:`kvdrift.lm.pair`). Estimators never know which one runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import torch
+
+Side = Literal["p", "q"]
+SIDES: tuple[Side, ...] = ("p", "q")
+
+PathState = Any
+"""Opaque batched state: one generated history per row, owned by the kernel pair."""
+
+
+@runtime_checkable
+class KernelPair(Protocol):
+    """Two next-token kernels stepped on batches of histories.
+
+    Contract
+    --------
+    - ``start(side, n)`` returns ``n`` rows, each with the empty generated history.
+    - ``logprobs(state)`` returns ``[n, vocab_size]`` float64 log-probabilities of the
+      next token at temperature 1 (``-inf`` where a token is impossible).
+    - ``advance(state, tokens)`` appends ``tokens[i]`` to row ``i`` and returns the new
+      state; it may reuse ``state``'s storage, so the old state must not be used again.
+    - ``truncate(state, lengths)`` returns a state whose row ``i`` holds the first
+      ``lengths[i]`` tokens of row ``i``'s history; it may consume ``state`` too.
+    - ``select(state, rows)`` returns a state made of the given rows (in that order).
+    - Estimators never ask for ``logprobs`` of a history of length ``H`` or more, and
+      never advance past it; a pair may refuse to.
+
+    EOS absorption is not the kernel's job: estimators apply it (see
+    :func:`kvdrift.coupling.absorb_eos`), so both worlds share one rule.
+    """
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def eos_token_id(self) -> int | None: ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    def start(self, side: Side, n: int) -> PathState: ...
+
+    def logprobs(self, state: PathState) -> torch.Tensor: ...
+
+    def advance(self, state: PathState, tokens: torch.Tensor) -> PathState: ...
+
+    def truncate(self, state: PathState, lengths: torch.Tensor) -> PathState: ...
+
+    def select(self, state: PathState, rows: torch.Tensor) -> PathState: ...
+
+
+def check_side(side: str) -> Side:
+    """Return ``side`` if it names a kernel, else raise a clear error."""
+    if side not in SIDES:
+        raise ValueError(
+            f"unknown kernel side {side!r}; allowed: 'p' (reference), 'q' (intervention)")
+    return side  # type: ignore[return-value]

@@ -1,0 +1,5 @@
+"""Figures (matplotlib, Agg backend): each module draws one family of figures."""
+
+import matplotlib
+
+matplotlib.use("Agg")
