@@ -92,17 +92,26 @@ def certified_order(intervals: dict[str, Interval]) -> list[tuple[str, str]]:
     ]
 
 
-def hoeffding_enclosure(lower: np.ndarray, upper: np.ndarray, alpha: float = 0.05) -> Interval:
+def hoeffding_enclosure(
+    lower: np.ndarray, upper: np.ndarray, alpha: float = 0.05, weights: np.ndarray | None = None
+) -> Interval:
     """Finite-sample enclosure of the full-horizon risk from per-document bounds.
 
     ``lower[i]`` and ``upper[i]`` are document ``i``'s replicate means of ``Z_L`` and
     ``Z_L + W_L`` (each in [0, 1]). With probability at least ``1 - alpha`` the risk lies
     in ``[max(0, r_- - eps), min(1, r_+ + eps)]``, ``eps = sqrt(log(4/alpha) / (2n))``.
+    With ``weights`` (e.g. strata weighted equally) the means are weighted and ``1/n``
+    becomes ``sum(w_i^2)`` for weights normalised to sum 1 (Hoeffding for weighted sums).
     """
     lo_v, hi_v = np.asarray(lower, dtype=float), np.asarray(upper, dtype=float)
     if lo_v.shape != hi_v.shape or lo_v.ndim != 1 or lo_v.size == 0:
         raise ValueError("lower and upper must be non-empty 1-D arrays of equal length")
     if not 0 < alpha < 1:
         raise ValueError(f"alpha must be within (0, 1); got {alpha}")
-    eps = math.sqrt(math.log(4 / alpha) / (2 * lo_v.size))
-    return Interval(max(0.0, float(lo_v.mean()) - eps), min(1.0, float(hi_v.mean()) + eps))
+    w = np.full(lo_v.size, 1.0 / lo_v.size) if weights is None else np.asarray(weights, float)
+    if w.shape != lo_v.shape or (w < 0).any() or w.sum() <= 0:
+        raise ValueError("weights must be non-negative, one per document, and not all 0")
+    w = w / w.sum()
+    eps = math.sqrt(math.log(4 / alpha) * float((w**2).sum()) / 2)
+    r_lo, r_hi = float((w * lo_v).sum()), float((w * hi_v).sum())
+    return Interval(max(0.0, r_lo - eps), min(1.0, r_hi + eps))

@@ -1,0 +1,100 @@
+"""Per-document features: replicate means whose weighted averages give every study quantity.
+
+Every quantity in the report is a function of weighted means over documents of these
+features (a ratio at most), so one matrix per action serves the point estimates and
+every bootstrap draw alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from kvdrift.analysis.lags import LagWindows, lag_terms
+
+EOS_CATEGORIES = ("pre-EOS", "first EOS", "one absorbed", "both absorbed")
+REPLICATE_COLUMNS = ("risk", "occurrence", "exposure", "occupation", "fixed_risk",
+                     "divergence_mass", "entry_time_mass")
+SATURATION = 0.99
+
+
+@dataclass(frozen=True)
+class DocFeatures:
+    """Feature matrices for one (model, action): each ``[n_docs, k]``, rows in ``doc_ids`` order."""
+
+    doc_ids: np.ndarray
+    strata: np.ndarray
+    columns: dict[str, np.ndarray]
+
+    def subset(self, doc_ids: np.ndarray) -> DocFeatures:
+        """The rows of the given documents, in that order."""
+        pos = pd.Index(self.doc_ids).get_indexer(doc_ids)
+        if (pos < 0).any():
+            raise ValueError("some documents are missing for this action")
+        return DocFeatures(self.doc_ids[pos], self.strata[pos],
+                           {k: v[pos] for k, v in self.columns.items()})
+
+
+def eos_categories(x_eos: np.ndarray, y_eos: np.ndarray) -> np.ndarray:
+    """Category index per position (``[..., H]``), see :data:`EOS_CATEGORIES`.
+
+    Both/one absorbed: EOS emitted by both/one branch before t; first EOS: neither before t
+    and at least one emits EOS at t; pre-EOS: everything else.
+    """
+    x_before = np.concatenate([np.zeros_like(x_eos[..., :1]), x_eos[..., :-1]], axis=-1)
+    y_before = np.concatenate([np.zeros_like(y_eos[..., :1]), y_eos[..., :-1]], axis=-1)
+    cat = np.zeros(x_eos.shape, dtype=np.int8)
+    cat[~x_before & ~y_before & (x_eos | y_eos)] = 1
+    cat[x_before ^ y_before] = 2
+    cat[x_before & y_before] = 3
+    return cat
+
+
+def _cube(steps: pd.DataFrame, column: str, n_docs: int, K: int, H: int) -> np.ndarray:
+    return steps[column].to_numpy().reshape(n_docs, K, H)
+
+
+def action_features(
+    steps: pd.DataFrame, replicates: pd.DataFrame, windows: LagWindows | None
+) -> DocFeatures:
+    """Features of one (model, action) from its step and replicate records."""
+    reps = replicates.sort_values(["doc_id", "replicate"])
+    keep = [c for c in reps.columns
+            if c in REPLICATE_COLUMNS or c.startswith(("observed_L", "capacity_L"))]
+    doc = reps.groupby("doc_id", sort=True)
+    means = doc[keep].mean()
+    doc_ids = means.index.to_numpy()
+    strata = doc["stratum"].first().loc[doc_ids].to_numpy()
+    cols = {c: means[c].to_numpy(dtype=np.float64)[:, None] for c in keep}
+
+    steps = steps.sort_values(["doc_id", "replicate", "t"])
+    n, K, H = len(doc_ids), int(reps["replicate"].nunique()), int(steps["t"].max())
+    if len(steps) != n * K * H:
+        raise ValueError("step records are incomplete: every document needs K x H steps")
+    estimator = str(steps["estimator"].iloc[0])
+    if estimator == "swrb":
+        weight = _cube(steps, "weight", n, K, H)
+        cols["timing"] = weight.cumsum(axis=-1).mean(axis=1)
+        return DocFeatures(doc_ids, strata, cols)
+
+    delta = _cube(steps, "delta", n, K, H)
+    f = _cube(steps, "f", n, K, H)
+    x_eos = _cube(steps, "x_eos", n, K, H).astype(bool)
+    y_eos = _cube(steps, "y_eos", n, K, H).astype(bool)
+    tau = _cube(steps, "tau", n, K, H)[..., 0]
+    t = np.arange(1, H + 1)
+    cols["expected_delta"] = delta.mean(axis=1)
+    cols["timing"] = ((tau[..., None] >= 1) & (tau[..., None] <= t)).mean(axis=1)
+    cols["saturation"] = (delta > SATURATION).mean(axis=(1, 2))[:, None]
+    cat = eos_categories(x_eos, y_eos)
+    cols["eos_R"] = np.stack([np.where(cat == c, delta, 0).sum(-1).mean(-1) / H
+                              for c in range(len(EOS_CATEGORIES))], axis=1)
+    cols["eos_F"] = np.stack([np.where(cat == c, f, 0).sum(-1).mean(-1) / H
+                              for c in range(len(EOS_CATEGORIES))], axis=1)
+    if windows is not None:
+        cols["lag_num"], cols["lag_den"] = lag_terms(delta, tau, x_eos, y_eos, windows)
+        cols["lag_num_strict"], cols["lag_den_strict"] = lag_terms(
+            delta, tau, x_eos, y_eos, windows, strict=True)
+    return DocFeatures(doc_ids, strata, cols)

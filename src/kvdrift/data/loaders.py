@@ -1,0 +1,172 @@
+"""Reading and writing documents: JSON Lines files and Hugging Face datasets.
+
+A JSONL line is an object with ``id`` (string or integer) and ``prompt`` (non-empty string),
+optionally ``stratum`` (string), ``answer`` (string or null) and ``meta`` (object); any other
+keys are kept in ``meta``. Mistakes are reported with the file, line number and key.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from kvdrift.data.document import Document
+
+_KNOWN_KEYS = ("id", "prompt", "stratum", "answer", "meta")
+
+
+def _document_from_record(record: Any, where: str) -> Document:
+    """Validate one decoded JSONL object; ``where`` (``file:line``) prefixes every error."""
+    if not isinstance(record, dict):
+        raise ValueError(f"{where}: expected a JSON object; got {type(record).__name__}")
+    for key in ("id", "prompt"):
+        if key not in record:
+            raise ValueError(f"{where}: missing key {key!r}")
+    doc_id = record["id"]
+    if isinstance(doc_id, bool) or not isinstance(doc_id, str | int) or doc_id == "":
+        raise ValueError(f"{where}: key 'id' must be a non-empty string or integer; got {doc_id!r}")
+    prompt = record["prompt"]
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ValueError(f"{where}: key 'prompt' must be a non-empty string; got {prompt!r:.80}")
+    stratum = record.get("stratum", "default")
+    if not isinstance(stratum, str) or not stratum:
+        raise ValueError(f"{where}: key 'stratum' must be a non-empty string; got {stratum!r}")
+    answer = record.get("answer")
+    if answer is not None and not isinstance(answer, str):
+        raise ValueError(f"{where}: key 'answer' must be a string or null; got {answer!r}")
+    meta = record.get("meta", {})
+    if not isinstance(meta, dict):
+        raise ValueError(f"{where}: key 'meta' must be an object; got {meta!r}")
+    extra = {k: v for k, v in record.items() if k not in _KNOWN_KEYS}
+    return Document(
+        id=str(doc_id), prompt=prompt, stratum=stratum, answer=answer, meta={**extra, **meta}
+    )
+
+
+def load_jsonl(path: str | os.PathLike[str]) -> list[Document]:
+    """Documents from a JSON Lines file (blank lines skipped); ids must be unique."""
+    path = Path(path)
+    docs: list[Document] = []
+    first_line: dict[str, int] = {}
+    with path.open(encoding="utf-8") as handle:
+        for lineno, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{where}: not valid JSON ({err.msg})") from None
+            doc = _document_from_record(record, where)
+            if doc.id in first_line:
+                raise ValueError(
+                    f"{where}: duplicate id {doc.id!r} (first on line {first_line[doc.id]})"
+                )
+            first_line[doc.id] = lineno
+            docs.append(doc)
+    if not docs:
+        raise ValueError(f"no documents in {path}")
+    return docs
+
+
+def write_jsonl(docs: Iterable[Document], path: str | os.PathLike[str]) -> Path:
+    """Write documents as JSON Lines (``load_jsonl`` reads them back equal); returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", encoding="utf-8") as handle:
+        for doc in docs:
+            record: dict[str, Any] = {"id": doc.id, "prompt": doc.prompt, "stratum": doc.stratum}
+            if doc.answer is not None:
+                record["answer"] = doc.answer
+            if doc.meta:
+                record["meta"] = doc.meta
+            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def _is_saved_dataset(path: Path) -> bool:
+    """Whether ``path`` is a directory written by ``Dataset(Dict).save_to_disk``."""
+    return path.is_dir() and any(
+        (path / marker).exists() for marker in ("dataset_dict.json", "state.json")
+    )
+
+
+def load_hf_dataset(
+    name: str,
+    split: str,
+    prompt_field: str,
+    id_field: str | None = None,
+    stratum_field: str | None = None,
+    stratum: str | None = None,
+    limit: int | None = None,
+    answer_field: str | None = None,
+    **load_kwargs: Any,
+) -> list[Document]:
+    """Documents from a Hugging Face dataset (hub id, builder name, or local path).
+
+    ``name`` and ``load_kwargs`` go to ``datasets.load_dataset`` (e.g. ``"json"`` with
+    ``data_files=...`` for local files); a directory written by ``save_to_disk`` is read with
+    ``datasets.load_from_disk``. Without ``id_field`` ids are ``"{name}-{split}-{row}"``. The
+    stratum comes from ``stratum_field`` per row, else the fixed ``stratum``, else
+    ``"default"``. ``limit`` keeps the first rows only.
+    """
+    import datasets  # lazy: heavy import, needed only here
+
+    if stratum_field is not None and stratum is not None:
+        raise ValueError("give stratum_field or stratum, not both")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ValueError(f"limit must be an integer >= 1 or None; got {limit!r}")
+    if _is_saved_dataset(Path(name)):
+        table = datasets.load_from_disk(name)
+        if isinstance(table, datasets.DatasetDict):
+            if split not in table:
+                raise ValueError(f"no split {split!r} in {name}; splits: {list(table)}")
+            table = table[split]
+    else:
+        table = datasets.load_dataset(name, split=split, **load_kwargs)
+    columns = list(table.column_names)
+    for label, column in (
+        ("prompt_field", prompt_field), ("id_field", id_field),
+        ("stratum_field", stratum_field), ("answer_field", answer_field),
+    ):
+        if column is not None and column not in columns:
+            raise ValueError(f"{label} {column!r} is not a column of {name}; columns: {columns}")
+    if limit is not None:
+        table = table.select(range(min(limit, len(table))))
+    source = Path(name).name if Path(name).exists() else name
+    docs: list[Document] = []
+    first_row: dict[str, int] = {}
+    for row_index, row in enumerate(table):
+        where = f"{name} [{split}] row {row_index}"
+        doc_id = str(row[id_field]) if id_field else f"{source}-{split}-{row_index}"
+        prompt = row[prompt_field]
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise ValueError(f"{where}: {prompt_field!r} must be a non-empty string")
+        meta: dict[str, Any] = {"source": name, "split": split, "row": row_index}
+        answer = row[answer_field] if answer_field else None
+        if isinstance(answer, list):  # several acceptable answers, as in Document.answer
+            meta["answers"] = [str(a) for a in answer]
+            answer = ", ".join(meta["answers"])
+        elif answer is not None:
+            answer = str(answer)
+        doc_stratum = str(row[stratum_field]) if stratum_field else (stratum or "default")
+        if doc_id in first_row:
+            raise ValueError(f"{where}: duplicate id {doc_id!r} (first in row {first_row[doc_id]})")
+        first_row[doc_id] = row_index
+        docs.append(
+            Document(
+                id=doc_id,
+                prompt=prompt,
+                stratum=doc_stratum,
+                answer=answer,
+                meta=meta,
+            )
+        )
+    if not docs:
+        raise ValueError(f"no documents in {name} [{split}]")
+    return docs

@@ -1,0 +1,190 @@
+"""Built-in, offline RULER-style long-context documents, sized to a tokenizer's token budget.
+
+``generate(RulerConfig(...), count_tokens)`` makes ``documents_per_stratum`` documents for every
+(family, target length) stratum. Each document is seeded from (seed, family, target, index)
+alone, so it does not depend on which other strata are generated or in what order.
+See ``kvdrift.data.ruler_tasks`` for the task families.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kvdrift.data.document import Document
+from kvdrift.data.ruler_tasks import (
+    NEEDLE_TYPES,
+    NIAH_FAMILIES,
+    TaskDraft,
+    build_cwe,
+    build_fwe,
+    build_niah,
+    build_vt,
+)
+from kvdrift.data.sizing import fit_to_length, length_band, token_counter
+
+RULER_FAMILIES: tuple[str, ...] = NIAH_FAMILIES + ("vt", "cwe", "fwe")
+MIN_TARGET_TOKENS = 512  # the longest fixed text (4 uuid needles + question) is ~310 tokens
+
+
+def _as_tuple(value: Any, what: str) -> tuple:
+    if isinstance(value, str | int):
+        return (value,)
+    try:
+        return tuple(value)
+    except TypeError:
+        raise ValueError(f"{what} must be a sequence; got {value!r}") from None
+
+
+@dataclass(frozen=True)
+class RulerConfig:
+    """Which RULER-style documents to generate.
+
+    Parameters
+    ----------
+    families
+        Task families, a subset of ``RULER_FAMILIES``.
+    needle_types
+        Value types for the needle families (``"word"``, ``"number"``, ``"uuid"``); documents
+        of a needle stratum cycle through them. Ignored by ``vt``, ``cwe`` and ``fwe``.
+    target_lengths
+        Token budgets; each prompt ends up within a few percent below its budget.
+    documents_per_stratum
+        Documents per (family, target length) stratum.
+    seed
+        Master seed; same config, same documents.
+    """
+
+    families: Sequence[str] = RULER_FAMILIES
+    needle_types: Sequence[str] = NEEDLE_TYPES
+    target_lengths: Sequence[int] = (4096,)
+    documents_per_stratum: int = 8
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        families = _as_tuple(self.families, "families")
+        needle_types = _as_tuple(self.needle_types, "needle_types")
+        lengths = _as_tuple(self.target_lengths, "target_lengths")
+        object.__setattr__(self, "families", families)
+        object.__setattr__(self, "needle_types", needle_types)
+        object.__setattr__(self, "target_lengths", lengths)
+        _check_choices(families, RULER_FAMILIES, "family", "families")
+        _check_choices(needle_types, NEEDLE_TYPES, "needle type", "needle_types")
+        if not lengths:
+            raise ValueError("target_lengths must not be empty")
+        for length in lengths:
+            _check_length(length)
+        bands = [length_band(n) for n in lengths]
+        if len(set(bands)) != len(bands):
+            raise ValueError(
+                f"target lengths {list(lengths)} give duplicate stratum labels {bands}"
+            )
+        n_docs = self.documents_per_stratum
+        if isinstance(n_docs, bool) or not isinstance(n_docs, int) or n_docs < 1:
+            raise ValueError(f"documents_per_stratum must be an integer >= 1; got {n_docs!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError(f"seed must be an integer; got {self.seed!r}")
+
+
+def _check_length(length: Any) -> None:
+    if isinstance(length, bool) or not isinstance(length, int):
+        raise ValueError(f"target lengths must be integers; got {length!r}")
+    if length < MIN_TARGET_TOKENS:
+        raise ValueError(
+            f"target length {length} is too short; the minimum is {MIN_TARGET_TOKENS} tokens"
+        )
+
+
+def _check_choices(values: tuple, allowed: tuple[str, ...], what: str, field_name: str) -> None:
+    if not values:
+        raise ValueError(f"{field_name} must not be empty; allowed: {list(allowed)}")
+    for value in values:
+        if value not in allowed:
+            raise ValueError(f"unknown {what} {value!r}; allowed: {list(allowed)}")
+    if len(set(values)) != len(values):
+        raise ValueError(f"{field_name} has duplicates: {list(values)}")
+
+
+def document_seed(seed: int, family: str, target_tokens: int, index: int) -> int:
+    """Seed of one document, from its coordinates only (stable across Python processes)."""
+    key = f"kvdrift-ruler/{seed}/{family}/{target_tokens}/{index}".encode()
+    return int.from_bytes(hashlib.sha256(key).digest()[:8], "big")
+
+
+def _draft(family: str, rng: random.Random, target_tokens: int, needle_type: str) -> TaskDraft:
+    if family in NIAH_FAMILIES:
+        return build_niah(family, rng, needle_type)
+    if family == "vt":
+        return build_vt(rng)
+    if family == "cwe":
+        return build_cwe(rng, target_tokens)
+    if family == "fwe":
+        return build_fwe(rng)
+    raise ValueError(f"unknown family {family!r}; allowed: {list(RULER_FAMILIES)}")
+
+
+def make_document(
+    family: str,
+    target_tokens: int,
+    count_tokens: Callable[[str], int] | Any,
+    *,
+    seed: int = 0,
+    index: int = 0,
+    needle_type: str = "number",
+) -> Document:
+    """One RULER-style document of ``family`` with at most ``target_tokens`` prompt tokens.
+
+    ``count_tokens`` is a ``str -> int`` counter or a Hugging Face tokenizer. ``needle_type``
+    applies to the needle families only.
+    """
+    if family not in RULER_FAMILIES:
+        raise ValueError(f"unknown family {family!r}; allowed: {list(RULER_FAMILIES)}")
+    _check_length(target_tokens)
+    count = token_counter(count_tokens)
+    doc_seed = document_seed(seed, family, target_tokens, index)
+    draft = _draft(family, random.Random(doc_seed), target_tokens, needle_type)
+    fit = fit_to_length(draft.render, count, target_tokens)
+    band = length_band(target_tokens)
+    is_niah = family in NIAH_FAMILIES
+    meta = {
+        "source": "ruler",
+        "family": family,
+        "needle_type": needle_type if is_niah else None,
+        "target_tokens": target_tokens,
+        "n_tokens": fit.tokens,
+        "filler_units": fit.units,
+        "seed": seed,
+        "index": index,
+        "answers": list(draft.answers),
+        **draft.meta,
+    }
+    return Document(
+        id=f"ruler-{family}-{band}-s{seed}-{index:03d}",
+        prompt=fit.text,
+        stratum=f"{family}-{band}",
+        answer=", ".join(draft.answers),
+        meta=meta,
+    )
+
+
+def generate(config: RulerConfig, count_tokens: Callable[[str], int] | Any) -> list[Document]:
+    """All documents of ``config``: target lengths outermost, then families, then index.
+
+    ``count_tokens`` is a ``str -> int`` counter or a Hugging Face tokenizer.
+    """
+    count = token_counter(count_tokens)
+    docs = []
+    for target in config.target_lengths:
+        for family in config.families:
+            for index in range(config.documents_per_stratum):
+                needle_type = config.needle_types[index % len(config.needle_types)]
+                docs.append(
+                    make_document(
+                        family, target, count, seed=config.seed, index=index,
+                        needle_type=needle_type,
+                    )
+                )
+    return docs

@@ -1,0 +1,127 @@
+"""Estimator results as flat tables: one row per step, one row per replicate.
+
+Both estimators produce the same step columns (the ones the issue names) so that
+stores and analyses read either; columns that an estimator cannot fill hold NaN or -1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from kvdrift.analysis.bounds import window_terms
+from kvdrift.estimate import RolloutResult, SWRBResult
+
+
+@dataclass(frozen=True)
+class UnitKey:
+    """One unit of work: a (model, document, action) triple."""
+
+    model: str
+    doc_id: str
+    action: str
+    stratum: str = "default"
+
+
+def _key_columns(key: UnitKey, n: int) -> dict[str, pa.Array]:
+    return {
+        "model": pa.array([key.model] * n, pa.string()),
+        "doc_id": pa.array([key.doc_id] * n, pa.string()),
+        "stratum": pa.array([key.stratum] * n, pa.string()),
+        "action": pa.array([key.action] * n, pa.string()),
+    }
+
+
+def rollout_tables(
+    key: UnitKey, result: RolloutResult, depths: tuple[int, ...] = ()
+) -> tuple[pa.Table, pa.Table]:
+    """Step and replicate tables of complete coupled rollouts (window terms per depth L)."""
+    K, H = result.replicates, result.horizon
+    rep = np.repeat(np.arange(K), H)
+    t = np.tile(np.arange(1, H + 1), K)
+    tau = result.tau.numpy()
+    steps = pa.table(_key_columns(key, K * H) | {
+        "estimator": pa.array(["rollout"] * (K * H)),
+        "replicate": rep.astype(np.int32),
+        "t": t.astype(np.int32),
+        "x_token": result.x.numpy().ravel().astype(np.int64),
+        "y_token": result.y.numpy().ravel().astype(np.int64),
+        "mismatch": result.mismatch.numpy().ravel(),
+        "delta": result.delta.numpy().ravel(),
+        "f": result.f.numpy().ravel(),
+        "tau": np.repeat(tau, H).astype(np.int32),
+        "x_eos": result.x_eos.numpy().ravel(),
+        "y_eos": result.y_eos.numpy().ravel(),
+    })
+    m = result.mismatch.numpy()
+    after = np.arange(1, H + 1)[None, :] > np.where(tau > 0, tau, H + 1)[:, None]
+    cols = _key_columns(key, K) | {
+        "estimator": pa.array(["rollout"] * K),
+        "replicate": np.arange(K, dtype=np.int32),
+        "horizon": np.full(K, H, dtype=np.int32),
+        "tau": tau.astype(np.int32),
+        "risk": m.mean(axis=1),
+        "occurrence": (tau > 0) / H,
+        "exposure": np.where(tau > 0, H - tau, 0) / H,
+        "occupation": (m & after).sum(axis=1) / H,
+        "fixed_risk": result.f.numpy().mean(axis=1),
+        "evaluations": np.full(K, H, dtype=np.int64),
+        "divergence_mass": (tau > 0).astype(np.float64),
+        "entry_time_mass": tau.astype(np.float64),
+    }
+    for L in depths:
+        window = window_terms(m, L)
+        cols[f"observed_L{L}"] = window.observed
+        cols[f"capacity_L{L}"] = window.capacity
+    return steps, pa.table(cols)
+
+
+def swrb_tables(key: UnitKey, result: SWRBResult) -> tuple[pa.Table, pa.Table]:
+    """Step and replicate tables of SWRB: the scan and the continuation share each row.
+
+    Step columns: ``shared_token``/``scan_tv``/``weight`` describe the scan at position t;
+    ``x_token``/``y_token``/``mismatch`` the continuation (from ``J`` on; -1 before);
+    ``tau`` holds ``J``; ``delta`` and ``f`` are NaN (SWRB does not follow both branches
+    from the start).
+    """
+    K, H = result.replicates, result.horizon
+    n = K * H
+    J = result.J.numpy()
+    steps = pa.table(_key_columns(key, n) | {
+        "estimator": pa.array(["swrb"] * n),
+        "replicate": np.repeat(np.arange(K), H).astype(np.int32),
+        "t": np.tile(np.arange(1, H + 1), K).astype(np.int32),
+        "x_token": result.x.numpy().ravel().astype(np.int64),
+        "y_token": result.y.numpy().ravel().astype(np.int64),
+        "mismatch": result.mismatch.numpy().ravel(),
+        "delta": np.full(n, np.nan),
+        "f": np.full(n, np.nan),
+        "tau": np.repeat(J, H).astype(np.int32),
+        "x_eos": np.zeros(n, dtype=bool),
+        "y_eos": np.zeros(n, dtype=bool),
+        "shared_token": result.shared.numpy().ravel().astype(np.int64),
+        "scan_tv": result.overlap_tv.numpy().ravel(),
+        "weight": result.weights.numpy().ravel(),
+    })
+    w = result.weights.numpy()
+    s = np.arange(1, H + 1)
+    cols = _key_columns(key, K) | {
+        "estimator": pa.array(["swrb"] * K),
+        "replicate": np.arange(K, dtype=np.int32),
+        "horizon": np.full(K, H, dtype=np.int32),
+        "tau": J.astype(np.int32),
+        "risk": result.z_R.numpy(),
+        "occurrence": result.z_O.numpy(),
+        "exposure": (w * (H - s)).sum(axis=1) / H,  # unbiased for E_H (= B_1)
+        "occupation": result.z_Pi.numpy(),
+        "fixed_risk": np.full(K, np.nan),
+        "evaluations": result.evaluations.numpy().astype(np.int64),
+        "divergence_mass": result.M.numpy(),
+        "entry_time_mass": (w * s).sum(axis=1),  # E[.] = sum_s s p_s
+    }
+    for i, L in enumerate(result.depths):
+        cols[f"observed_L{L}"] = result.z_L[:, i].numpy()
+        cols[f"capacity_L{L}"] = result.w_L[:, i].numpy()
+    return steps, pa.table(cols)
