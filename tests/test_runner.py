@@ -37,7 +37,8 @@ def test_records_and_summary_match_exact(tmp_path):
     assert STEP_COLUMNS <= set(steps.column_names)
     assert steps.num_rows == len(DOCS) * 2 * 400 * 5
     assert set(pc.unique(steps["t"]).to_pylist()) == set(range(1, 6))
-    table = {s.action: s for s in summarize(store.read("replicates").to_pandas())}
+    table = {s.action: s for s in summarize(store.read("steps").to_pandas(),
+                                             store.read("replicates").to_pandas())}
     for action, mix in MIX.items():
         truth = exact(random_pair(3, 5, seed=7, mix=mix, eos_token_id=2))
         s = table[action]
@@ -55,7 +56,7 @@ def test_swrb_through_the_runner(tmp_path):
     run_units(cfg, DOCS, factory, store)
     reps = store.read("replicates").to_pandas()
     assert {"observed_L2", "capacity_L2", "divergence_mass"} <= set(reps.columns)
-    strong = {s.action: s for s in summarize(reps)}["strong"]
+    strong = {s.action: s for s in summarize(store.read("steps").to_pandas(), reps)}["strong"]
     truth = exact(random_pair(3, 5, seed=7, mix=0.7, eos_token_id=2))
     assert abs(strong.R - truth.R) < 0.03
     assert np.isnan(strong.F)

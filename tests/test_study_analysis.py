@@ -144,6 +144,11 @@ def test_contrasts_endpoints_and_order(finite_study):
     d = {k: v["estimate"] for k, v in c.items() if isinstance(v, dict)}
     assert d["dR"] == pytest.approx(d["occurrence_term"] + d["exposure_term"] + d["rate_term"])
     assert c["dR"]["lo"] > 0  # strong drift is clearly worse
+    curves = {e["action"]: np.array(e["curves"]["expected_delta"]["estimate"])
+              for e in analysis["actions"]}
+    gap = c["block_gap"]
+    for (lo, hi), est in zip(gap["blocks"], gap["estimate"], strict=True):
+        assert est == pytest.approx((curves["strong"] - curves["mild"])[lo - 1:hi].mean())
     names = [e["name"] for e in analysis["endpoints"]]
     assert names == ["R(strong) - R(mild)", "B(mild)"]
     assert all(e["alpha"] == pytest.approx(0.025) for e in analysis["endpoints"])

@@ -93,6 +93,206 @@ def finite_state(
     console.print(f"figure: {path}")
 
 
+DEFAULT_DOCS = dict(families=("niah_single", "vt", "cwe"), target_lengths=(512,),
+                    documents_per_stratum=2, seed=0)
+
+
+def _progress():
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), TimeRemainingColumn(), console=err_console,
+                    transient=False)
+
+
+def _interrupted(store_dir: Path) -> typer.Exit:
+    err_console.print(f"[yellow]interrupted:[/] finished units are saved in {store_dir}; "
+                      "run the same command again to resume.")
+    return typer.Exit(130)
+
+
+def _split(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def _run_table(summaries) -> Table:
+    table = Table(title="Per action (documents weighted equally within strata, strata equally)")
+    for col in ("model", "action", "docs", "P(tau<=H)", "entry time", "R", "O_H", "E_H", "Pi_H",
+                "C_H", "F"):
+        table.add_column(col, justify="right")
+    for s in summaries:
+        table.add_row(s.model, s.action, str(s.documents), f"{100 * s.p_diverge:.1f}%",
+                      f"{s.mean_entry_time:.1f}", f"{100 * s.R:.2f}%", f"{100 * s.O:.2f}%",
+                      f"{100 * s.E:.2f}%", f"{100 * s.Pi:.2f}%", f"{100 * s.C:.1f}%",
+                      f"{100 * s.F:.2f}%")
+    return table
+
+
+@app.command("run")
+@user_errors
+def run(
+    model: str = typer.Option("smollm2", help="'smollm2' (embedded) or a Hugging Face id/path."),
+    actions: str = typer.Option("snapkv-half,recent-half",
+                                help="Comma list of actions, e.g. snapkv-half,knorm:ratio=0.5."),
+    docs: Path | None = typer.Option(None, help="JSONL file of {id, prompt, stratum?} objects "
+                                     "(default: six generated 512-token RULER-style tasks)."),
+    replicates: int = typer.Option(8, help="Replicates K per document and action."),
+    horizon: int = typer.Option(32, help="Generated positions H."),
+    temperature: float = typer.Option(1.0, help="Sampling temperature (0 = greedy)."),
+    estimator: str = typer.Option("rollout", help="rollout (complete coupled rollouts) or swrb."),
+    depths: str = typer.Option("", help="Observation depths L for window bounds, e.g. 4,8."),
+    seed: int = typer.Option(0, help="Seed of the run (each document derives its own)."),
+    out: Path = typer.Option(Path("runs/run"), help="Output directory (resumable)."),
+    device: str = typer.Option("auto", help="auto, cpu or cuda."),
+    dtype: str = typer.Option("float32", help="float32, bfloat16 or float16."),
+    chat_template: bool = typer.Option(True, help="Wrap prompts in the model's chat template."),
+    as_json: bool = typer.Option(False, "--json", help="Print the table as JSON."),
+) -> None:
+    """Measure the given actions on one model over a set of documents."""
+    from kvdrift.analysis.summary import summarize
+    from kvdrift.data import RulerConfig, generate, load_jsonl, token_counter
+    from kvdrift.lm.actions import parse_action
+    from kvdrift.lm.factory import LMPairFactory
+    from kvdrift.lm.model import load_model, resolve_device, resolve_dtype
+    from kvdrift.runner import RunConfig, run_units
+    from kvdrift.store import RunStore
+
+    action_list = _split(actions)
+    for a in action_list:
+        parse_action(a)
+    resolve_device(device)
+    resolve_dtype(dtype)
+    depth_list = tuple(int(d) for d in _split(depths))
+    documents = load_jsonl(docs) if docs is not None else None
+    config = RunConfig(model=model, actions=action_list, replicates=replicates, horizon=horizon,
+                       temperature=temperature, estimator=estimator, depths=depth_list, seed=seed,
+                       extra={"docs": str(docs) if docs else "builtin", "device": device,
+                              "dtype": dtype, "chat_template": chat_template})
+    store = RunStore.open(out, config.as_dict())
+    with console.status(f"loading {model}"):
+        loaded = load_model(model, device, dtype)
+    if documents is None:
+        documents = generate(RulerConfig(**DEFAULT_DOCS), token_counter(loaded.tokenizer))
+    factory = LMPairFactory(loaded, chat_template)
+    try:
+        with _progress() as progress:
+            task = progress.add_task("units", total=len(documents) * len(action_list))
+
+            def on_unit(key, skipped):
+                progress.update(task, advance=1, description=f"{key.doc_id[:24]} · {key.action}")
+
+            run_units(config, documents, factory, store, on_unit=on_unit)
+    except KeyboardInterrupt:
+        raise _interrupted(out) from None
+    summaries = summarize(store.read("steps").to_pandas(), store.read("replicates").to_pandas())
+    if as_json:
+        print(json.dumps([s.as_dict() for s in summaries], indent=2))
+        return
+    console.print(_run_table(summaries))
+    console.print(f"records: {out}/steps, {out}/replicates (Parquet)")
+
+
+def _write_report(store_dir: Path, out: Path | None, options=None):
+    from kvdrift.analysis.study import AnalysisOptions, analyze
+    from kvdrift.report import write_report
+    from kvdrift.store import RunStore
+
+    store = RunStore(store_dir)
+    meta = store.metadata
+    if options is None:
+        saved = meta["config"].get("analysis", {})
+        options = AnalysisOptions(bootstrap=saved.get("bootstrap", 2000),
+                                  alpha=saved.get("alpha", 0.05),
+                                  endpoints=tuple(saved.get("endpoints", ())),
+                                  seed=saved.get("seed", 0))
+    with console.status("analysing (bootstrap over documents)"):
+        analysis = analyze(store.read("steps").to_pandas(), store.read("replicates").to_pandas(),
+                           options, meta={"config": meta["config"], "versions": meta["versions"],
+                                          "temperature": meta["config"].get("temperature")})
+    with console.status("writing the report"):
+        path = write_report(analysis, out or store_dir / "report")
+    return analysis, path
+
+
+@app.command("report")
+@user_errors
+def report(
+    directory: Path = typer.Argument(..., help="A run or study directory."),
+    out: Path | None = typer.Option(None, help="Report directory (default: DIR/report)."),
+    bootstrap: int | None = typer.Option(None, help="Bootstrap draws (default: the study's)."),
+    alpha: float | None = typer.Option(None, help="Interval level alpha (default: the study's)."),
+    as_json: bool = typer.Option(False, "--json", help="Also print every number as JSON."),
+) -> None:
+    """Analyse a run or study directory and write an HTML report with figures."""
+    from kvdrift.analysis.study import AnalysisOptions
+    from kvdrift.report import summary_table
+    from kvdrift.store import RunStore
+
+    options = None
+    if bootstrap is not None or alpha is not None:
+        saved = RunStore(directory).metadata["config"].get("analysis", {})
+        options = AnalysisOptions(
+            bootstrap=bootstrap if bootstrap is not None else saved.get("bootstrap", 2000),
+            alpha=alpha if alpha is not None else saved.get("alpha", 0.05),
+            endpoints=tuple(saved.get("endpoints", ())), seed=saved.get("seed", 0))
+    analysis, path = _write_report(directory, out, options)
+    if as_json:
+        print((path.parent / "analysis.json").read_text())
+        return
+    console.print(summary_table(analysis))
+    console.print(f"report: {path}")
+
+
+@app.command("study")
+@user_errors
+def study(
+    config_path: Path = typer.Argument(..., metavar="CONFIG.toml", help="Study configuration."),
+    out: Path | None = typer.Option(None, help="Study directory (default: runs/<name>)."),
+    report_after: bool = typer.Option(True, "--report/--no-report",
+                                      help="Write the report when the runs finish."),
+) -> None:
+    """Run a study from a TOML configuration (resumable), then write its report."""
+    from kvdrift.report import summary_table
+    from kvdrift.study import run_study
+    from kvdrift.study_config import load_study
+
+    config = load_study(config_path)
+    out = out or Path("runs") / config.name
+    try:
+        with _progress() as progress:
+            task = progress.add_task("units", total=None)
+
+            def on_model(name, units):
+                progress.reset(task, total=units, description=f"{name}")
+
+            def on_unit(key, skipped):
+                progress.update(task, advance=1,
+                                description=f"{key.model} · {key.doc_id[:24]} · {key.action}")
+
+            def load(name):
+                from kvdrift.lm.model import load_model
+
+                progress.update(task, description=f"loading {name}")
+                return load_model(name, config.device, config.dtype)
+
+            run_study(config, out, load=load, on_unit=on_unit, on_model=on_model)
+    except KeyboardInterrupt:
+        raise _interrupted(out) from None
+    if not report_after:
+        console.print(f"records: {out}")
+        return
+    analysis, path = _write_report(out, None)
+    console.print(summary_table(analysis))
+    console.print(f"report: {path}")
+
+
 def main() -> None:
     """Console entry point."""
     app(prog_name="kvdrift")

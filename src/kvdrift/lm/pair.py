@@ -1,0 +1,357 @@
+"""The language-model kernel pair: full prompt cache (P) versus an evicted one (Q).
+
+One document, one action. Prefill gives the full prompt cache (side ``"p"``); the same prefill
+run inside the action's kvpress press context gives the compressed cache (side ``"q"``; kvpress
+compresses only in the prefill forward). Eviction happens once, after prefill, and generated
+entries are always kept. The first generated position is computed before eviction, so both
+sides start from the full-cache prefill logits (``delta_1 = 0``).
+
+Path states
+-----------
+A state holds ``n`` rows, each a generated history on one side::
+
+    cache      DynamicCache, per layer [n, kv_heads, L, head_dim]; L = kept prompt + slots
+    mask       [n, L] long, 1 = valid slot, 0 = hole
+    slot_step  [n, L - kept] long, generated index held by each generated slot
+    tokens     [n, T] long, generated tokens (row i valid up to lengths[i])
+    lengths    [n] long, generated length per row
+    logits     [n, V] float32, next-token logits of each row (temperature 1)
+
+Because the cache's physical length is not the token position after eviction, every decoding
+step passes explicit ``position_ids`` (true positions ``n_prompt + t - 1`` for the t-th
+generated token), an explicit 2D attention mask, and ``cache_position`` = physical slot.
+
+``truncate`` never re-prefills: slots of generated tokens at index >= the new length become
+holes (mask 0). To recover the next-token logits at the shorter prefix, the last kept token is
+fed again at its true position (its old slot is masked) in one batched step; rows truncated to
+length 0 take the stored prefill logits, and rows left unchanged ride along with a masked slot.
+Holes cost memory but keep everything batched; later tokens are appended at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from kvdrift.kernel import Side, check_side
+from kvdrift.lm.actions import Action, parse_action
+from kvdrift.lm.cache import growing_cache
+from kvdrift.lm.model import LoadedModel
+
+HOLE_STEP = torch.iinfo(torch.long).max  # slot_step of a slot that never holds a generated token
+
+
+@dataclass(frozen=True)
+class PromptCache:
+    """The KV cache of one prompt after prefill (batch of one) and its next-token logits."""
+
+    keys: tuple[torch.Tensor, ...]  # per layer [1, kv_heads, kept, head_dim]
+    values: tuple[torch.Tensor, ...]  # per layer [1, kv_heads, kept, head_dim]
+    logits: torch.Tensor  # [1, V] float32: next-token logits after the full prompt
+    n_prompt: int  # true prompt length; generated token t sits at position n_prompt + t - 1
+
+    def __post_init__(self) -> None:
+        if len(self.keys) == 0 or len(self.keys) != len(self.values):
+            raise ValueError("a prompt cache needs the same positive number of key and value "
+                             "layers")
+        lengths = {k.shape[2] for k in self.keys} | {v.shape[2] for v in self.values}
+        if len(lengths) != 1:
+            raise ValueError(f"every layer must keep the same number of entries; "
+                             f"got {sorted(lengths)}")
+        if self.kept < 1 or self.kept > self.n_prompt:
+            raise ValueError(f"kept entries must be in [1, {self.n_prompt}]; got {self.kept}")
+
+    @property
+    def kept(self) -> int:
+        """Prompt entries held per layer and KV head."""
+        return self.keys[0].shape[2]
+
+
+@dataclass(frozen=True, eq=False)
+class LMPathState:
+    """Opaque batched state of an :class:`LMKernelPair` (see the module docstring)."""
+
+    side: Side
+    cache: DynamicCache
+    mask: torch.Tensor  # [n, L] long
+    slot_step: torch.Tensor  # [n, L - kept] long
+    tokens: torch.Tensor  # [n, T] long
+    lengths: torch.Tensor  # [n] long
+    logits: torch.Tensor  # [n, V] float32
+
+    @property
+    def n(self) -> int:
+        """Number of rows."""
+        return self.lengths.shape[0]
+
+
+def _unwrap(model: Any) -> Any:
+    return model.model if isinstance(model, LoadedModel) else model
+
+
+@contextlib.contextmanager
+def _attention_implementation(model: Any, name: str | None) -> Iterator[None]:
+    """Temporarily switch the model's attention implementation (e.g. to eager for a prefill)."""
+    current = model.config._attn_implementation
+    if name is None or name == current:
+        yield
+        return
+    model.set_attn_implementation(name)
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(current)
+
+
+def prefill(model: Any, prompt_ids: torch.Tensor, action: Action | None = None) -> PromptCache:
+    """Run the prompt through the model, inside ``action``'s press context if it evicts.
+
+    Returns the (possibly compressed) prompt cache and the next-token logits of the prefill,
+    which always see the full prompt (kvpress compresses each layer after its attention).
+    """
+    model = _unwrap(model)
+    ids = _as_prompt(prompt_ids, model)
+    n = ids.shape[1]
+    press = action.make_press(n) if action is not None else None
+    press_ctx = press(model) if press is not None else contextlib.nullcontext()
+    attn = "eager" if press is not None and action.needs_attention_weights else None
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad(), _attention_implementation(model, attn), press_ctx:
+        out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    if any(getattr(layer, "is_sliding", False) for layer in cache.layers):
+        raise NotImplementedError("sliding-window attention layers are not supported by kvdrift")
+    keys = tuple(layer.keys for layer in cache.layers)
+    values = tuple(layer.values for layer in cache.layers)
+    expected = action.kept(n) if action is not None else n
+    got = sorted({k.shape[2] for k in keys})
+    if got != [expected]:
+        raise RuntimeError(f"action {action}: expected {expected} prompt entries per layer after "
+                           f"prefill, got {got}")
+    logits = out.logits[:, -1].float()  # [1, V]
+    return PromptCache(keys=keys, values=values, logits=logits, n_prompt=n)
+
+
+def _as_prompt(prompt_ids: torch.Tensor, model: Any) -> torch.Tensor:
+    ids = torch.as_tensor(prompt_ids)
+    if ids.ndim == 1:
+        ids = ids.unsqueeze(0)
+    if ids.ndim != 2 or ids.shape[0] != 1:
+        raise ValueError(f"prompt_ids must have shape [n] or [1, n]; got {tuple(ids.shape)}")
+    if ids.shape[1] < 1:
+        raise ValueError("prompt_ids is empty; a document needs at least one token")
+    if ids.dtype not in (torch.long, torch.int32, torch.int64):
+        raise ValueError(f"prompt_ids must be integer token ids; got dtype {ids.dtype}")
+    return ids.to(device=model.device, dtype=torch.long)  # [1, n]
+
+
+class LMKernelPair:
+    """Kernel pair for one document: P = full prompt cache, Q = cache evicted by ``action``.
+
+    Parameters
+    ----------
+    model : transformers causal LM or :class:`~kvdrift.lm.model.LoadedModel`
+    prompt_ids : LongTensor ``[n]`` or ``[1, n]``
+    action : :class:`~kvdrift.lm.actions.Action` or its spec string (e.g. ``"snapkv-half"``)
+    reference : optional full-cache :class:`PromptCache` of the same prompt, to share one
+        reference prefill across several actions of a document.
+    eos_token_id : overrides the model's EOS. By default the primary (first) id of
+        ``generation_config.eos_token_id`` (falling back to ``config.eos_token_id``).
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        prompt_ids: torch.Tensor,
+        action: Action | str,
+        *,
+        reference: PromptCache | None = None,
+        eos_token_id: int | None = None,
+    ) -> None:
+        self.model = _unwrap(model)
+        self.action = parse_action(action)
+        ids = _as_prompt(prompt_ids, self.model)
+        self.n_prompt = ids.shape[1]
+        if reference is None:
+            reference = prefill(self.model, ids)
+        elif reference.n_prompt != self.n_prompt or reference.kept != self.n_prompt:
+            raise ValueError(f"reference must be the full cache of this {self.n_prompt}-token "
+                             f"prompt; got n_prompt={reference.n_prompt}, kept={reference.kept}")
+        if self.action.is_noop(self.n_prompt):
+            compressed = reference  # bit-identical to full: the press is never run
+        else:
+            evicted = prefill(self.model, ids, self.action)
+            # the first generated position is computed before eviction: share P's logits
+            compressed = dataclasses.replace(evicted, logits=reference.logits)
+        self._prompt: dict[str, PromptCache] = {"p": reference, "q": compressed}
+        self._eos = eos_token_id if eos_token_id is not None else _primary_eos(self.model)
+        self._vocab = self.model.get_output_embeddings().weight.shape[0]
+
+    # --- protocol properties -------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        """Size of the model's output logits (may be smaller than the tokenizer's length)."""
+        return self._vocab
+
+    @property
+    def eos_token_id(self) -> int | None:
+        """Primary EOS id (the first one if the generation config lists several)."""
+        return self._eos
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @property
+    def q_is_p(self) -> bool:
+        """Whether Q is P by construction (no entry evicted for this prompt, e.g. ``full``).
+
+        Then both sides share one prompt cache, and equal histories in equally shaped batches
+        give bit-identical logprobs; batches of different shapes may differ by float noise.
+        """
+        return self._prompt["q"] is self._prompt["p"]
+
+    def prompt_cache(self, side: Side) -> PromptCache:
+        """The side's prompt cache (``"q"``: after eviction)."""
+        return self._prompt[check_side(side)]
+
+    # --- protocol methods -------------------------------------------------------------------
+    def start(self, side: Side, n: int) -> LMPathState:
+        """``n`` rows with the empty history: the side's prompt cache expanded to ``n`` rows.
+
+        The prompt is never recomputed; its entries are copied once into per-row buffers with
+        spare room, so that decoding steps append in place (:mod:`kvdrift.lm.cache`).
+        """
+        pc = self._prompt[check_side(side)]
+        if int(n) != n or n < 1:
+            raise ValueError(f"number of rows must be an integer >= 1; got {n}")
+        n = int(n)
+        cache = growing_cache([k.expand(n, -1, -1, -1) for k in pc.keys],
+                              [v.expand(n, -1, -1, -1) for v in pc.values])
+        dev = self.device
+        return LMPathState(
+            side=side,
+            cache=cache,
+            mask=torch.ones(n, pc.kept, dtype=torch.long, device=dev),
+            slot_step=torch.empty(n, 0, dtype=torch.long, device=dev),
+            tokens=torch.empty(n, 0, dtype=torch.long, device=dev),
+            lengths=torch.zeros(n, dtype=torch.long, device=dev),
+            logits=pc.logits.expand(n, -1),
+        )
+
+    def logprobs(self, state: LMPathState) -> torch.Tensor:
+        """``[n, V]`` float64 log-softmax of each row's next-token logits (temperature 1)."""
+        return torch.log_softmax(state.logits.to(torch.float64), dim=-1)
+
+    def advance(self, state: LMPathState, tokens: torch.Tensor) -> LMPathState:
+        """Append ``tokens[i]`` to row ``i`` with one batched decoding step (reuses the cache)."""
+        tok = self._check_tokens(state, tokens)
+        logits, mask = self._step(state, state.mask, tok, self.n_prompt + state.lengths,
+                                  torch.ones_like(tok, dtype=torch.bool))
+        history = state.tokens
+        if history.shape[1] <= int(state.lengths.max()):
+            grow = max(16, history.shape[1])
+            history = torch.cat([history, history.new_zeros(state.n, grow)], dim=1)
+        history = history.scatter(1, state.lengths[:, None], tok[:, None])
+        return dataclasses.replace(
+            state, mask=mask, slot_step=torch.cat([state.slot_step, state.lengths[:, None]], dim=1),
+            tokens=history, lengths=state.lengths + 1, logits=logits,
+        )
+
+    def truncate(self, state: LMPathState, lengths: torch.Tensor) -> LMPathState:
+        """Rows at the shorter prefixes ``lengths`` (no re-prefill; see the module docstring)."""
+        new = torch.as_tensor(lengths, dtype=torch.long, device=self.device).reshape(-1)  # [n]
+        if new.shape[0] != state.n:
+            raise ValueError(f"lengths must have one entry per row ({state.n}); got {new.shape[0]}")
+        if bool((new < 0).any()) or bool((new > state.lengths).any()):
+            raise ValueError(f"lengths must be in [0, current length]; got {new.tolist()} "
+                             f"for current {state.lengths.tolist()}")
+        kept = self._prompt[state.side].kept
+        refeed = (new > 0) & (new < state.lengths)  # rows that need logits at a shorter prefix
+        limit = torch.where(refeed, new - 1, new)  # generated slots with step < limit stay
+        generated = state.mask[:, kept:].bool() & (state.slot_step < limit[:, None])
+        mask = torch.cat([state.mask[:, :kept], generated.long()], dim=1)
+        slot_step, logits = state.slot_step, state.logits
+        if bool(refeed.any()):
+            last = (new - 1).clamp(min=0)
+            tok = torch.where(refeed, state.tokens.gather(1, last[:, None]).squeeze(1), 0)
+            step_logits, mask = self._step(state, mask, tok, self.n_prompt + last, refeed)
+            slot_step = torch.cat([slot_step, torch.where(refeed, last, HOLE_STEP)[:, None]], dim=1)
+            logits = torch.where(refeed[:, None], step_logits, logits)
+        empty = new == 0
+        if bool(empty.any()):
+            logits = torch.where(empty[:, None], self._prompt[state.side].logits, logits)
+        return dataclasses.replace(state, mask=mask, slot_step=slot_step, lengths=new,
+                                   logits=logits)
+
+    def select(self, state: LMPathState, rows: torch.Tensor) -> LMPathState:
+        """A state made of the given rows, in that order (copies the cache rows)."""
+        idx = torch.as_tensor(rows, dtype=torch.long, device=self.device).reshape(-1)
+        if idx.numel() == 0:
+            raise ValueError("select needs at least one row")
+        if bool((idx < 0).any()) or bool((idx >= state.n).any()):
+            raise ValueError(f"rows must be in [0, {state.n}); got {idx.tolist()}")
+        cache = growing_cache([layer.keys.index_select(0, idx) for layer in state.cache.layers],
+                              [layer.values.index_select(0, idx) for layer in state.cache.layers])
+        return LMPathState(
+            side=state.side, cache=cache, mask=state.mask.index_select(0, idx),
+            slot_step=state.slot_step.index_select(0, idx),
+            tokens=state.tokens.index_select(0, idx),
+            lengths=state.lengths.index_select(0, idx),
+            logits=state.logits.index_select(0, idx),
+        )
+
+    # --- internals ----------------------------------------------------------------------------
+    def _check_tokens(self, state: LMPathState, tokens: torch.Tensor) -> torch.Tensor:
+        tok = torch.as_tensor(tokens, device=self.device).reshape(-1).long()  # [n]
+        if tok.shape[0] != state.n:
+            raise ValueError(f"need one token per row ({state.n}); got {tok.shape[0]}")
+        if bool((tok < 0).any()) or bool((tok >= self._vocab).any()):
+            raise ValueError(f"tokens must be in [0, {self._vocab}); got {tok.tolist()}")
+        return tok
+
+    def _step(
+        self,
+        state: LMPathState,
+        mask: torch.Tensor,  # [n, L] long
+        tokens: torch.Tensor,  # [n] long
+        positions: torch.Tensor,  # [n] long, true positions
+        valid: torch.Tensor,  # [n] bool, whether the new slot counts for later steps
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One decoding step for all rows; returns logits ``[n, V]`` and the mask ``[n, L + 1]``.
+
+        The query always attends to its own new slot; ``valid`` only decides whether later
+        steps see it (rows riding along in :meth:`truncate` leave a hole).
+        """
+        physical = mask.shape[1]
+        if state.cache.get_seq_length() != physical:
+            raise RuntimeError("path state was already consumed (cache and mask lengths differ); "
+                               "advance/truncate may reuse storage, so use the returned state")
+        step_mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)  # [n, L + 1]
+        with torch.no_grad():
+            out = self.model(
+                input_ids=tokens[:, None],
+                attention_mask=step_mask,
+                position_ids=positions[:, None],
+                past_key_values=state.cache,
+                cache_position=torch.tensor([physical], device=self.device),
+                use_cache=True,
+            )
+        logits = out.logits[:, -1].float()  # [n, V]
+        return logits, torch.cat([mask, valid.long()[:, None]], dim=1)
+
+
+def _primary_eos(model: Any) -> int | None:
+    """The model's EOS id: the first of ``generation_config.eos_token_id`` if it is a list."""
+    for source in (getattr(model, "generation_config", None), model.config):
+        eos = getattr(source, "eos_token_id", None)
+        if isinstance(eos, (list, tuple)):
+            eos = eos[0] if eos else None
+        if eos is not None:
+            return int(eos)
+    return None

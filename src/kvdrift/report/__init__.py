@@ -1,0 +1,14 @@
+"""The study report: figures, a self-contained HTML page, and a terminal summary.
+
+Input is a study analysis, a JSON-able dict::
+
+    {"meta": {...}, "lags": {...}, "actions": [...], "contrasts": [...],
+     "endpoints": [...], "certified_order": [...]}
+
+Fractions are stored in [0, 1] and shown in percent; differences in percentage points.
+"""
+
+from kvdrift.report.html import write_report
+from kvdrift.report.terminal import summary_table
+
+__all__ = ["summary_table", "write_report"]

@@ -1,0 +1,334 @@
+"""The study report's figures: each function draws one figure to a PNG and returns its path.
+
+Every function returns None, and writes nothing, when the analysis lacks what it needs (a study
+run with the SWRB estimator has only ``timing_cdf`` curves). Fractions are drawn in percent,
+differences of fractions in percentage points. One panel per model; an action keeps its colour
+across panels and figures.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+import kvdrift.plots  # noqa: F401  (selects the Agg backend)
+from kvdrift.report.numbers import as_float, interval_values
+
+DPI = 130
+BAND_ALPHA = 0.18
+
+
+@dataclass(frozen=True)
+class CurveArrays:
+    """A curve as float arrays (NaN where the analysis had None/NaN)."""
+
+    x: np.ndarray
+    estimate: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+
+
+def curve_arrays(action: dict, name: str) -> CurveArrays | None:
+    """``action["curves"][name]`` as arrays, or None when absent or without a finite estimate."""
+    curve = (action.get("curves") or {}).get(name)
+    if not curve or curve.get("x") is None or len(curve["x"]) == 0:
+        return None
+    x = _floats(curve["x"])
+    n = x.size
+
+    def column(key: str) -> np.ndarray:
+        values = curve.get(key)
+        if values is None or len(values) != n:
+            return np.full(n, np.nan)
+        return _floats(values)
+
+    arrays = CurveArrays(x, column("estimate"), column("lo"), column("hi"))
+    if not np.isfinite(arrays.estimate).any():
+        return None
+    return arrays
+
+
+def _floats(values: Sequence) -> np.ndarray:
+    return np.array([as_float(v) for v in values], dtype=np.float64)
+
+
+def action_colors(analysis: dict) -> dict[str, str]:
+    """One colour per action name, in order of first appearance."""
+    palette = plt.get_cmap("tab10").colors
+    names = list(dict.fromkeys(a.get("action", "?") for a in analysis.get("actions", [])))
+    return {name: palette[i % len(palette)] for i, name in enumerate(names)}
+
+
+def by_model(rows: Sequence[dict]) -> dict[str, list[dict]]:
+    """Rows grouped by their ``"model"``, models in order of first appearance."""
+    groups: dict[str, list[dict]] = {}
+    for row in rows:
+        groups.setdefault(str(row.get("model", "?")), []).append(row)
+    return groups
+
+
+def _panels(n: int, width: float = 6.2, height: float = 4.4):
+    ncols = min(n, 2)
+    nrows = math.ceil(n / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False)
+    flat = list(axes.ravel())
+    for ax in flat[n:]:
+        ax.set_visible(False)
+    return fig, flat[:n]
+
+
+def _band(ax, c: CurveArrays, color, scale: float = 100.0) -> None:
+    finite = np.isfinite(c.lo) & np.isfinite(c.hi)
+    if finite.any():
+        ax.fill_between(c.x, c.lo * scale, c.hi * scale, where=finite, color=color,
+                        alpha=BAND_ALPHA, linewidth=0)
+
+
+def _save(fig, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
+
+
+def _horizon(analysis: dict) -> float:
+    return as_float((analysis.get("meta") or {}).get("horizon"))
+
+
+def _curve_panels(analysis: dict, name: str) -> dict[str, list[tuple[dict, CurveArrays]]]:
+    """Per model, the actions that have curve ``name``; models without any are left out."""
+    panels: dict[str, list[tuple[dict, CurveArrays]]] = {}
+    for model, actions in by_model(analysis.get("actions", [])).items():
+        rows = [(a, c) for a in actions if (c := curve_arrays(a, name)) is not None]
+        if rows:
+            panels[model] = rows
+    return panels
+
+
+def _never_diverged(action: dict, cdf: CurveArrays) -> str:
+    """``"never diverged 38.9% [35.2, 42.4]"`` from P(tau <= H), or from the curve's last point."""
+    est, lo, hi = interval_values((action.get("scalars") or {}).get("p_diverge"))
+    if not math.isfinite(est):
+        finite = np.flatnonzero(np.isfinite(cdf.estimate))
+        last = finite[-1]
+        est, lo, hi = cdf.estimate[last], cdf.lo[last], cdf.hi[last]
+    text = f"never diverged {100 * (1 - est):.1f}%"
+    if math.isfinite(lo) and math.isfinite(hi):
+        text += f" [{100 * (1 - hi):.1f}, {100 * (1 - lo):.1f}]"
+    return text
+
+
+def plot_timing(analysis: dict, path: str | Path) -> Path | None:
+    """Divergence timing P(tau <= t) per action, one panel per model, with bootstrap bands.
+
+    The legend gives each action's never-diverged mass 1 - P(tau <= H) with its interval.
+    """
+    panels = _curve_panels(analysis, "timing_cdf")
+    if not panels:
+        return None
+    colors = action_colors(analysis)
+    H = _horizon(analysis)
+    fig, axes = _panels(len(panels), height=5.2)
+    for ax, (model, rows) in zip(axes, panels.items(), strict=True):
+        for action, c in rows:
+            color = colors[action["action"]]
+            _band(ax, c, color)
+            ax.plot(c.x, c.estimate * 100, color=color, lw=1.8,
+                    marker="o" if c.x.size <= 40 else None, ms=2.5,
+                    label=f"{action['action']} — {_never_diverged(action, c)}")
+        ax.set_ylim(0, 100)
+        if math.isfinite(H):
+            ax.set_xlim(1, H)
+        ax.set_xlabel("generated position t (steps)")
+        ax.set_ylabel("P(first divergence by step t), % of trajectories")
+        ax.set_title(model)
+        ax.grid(alpha=0.3)
+        # below the axes: a curve may end anywhere, and no corner is reliably empty
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.15), frameon=False,
+                  title="action — never-diverged mass 1 − P(τ ≤ H) [interval]",
+                  title_fontsize=8)
+    fig.suptitle("Divergence timing: P(τ ≤ t) with bootstrap bands")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+#: The three terms of a contrast's decomposition: (key, legend label, colour).
+CONTRAST_TERMS = (
+    ("occurrence_term", "occurrence ΔO", "#8da0cb"),
+    ("exposure_term", "exposure ΔE·C̄", "#fc8d62"),
+    ("rate_term", "rate ΔC·Ē", "#66c2a5"),
+)
+
+
+def _yerr(est: float, lo: float, hi: float, scale: float) -> tuple[float, float]:
+    """Non-negative error-bar lengths; zero when an end is missing."""
+    below = (est - lo) * scale if math.isfinite(lo) else 0.0
+    above = (hi - est) * scale if math.isfinite(hi) else 0.0
+    return max(below, 0.0), max(above, 0.0)
+
+
+def _share_text(contrast: dict) -> str:
+    est, lo, hi = interval_values(contrast.get("exposure_share"))
+    if not math.isfinite(est):
+        return "exposure share —"
+    text = f"exposure share {100 * est:.0f}%"
+    if math.isfinite(lo) and math.isfinite(hi):
+        text += f"\n[{100 * lo:.0f}, {100 * hi:.0f}]"
+    return text
+
+
+def plot_contrasts(analysis: dict, path: str | Path) -> Path | None:
+    """Per contrast (b minus a): occurrence, exposure and rate terms (pp) and the total dR.
+
+    Bars are the three terms with their intervals; the black diamond is dR = sum of the terms;
+    the tick label gives the exposure share.
+    """
+    contrasts = [c for c in analysis.get("contrasts", [])
+                 if math.isfinite(interval_values(c.get("dR"))[0])]
+    if not contrasts:
+        return None
+    groups = by_model(contrasts)
+    widest = max(len(rows) for rows in groups.values())
+    fig, axes = _panels(len(groups), width=max(5.0, 2.6 * widest + 1.5), height=4.8)
+    width = 0.2
+    offsets = (-0.3, -0.1, 0.1, 0.3)
+    for ax, (model, rows) in zip(axes, groups.items(), strict=True):
+        x = np.arange(len(rows))
+        for (key, label, color), off in zip(CONTRAST_TERMS, offsets, strict=False):
+            vals = [interval_values(r.get(key)) for r in rows]
+            keep = [i for i, v in enumerate(vals) if math.isfinite(v[0])]  # no bar if missing
+            est = np.array([vals[i][0] for i in keep]) * 100
+            err = np.array([_yerr(*vals[i], scale=100) for i in keep]).reshape(-1, 2).T
+            ax.bar(x[keep] + off, est, width, color=color, label=label,
+                   yerr=err, capsize=3, error_kw={"lw": 1, "ecolor": "0.25"})
+        vals = [interval_values(r.get("dR")) for r in rows]
+        ax.errorbar(x + offsets[3], np.array([v[0] for v in vals]) * 100,
+                    yerr=np.array([_yerr(*v, scale=100) for v in vals]).T, fmt="D", ms=7,
+                    color="black", capsize=3, label="ΔR (total)")
+        ax.axhline(0, color="0.3", lw=0.8)
+        ax.set_xticks(x, [f"{r.get('b')} − {r.get('a')}\n{_share_text(r)}" for r in rows],
+                      fontsize=8)
+        ax.set_xlim(-0.6, len(rows) - 0.4)
+        ax.set_ylabel("contribution to ΔR (pp of positions)")
+        ax.set_title(model)
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=8, loc="best")
+    fig.suptitle("Contrast decomposition ΔR = ΔO + ΔE·C̄ + ΔC·Ē (b − a)")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def _window(analysis: dict, key: str) -> tuple[float, float] | None:
+    window = (analysis.get("lags") or {}).get(key)
+    if not window or len(window) != 2:
+        return None
+    lo, hi = as_float(window[0]), as_float(window[1])
+    return (lo, hi) if math.isfinite(lo) and math.isfinite(hi) else None
+
+
+def _b_text(action: dict, key: str = "B") -> str:
+    est = interval_values((action.get("scalars") or {}).get(key))[0]
+    return f", B = {100 * est:+.2f} pp" if math.isfinite(est) else ""
+
+
+def plot_lag_profiles(analysis: dict, path: str | Path) -> Path | None:
+    """Branch-aligned lag profile b_j = E[delta_{tau+j} | tau <= max_entry] per action.
+
+    The early and late windows (inclusive ranges of j) are shaded; B(a) = mean(late) -
+    mean(early). The strict pre-EOS variant, when present, is dashed.
+    """
+    panels = _curve_panels(analysis, "lag_profile")
+    if not panels:
+        return None
+    colors = action_colors(analysis)
+    lags = analysis.get("lags") or {}
+    max_entry = lags.get("max_entry", "max entry")
+    early, late = _window(analysis, "early"), _window(analysis, "late")
+    fig, axes = _panels(len(panels), height=5.4)
+    for ax, (model, rows) in zip(axes, panels.items(), strict=True):
+        for window, name, shade in ((early, "early", "#4c72b0"), (late, "late", "#dd8452")):
+            if window is not None:
+                ax.axvspan(window[0] - 0.5, window[1] + 0.5, color=shade, alpha=0.08,
+                           label=f"{name} window j = {window[0]:g}–{window[1]:g}")
+        for action, c in rows:
+            color = colors[action["action"]]
+            _band(ax, c, color)
+            ax.plot(c.x, c.estimate * 100, color=color, lw=1.8,
+                    label=f"{action['action']}{_b_text(action)}")
+            strict = curve_arrays(action, "lag_profile_strict")
+            if strict is not None:
+                ax.plot(strict.x, strict.estimate * 100, color=color, lw=1.3, ls="--",
+                        label=f"{action['action']} strict pre-EOS{_b_text(action, 'B_strict')}")
+        ax.set_xlabel("lag j after first divergence (steps)")
+        ax.set_ylabel(rf"branch TV $E[\delta_{{\tau+j}} \mid \tau \leq {max_entry}]$, %")
+        ax.set_title(model)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7.5, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2,
+                  frameon=False)
+    fig.suptitle("Branch-aligned lag profile after first divergence")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_expected_delta(analysis: dict, path: str | Path) -> Path | None:
+    """The generation clock: E[delta_t] by generated position per action, with bands."""
+    panels = _curve_panels(analysis, "expected_delta")
+    if not panels:
+        return None
+    colors = action_colors(analysis)
+    H = _horizon(analysis)
+    fig, axes = _panels(len(panels))
+    for ax, (model, rows) in zip(axes, panels.items(), strict=True):
+        for action, c in rows:
+            color = colors[action["action"]]
+            _band(ax, c, color)
+            ax.plot(c.x, c.estimate * 100, color=color, lw=1.8, label=action["action"])
+        if math.isfinite(H):
+            ax.set_xlim(1, H)
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel("generated position t (steps)")
+        ax.set_ylabel(r"$E[\delta_t]$ (branch-aligned TV), %")
+        ax.set_title(model)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="best")
+    fig.suptitle("Generation clock: expected branch TV by position")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A report figure: file stem, drawing function, and a one-sentence caption."""
+
+    name: str
+    draw: Callable[[dict, str | Path], Path | None]
+    caption: str
+
+
+#: The report's figures, in order. Adding a figure = one function + one line here.
+FIGURES = (
+    Figure("timing", plot_timing,
+           "Each curve is the share of coupled trajectories whose branches have first disagreed "
+           "by step t (bands: bootstrap intervals); the gap above a curve at the right edge is "
+           "the mass that never diverged within H, given in the legend."),
+    Figure("contrasts", plot_contrasts,
+           "For each contrast b − a, the bars split the change in risk ΔR (black diamond) into "
+           "the change in first-divergence occurrence, in post-divergence exposure, and in the "
+           "post-divergence mismatch rate; a large exposure bar means b differs mainly because "
+           "its branches diverge earlier, not because they disagree more once diverged."),
+    Figure("lag_profiles", plot_lag_profiles,
+           "Each curve is the mean branch-aligned TV j steps after the first divergence among "
+           "trajectories that diverged early (bands: bootstrap intervals, dashed: strict "
+           "pre-EOS variant); B(a) is the late-window mean minus the early-window mean, so a "
+           "rising curve means the branches drift further apart after diverging."),
+    Figure("expected_delta", plot_expected_delta,
+           "Each curve is the expected branch-aligned TV at generated position t (bands: "
+           "bootstrap intervals); its average over t is the risk R, so the area under a curve "
+           "shows where in the generation an action's disagreement accrues."),
+)

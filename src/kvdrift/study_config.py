@@ -1,0 +1,178 @@
+"""Study configuration files (TOML): what to run, on which documents, and what to conclude.
+
+Everything is validated before any model is loaded, so a typo costs seconds, not a run.
+See ``configs/`` for shipped examples. Layout::
+
+    [study]                      models, actions, replicates, horizon, temperature,
+                                 estimator, depths, seed, device, dtype, chat_template
+    [[documents]]                one table per source: source = "ruler" | "jsonl" | "hf"
+    [analysis]                   bootstrap, alpha, endpoints (prespecified), seed
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvdrift.analysis.study import AnalysisOptions
+from kvdrift.data import NEEDLE_TYPES, RULER_FAMILIES, RulerConfig
+from kvdrift.runner import ESTIMATORS, RunConfig
+
+STUDY_KEYS = {
+    "name": str, "models": list, "actions": list, "replicates": int, "horizon": int,
+    "temperature": (int, float), "estimator": str, "depths": list, "seed": int, "device": str,
+    "dtype": str, "chat_template": bool,
+}
+SOURCE_KEYS = {
+    "ruler": {"source": str, "families": list, "needle_types": list, "lengths": list,
+              "per_stratum": int, "seed": int},
+    "jsonl": {"source": str, "path": str},
+    "hf": {"source": str, "name": str, "split": str, "prompt_field": str, "id_field": str,
+           "stratum_field": str, "stratum": str, "answer_field": str, "limit": int},
+}
+REQUIRED_SOURCE_KEYS = {"ruler": (), "jsonl": ("path",), "hf": ("name", "split", "prompt_field")}
+ANALYSIS_KEYS = {"bootstrap": int, "alpha": float, "endpoints": list, "seed": int}
+TOP_KEYS = ("study", "documents", "analysis")
+_KIND_NAMES = {int: "an integer", str: "a string", list: "a list", bool: "true or false",
+               float: "a number"}
+
+
+@dataclass(frozen=True)
+class StudyConfig:
+    """A validated study: the run settings per model, document sources, analysis options."""
+
+    name: str
+    models: tuple[str, ...]
+    run: RunConfig  # model field is a placeholder; per-model configs come from for_model
+    documents: tuple[dict, ...]
+    analysis: AnalysisOptions
+    device: str = "auto"
+    dtype: str = "float32"
+    chat_template: bool = True
+    source: str | None = field(default=None, compare=False)
+
+    def for_model(self, model: str) -> RunConfig:
+        return RunConfig(**(asdict(self.run) | {"model": model}))
+
+    def as_dict(self) -> dict:
+        """The configuration that a study directory records and checks on resume."""
+        run = self.run.as_dict()
+        run.pop("model")
+        run.pop("extra")
+        return {"name": self.name, "models": list(self.models), **run,
+                "device": self.device, "dtype": self.dtype, "chat_template": self.chat_template,
+                "documents": [dict(d) for d in self.documents],
+                "analysis": {**asdict(self.analysis), "endpoints": list(self.analysis.endpoints)}}
+
+
+def _check_table(table: Any, allowed: dict, where: str) -> dict:
+    if not isinstance(table, dict):
+        raise ValueError(f"{where} must be a table")
+    for key, value in table.items():
+        if key not in allowed:
+            raise ValueError(f"unknown key {key!r} in {where}; allowed: {', '.join(allowed)}")
+        kinds = allowed[key]
+        ok = isinstance(value, kinds) and not (isinstance(value, bool) and kinds in (int, float))
+        if kinds is float and isinstance(value, int) and not isinstance(value, bool):
+            ok = True
+        if not ok:
+            want = _KIND_NAMES.get(kinds, "a number")
+            raise ValueError(f"{where}.{key} must be {want}; got {value!r}")
+    return table
+
+
+def _check_source(i: int, source: dict) -> dict:
+    where = f"[[documents]] #{i + 1}"
+    if not isinstance(source, dict) or "source" not in source:
+        raise ValueError(f"{where} needs a 'source' key; allowed: {', '.join(SOURCE_KEYS)}")
+    kind = source["source"]
+    if kind not in SOURCE_KEYS:
+        raise ValueError(f"unknown document source {kind!r} in {where}; allowed: "
+                         f"{', '.join(SOURCE_KEYS)}")
+    _check_table(source, SOURCE_KEYS[kind], where)
+    for key in REQUIRED_SOURCE_KEYS[kind]:
+        if key not in source:
+            raise ValueError(f"{where} (source = {kind!r}) is missing the key {key!r}")
+    if kind == "ruler":
+        ruler_config(source)  # validates families, needle types, lengths, counts
+    return dict(source)
+
+
+def ruler_config(source: dict) -> RulerConfig:
+    """The generator configuration of a ``source = "ruler"`` table."""
+    return RulerConfig(
+        families=tuple(source.get("families", RULER_FAMILIES)),
+        needle_types=tuple(source.get("needle_types", NEEDLE_TYPES)),
+        target_lengths=tuple(source.get("lengths", (4096,))),
+        documents_per_stratum=source.get("per_stratum", 8),
+        seed=source.get("seed", 0),
+    )
+
+
+def parse_study(data: dict, source: str | None = None) -> StudyConfig:
+    """Validate a parsed TOML document and build the study configuration."""
+    for key in data:
+        if key not in TOP_KEYS:
+            raise ValueError(f"unknown section [{key}]; allowed: {', '.join(TOP_KEYS)}")
+    if "study" not in data:
+        raise ValueError("the config needs a [study] section")
+    study = _check_table(data["study"], STUDY_KEYS, "[study]")
+    for key in ("models", "actions"):
+        if key not in study or not study[key]:
+            raise ValueError(f"[study] is missing the key {key!r} (a non-empty list)")
+    docs = data.get("documents")
+    if not docs:
+        raise ValueError("the config needs at least one [[documents]] table "
+                         "(source = \"ruler\", \"jsonl\" or \"hf\")")
+    if isinstance(docs, dict):
+        docs = [docs]
+    sources = tuple(_check_source(i, s) for i, s in enumerate(docs))
+    analysis = _check_table(data.get("analysis", {}), ANALYSIS_KEYS, "[analysis]")
+    from kvdrift.lm.actions import parse_action  # validates names without loading a model
+
+    actions = tuple(str(a) for a in study["actions"])
+    for a in actions:
+        parse_action(a)
+    run = RunConfig(
+        model="", actions=actions,
+        replicates=study.get("replicates", 8), horizon=study.get("horizon", 32),
+        temperature=float(study.get("temperature", 1.0)),
+        estimator=study.get("estimator", "rollout"), depths=tuple(study.get("depths", ())),
+        seed=study.get("seed", 0),
+    )
+    options = AnalysisOptions(
+        bootstrap=analysis.get("bootstrap", 2000), alpha=float(analysis.get("alpha", 0.05)),
+        endpoints=tuple(analysis.get("endpoints", ())), seed=analysis.get("seed", 0))
+    from kvdrift.analysis.endpoints import parse_endpoint
+
+    for text in options.endpoints:
+        missing = [a for a in parse_endpoint(text).actions if a not in actions]
+        if missing:
+            raise ValueError(f"endpoint {text!r} names action {missing[0]!r}, which the study "
+                             f"does not run; actions: {', '.join(actions)}")
+    if study.get("estimator", "rollout") not in ESTIMATORS:
+        raise ValueError(f"unknown estimator {study['estimator']!r}; allowed: "
+                         f"{', '.join(ESTIMATORS)}")
+    from kvdrift.lm.model import resolve_dtype
+
+    resolve_dtype(study.get("dtype", "float32"))
+    return StudyConfig(
+        name=study.get("name", Path(source).stem if source else "study"),
+        models=tuple(str(m) for m in study["models"]), run=run, documents=sources,
+        analysis=options, device=study.get("device", "auto"), dtype=study.get("dtype", "float32"),
+        chat_template=study.get("chat_template", True), source=source,
+    )
+
+
+def load_study(path: str | Path) -> StudyConfig:
+    """Read and validate a study TOML file."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"study config {path} does not exist")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{path} is not valid TOML: {exc}") from None
+    return parse_study(data, source=str(path))

@@ -1,0 +1,278 @@
+"""The study report: figures, HTML, JSON and the terminal table on a fake analysis."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+from rich.console import Console
+
+from kvdrift.report import summary_table, write_report
+from kvdrift.report.figures import (
+    FIGURES,
+    plot_contrasts,
+    plot_expected_delta,
+    plot_lag_profiles,
+    plot_timing,
+)
+from kvdrift.report.numbers import interval_text, to_json_safe
+
+H = 32
+MODELS = ("Llama-3.1-8B-Instruct", "Qwen2.5-7B-Instruct")
+ACTIONS = ("snapkv-512", "snapkv-half", "recent-half")
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+TABLE_HEADINGS = ("What was run", "Headline numbers", "Contrasts", "Prespecified endpoints",
+                  "Finite-window bounds", "Certified orderings", "EOS split", "Figures",
+                  "Glossary")
+
+
+def interval(est, half=0.02):
+    return {"estimate": est, "lo": est - half, "hi": est + half}
+
+
+def fraction(est, half=0.02):
+    return {"estimate": est, "lo": max(est - half, 0.0), "hi": min(est + half, 1.0)}
+
+
+def curve(x, est, half=0.03):
+    est = np.asarray(est, dtype=float)
+    return {"x": list(x), "estimate": est.tolist(), "lo": np.clip(est - half, 0, 1).tolist(),
+            "hi": np.clip(est + half, 0, 1).tolist()}
+
+
+def fake_action(model: str, action: str, hazard: float, rng: np.random.Generator) -> dict:
+    t = np.arange(1, H + 1)
+    p = np.where(t >= 2, hazard * (1 - hazard) ** (t - 2), 0.0)  # P(tau = t); tau >= 2
+    cdf = np.cumsum(p)
+    delta = np.clip(cdf * 0.9 + rng.normal(0, 0.01, H), 0, 1)
+    delta[0] = 0.0
+    timing = curve(t, cdf)
+    timing["lo"][5] = float("nan")  # a band with a hole
+    expected = curve(t, delta)
+    expected["estimate"][-1] = float("nan")  # an unmeasured last position
+    j = np.arange(1, 17)
+    lag = curve(j, 0.84 + 0.07 * j / 16 + rng.normal(0, 0.005, 16))
+    lag["hi"][3] = None
+    strict = curve(j, 0.82 + 0.06 * j / 16)
+    R = float(delta[np.isfinite(delta)].mean())
+    O = float(cdf[-1] / H)  # noqa: E741
+    E = float((p * (H - t)).sum() / H)
+    Pi = R - O
+    bounds = []
+    for L in (1, 4, 16, H):
+        R_L = O + (Pi * min(L, H) / H)
+        B_L = max(R - R_L, 0.0) * 1.3
+        bounds.append({"L": L, "R_L": R_L, "B_L": B_L, "lo": R_L, "hi": R_L + B_L,
+                       "minimax": R_L + B_L / 2, "hoeffding_lo": max(0.0, R_L - 0.05),
+                       "hoeffding_hi": min(1.0, R_L + B_L + 0.05)})
+    return {
+        "model": model, "action": action, "documents": 60,
+        "scalars": {
+            "p_diverge": fraction(float(cdf[-1])),
+            "mean_entry_time": interval(float((p * t).sum() / cdf[-1]), 0.8),
+            "R": interval(R), "O": interval(O, 0.001), "E": interval(E), "Pi": interval(Pi),
+            "C": interval(Pi / E if E else 0.0), "F": interval(R * 0.3),
+            "R_minus_F": interval(R * 0.7), "S99": interval(0.05, 0.01),
+            "B": interval(0.07, 0.015), "B_strict": interval(0.06, 0.02),
+        },
+        "curves": {"timing_cdf": timing, "expected_delta": expected, "lag_profile": lag,
+                   "lag_profile_strict": strict},
+        "eos_split": {"categories": ["pre-EOS", "first EOS", "one absorbed", "both absorbed"],
+                      "R": [R * 0.8, R * 0.05, R * 0.1, R * 0.05],
+                      "F": [R * 0.25, 0.0, R * 0.05, 0.0],
+                      "R_minus_F": [R * 0.55, R * 0.05, R * 0.05, R * 0.05]},
+        "bounds": bounds,
+    }
+
+
+def fake_contrast(model, a, b, rng):
+    occ, exp_, rate = rng.normal(0.005, 0.002), rng.normal(0.15, 0.02), rng.normal(0.02, 0.01)
+    dR = occ + exp_ + rate
+    return {"model": model, "a": a, "b": b, "dR": interval(dR), "dO": interval(occ, 0.001),
+            "dE": interval(0.16), "dC": interval(0.03), "occurrence_term": interval(occ, 0.001),
+            "exposure_term": interval(exp_), "rate_term": interval(rate, 0.01),
+            "exposure_share": interval(exp_ / dR, 0.04)}
+
+
+def make_analysis() -> dict:
+    rng = np.random.default_rng(7)
+    hazards = {"snapkv-512": 0.12, "snapkv-half": 0.04, "recent-half": 0.10}
+    actions = [fake_action(m, a, hazards[a] * (1.1 if i else 1.0), rng)
+               for i, m in enumerate(MODELS) for a in ACTIONS]
+    del actions[5]["curves"]["lag_profile"], actions[5]["curves"]["lag_profile_strict"]
+    actions[4]["eos_split"] = None
+    actions[1]["scalars"]["F"] = interval(float("nan"))
+    contrasts = [fake_contrast(m, "snapkv-half", b, rng)
+                 for m in MODELS for b in ("snapkv-512", "recent-half")]
+    endpoints = [{"model": m, "name": f"{q}({a})", "estimate": 0.05, "lo": 0.01, "hi": 0.09,
+                  "alpha": 0.05 / 8}
+                 for m in MODELS for q in ("B", "S99") for a in ("snapkv-90", "recent-90")]
+    return {
+        "meta": {"config": {"name": "test study", "strata": ["helmet-4k", "ruler-4k"]},
+                 "versions": {"torch": "2.13.0", "kvpress": "0.5.5"}, "estimator": "rollout",
+                 "horizon": H, "replicates": 8, "temperature": 1.0, "bootstrap": 200,
+                 "alpha": 0.05, "documents": {"helmet-4k": 30, "ruler-4k": 30}},
+        "lags": {"max_entry": 16, "lags": list(range(1, 17)), "early": [1, 4], "late": [13, 16]},
+        "actions": actions,
+        "contrasts": contrasts,
+        "endpoints": endpoints,
+        "certified_order": [{"model": MODELS[0], "L": H, "better": "snapkv-half",
+                             "worse": "snapkv-512"}],
+    }
+
+
+def make_swrb_analysis() -> dict:
+    """What an SWRB study yields: timing curves only, no contrasts, no EOS split."""
+    out = make_analysis()
+    out["meta"]["estimator"] = "swrb"
+    out["contrasts"], out["endpoints"], out["certified_order"] = [], [], []
+    for a in out["actions"]:
+        a["curves"] = {"timing_cdf": a["curves"]["timing_cdf"]}
+        a["eos_split"] = None
+    return out
+
+
+@pytest.fixture
+def analysis() -> dict:
+    return make_analysis()
+
+
+@pytest.fixture
+def swrb_analysis() -> dict:
+    return make_swrb_analysis()
+
+
+@pytest.fixture(scope="module")
+def report_dir(tmp_path_factory):
+    """The full fake analysis's report, written once for the module (figures take ~2 s)."""
+    out = tmp_path_factory.mktemp("report") / "out"
+    write_report(make_analysis(), out)
+    return out
+
+
+def strict_json(text: str):
+    def refuse(token):
+        raise ValueError(f"non-standard JSON token {token}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_write_report(report_dir):
+    path = report_dir / "report.html"
+    assert path.exists()
+    html = path.read_text(encoding="utf-8")
+    for name in MODELS + ACTIONS:
+        assert name in html
+    for heading in TABLE_HEADINGS:
+        assert f">{heading}</h" in html
+    assert "&alpha;/k = 0.05/8 = 0.00625" in html  # the adjustment is stated
+    assert "certainly better" in html
+
+    pngs = sorted((report_dir / "figures").glob("*.png"))
+    assert [p.stem for p in pngs] == sorted(f.name for f in FIGURES)
+    assert html.count("data:image/png;base64,") == len(pngs)
+    for png in pngs:
+        assert png.read_bytes()[:8] == PNG_MAGIC
+        image = plt.imread(png)
+        assert image.ndim == 3 and min(image.shape[:2]) > 300
+
+
+def test_analysis_json_is_strict(report_dir):
+    analysis = make_analysis()
+    data = strict_json((report_dir / "analysis.json").read_text(encoding="utf-8"))
+    assert data["actions"][0]["curves"]["timing_cdf"]["lo"][5] is None
+    assert data["actions"][1]["scalars"]["F"]["estimate"] is None
+    assert data["actions"][0]["scalars"]["R"]["estimate"] == pytest.approx(
+        analysis["actions"][0]["scalars"]["R"]["estimate"])
+    assert data["meta"] == analysis["meta"]
+
+
+def test_headline_formatting(report_dir):
+    html = (report_dir / "report.html").read_text(encoding="utf-8")
+    p = make_analysis()["actions"][0]["scalars"]["p_diverge"]
+    est, interval = interval_text(p, 100).split(" ", 1)
+    assert f'<span class="est">{est}</span><br><span class="ci">{interval}</span>' in html
+    assert "P(&tau; &le; 32)" in html
+    assert "<td class=\"num\">—</td>" in html  # the NaN F of one action
+
+
+def test_swrb_report_has_only_timing(swrb_analysis, tmp_path):
+    # a previous full report's figures in the same folder must not survive
+    (tmp_path / "figures").mkdir()
+    for figure in FIGURES:
+        (tmp_path / "figures" / f"{figure.name}.png").write_bytes(PNG_MAGIC)
+    html = write_report(swrb_analysis, tmp_path).read_text(encoding="utf-8")
+    assert html.count("data:image/png;base64,") == 1
+    assert [p.name for p in (tmp_path / "figures").glob("*.png")] == ["timing.png"]
+    assert "No contrasts in this analysis" in html
+    assert "survival-weighted residual branching" in html
+
+
+def test_figures_skip_missing_curves(swrb_analysis, tmp_path):
+    assert plot_contrasts(swrb_analysis, tmp_path / "c.png") is None
+    assert plot_lag_profiles(swrb_analysis, tmp_path / "l.png") is None
+    assert plot_expected_delta(swrb_analysis, tmp_path / "e.png") is None
+    assert not (tmp_path / "l.png").exists()
+    empty = {"meta": {}, "actions": []}
+    assert plot_timing(empty, tmp_path / "x.png") is None
+
+
+def test_lag_figure_with_one_action_missing(analysis, tmp_path):
+    only = copy.deepcopy(analysis)
+    only["actions"] = [a for a in only["actions"] if a["model"] == MODELS[1]]
+    for a in only["actions"][:2]:
+        del a["curves"]["lag_profile"]
+    # the third action of model 2 has no lag curve in the fixture: nothing to draw
+    assert plot_lag_profiles(only, tmp_path / "l.png") is None
+
+
+def test_summary_table_renders(analysis):
+    console = Console(record=True, width=200)
+    console.print(summary_table(analysis))
+    text = console.export_text()
+    for name in ACTIONS + MODELS:
+        assert name in text
+    assert "R−F" in text and "P(τ≤32)" in text and "(pp)" in text
+    r = make_analysis()["actions"][0]["scalars"]["R"]
+    est, interval = interval_text(r, 100, digits=1).split(" ", 1)
+    assert est in text and interval in text  # intervals survive (no markup eaten)
+    assert "[lo, hi]" in text
+
+
+def test_json_safe():
+    raw = {"a": float("nan"), "b": [np.float32(0.5), float("inf")], "c": np.arange(2),
+           "d": (1, None)}
+    assert to_json_safe(raw) == {"a": None, "b": [0.5, None], "c": [0, 1], "d": [1, None]}
+    with pytest.raises(TypeError, match="object"):
+        to_json_safe({"x": object()})
+
+
+def test_interval_text():
+    assert interval_text({"estimate": 0.1234, "lo": 0.1, "hi": 0.15}, 100) == "12.34 [10.00, 15.00]"
+    assert interval_text({"estimate": 0.02, "lo": None, "hi": 0.03}, 100, signed=True) == "+2.00"
+    assert interval_text({"estimate": math.nan, "lo": 0, "hi": 1}) == "—"
+    assert interval_text(None) == "—"
+
+
+def test_empty_analysis(tmp_path):
+    html = write_report({}, tmp_path).read_text(encoding="utf-8")
+    assert "data:image/png;base64," not in html
+    assert "No actions in this analysis" in html
+    assert strict_json((tmp_path / "analysis.json").read_text(encoding="utf-8")) == {}
+
+
+def test_figures_accept_arrays_and_missing_terms(tmp_path):
+    analysis = make_analysis()
+    timing = analysis["actions"][0]["curves"]["timing_cdf"]
+    analysis["actions"][0]["curves"]["timing_cdf"] = {
+        k: np.asarray(v, dtype=float) for k, v in timing.items()}
+    analysis["actions"][0]["scalars"]["p_diverge"] = None  # legend falls back to the curve
+    analysis["contrasts"][0]["rate_term"] = None
+    analysis["lags"] = {}
+    assert plot_timing(analysis, tmp_path / "t.png").read_bytes()[:8] == PNG_MAGIC
+    assert plot_contrasts(analysis, tmp_path / "c.png").read_bytes()[:8] == PNG_MAGIC
+    assert plot_lag_profiles(analysis, tmp_path / "l.png").read_bytes()[:8] == PNG_MAGIC

@@ -1,0 +1,70 @@
+"""Study configs: shipped examples parse; mistakes are named before any model loads."""
+
+from pathlib import Path
+
+import pytest
+
+import kvdrift
+from kvdrift.study import fixed_documents
+from kvdrift.study_config import load_study, parse_study
+
+CONFIGS = Path(kvdrift.__file__).parent / "configs"
+
+
+def base(**study):
+    return {"study": {"models": ["smollm2"], "actions": ["snapkv-half"]} | study,
+            "documents": [{"source": "ruler", "lengths": [512], "per_stratum": 1}]}
+
+
+@pytest.mark.parametrize("name", ["paper-study1", "paper-study2", "cpu-demo"])
+def test_shipped_configs_parse(name):
+    config = load_study(CONFIGS / f"{name}.toml")
+    assert config.name == name and config.models and config.run.actions
+
+
+def test_paper_study2_has_eight_endpoints():
+    config = load_study(CONFIGS / "paper-study2.toml")
+    assert len(config.analysis.endpoints) * len(config.models) == 8
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        (base(replicatez=3), "unknown key 'replicatez' in [study]; allowed: name, models"),
+        ({"study": {"actions": ["full"]}, "documents": [{"source": "ruler"}]},
+         "missing the key 'models'"),
+        (base(actions=["snapkv-halfish"]), "snapkv-halfish"),
+        (base(replicates="many"), "[study].replicates must be an integer"),
+        (base(estimator="magic"), "unknown estimator 'magic'"),
+        (base() | {"extra": {}}, "unknown section [extra]"),
+        (base() | {"documents": []}, "at least one [[documents]]"),
+        (base() | {"documents": [{"source": "web"}]}, "unknown document source 'web'"),
+        (base() | {"documents": [{"source": "jsonl"}]}, "missing the key 'path'"),
+        (base() | {"documents": [{"source": "ruler", "families": ["nope"]}]}, "nope"),
+        (base() | {"analysis": {"endpoints": ["B(recent-half)"]}},
+         "names action 'recent-half', which the study does not run"),
+        (base() | {"analysis": {"alpha": 2.0}}, "alpha must be within (0, 1)"),
+        (base() | {"analysis": {"bootstraps": 5}}, "unknown key 'bootstraps' in [analysis]"),
+    ],
+)
+def test_config_mistakes_are_named(data, message):
+    with pytest.raises(ValueError) as info:
+        parse_study(data)
+    assert message in str(info.value)
+
+
+def test_empty_document_source_is_refused_before_loading(tmp_path):
+    empty = tmp_path / "docs.jsonl"
+    empty.write_text("")
+    config = parse_study(base() | {"documents": [{"source": "jsonl", "path": str(empty)}]})
+    with pytest.raises(ValueError, match="no documents"):
+        fixed_documents(config)
+
+
+def test_missing_and_invalid_files(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_study(tmp_path / "nope.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[study\n")
+    with pytest.raises(ValueError, match="not valid TOML"):
+        load_study(bad)
