@@ -1,11 +1,11 @@
 """Time one coupled rollout step against one step of plain sampling with ``generate``.
 
-(a) coupled step = P-state advance (K rows) + Q-state advance (2K rows: Y and X) + logprobs
-    + ``coupling.coupled_draw`` for K rows;
+(a) coupled step = one position of kvdrift's rollout estimator: three K-row paths (P along X,
+    Q along Y, Q forced along X), the coupled draw, TVs and records;
 (b) ``model.generate(do_sample=True, num_return_sequences=K)`` per generated position: the
     gaps between consecutive calls of a stopping criterion, so prefill is excluded.
-Both are reported as medians over steps; coupled runs are taken before and after the
-generate run so that drift in machine speed shows up (shared CPUs are noisy).
+Coupled runs are taken before and after the generate run so that drift in machine speed
+shows up (shared CPUs are noisy); their mean is compared with generate's median step.
 
 Run: ``python benchmarks/bench_coupled_step.py [--K 16] [--H 32] [--prompt-tokens 1000]``.
 """
@@ -18,11 +18,12 @@ import statistics
 import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the kvdrift command sets it
 
 import torch  # noqa: E402
 from transformers import StoppingCriteria, StoppingCriteriaList  # noqa: E402
 
-from kvdrift.coupling import coupled_draw, tv_distance  # noqa: E402
+from kvdrift.estimate import coupled_rollouts  # noqa: E402
 from kvdrift.lm.model import encode_prompt, load_model  # noqa: E402
 from kvdrift.lm.pair import LMKernelPair  # noqa: E402
 
@@ -45,23 +46,15 @@ def build_prompt(tokenizer, n_tokens: int) -> torch.Tensor:
         reps += 1
 
 
-def time_coupled(pair: LMKernelPair, k: int, h: int, seed: int) -> tuple[list[float], float]:
-    """Seconds of each coupled step (H of them), and the mean fixed-history TV f_t seen."""
-    gen = torch.Generator().manual_seed(seed)
-    p_state = pair.start("p", k)
-    q_state = pair.start("q", 2 * k)
-    steps, tvs = [], []
-    for _ in range(h):
-        start = time.perf_counter()
-        lp = pair.logprobs(p_state)  # [K, V]
-        lq = pair.logprobs(q_state)  # [2K, V]: rows [Y; X]
-        p_probs, q_probs = lp.exp(), lq.exp()
-        draw = coupled_draw(p_probs, q_probs[:k], gen)
-        tvs.append(float(tv_distance(p_probs, q_probs[k:]).mean()))  # f_t, Q forced along X
-        p_state = pair.advance(p_state, draw.x)
-        q_state = pair.advance(q_state, torch.cat([draw.y, draw.x]))
-        steps.append(time.perf_counter() - start)
-    return steps, sum(tvs) / len(tvs)
+def time_coupled(pair: LMKernelPair, k: int, h: int, seed: int) -> tuple[float, float]:
+    """Seconds per position of kvdrift's rollout estimator, and the mean fixed-history TV.
+
+    This is the real estimator (:func:`kvdrift.estimate.coupled_rollouts`): three K-row paths
+    (P along X, Q along Y, Q along X), EOS handling, the coupled draw and the records.
+    """
+    start = time.perf_counter()
+    result = coupled_rollouts(pair, k, h, seed=seed)
+    return (time.perf_counter() - start) / h, float(result.f.mean())
 
 
 class StepClock(StoppingCriteria):
@@ -121,14 +114,14 @@ def main() -> None:
     before, mean_f = time_coupled(pair, args.K, args.H, args.seed)
     gaps, first = time_generate(lm.model, ids, args.K, args.H, args.seed)
     after, _ = time_coupled(pair, args.K, args.H, args.seed)
-    coupled = statistics.median(before + after)
+    coupled = (before + after) / 2
     per_position = statistics.median(gaps)
 
     def ms(xs: list[float]) -> str:
         return f"{1000 * statistics.median(xs):.1f}"
 
-    print(f"coupled step (P {args.K} rows + Q {2 * args.K} rows + logprobs + draw): "
-          f"{1000 * coupled:.1f} ms / position (median; before {ms(before)}, after {ms(after)}; "
+    print(f"coupled step (rollout estimator, 3 paths x {args.K} rows): {1000 * coupled:.1f} ms "
+          f"/ position (before {1000 * before:.1f}, after {1000 * after:.1f}; "
           f"mean f_t {mean_f:.3f})")
     print(f"generate, {args.K} sampled sequences: {1000 * per_position:.1f} ms / position "
           f"(median of {len(gaps)} steps; prefill of {args.K} copies + first token {first:.1f} s)")
