@@ -90,6 +90,20 @@ def test_interrupted_run_resumes_without_loss_or_duplicates(tmp_path):
     assert a.equals(b)
 
 
+@pytest.mark.parametrize("estimator", ["rollout", "swrb"])
+def test_replicate_batches_cover_all_replicates(tmp_path, estimator):
+    cfg = config(replicates=20, batch=7, estimator=estimator, depths=(2,))
+    store = RunStore.open(tmp_path, cfg.as_dict())
+    run_units(cfg, DOCS[:1], factory, store)
+    reps = store.read("replicates").to_pandas()
+    for _, unit in reps.groupby("action"):
+        assert sorted(unit["replicate"]) == list(range(20))
+    steps = store.read("steps").to_pandas()
+    assert len(steps) == 2 * 20 * 5
+    whole = {s.action: s for s in summarize(steps, reps)}
+    assert set(whole) == set(MIX)
+
+
 def test_resume_with_other_configuration_is_refused(tmp_path):
     RunStore.open(tmp_path, config().as_dict())
     with pytest.raises(ValueError, match="differs in: replicates"):
@@ -111,6 +125,7 @@ def test_stratum_weights_give_strata_equal_weight():
         (dict(actions=("mild", "mild")), "distinct"),
         (dict(temperature=-1.0), "temperature must be >= 0"),
         (dict(depths=(9,)), "depth L must be within 1..H"),
+        (dict(batch=-1), "batch must be an integer >= 0"),
     ],
 )
 def test_bad_run_configuration(kw, message):

@@ -153,6 +153,8 @@ def run(
     estimator: str = typer.Option("rollout", help="rollout (complete coupled rollouts) or swrb."),
     depths: str = typer.Option("", help="Observation depths L for window bounds, e.g. 4,8."),
     seed: int = typer.Option(0, help="Seed of the run (each document derives its own)."),
+    batch: int = typer.Option(0, help="Most replicates per forward batch (0 = all); lower it "
+                              "when long prompts do not fit in memory."),
     out: Path = typer.Option(Path("runs/run"), help="Output directory (resumable)."),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
     dtype: str = typer.Option("float32", help="float32, bfloat16 or float16."),
@@ -177,6 +179,7 @@ def run(
     documents = load_jsonl(docs) if docs is not None else None
     config = RunConfig(model=model, actions=action_list, replicates=replicates, horizon=horizon,
                        temperature=temperature, estimator=estimator, depths=depth_list, seed=seed,
+                       batch=batch,
                        extra={"docs": str(docs) if docs else "builtin", "device": device,
                               "dtype": dtype, "chat_template": chat_template})
     store = RunStore.open(out, config.as_dict())

@@ -16,7 +16,13 @@ from dataclasses import asdict, dataclass, field
 
 from kvdrift.data.document import Document
 from kvdrift.estimate import coupled_rollouts, swrb
-from kvdrift.estimate.common import check_depths, check_horizon, check_replicates
+from kvdrift.estimate.common import (
+    check_depths,
+    check_horizon,
+    check_replicates,
+    concat_results,
+    make_generator,
+)
 from kvdrift.kernel import KernelPair
 from kvdrift.records import UnitKey, rollout_tables, swrb_tables
 from kvdrift.store import RunStore
@@ -36,6 +42,7 @@ class RunConfig:
     estimator: str = "rollout"
     depths: tuple[int, ...] = ()
     seed: int = 0
+    batch: int = 0  # most replicates per forward batch (0: all K at once); bounds memory
     extra: dict = field(default_factory=dict)  # e.g. device, dtype, chat template, doc source
 
     def __post_init__(self) -> None:
@@ -50,6 +57,9 @@ class RunConfig:
         if self.estimator not in ESTIMATORS:
             raise ValueError(
                 f"unknown estimator {self.estimator!r}; allowed: {', '.join(ESTIMATORS)}")
+        if isinstance(self.batch, bool) or not isinstance(self.batch, int) or self.batch < 0:
+            raise ValueError(f"batch must be an integer >= 0 (0 = all replicates at once); "
+                             f"got {self.batch!r}")
         if not self.temperature >= 0:
             raise ValueError(f"temperature must be >= 0 (0 = greedy); got {self.temperature}")
 
@@ -66,6 +76,26 @@ def unit_seed(seed: int, doc_id: str) -> int:
 
 
 PairFactory = Callable[[Document, str], KernelPair]
+
+
+def run_estimator(config: RunConfig, pair: KernelPair, seed: int):
+    """The configured estimator on one pair, in replicate batches of at most ``config.batch``.
+
+    Batches draw from one random generator in turn, so results depend on the batch size
+    (it is part of the stored configuration) but never on anything else.
+    """
+    gen = make_generator(seed, pair.device)
+    K = config.replicates
+    size = config.batch or K
+    results = []
+    for start in range(0, K, size):
+        n = min(size, K - start)
+        if config.estimator == "rollout":
+            results.append(coupled_rollouts(pair, n, config.horizon, config.temperature, gen))
+        else:
+            results.append(swrb(pair, n, config.horizon, config.depths or (config.horizon,),
+                                config.temperature, gen))
+    return results[0] if len(results) == 1 else concat_results(results)
 
 
 def run_units(
@@ -90,14 +120,10 @@ def run_units(
                     on_unit(key, True)
                 continue
             pair = make_pair(doc, action)
-            seed = unit_seed(config.seed, doc.id)
+            result = run_estimator(config, pair, unit_seed(config.seed, doc.id))
             if config.estimator == "rollout":
-                result = coupled_rollouts(pair, config.replicates, config.horizon,
-                                          config.temperature, seed)
                 steps, reps = rollout_tables(key, result, config.depths)
             else:
-                result = swrb(pair, config.replicates, config.horizon,
-                              config.depths or (config.horizon,), config.temperature, seed)
                 steps, reps = swrb_tables(key, result)
             store.write_unit(key, steps, reps)
             ran += 1

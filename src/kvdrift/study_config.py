@@ -4,7 +4,7 @@ Everything is validated before any model is loaded, so a typo costs seconds, not
 See ``configs/`` for shipped examples. Layout::
 
     [study]                      models, actions, replicates, horizon, temperature,
-                                 estimator, depths, seed, device, dtype, chat_template
+                                 estimator, depths, seed, batch, device, dtype, chat_template
     [[documents]]                one table per source: source = "ruler" | "jsonl" | "hf"
     [analysis]                   bootstrap, alpha, endpoints (prespecified), seed
 """
@@ -22,7 +22,8 @@ from kvdrift.runner import ESTIMATORS, RunConfig
 
 STUDY_KEYS = {
     "name": str, "models": list, "actions": list, "replicates": int, "horizon": int,
-    "temperature": (int, float), "estimator": str, "depths": list, "seed": int, "device": str,
+    "temperature": (int, float), "estimator": str, "depths": list, "seed": int, "batch": int,
+    "device": str,
     "dtype": str, "chat_template": bool,
 }
 SOURCE_KEYS = {
@@ -140,7 +141,7 @@ def parse_study(data: dict, source: str | None = None) -> StudyConfig:
         replicates=study.get("replicates", 8), horizon=study.get("horizon", 32),
         temperature=float(study.get("temperature", 1.0)),
         estimator=study.get("estimator", "rollout"), depths=tuple(study.get("depths", ())),
-        seed=study.get("seed", 0),
+        seed=study.get("seed", 0), batch=study.get("batch", 0),
     )
     options = AnalysisOptions(
         bootstrap=analysis.get("bootstrap", 2000), alpha=float(analysis.get("alpha", 0.05)),

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import torch
 
 
@@ -37,3 +40,26 @@ def make_generator(
     gen = torch.Generator(device=device)
     gen.manual_seed(int(seed))
     return gen
+
+
+def concat_results(results: list[Any]) -> Any:
+    """Join estimator results of several replicate batches into one (rows in batch order).
+
+    Tensor fields are concatenated along the replicate axis, integer counts are summed,
+    and anything else (e.g. SWRB's depths) must agree across batches.
+    """
+    if not results:
+        raise ValueError("nothing to concatenate")
+    first = results[0]
+    values = {}
+    for f in dataclasses.fields(first):
+        items = [getattr(r, f.name) for r in results]
+        if isinstance(items[0], torch.Tensor):
+            values[f.name] = torch.cat(items, dim=0)
+        elif isinstance(items[0], int) and not isinstance(items[0], bool):
+            values[f.name] = sum(items)
+        elif all(item == items[0] for item in items):
+            values[f.name] = items[0]
+        else:
+            raise ValueError(f"batches disagree on {f.name}: {items}")
+    return type(first)(**values)
