@@ -4,7 +4,8 @@ import numpy as np
 import pyarrow.compute as pc
 import pytest
 
-from kvdrift.analysis.summary import stratum_weights, summarize
+from kvdrift.analysis.bootstrap import stratum_weights
+from kvdrift.analysis.summary import summarize
 from kvdrift.data.document import Document
 from kvdrift.finite import exact, random_pair
 from kvdrift.runner import RunConfig, run_units

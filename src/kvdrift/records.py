@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 
 from kvdrift.analysis.bounds import window_terms
+from kvdrift.analysis.decompose import trajectory_terms
 from kvdrift.estimate import RolloutResult, SWRBResult
 
 
@@ -56,16 +57,16 @@ def rollout_tables(
         "y_eos": result.y_eos.numpy().ravel(),
     })
     m = result.mismatch.numpy()
-    after = np.arange(1, H + 1)[None, :] > np.where(tau > 0, tau, H + 1)[:, None]
+    terms = trajectory_terms(m)
     cols = _key_columns(key, K) | {
         "estimator": pa.array(["rollout"] * K),
         "replicate": np.arange(K, dtype=np.int32),
         "horizon": np.full(K, H, dtype=np.int32),
         "tau": tau.astype(np.int32),
-        "risk": m.mean(axis=1),
-        "occurrence": (tau > 0) / H,
-        "exposure": np.where(tau > 0, H - tau, 0) / H,
-        "occupation": (m & after).sum(axis=1) / H,
+        "risk": terms.mismatch_fraction,
+        "occurrence": terms.occurrence,
+        "exposure": terms.exposure,
+        "occupation": terms.occupation,
         "fixed_risk": result.f.numpy().mean(axis=1),
         "evaluations": np.full(K, H, dtype=np.int64),
         "divergence_mass": (tau > 0).astype(np.float64),

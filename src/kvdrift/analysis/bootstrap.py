@@ -10,6 +10,14 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
+import pandas as pd
+
+
+def stratum_weights(strata: pd.Series) -> np.ndarray:
+    """Weights that give each stratum equal total weight and each document within it too."""
+    counts = strata.map(strata.value_counts())
+    n_strata = strata.nunique()
+    return (1.0 / (n_strata * counts)).to_numpy(dtype=np.float64)
 
 
 def stratified_counts(strata: np.ndarray, draws: int, seed: int = 0) -> np.ndarray:

@@ -14,12 +14,16 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from kvdrift.analysis.bootstrap import percentile_interval, stratified_counts, weighted_means
+from kvdrift.analysis.bootstrap import (
+    percentile_interval,
+    stratified_counts,
+    stratum_weights,
+    weighted_means,
+)
 from kvdrift.analysis.bounds import hoeffding_enclosure, sharp_interval
 from kvdrift.analysis.endpoints import Endpoint, parse_endpoint
 from kvdrift.analysis.features import EOS_CATEGORIES, DocFeatures, action_features
 from kvdrift.analysis.lags import LagWindows
-from kvdrift.analysis.summary import stratum_weights
 
 SCALARS = ("p_diverge", "mean_entry_time", "R", "O", "E", "Pi", "C", "F", "R_minus_F", "S99",
            "B", "B_strict")

@@ -3,22 +3,19 @@
 Replicate records are averaged within each document; document means are then averaged
 with weights ``1 / (number of strata * documents in the stratum)``. The quantities come
 from the same features and formulas as the full study analysis
-(:func:`kvdrift.analysis.study.derive`), without the bootstrap.
+(:func:`kvdrift.analysis.study.derive`), without the bootstrap; the weights are
+:func:`kvdrift.analysis.bootstrap.stratum_weights`.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-import numpy as np
 import pandas as pd
 
-
-def stratum_weights(strata: pd.Series) -> np.ndarray:
-    """Weights that give each stratum equal total weight and each document within it too."""
-    counts = strata.map(strata.value_counts())
-    n_strata = strata.nunique()
-    return (1.0 / (n_strata * counts)).to_numpy(dtype=np.float64)
+from kvdrift.analysis.bootstrap import stratum_weights, weighted_means
+from kvdrift.analysis.features import action_features
+from kvdrift.analysis.study import derive
 
 
 @dataclass(frozen=True)
@@ -44,10 +41,6 @@ class ActionSummary:
 
 def summarize(steps: pd.DataFrame, replicates: pd.DataFrame) -> list[ActionSummary]:
     """One summary per (model, action), in order of first appearance."""
-    from kvdrift.analysis.bootstrap import weighted_means
-    from kvdrift.analysis.features import action_features
-    from kvdrift.analysis.study import derive
-
     out = []
     for model, action in replicates[["model", "action"]].drop_duplicates().itertuples(index=False):
         reps = replicates[(replicates.model == model) & (replicates.action == action)]
