@@ -49,6 +49,10 @@ def docs_file(tmp_path_factory):
     return path
 
 
+def _no_nan(token):
+    raise AssertionError(f"output is not strict JSON: {token}")
+
+
 def run_args(model, docs, out, *extra):
     return ["run", "--model", str(model), "--docs", str(docs), "--actions",
             "full,snapkv-half,recent-half", "--replicates", "3", "--horizon", "6",
@@ -59,7 +63,7 @@ def test_run_writes_records_and_prints_json(tiny_model_dir, docs_file, tmp_path)
     out = tmp_path / "run"
     result = runner.invoke(app, run_args(tiny_model_dir, docs_file, out, "--json"))
     assert result.exit_code == 0, result.output
-    rows = {r["action"]: r for r in json.loads(result.stdout)}
+    rows = {r["action"]: r for r in json.loads(result.stdout, parse_constant=_no_nan)}
     assert set(rows) == {"full", "snapkv-half", "recent-half"}
     assert rows["full"]["R"] == 0 and rows["full"]["F"] == 0 and rows["full"]["p_diverge"] == 0
     steps = pq.read_table(out / "steps").to_pandas()

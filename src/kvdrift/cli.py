@@ -49,6 +49,13 @@ def user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def _strict_json(obj: Any) -> str:
+    """JSON that strict parsers accept: NaN and infinities (undefined quantities) become null."""
+    from kvdrift.report.numbers import to_json_safe
+
+    return json.dumps(to_json_safe(obj), indent=2, allow_nan=False)
+
+
 @app.command("finite-state")
 @user_errors
 def finite_state(
@@ -73,7 +80,7 @@ def finite_state(
             result = run_finite_study(systems, replicates, horizon, seed, progress=progress)
     path = plot_finite_study(result, figure)
     if as_json:
-        print(json.dumps(result.to_json() | {"figure": str(path)}, indent=2))
+        print(_strict_json(result.to_json() | {"figure": str(path)}))
         return
     table = Table(title=f"Finite-state check: H = {horizon}, {replicates} replicates per estimator")
     for col in ("system", "exact R", "naive mean", "naive SE", "SWRB mean", "SWRB SE",
@@ -200,7 +207,7 @@ def run(
         raise _interrupted(out) from None
     summaries = summarize(store.read("steps").to_pandas(), store.read("replicates").to_pandas())
     if as_json:
-        print(json.dumps([s.as_dict() for s in summaries], indent=2))
+        print(_strict_json([s.as_dict() for s in summaries]))
         return
     console.print(_run_table(summaries))
     console.print(f"records: {out}/steps, {out}/replicates (Parquet)")
