@@ -213,19 +213,20 @@ def run(
     console.print(f"records: {out}/steps, {out}/replicates (Parquet)")
 
 
-def _write_report(store_dir: Path, out: Path | None, options=None):
+def _write_report(
+    store_dir: Path, out: Path | None, bootstrap: int | None = None, alpha: float | None = None
+):
+    """Analyse a store with its saved analysis options (``bootstrap``/``alpha`` override)."""
     from kvdrift.analysis.study import AnalysisOptions, analyze
     from kvdrift.report import write_report
     from kvdrift.store import RunStore
 
     store = RunStore(store_dir)
     meta = store.metadata
-    if options is None:
-        saved = meta["config"].get("analysis", {})
-        options = AnalysisOptions(bootstrap=saved.get("bootstrap", 2000),
-                                  alpha=saved.get("alpha", 0.05),
-                                  endpoints=tuple(saved.get("endpoints", ())),
-                                  seed=saved.get("seed", 0))
+    saved = dict(meta["config"].get("analysis", {}))  # a plain run saves none: defaults
+    saved["endpoints"] = tuple(saved.get("endpoints", ()))
+    overrides = {k: v for k, v in (("bootstrap", bootstrap), ("alpha", alpha)) if v is not None}
+    options = AnalysisOptions(**(saved | overrides))
     with console.status("analysing (bootstrap over documents)"):
         analysis = analyze(store.read("steps").to_pandas(), store.read("replicates").to_pandas(),
                            options, meta={"config": meta["config"], "versions": meta["versions"],
@@ -245,18 +246,9 @@ def report(
     as_json: bool = typer.Option(False, "--json", help="Also print every number as JSON."),
 ) -> None:
     """Analyse a run or study directory and write an HTML report with figures."""
-    from kvdrift.analysis.study import AnalysisOptions
     from kvdrift.report import summary_table
-    from kvdrift.store import RunStore
 
-    options = None
-    if bootstrap is not None or alpha is not None:
-        saved = RunStore(directory).metadata["config"].get("analysis", {})
-        options = AnalysisOptions(
-            bootstrap=bootstrap if bootstrap is not None else saved.get("bootstrap", 2000),
-            alpha=alpha if alpha is not None else saved.get("alpha", 0.05),
-            endpoints=tuple(saved.get("endpoints", ())), seed=saved.get("seed", 0))
-    analysis, path = _write_report(directory, out, options)
+    analysis, path = _write_report(directory, out, bootstrap, alpha)
     if as_json:
         print((path.parent / "analysis.json").read_text())
         return

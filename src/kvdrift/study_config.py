@@ -143,9 +143,7 @@ def parse_study(data: dict, source: str | None = None) -> StudyConfig:
         estimator=study.get("estimator", "rollout"), depths=tuple(study.get("depths", ())),
         seed=study.get("seed", 0), batch=study.get("batch", 0),
     )
-    options = AnalysisOptions(
-        bootstrap=analysis.get("bootstrap", 2000), alpha=float(analysis.get("alpha", 0.05)),
-        endpoints=tuple(analysis.get("endpoints", ())), seed=analysis.get("seed", 0))
+    options = AnalysisOptions(**(analysis | {"endpoints": tuple(analysis.get("endpoints", ()))}))
     from kvdrift.analysis.endpoints import parse_endpoint
 
     for text in options.endpoints:
