@@ -8,8 +8,8 @@ from kvdrift.analysis.bootstrap import stratum_weights
 from kvdrift.analysis.summary import summarize
 from kvdrift.data.document import Document
 from kvdrift.finite import exact, random_pair
-from kvdrift.runner import RunConfig, run_units
-from kvdrift.store import RunStore
+from kvdrift.run.runner import RunConfig, run_units
+from kvdrift.run.store import RunStore
 
 MIX = {"mild": 0.2, "strong": 0.7}
 DOCS = [Document(id=f"doc{i}", prompt=f"prompt {i}", stratum="a" if i < 2 else "b")

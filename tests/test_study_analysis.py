@@ -11,8 +11,8 @@ from kvdrift.analysis.lags import LagWindows, lag_terms
 from kvdrift.analysis.study import AnalysisOptions, analyze, contrast_terms
 from kvdrift.data.document import Document
 from kvdrift.finite import exact, random_pair
-from kvdrift.runner import RunConfig, run_units
-from kvdrift.store import RunStore
+from kvdrift.run.runner import RunConfig, run_units
+from kvdrift.run.store import RunStore
 
 
 def test_lag_windows_match_the_paper_at_h128():

@@ -174,8 +174,8 @@ def run(
     from kvdrift.lm.actions import parse_action
     from kvdrift.lm.factory import LMPairFactory
     from kvdrift.lm.model import load_model, resolve_device, resolve_dtype
-    from kvdrift.runner import RunConfig, run_units
-    from kvdrift.store import RunStore
+    from kvdrift.run.runner import RunConfig, run_units
+    from kvdrift.run.store import RunStore
 
     action_list = _split(actions)
     for a in action_list:
@@ -219,7 +219,7 @@ def _write_report(
     """Analyse a store with its saved analysis options (``bootstrap``/``alpha`` override)."""
     from kvdrift.analysis.study import AnalysisOptions, analyze
     from kvdrift.report import write_report
-    from kvdrift.store import RunStore
+    from kvdrift.run.store import RunStore
 
     store = RunStore(store_dir)
     meta = store.metadata

@@ -7,9 +7,9 @@ from pathlib import Path
 
 from kvdrift.data import generate, load_hf_dataset, load_jsonl, token_counter
 from kvdrift.data.document import Document
-from kvdrift.records import UnitKey
-from kvdrift.runner import run_units
-from kvdrift.store import RunStore
+from kvdrift.run.records import UnitKey
+from kvdrift.run.runner import run_units
+from kvdrift.run.store import RunStore
 from kvdrift.study_config import StudyConfig, ruler_config
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from kvdrift.analysis.study import AnalysisOptions
 from kvdrift.data import NEEDLE_TYPES, RULER_FAMILIES, RulerConfig
-from kvdrift.runner import ESTIMATORS, RunConfig
+from kvdrift.run.runner import ESTIMATORS, RunConfig
 
 STUDY_KEYS = {
     "name": str, "models": list, "actions": list, "replicates": int, "horizon": int,

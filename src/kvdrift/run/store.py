@@ -25,7 +25,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kvdrift.records import UnitKey
+from kvdrift.run.records import UnitKey
 
 RUN_FILE = "run.json"
 KINDS = ("steps", "replicates")

@@ -24,8 +24,8 @@ from kvdrift.estimate.common import (
     make_generator,
 )
 from kvdrift.kernel import KernelPair
-from kvdrift.records import UnitKey, rollout_tables, swrb_tables
-from kvdrift.store import RunStore
+from kvdrift.run.records import UnitKey, rollout_tables, swrb_tables
+from kvdrift.run.store import RunStore
 
 ESTIMATORS = ("rollout", "swrb")
 
