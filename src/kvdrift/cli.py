@@ -195,6 +195,7 @@ def run(
     if documents is None:
         documents = generate(RulerConfig(**DEFAULT_DOCS), token_counter(loaded.tokenizer))
     factory = LMPairFactory(loaded, chat_template)
+    factory.check_fits(documents, horizon)
     try:
         with _progress() as progress:
             task = progress.add_task("units", total=len(documents) * len(action_list))

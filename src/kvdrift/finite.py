@@ -224,6 +224,15 @@ class FinitePair:
             raise ValueError(f"rows must lie in 0..{len(state) - 1}; got {idx}")
         return FinitePath(state.side, tuple(state.histories[i] for i in idx))
 
+    def join(self, states: list[FinitePath]) -> FinitePath:
+        """All rows of the given states (one side), in order."""
+        if not states:
+            raise ValueError("join needs at least one state")
+        sides = {s.side for s in states}
+        if len(sides) != 1:
+            raise ValueError(f"only states of one side can be joined; got {sorted(sides)}")
+        return FinitePath(states[0].side, tuple(h for s in states for h in s.histories))
+
     def __repr__(self) -> str:
         return (f"FinitePair(vocab_size={self._vocab_size}, horizon={self._horizon}, "
                 f"eos_token_id={self._eos}, info={dict(self.info)})")

@@ -36,6 +36,8 @@ class KernelPair(Protocol):
     - ``truncate(state, lengths)`` returns a state whose row ``i`` holds the first
       ``lengths[i]`` tokens of row ``i``'s history; it may consume ``state`` too.
     - ``select(state, rows)`` returns a state made of the given rows (in that order).
+    - ``join(states)`` returns one state holding all rows of the given states of one side,
+      in order (rows may have different lengths).
     - Estimators never ask for ``logprobs`` of a history of length ``H`` or more, and
       never advance past it; a pair may refuse to.
 
@@ -61,6 +63,8 @@ class KernelPair(Protocol):
     def truncate(self, state: PathState, lengths: torch.Tensor) -> PathState: ...
 
     def select(self, state: PathState, rows: torch.Tensor) -> PathState: ...
+
+    def join(self, states: list[PathState]) -> PathState: ...
 
 
 def check_side(side: str) -> Side:

@@ -72,6 +72,7 @@ def run_study(
         total = len(docs) * len(config.run.actions)
         if on_model:
             on_model(name, total)
-        run_units(config.for_model(name), docs, LMPairFactory(loaded, config.chat_template),
-                  store, on_unit=on_unit)
+        factory = LMPairFactory(loaded, config.chat_template)
+        factory.check_fits(docs, config.run.horizon)
+        run_units(config.for_model(name), docs, factory, store, on_unit=on_unit)
     return store

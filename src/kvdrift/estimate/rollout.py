@@ -2,10 +2,14 @@
 
 Each replicate runs the stepwise maximal coupling for ``H`` steps on three paths:
 the reference branch ``X`` under P, the intervention branch ``Y`` under Q, and Q
-forced along ``X`` (for the fixed-history TV ``f_t``). Each path is its own ``K``-row
-state: with equal batch shapes a language model computes bit-identical distributions
-for identical inputs, so the same-path control (no eviction) gives TV exactly 0
-(batching the two Q paths as ``2K`` rows changes float32 results by ~1e-6).
+forced along ``X`` (for the fixed-history TV ``f_t``). ``X`` and ``Y`` are ``K``-row
+states: with equal batch shapes a language model computes bit-identical distributions
+for identical inputs, so the same-path control (no eviction) gives TV exactly 0.
+
+Before a replicate diverges its ``Y`` history equals its ``X`` history, so Q forced along
+``X`` is Q on ``Y``: the forced path holds only diverged rows, each forked from its ``Y``
+state at the divergence (before ``Y`` appends its own token). Its distributions come from a
+smaller batch, which changes float32 results by ~1e-6, not more.
 """
 
 from __future__ import annotations
@@ -71,30 +75,43 @@ def coupled_rollouts(
     eos = pair.eos_token_id
     p_state = pair.start("p", K)
     q_state = pair.start("q", K)  # Y branch
-    qx_state = pair.start("q", K)  # Q forced along X
+    forced = None  # Q forced along X, diverged rows only (rows `forced_rows`, in that order)
+    forced_rows = torch.empty(0, dtype=torch.long, device=pair.device)
 
     cols: dict[str, list[torch.Tensor]] = {k: [] for k in ("x", "y", "m", "d", "f", "xe", "ye")}
     x_done = torch.zeros(K, dtype=torch.bool, device=pair.device)
     y_done = torch.zeros(K, dtype=torch.bool, device=pair.device)
+    diverged = torch.zeros(K, dtype=torch.bool, device=pair.device)
     for t in range(H):
         p = absorb_eos(tempered_probs(pair.logprobs(p_state), temperature), x_done, eos)
         q = absorb_eos(tempered_probs(pair.logprobs(q_state), temperature), y_done, eos)
-        q_on_x = absorb_eos(tempered_probs(pair.logprobs(qx_state), temperature), x_done, eos)
+        q_on_x = q  # equal histories (and EOS flags) before divergence
+        if forced is not None:
+            q_on_x = q.index_copy(0, forced_rows, absorb_eos(
+                tempered_probs(pair.logprobs(forced), temperature), x_done[forced_rows], eos))
         draw = coupled_draw(p, q, gen)
         if eos is not None:
             x_done = x_done | (draw.x == eos)
             y_done = y_done | (draw.y == eos)
+        mismatch = draw.x != draw.y
         cols["x"].append(draw.x)
         cols["y"].append(draw.y)
-        cols["m"].append(draw.x != draw.y)
+        cols["m"].append(mismatch)
         cols["d"].append(draw.tv)
         cols["f"].append(tv_distance(p, q_on_x))
         cols["xe"].append(x_done.clone())
         cols["ye"].append(y_done.clone())
         if t + 1 < H:
+            new = torch.nonzero(mismatch & ~diverged).squeeze(-1)
+            if new.numel() > 0:  # fork Y at its divergence, before it appends its own token
+                fork = pair.select(q_state, new)
+                forced = fork if forced is None else pair.join([forced, fork])
+                forced_rows = torch.cat([forced_rows, new])
+                diverged[new] = True
             p_state = pair.advance(p_state, draw.x)
             q_state = pair.advance(q_state, draw.y)
-            qx_state = pair.advance(qx_state, draw.x)
+            if forced is not None:
+                forced = pair.advance(forced, draw.x[forced_rows])
 
     def stack(k: str) -> torch.Tensor:
         return torch.stack(cols[k], dim=1).cpu()

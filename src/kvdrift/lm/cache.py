@@ -1,10 +1,15 @@
-"""A KV cache that appends into spare capacity instead of concatenating.
+"""A KV cache whose prompt part is shared by every row and whose generated part is per row.
 
-transformers' ``DynamicLayer`` grows by ``torch.cat`` at every decoding step, copying the whole
-cache each time; for a 1,000-token prompt and a few dozen rows that copy costs as much as the
-rest of the step on a CPU. :class:`GrowingLayer` keeps a buffer with spare slots along the
-sequence axis, writes new entries in place and exposes ``keys``/``values`` as views of the
-filled part, so a step only copies when the buffer is full (amortised O(1) per entry).
+Every row of every path on one side of a kernel pair attends to the same prompt entries (the
+full prompt for P, the evicted one for Q); only the generated entries differ between rows.
+:class:`SharedPromptLayer` stores the prompt once (batch of one, by reference: never copied)
+and each row's generated entries in a buffer with spare room along the sequence axis, so a
+decoding step writes in place and a fork (``select``) copies only generated entries.
+
+transformers sees an ordinary ``DynamicCache``: ``update`` appends the new entries and returns
+the rows' generated keys/values ``[n, kv_heads, G, head_dim]``. The prompt part reaches the
+attention through the registered attention function of :mod:`kvdrift.lm.shared_attention`,
+which the cache is handed to as a keyword argument of the model's forward.
 """
 
 from __future__ import annotations
@@ -15,41 +20,52 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-MIN_SPARE = 32  # spare slots allocated beyond the current length, at least
+MIN_SPARE = 32  # spare generated slots allocated beyond the current length, at least
 
 
 def _spare(length: int) -> int:
     return max(MIN_SPARE, length // 8)
 
 
-class GrowingLayer(DynamicLayer):
-    """A ``DynamicLayer`` whose ``keys``/``values`` ``[n, kv_heads, L, head_dim]`` are views."""
+class SharedPromptLayer(DynamicLayer):
+    """One layer: shared prompt ``[1, kv_heads, P, head_dim]`` + per-row generated entries.
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+    ``keys``/``values`` are views ``[n, kv_heads, G, head_dim]`` of the filled part of the
+    generated buffers; ``prompt_keys``/``prompt_values`` are the side's prompt tensors.
+    """
+
+    def __init__(
+        self,
+        prompt_keys: torch.Tensor,  # [1, kv_heads, P, head_dim]
+        prompt_values: torch.Tensor,  # [1, kv_heads, P, head_dim]
+        keys: torch.Tensor,  # [n, kv_heads, G, head_dim]
+        values: torch.Tensor,  # [n, kv_heads, G, head_dim]
+    ) -> None:
         super().__init__()
+        if prompt_keys.shape[0] != 1 or prompt_values.shape[0] != 1:
+            raise ValueError("the shared prompt must be a batch of one")
+        self.prompt_keys = prompt_keys
+        self.prompt_values = prompt_values
         self.lazy_initialization(keys, values)
         self._key_buf = keys.new_empty(0)
         self._value_buf = values.new_empty(0)
         self._rebuffer(keys, values, keys.shape[-2])
 
+    @property
+    def rows(self) -> int:
+        return self.keys.shape[0]
+
     def _rebuffer(self, keys: torch.Tensor, values: torch.Tensor, needed: int) -> None:
         """Copy ``keys``/``values`` into new buffers with room for ``needed`` entries + spare."""
         n, heads, length, dim = keys.shape
         capacity = needed + _spare(needed)
-        self._key_buf = keys.new_empty(n, heads, capacity, dim)
-        self._value_buf = values.new_empty(n, heads, capacity, values.shape[-1])
-        self._key_buf[:, :, :length].copy_(keys)
-        self._value_buf[:, :, :length].copy_(values)
-        self.keys = self._key_buf[:, :, :length]
-        self.values = self._value_buf[:, :, :length]
-
-    def _owns_views(self) -> bool:
-        """False if someone replaced ``keys``/``values`` (e.g. a press), so the buffer is stale."""
-        return (
-            self.keys.data_ptr() == self._key_buf.data_ptr()
-            and self.values.data_ptr() == self._value_buf.data_ptr()
-            and self.keys.shape[0] == self._key_buf.shape[0]
-        )
+        key_buf = keys.new_empty(n, heads, capacity, dim)
+        value_buf = values.new_empty(n, heads, capacity, values.shape[-1])
+        key_buf[:, :, :length].copy_(keys)
+        value_buf[:, :, :length].copy_(values)
+        self._key_buf, self._value_buf = key_buf, value_buf
+        self.keys = key_buf[:, :, :length]
+        self.values = value_buf[:, :, :length]
 
     def update(
         self,
@@ -57,8 +73,9 @@ class GrowingLayer(DynamicLayer):
         value_states: torch.Tensor,
         cache_kwargs: dict[str, Any] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append the new entries in place; returns the generated keys/values of every row."""
         length, added = self.keys.shape[-2], key_states.shape[-2]
-        if not self._owns_views() or length + added > self._key_buf.shape[-2]:
+        if length + added > self._key_buf.shape[-2]:
             self._rebuffer(self.keys, self.values, length + added)
         self._key_buf[:, :, length:length + added].copy_(key_states)
         self._value_buf[:, :, length:length + added].copy_(value_states)
@@ -66,9 +83,61 @@ class GrowingLayer(DynamicLayer):
         self.values = self._value_buf[:, :, :length + added]
         return self.keys, self.values
 
+    def get_seq_length(self) -> int:
+        """Generated slots held (the prompt is not counted: it is not part of the buffers)."""
+        return self.keys.shape[-2]
 
-def growing_cache(keys: list[torch.Tensor], values: list[torch.Tensor]) -> DynamicCache:
-    """A cache of :class:`GrowingLayer` initialised with copies of the per-layer tensors."""
-    cache = DynamicCache()
-    cache.layers.extend(GrowingLayer(k, v) for k, v in zip(keys, values, strict=True))
-    return cache
+    def take(self, rows: torch.Tensor) -> SharedPromptLayer:
+        """A layer of the given rows: shares the prompt, copies only the generated entries."""
+        return SharedPromptLayer(self.prompt_keys, self.prompt_values,
+                                 self.keys.index_select(0, rows), self.values.index_select(0, rows))
+
+    @staticmethod
+    def join(layers: list[SharedPromptLayer], width: int) -> SharedPromptLayer:
+        """Rows of several layers with the same prompt, generated parts padded to ``width``."""
+        first = layers[0]
+        if any(layer.prompt_keys is not first.prompt_keys for layer in layers):
+            raise ValueError("only rows that share one prompt can be joined")
+
+        def padded(t: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.pad(t, (0, 0, 0, width - t.shape[-2]))
+
+        keys = torch.cat([padded(layer.keys) for layer in layers], dim=0)
+        values = torch.cat([padded(layer.values) for layer in layers], dim=0)
+        return SharedPromptLayer(first.prompt_keys, first.prompt_values, keys, values)
+
+
+class SharedPromptCache(DynamicCache):
+    """A ``DynamicCache`` of :class:`SharedPromptLayer` (one per model layer)."""
+
+    def __init__(self, layers: list[SharedPromptLayer]) -> None:
+        super().__init__()
+        self.layers.extend(layers)
+
+    @classmethod
+    def empty(
+        cls, prompt_keys: tuple[torch.Tensor, ...], prompt_values: tuple[torch.Tensor, ...],
+        rows: int,
+    ) -> SharedPromptCache:
+        """``rows`` rows with no generated entries over the given per-layer prompt tensors."""
+        layers = []
+        for k, v in zip(prompt_keys, prompt_values, strict=True):
+            heads, dim = k.shape[1], k.shape[3]
+            layers.append(SharedPromptLayer(k, v, k.new_empty(rows, heads, 0, dim),
+                                            v.new_empty(rows, heads, 0, v.shape[3])))
+        return cls(layers)
+
+    @property
+    def rows(self) -> int:
+        return self.layers[0].rows
+
+    def take(self, rows: torch.Tensor) -> SharedPromptCache:
+        """The given rows (a fork): prompt shared, generated entries copied."""
+        return SharedPromptCache([layer.take(rows) for layer in self.layers])
+
+    @staticmethod
+    def join(caches: list[SharedPromptCache]) -> SharedPromptCache:
+        """All rows of several caches over one prompt, in order (shorter ones padded)."""
+        width = max(c.get_seq_length() for c in caches)
+        return SharedPromptCache([SharedPromptLayer.join(list(group), width)
+                                  for group in zip(*(c.layers for c in caches), strict=True)])

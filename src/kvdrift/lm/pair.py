@@ -8,19 +8,24 @@ sides start from the full-cache prefill logits (``delta_1 = 0``).
 
 Path states
 -----------
-A state holds ``n`` rows, each a generated history on one side::
+A state holds ``n`` rows, each a generated history on one side. The side's prompt cache is
+stored once and shared by every row of every path on that side (:mod:`kvdrift.lm.cache`);
+only generated entries are per row, and decoding attends to both with the shared-prompt
+attention of :mod:`kvdrift.lm.shared_attention`::
 
-    cache      DynamicCache, per layer [n, kv_heads, L, head_dim]; L = kept prompt + slots
-    mask       [n, L] long, 1 = valid slot, 0 = hole
-    slot_step  [n, L - kept] long, generated index held by each generated slot
+    cache      SharedPromptCache: per layer the shared prompt [1, kv_heads, kept, head_dim]
+               and generated slots [n, kv_heads, G, head_dim]
+    mask       [n, G] long, 1 = valid generated slot, 0 = hole
+    slot_step  [n, G] long, generated index held by each slot
     tokens     [n, T] long, generated tokens (row i valid up to lengths[i])
     lengths    [n] long, generated length per row
     logits     [n, V] float32, next-token logits of each row (temperature 1)
 
 Because the cache's physical length is not the token position after eviction, every decoding
 step passes explicit ``position_ids`` (true positions ``n_prompt + t - 1`` for the t-th
-generated token), an explicit 2D attention mask, and ``cache_position`` = physical slot.
+generated token).
 
+``select`` and ``join`` copy only generated entries, never the prompt, so forks are cheap.
 ``truncate`` never re-prefills: slots of generated tokens at index >= the new length become
 holes (mask 0). To recover the next-token logits at the shorter prefix, the last kept token is
 fed again at its true position (its old slot is masked) in one batched step; rows truncated to
@@ -32,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,8 +45,9 @@ from transformers import DynamicCache
 
 from kvdrift.kernel import Side, check_side
 from kvdrift.lm.actions import Action, parse_action
-from kvdrift.lm.cache import growing_cache
+from kvdrift.lm.cache import SharedPromptCache
 from kvdrift.lm.model import LoadedModel
+from kvdrift.lm.shared_attention import ATTENTION_NAME, attention_implementation
 
 HOLE_STEP = torch.iinfo(torch.long).max  # slot_step of a slot that never holds a generated token
 
@@ -78,9 +83,9 @@ class LMPathState:
     """Opaque batched state of an :class:`LMKernelPair` (see the module docstring)."""
 
     side: Side
-    cache: DynamicCache
-    mask: torch.Tensor  # [n, L] long
-    slot_step: torch.Tensor  # [n, L - kept] long
+    cache: SharedPromptCache
+    mask: torch.Tensor  # [n, G] long
+    slot_step: torch.Tensor  # [n, G] long
     tokens: torch.Tensor  # [n, T] long
     lengths: torch.Tensor  # [n] long
     logits: torch.Tensor  # [n, V] float32
@@ -93,20 +98,6 @@ class LMPathState:
 
 def _unwrap(model: Any) -> Any:
     return model.model if isinstance(model, LoadedModel) else model
-
-
-@contextlib.contextmanager
-def _attention_implementation(model: Any, name: str | None) -> Iterator[None]:
-    """Temporarily switch the model's attention implementation (e.g. to eager for a prefill)."""
-    current = model.config._attn_implementation
-    if name is None or name == current:
-        yield
-        return
-    model.set_attn_implementation(name)
-    try:
-        yield
-    finally:
-        model.set_attn_implementation(current)
 
 
 def prefill(model: Any, prompt_ids: torch.Tensor, action: Action | None = None) -> PromptCache:
@@ -122,7 +113,7 @@ def prefill(model: Any, prompt_ids: torch.Tensor, action: Action | None = None) 
     press_ctx = press(model) if press is not None else contextlib.nullcontext()
     attn = "eager" if press is not None and action.needs_attention_weights else None
     cache = DynamicCache(config=model.config)
-    with torch.no_grad(), _attention_implementation(model, attn), press_ctx:
+    with torch.no_grad(), attention_implementation(model, attn), press_ctx:
         out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
     if any(getattr(layer, "is_sliding", False) for layer in cache.layers):
         raise NotImplementedError("sliding-window attention layers are not supported by kvdrift")
@@ -222,22 +213,16 @@ class LMKernelPair:
 
     # --- protocol methods -------------------------------------------------------------------
     def start(self, side: Side, n: int) -> LMPathState:
-        """``n`` rows with the empty history: the side's prompt cache expanded to ``n`` rows.
-
-        The prompt is never recomputed; its entries are copied once into per-row buffers with
-        spare room, so that decoding steps append in place (:mod:`kvdrift.lm.cache`).
-        """
+        """``n`` rows with the empty history over the side's prompt cache (shared, not copied)."""
         pc = self._prompt[check_side(side)]
         if int(n) != n or n < 1:
             raise ValueError(f"number of rows must be an integer >= 1; got {n}")
         n = int(n)
-        cache = growing_cache([k.expand(n, -1, -1, -1) for k in pc.keys],
-                              [v.expand(n, -1, -1, -1) for v in pc.values])
         dev = self.device
         return LMPathState(
             side=side,
-            cache=cache,
-            mask=torch.ones(n, pc.kept, dtype=torch.long, device=dev),
+            cache=SharedPromptCache.empty(pc.keys, pc.values, n),
+            mask=torch.empty(n, 0, dtype=torch.long, device=dev),
             slot_step=torch.empty(n, 0, dtype=torch.long, device=dev),
             tokens=torch.empty(n, 0, dtype=torch.long, device=dev),
             lengths=torch.zeros(n, dtype=torch.long, device=dev),
@@ -271,11 +256,9 @@ class LMKernelPair:
         if bool((new < 0).any()) or bool((new > state.lengths).any()):
             raise ValueError(f"lengths must be in [0, current length]; got {new.tolist()} "
                              f"for current {state.lengths.tolist()}")
-        kept = self._prompt[state.side].kept
         refeed = (new > 0) & (new < state.lengths)  # rows that need logits at a shorter prefix
         limit = torch.where(refeed, new - 1, new)  # generated slots with step < limit stay
-        generated = state.mask[:, kept:].bool() & (state.slot_step < limit[:, None])
-        mask = torch.cat([state.mask[:, :kept], generated.long()], dim=1)
+        mask = (state.mask.bool() & (state.slot_step < limit[:, None])).long()
         slot_step, logits = state.slot_step, state.logits
         if bool(refeed.any()):
             last = (new - 1).clamp(min=0)
@@ -290,20 +273,45 @@ class LMKernelPair:
                                    logits=logits)
 
     def select(self, state: LMPathState, rows: torch.Tensor) -> LMPathState:
-        """A state made of the given rows, in that order (copies the cache rows)."""
+        """A state made of the given rows, in that order (copies only generated entries)."""
         idx = torch.as_tensor(rows, dtype=torch.long, device=self.device).reshape(-1)
         if idx.numel() == 0:
             raise ValueError("select needs at least one row")
         if bool((idx < 0).any()) or bool((idx >= state.n).any()):
             raise ValueError(f"rows must be in [0, {state.n}); got {idx.tolist()}")
-        cache = growing_cache([layer.keys.index_select(0, idx) for layer in state.cache.layers],
-                              [layer.values.index_select(0, idx) for layer in state.cache.layers])
         return LMPathState(
-            side=state.side, cache=cache, mask=state.mask.index_select(0, idx),
+            side=state.side, cache=state.cache.take(idx), mask=state.mask.index_select(0, idx),
             slot_step=state.slot_step.index_select(0, idx),
             tokens=state.tokens.index_select(0, idx),
             lengths=state.lengths.index_select(0, idx),
             logits=state.logits.index_select(0, idx),
+        )
+
+    def join(self, states: list[LMPathState]) -> LMPathState:
+        """All rows of several states of one side, in order (copies only generated entries).
+
+        States with fewer generated slots or a shorter token history are padded with holes.
+        """
+        if not states:
+            raise ValueError("join needs at least one state")
+        side = states[0].side
+        if any(s.side != side for s in states):
+            raise ValueError(f"only states of one side can be joined; got "
+                             f"{sorted({s.side for s in states})}")
+        width = max(s.mask.shape[1] for s in states)
+        history = max(s.tokens.shape[1] for s in states)
+
+        def pad(t: torch.Tensor, to: int, value: int) -> torch.Tensor:
+            return torch.nn.functional.pad(t, (0, to - t.shape[1]), value=value)
+
+        return LMPathState(
+            side=side,
+            cache=SharedPromptCache.join([s.cache for s in states]),
+            mask=torch.cat([pad(s.mask, width, 0) for s in states]),
+            slot_step=torch.cat([pad(s.slot_step, width, HOLE_STEP) for s in states]),
+            tokens=torch.cat([pad(s.tokens, history, 0) for s in states]),
+            lengths=torch.cat([s.lengths for s in states]),
+            logits=torch.cat([s.logits for s in states]),
         )
 
     # --- internals ----------------------------------------------------------------------------
@@ -318,12 +326,12 @@ class LMKernelPair:
     def _step(
         self,
         state: LMPathState,
-        mask: torch.Tensor,  # [n, L] long
+        mask: torch.Tensor,  # [n, G] long
         tokens: torch.Tensor,  # [n] long
         positions: torch.Tensor,  # [n] long, true positions
         valid: torch.Tensor,  # [n] bool, whether the new slot counts for later steps
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One decoding step for all rows; returns logits ``[n, V]`` and the mask ``[n, L + 1]``.
+        """One decoding step for all rows; returns logits ``[n, V]`` and the mask ``[n, G + 1]``.
 
         The query always attends to its own new slot; ``valid`` only decides whether later
         steps see it (rows riding along in :meth:`truncate` leave a hole).
@@ -332,15 +340,16 @@ class LMKernelPair:
         if state.cache.get_seq_length() != physical:
             raise RuntimeError("path state was already consumed (cache and mask lengths differ); "
                                "advance/truncate may reuse storage, so use the returned state")
-        step_mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)  # [n, L + 1]
-        with torch.no_grad():
+        slots = torch.cat([mask.bool(), mask.new_ones(mask.shape[0], 1, dtype=torch.bool)], dim=1)
+        with torch.no_grad(), attention_implementation(self.model, ATTENTION_NAME):
             out = self.model(
                 input_ids=tokens[:, None],
-                attention_mask=step_mask,
                 position_ids=positions[:, None],
                 past_key_values=state.cache,
                 cache_position=torch.tensor([physical], device=self.device),
                 use_cache=True,
+                kvdrift_cache=state.cache,
+                kvdrift_slots=slots,
             )
         logits = out.logits[:, -1].float()  # [n, V]
         return logits, torch.cat([mask, valid.long()[:, None]], dim=1)
