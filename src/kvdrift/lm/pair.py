@@ -168,6 +168,11 @@ class LMKernelPair:
         self.action = parse_action(action)
         ids = _as_prompt(prompt_ids, self.model)
         self.n_prompt = ids.shape[1]
+        window = getattr(self.model.config, "max_position_embeddings", None)
+        if window is not None and self.n_prompt >= window:
+            raise ValueError(f"the prompt has {self.n_prompt} tokens, more than the model's "
+                             f"context window allows ({window} positions, including generated "
+                             f"ones); shorten the document")
         if reference is None:
             reference = prefill(self.model, ids)
         elif reference.n_prompt != self.n_prompt or reference.kept != self.n_prompt:

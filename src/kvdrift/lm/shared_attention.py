@@ -73,15 +73,39 @@ def shared_prompt_attention(
 AttentionInterface.register(ATTENTION_NAME, shared_prompt_attention)
 
 
+_SWITCHABLE: set[type] = set()  # model classes whose attention switch has been validated
+
+
+def _validate_switch(model: Any, name: str) -> None:
+    """Switch once through ``set_attn_implementation`` (it validates the model class, reading
+    its source file: too slow for every decoding step) and back; fail clearly if refused."""
+    if type(model) in _SWITCHABLE:
+        return
+    current = model.config._attn_implementation
+    model.set_attn_implementation(name)
+    switched = model.config._attn_implementation == name
+    model.set_attn_implementation(current)
+    if not switched:
+        raise ValueError(f"{type(model).__name__} does not take registered attention functions "
+                         f"(transformers' AttentionInterface), which kvdrift needs; use a "
+                         f"Llama-, Qwen- or Mistral-style model")
+    _SWITCHABLE.add(type(model))
+
+
 @contextlib.contextmanager
 def attention_implementation(model: Any, name: str | None) -> Iterator[None]:
-    """Temporarily switch the model's attention implementation (e.g. to eager for a prefill)."""
+    """Temporarily switch the model's attention implementation (e.g. to eager for a prefill).
+
+    The first switch of a model class goes through ``set_attn_implementation``; later ones set
+    the config's attention implementation directly (what that method does once validated).
+    """
     current = model.config._attn_implementation
     if name is None or name == current:
         yield
         return
-    model.set_attn_implementation(name)
+    _validate_switch(model, name)
+    model.config._attn_implementation = name
     try:
         yield
     finally:
-        model.set_attn_implementation(current)
+        model.config._attn_implementation = current

@@ -1,0 +1,189 @@
+"""The LM engine's speed and memory, as ratios measured in one run on the embedded SmolLM2.
+
+Prints:
+1. coupled step / floor at (K = 16, n = 1,000) and (K = 16, n = 4,000). The coupled step is one
+   position of the real rollout estimator (:func:`kvdrift.estimate.coupled_rollouts`, action
+   snapkv-half); the floor is three K-row decoding steps against a 16-token prompt (weights
+   and MLP, no long attention), through the same kernel pair.
+2. coupled step / ``generate(num_return_sequences=K)`` per position at n = 1,000 (generate's
+   prompt cache is prefilled once and repeated K times, so only its decoding steps are timed).
+3. SWRB wall time / rollout wall time at the same K and H on one document, the per-replicate
+   variances of both estimators of R, and SWRB's variance-per-time advantage over rollouts.
+4. the peak resident memory of ``kvdrift run --replicates 64 --horizon 16`` on one
+   4,096-token document with snapkv-half (a separate process, so only that run counts).
+
+Run: ``python benchmarks/bench_engine.py`` (about 10 minutes on 2 CPU cores);
+``--quick`` uses smaller sizes to try the script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the kvdrift command sets it
+
+import torch  # noqa: E402
+from transformers import DynamicCache, StoppingCriteria, StoppingCriteriaList  # noqa: E402
+
+from kvdrift.estimate import coupled_rollouts, swrb  # noqa: E402
+from kvdrift.lm.model import LoadedModel, encode_prompt, load_model  # noqa: E402
+from kvdrift.lm.pair import LMKernelPair  # noqa: E402
+
+PARAGRAPH = (
+    "The river town grew around a ferry crossing. Merchants built warehouses along the bank, "
+    "farmers brought grain on market days, and the ferryman kept a ledger of every crossing. "
+    "When the bridge was finally built, the ferry stopped, but the ledger survived in the town "
+    "archive, where historians still read it to learn who travelled, when, and why. "
+)
+QUESTION = "Summarise the text above in three sentences."
+
+
+def prompt_text(tokenizer, n_tokens: int) -> str:
+    """Text whose chat prompt has at most ``n_tokens`` tokens (and nearly that many)."""
+    words = (PARAGRAPH * (n_tokens // 40 + 2)).split(" ")
+    lo, hi = 1, len(words)
+    while lo < hi:  # the longest prefix of words that fits
+        mid = (lo + hi + 1) // 2
+        if encode_prompt(tokenizer, " ".join(words[:mid]) + " " + QUESTION).shape[1] <= n_tokens:
+            lo = mid
+        else:
+            hi = mid - 1
+    return " ".join(words[:lo]) + " " + QUESTION
+
+
+def seconds_per_position_floor(lm: LoadedModel, k: int, h: int) -> float:
+    """Three K-row decoding steps per position against a 16-token prompt."""
+    ids = torch.randint(3, 1000, (1, 16), generator=torch.Generator().manual_seed(0))
+    pair = LMKernelPair(lm, ids, "full")
+    states = [pair.start(side, k) for side in ("p", "q", "q")]
+    tokens = torch.randint(3, 1000, (h, k), generator=torch.Generator().manual_seed(1))
+    start = time.perf_counter()
+    for t in range(h):
+        states = [pair.advance(s, tokens[t]) for s in states]
+    return (time.perf_counter() - start) / h
+
+
+def seconds_per_position_coupled(pair: LMKernelPair, k: int, h: int) -> float:
+    start = time.perf_counter()
+    coupled_rollouts(pair, k, h, seed=0)
+    return (time.perf_counter() - start) / h
+
+
+class StepClock(StoppingCriteria):
+    """Records a timestamp each time ``generate`` finishes a position (never stops it)."""
+
+    def __init__(self) -> None:
+        self.stamps: list[float] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
+        self.stamps.append(time.perf_counter())
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+
+def seconds_per_position_generate(lm: LoadedModel, ids: torch.Tensor, k: int, h: int) -> float:
+    """Median decoding step of ``generate`` sampling K sequences (prefill done once, repeated)."""
+    cache = DynamicCache(config=lm.model.config)
+    with torch.no_grad():
+        lm.model(input_ids=ids[:, :-1], past_key_values=cache, use_cache=True)
+    cache.batch_repeat_interleave(k)
+    clock = StepClock()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        lm.model.generate(ids.expand(k, -1), attention_mask=torch.ones_like(ids).expand(k, -1),
+                          past_key_values=cache, do_sample=True, temperature=1.0, top_k=0,
+                          top_p=1.0, max_new_tokens=h, min_new_tokens=h,
+                          stopping_criteria=StoppingCriteriaList([clock]))
+    return statistics.median(b - a for a, b in zip(clock.stamps, clock.stamps[1:], strict=False))
+
+
+def swrb_against_rollouts(pair: LMKernelPair, k: int, h: int) -> dict:
+    start = time.perf_counter()
+    naive = coupled_rollouts(pair, k, h, seed=1)
+    t_rollout = time.perf_counter() - start
+    start = time.perf_counter()
+    branched = swrb(pair, k, h, seed=1)
+    t_swrb = time.perf_counter() - start
+    d = naive.mismatch.double().mean(dim=1)  # per-replicate D_H
+    var_naive, var_swrb = float(d.var()), float(branched.z_R.var())
+    return {"t_rollout": t_rollout, "t_swrb": t_swrb, "R_rollout": float(d.mean()),
+            "R_swrb": float(branched.z_R.mean()), "var_rollout": var_naive, "var_swrb": var_swrb}
+
+
+def peak_rss_of_run(text: str, k: int, h: int) -> float:
+    """Peak resident memory (GiB) of a ``kvdrift run`` process on one document."""
+    with tempfile.TemporaryDirectory() as tmp:
+        docs = Path(tmp) / "doc.jsonl"
+        docs.write_text(json.dumps({"id": "long", "prompt": text}) + "\n")
+        code = ("import sys; from kvdrift.cli import main; sys.argv = ['kvdrift'] + sys.argv[1:]; "
+                "main()")
+        cmd = [sys.executable, "-c", code, "run", "--docs", str(docs), "--actions", "snapkv-half",
+               "--replicates", str(k), "--horizon", str(h), "--out", str(Path(tmp) / "run"),
+               "--json"]
+        before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    if after <= before:
+        raise RuntimeError("could not measure the child's peak memory")
+    return after / 2**20  # ru_maxrss is in KiB on Linux
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes, to try the script")
+    args = parser.parse_args()
+    q = args.quick
+    k, h = (4, 4) if q else (16, 16)
+    lengths = (200, 400) if q else (1000, 4000)
+    swrb_k, swrb_h, swrb_n = (8, 8, 300) if q else (64, 16, 626)
+    rss_k, rss_h, rss_n = (8, 4, 512) if q else (64, 16, 4096)
+
+    lm = load_model("smollm2")
+    print(f"SmolLM2-135M float32 on {torch.get_num_threads()} CPU threads; K = {k}, H = {h}")
+    seconds_per_position_floor(lm, k, 2)  # warm-up
+    floor = seconds_per_position_floor(lm, k, h)
+    print(f"floor (three {k}-row steps on a 16-token prompt): {1000 * floor:.0f} ms / position")
+    for n in lengths:
+        ids = encode_prompt(lm.tokenizer, prompt_text(lm.tokenizer, n))
+        pair = LMKernelPair(lm, ids, "snapkv-half")
+        seconds_per_position_coupled(pair, k, 2)  # warm-up
+        coupled = seconds_per_position_coupled(pair, k, h)
+        floor_again = seconds_per_position_floor(lm, k, h)  # machine drift shows here
+        mean_floor = (floor + floor_again) / 2
+        print(f"n = {ids.shape[1]}: coupled step {1000 * coupled:.0f} ms / position; "
+              f"ratio coupled / floor = {coupled / mean_floor:.2f} "
+              f"(floor now {1000 * floor_again:.0f} ms)")
+        if n == lengths[0]:
+            gen = seconds_per_position_generate(lm, ids, k, h)
+            print(f"n = {ids.shape[1]}: generate({k} sampled sequences) {1000 * gen:.0f} ms / "
+                  f"position; ratio coupled / generate = {coupled / gen:.2f}")
+
+    ids = encode_prompt(lm.tokenizer, prompt_text(lm.tokenizer, swrb_n))
+    pair = LMKernelPair(lm, ids, "snapkv-90")
+    s = swrb_against_rollouts(pair, swrb_k, swrb_h)
+    time_ratio = s["t_swrb"] / s["t_rollout"]
+    var_ratio = s["var_rollout"] / s["var_swrb"] if s["var_swrb"] > 0 else float("inf")
+    print(f"SWRB vs rollouts (n = {ids.shape[1]}, snapkv-90, K = {swrb_k}, H = {swrb_h}): "
+          f"wall {s['t_swrb']:.1f} s vs {s['t_rollout']:.1f} s, ratio SWRB / rollout = "
+          f"{time_ratio:.2f}; R {s['R_swrb']:.4f} vs {s['R_rollout']:.4f}; per-replicate "
+          f"variance ratio rollout / SWRB = {var_ratio:.2f}; variance-per-time advantage = "
+          f"{var_ratio / time_ratio:.2f}")
+
+    text = prompt_text(lm.tokenizer, rss_n)
+    n = encode_prompt(lm.tokenizer, text).shape[1]
+    gib = peak_rss_of_run(text, rss_k, rss_h)
+    print(f"peak resident memory of `kvdrift run --replicates {rss_k} --horizon {rss_h}` on one "
+          f"{n}-token document (snapkv-half): {gib:.2f} GiB")
+
+
+if __name__ == "__main__":
+    main()

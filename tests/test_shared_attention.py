@@ -1,0 +1,184 @@
+"""Shared-prompt attention against the per-row-copy computation it replaces.
+
+The reference is transformers' own SDPA attention over a ``DynamicCache`` in which every row
+holds a full copy of its side's prompt entries followed by its generated entries, with a 2D
+attention mask for holes: the layout kvdrift used before the prompt was shared. Both read the
+same cached keys/values, so they must agree to float32 noise (1e-4 on logits of size ~10) for
+every row, whatever its length and holes, on GQA, multi-head, Qwen2- and Mistral-style models.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from kvdrift.lm.pair import LMKernelPair
+
+TOL = 1e-4
+
+
+def _config(kind: str, heads: int, kv_heads: int, **extra):
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config
+
+    cls = {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig}[kind]
+    fields = dict(vocab_size=128, hidden_size=16 * heads, intermediate_size=96,
+                  num_hidden_layers=2, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                  max_position_embeddings=1024, initializer_range=0.2, tie_word_embeddings=False,
+                  bos_token_id=1, eos_token_id=2, pad_token_id=0, attn_implementation="sdpa")
+    if kind == "mistral":
+        fields["sliding_window"] = None
+    return cls(**(fields | extra))
+
+
+def _model(kind: str = "llama", heads: int = 4, kv_heads: int = 2, dtype=torch.float32):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(_config(kind, heads, kv_heads)).to(dtype).eval()
+
+
+def _prompt(n: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(3, 128, (1, n), generator=torch.Generator().manual_seed(seed))
+
+
+def _tokens(rows: int, steps: int, seed: int) -> torch.Tensor:
+    return torch.randint(3, 128, (rows, steps), generator=torch.Generator().manual_seed(seed))
+
+
+def per_row_copy_logits(pair: LMKernelPair, state, tokens: torch.Tensor) -> torch.Tensor:
+    """Next-token logits after appending ``tokens`` ``[n]``, with the prompt copied per row."""
+    n = state.n
+    cache = DynamicCache()
+    for i, layer in enumerate(state.cache.layers):
+        keys = torch.cat([layer.prompt_keys.expand(n, -1, -1, -1), layer.keys], dim=2)
+        values = torch.cat([layer.prompt_values.expand(n, -1, -1, -1), layer.values], dim=2)
+        cache.update(keys.clone(), values.clone(), i)
+    kept = state.cache.layers[0].prompt_keys.shape[2]
+    mask = torch.cat([torch.ones(n, kept, dtype=torch.long), state.mask,
+                      torch.ones(n, 1, dtype=torch.long)], dim=1)  # [n, kept + G + 1]
+    with torch.no_grad():
+        out = pair.model(input_ids=tokens[:, None], attention_mask=mask,
+                         position_ids=(pair.n_prompt + state.lengths)[:, None],
+                         past_key_values=cache, use_cache=True)
+    return out.logits[:, -1].float()
+
+
+def advanced_logits(pair: LMKernelPair, state, tokens: torch.Tensor) -> torch.Tensor:
+    return pair.advance(state, tokens).logits
+
+
+def walk(pair: LMKernelPair, side: str, tokens: torch.Tensor):
+    state = pair.start(side, tokens.shape[0])
+    for t in range(tokens.shape[1]):
+        state = pair.advance(state, tokens[:, t])
+    return state
+
+
+@pytest.mark.parametrize("kind,heads,kv_heads", [
+    ("llama", 4, 2),  # GQA, 2 query heads per KV head
+    ("llama", 6, 2),  # GQA, 3 per KV head
+    ("llama", 4, 4),  # multi-head
+    ("llama", 4, 1),  # multi-query
+    ("qwen2", 4, 2),  # attention biases
+    ("mistral", 4, 2),
+])
+@pytest.mark.parametrize("action", ["full", "snapkv-half", "recent-half"])
+def test_shared_prompt_equals_per_row_copies(kind, heads, kv_heads, action):
+    model = _model(kind, heads, kv_heads)
+    pair = LMKernelPair(model, _prompt(90), action)
+    side = "p" if action == "full" else "q"
+    history = _tokens(5, 7, seed=1)
+    state = walk(pair, side, history)
+    # rows at different lengths, with holes left by truncate (its re-fed slots included)
+    state = pair.truncate(state, torch.tensor([7, 0, 3, 6, 1]))
+    state = pair.advance(state, _tokens(5, 1, seed=2)[:, 0])
+    assert state.lengths.tolist() == [8, 1, 4, 7, 2]
+    assert not bool(state.mask.all())  # there are holes
+    nxt = _tokens(5, 1, seed=3)[:, 0]
+    expected = per_row_copy_logits(pair, state, nxt)
+    got = advanced_logits(pair, state, nxt)
+    assert torch.allclose(got, expected, atol=TOL, rtol=0), (got - expected).abs().max()
+
+
+def test_joined_and_selected_rows_keep_their_logits(tiny_llama):
+    pair = LMKernelPair(tiny_llama, _prompt(60), "snapkv-half")
+    a = walk(pair, "q", _tokens(3, 5, seed=4))
+    b = pair.truncate(walk(pair, "q", _tokens(2, 9, seed=5)), torch.tensor([9, 4]))
+    joined = pair.join([pair.select(a, torch.tensor([2, 0])), b])
+    assert joined.lengths.tolist() == [5, 5, 9, 4]
+    expected = torch.cat([pair.select(a, torch.tensor([2, 0])).logits, b.logits])
+    assert torch.equal(joined.logits, expected)
+    nxt = _tokens(4, 1, seed=6)[:, 0]
+    assert torch.allclose(advanced_logits(pair, joined, nxt),
+                          per_row_copy_logits(pair, joined, nxt), atol=TOL, rtol=0)
+    with pytest.raises(ValueError, match="one side"):
+        pair.join([a, pair.start("p", 1)])
+
+
+def test_forks_share_the_prompt_and_copy_only_generated_entries(tiny_llama):
+    pair = LMKernelPair(tiny_llama, _prompt(60), "snapkv-half")
+    prompt_keys = pair.prompt_cache("q").keys[0]
+    state = walk(pair, "q", _tokens(4, 3, seed=7))
+    forks = [state, pair.select(state, torch.tensor([1, 3])),
+             pair.truncate(pair.select(state, torch.tensor([0])), torch.tensor([1])),
+             pair.join([pair.start("q", 2), pair.select(state, torch.tensor([2]))])]
+    for fork in forks:
+        layer = fork.cache.layers[0]
+        assert layer.prompt_keys.data_ptr() == prompt_keys.data_ptr()
+        assert layer.keys.shape[0] == fork.n and layer.keys.shape[2] == fork.mask.shape[1]
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.bfloat16, 0.15), (torch.float16, 0.02)])
+def test_half_precision_runs_and_matches_per_row_copies(dtype, tol):
+    model = _model(dtype=dtype)
+    pair = LMKernelPair(model, _prompt(50), "snapkv-half")
+    state = pair.truncate(walk(pair, "q", _tokens(3, 4, seed=8)), torch.tensor([4, 2, 0]))
+    nxt = _tokens(3, 1, seed=9)[:, 0]
+    got = advanced_logits(pair, state, nxt)
+    assert got.dtype == torch.float32 and bool(torch.isfinite(got).all())
+    expected = per_row_copy_logits(pair, state, nxt)
+    assert (got - expected).abs().max() < tol
+
+
+def test_greedy_paths_equal_generate_past_buffer_regrowth(tiny_llama):
+    """H = 110 crosses the generated buffers' regrowth (32 spare slots, then more) on both
+    sides, on a prompt of several hundred tokens, with and without the press."""
+    ids = _prompt(300, seed=10)
+    steps = 110
+    pair = LMKernelPair(tiny_llama, ids, "snapkv-half")
+    for side, press in (("p", None), ("q", pair.action.make_press(ids.shape[1]))):
+        state = pair.start(side, 1)
+        tokens = []
+        capacities = set()
+        for _ in range(steps):
+            logprobs = pair.logprobs(state)
+            logprobs[:, pair.eos_token_id] = float("-inf")  # as min_new_tokens does
+            token = logprobs.argmax(-1)
+            tokens.append(int(token))
+            state = pair.advance(state, token)
+            capacities.add(state.cache.layers[0]._key_buf.shape[2])
+        assert len(capacities) >= 2  # the buffers were regrown at least once
+        ctx = press(tiny_llama) if press is not None else contextlib.nullcontext()
+        with ctx, torch.no_grad():
+            out = tiny_llama.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                      max_new_tokens=steps, min_new_tokens=steps)
+        assert tokens == out[0, ids.shape[1]:].tolist(), side
+
+
+def test_prompt_beyond_the_context_window_is_refused(tiny_llama):
+    window = tiny_llama.config.max_position_embeddings
+    with pytest.raises(ValueError, match=f"context window allows \\({window} positions"):
+        LMKernelPair(tiny_llama, _prompt(window), "full")
+
+
+def test_the_attention_refuses_to_run_without_its_cache(tiny_llama):
+    from kvdrift.lm.shared_attention import ATTENTION_NAME, attention_implementation
+
+    ids = _prompt(8)
+    with attention_implementation(tiny_llama, ATTENTION_NAME), torch.no_grad():
+        with pytest.raises(RuntimeError, match="kvdrift_cache"):
+            tiny_llama(input_ids=ids)
+    assert tiny_llama.config._attn_implementation == "sdpa"  # restored after the error
