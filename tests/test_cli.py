@@ -47,3 +47,27 @@ def test_finite_state_bad_input_is_one_line(tmp_path, args, message):
     assert result.exit_code == 2
     assert message in result.output
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("model", ["no/such-model", "missing-dir/"])
+def test_run_with_unknown_model_is_one_line(tmp_path, monkeypatch, model):
+    """An unknown or unreachable model: one line naming it and what is allowed, no store left."""
+    monkeypatch.setenv("COLUMNS", "80")  # the line must not be wrapped either
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["run", "--model", model, "--out", str(out)])
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1, result.output
+    assert f"cannot load model {model!r}" in lines[0]
+    assert "local model directory" in lines[0] and "local cache" in lines[0]
+    # the typo must not pin the output directory to a run of the wrong model
+    assert not (out / "run.json").exists()
+
+
+def test_run_with_a_directory_that_is_no_model(tmp_path):
+    empty = tmp_path / "not-a-model"
+    empty.mkdir()
+    result = runner.invoke(app, ["run", "--model", str(empty), "--out", str(tmp_path / "run")])
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    assert f"cannot load model {str(empty)!r}" in " ".join(result.output.split())

@@ -137,3 +137,30 @@ endpoints = ["R(recent-half) - R(snapkv-half)"]
     assert analysis["endpoints"][0]["name"] == "R(recent-half) - R(snapkv-half)"
     assert set(analysis["meta"]["documents"]) == {"short", "long", "niah_single-512"}
     assert (out / "report" / "report.html").exists()
+
+
+def test_swrb_tables_off_a_terminal(tiny_model_dir, docs_file, tmp_path, monkeypatch):
+    """Piped output (80 columns): names and numbers whole, F not measured, C_H's SWRB note."""
+    monkeypatch.setenv("COLUMNS", "80")
+    out = tmp_path / "swrb"
+    args = ["run", "--model", str(tiny_model_dir), "--docs", str(docs_file), "--actions",
+            "snapkv-half,recent-half", "--replicates", "3", "--horizon", "6",
+            "--estimator", "swrb", "--out", str(out)]
+    table = runner.invoke(app, args)
+    assert table.exit_code == 0, table.output
+    rows = json.loads(runner.invoke(app, [*args, "--json"]).stdout, parse_constant=_no_nan)
+    text = table.stdout
+    assert str(tiny_model_dir) in text  # the model path is longer than the page
+    for row in rows:
+        assert row["F"] is None and row["R_minus_F"] is None  # null in JSON, not measured
+        for key, digits in (("R", 2), ("O", 2), ("E", 2), ("Pi", 2), ("C", 1)):
+            assert f" {100 * row[key]:.{digits}f}% " in text, (key, text)
+    body = [line for line in text.splitlines() if "snapkv-half" in line or "recent-half" in line]
+    assert len(body) == 2 and all(line.rstrip().endswith("— │") for line in body), text
+    assert "nan" not in text and "…" not in text
+    assert "SWRB" in text and "ratio" in text and "[0, 1]" in text
+
+    report = runner.invoke(app, ["report", str(out), "--bootstrap", "20"])
+    assert report.exit_code == 0, report.output
+    assert str(tiny_model_dir) in report.stdout and "…" not in report.stdout
+    assert "ratio" in report.stdout and "[0, 1]" in report.stdout

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import io
 import json
 import math
 
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 from rich.console import Console
 
+from kvdrift.analysis.summary import ActionSummary
 from kvdrift.report import summary_table, write_report
 from kvdrift.report.figures import (
     FIGURES,
@@ -20,6 +22,7 @@ from kvdrift.report.figures import (
     plot_timing,
 )
 from kvdrift.report.numbers import interval_text, to_json_safe
+from kvdrift.report.terminal import print_whole, run_table
 
 H = 32
 MODELS = ("Llama-3.1-8B-Instruct", "Qwen2.5-7B-Instruct")
@@ -276,3 +279,77 @@ def test_figures_accept_arrays_and_missing_terms(tmp_path):
     assert plot_timing(analysis, tmp_path / "t.png").read_bytes()[:8] == PNG_MAGIC
     assert plot_contrasts(analysis, tmp_path / "c.png").read_bytes()[:8] == PNG_MAGIC
     assert plot_lag_profiles(analysis, tmp_path / "l.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def swrb_rate_above_one() -> dict:
+    """An SWRB analysis whose C_H left [0, 1], as seen in a real run: 101.2% [73.3, 116.3]."""
+    out = make_swrb_analysis()
+    out["actions"][0]["scalars"]["C"] = {"estimate": 1.012, "lo": 0.733, "hi": 1.163}
+    return out
+
+
+def test_swrb_rate_note_in_report_and_raw_value_in_json(tmp_path):
+    html = write_report(swrb_rate_above_one(), tmp_path / "swrb").read_text(encoding="utf-8")
+    assert '<span class="est">101.20</span><br><span class="ci">[73.30, 116.30]</span>' in html
+    assert "ratio of two unbiased estimates" in html and "[0, 1]" in html
+    data = strict_json((tmp_path / "swrb" / "analysis.json").read_text(encoding="utf-8"))
+    assert data["actions"][0]["scalars"]["C"] == {"estimate": 1.012, "lo": 0.733, "hi": 1.163}
+    rollout = write_report(make_analysis(), tmp_path / "rollout").read_text(encoding="utf-8")
+    assert "ratio of two unbiased estimates" not in rollout  # rollouts keep C_H in [0, 1]
+
+
+def test_swrb_rate_note_under_the_summary_table():
+    def render(analysis):
+        console = Console(record=True, width=200)
+        console.print(summary_table(analysis))
+        return console.export_text()
+
+    swrb = render(swrb_rate_above_one())
+    assert "101.2" in swrb and "[73.3, 116.3]" in swrb
+    assert "ratio" in swrb and "[0, 1]" in swrb and "analysis.json" in swrb
+    assert "[0, 1]" not in render(make_analysis())
+
+
+def test_print_whole_off_a_terminal():
+    """Printed to a file at 80 columns, every name and number of a wide table stays whole."""
+    analysis = make_analysis()
+    for a in analysis["actions"]:
+        a["model"] = "/data/models/" + a["model"]  # a long local path
+    page = io.StringIO()
+    print_whole(Console(file=page, width=80), summary_table(analysis))
+    text = page.getvalue()
+    assert "…" not in text
+    for a in analysis["actions"]:
+        assert a["model"] in text and f" {a['action']} " in text
+        for key in ("R", "E", "C"):
+            assert interval_text(a["scalars"][key], 100, digits=1).split(" ", 1)[0] in text
+    terminal = Console(file=io.StringIO(), width=80, force_terminal=True, record=True)
+    print_whole(terminal, summary_table(analysis))
+    assert max(len(line) for line in terminal.export_text().splitlines()) == 80  # as it was
+
+
+def test_run_table_marks_unmeasured_quantities():
+    nan = float("nan")
+    rows = [ActionSummary(model="m", action="snapkv-half", documents=3, p_diverge=0.5,
+                          mean_entry_time=4.5, R=0.1, O=0.02, E=0.4, Pi=0.08, C=1.012, F=nan,
+                          R_minus_F=nan),
+            ActionSummary(model="m", action="full", documents=3, p_diverge=0.0,
+                          mean_entry_time=nan, R=0.0, O=0.0, E=0.0, Pi=0.0, C=0.0, F=nan,
+                          R_minus_F=nan)]
+    console = Console(record=True, width=200)
+    console.print(run_table(rows, estimator="swrb"))
+    text = console.export_text()
+    assert "nan" not in text
+
+    def cells(action):
+        line = next(line for line in text.splitlines() if f" {action} " in line)
+        return [c.strip() for c in line.split("│")[1:-1]]
+
+    # F of SWRB is not measured; there is no entry time without divergence
+    assert cells("snapkv-half") == ["m", "snapkv-half", "3", "50.0%", "4.5", "10.00%", "2.00%",
+                                    "40.00%", "8.00%", "101.2%", "—"]
+    assert cells("full")[4:] == ["—", "0.00%", "0.00%", "0.00%", "0.00%", "0.0%", "—"]
+    assert "ratio" in text and "[0, 1]" in text
+    console = Console(record=True, width=200)
+    console.print(run_table(rows[:1], estimator="rollout"))
+    assert "[0, 1]" not in console.export_text()

@@ -43,7 +43,8 @@ def user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
             if os.environ.get("KVDRIFT_DEBUG"):
                 raise
             message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-            err_console.print(f"[bold red]error:[/] {message}", highlight=False, markup=True)
+            err_console.print(f"[bold red]error:[/] {message}", highlight=False, markup=True,
+                              soft_wrap=True)
             raise typer.Exit(2) from None
 
     return wrapper
@@ -69,6 +70,7 @@ def finite_state(
     """Reproduce the paper's finite-state check: naive rollouts vs SWRB against exact risk."""
     from kvdrift.finite_study import PAPER, run_finite_study
     from kvdrift.plots.finite import plot_finite_study
+    from kvdrift.report.terminal import print_whole
 
     if as_json:
         result = run_finite_study(systems, replicates, horizon, seed)
@@ -89,7 +91,7 @@ def finite_state(
     for s in result.systems:
         table.add_row(str(s.system), f"{s.exact:.4f}", f"{s.naive_mean:.4f}", f"{s.naive_se:.4f}",
                       f"{s.swrb_mean:.4f}", f"{s.swrb_se:.4f}", f"{s.var_ratio:.1f}")
-    console.print(table)
+    print_whole(console, table)
     summary = Table(title="Summary beside the paper")
     for col in ("", "kvdrift", "paper"):
         summary.add_column(col, justify="right")
@@ -100,7 +102,7 @@ def finite_state(
             ("variance-cost advantage", result.advantage, "advantage", "{:.1f}")]
     for label, ours, key, fmt in rows:
         summary.add_row(label, fmt.format(ours), fmt.format(PAPER[key]))
-    console.print(summary)
+    print_whole(console, summary)
     console.print(f"figure: {path}")
 
 
@@ -133,19 +135,6 @@ def _split(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
-def _run_table(summaries) -> Table:
-    table = Table(title="Per action (documents weighted equally within strata, strata equally)")
-    for col in ("model", "action", "docs", "P(tau<=H)", "entry time", "R", "O_H", "E_H", "Pi_H",
-                "C_H", "F"):
-        table.add_column(col, justify="right")
-    for s in summaries:
-        table.add_row(s.model, s.action, str(s.documents), f"{100 * s.p_diverge:.1f}%",
-                      f"{s.mean_entry_time:.1f}", f"{100 * s.R:.2f}%", f"{100 * s.O:.2f}%",
-                      f"{100 * s.E:.2f}%", f"{100 * s.Pi:.2f}%", f"{100 * s.C:.1f}%",
-                      f"{100 * s.F:.2f}%")
-    return table
-
-
 @app.command("run")
 @user_errors
 def run(
@@ -174,6 +163,7 @@ def run(
     from kvdrift.lm.actions import parse_action
     from kvdrift.lm.factory import LMPairFactory
     from kvdrift.lm.model import load_model, resolve_device, resolve_dtype
+    from kvdrift.report.terminal import print_whole, run_table
     from kvdrift.run.runner import RunConfig, run_units
     from kvdrift.run.store import RunStore
 
@@ -189,9 +179,9 @@ def run(
                        batch=batch,
                        extra={"docs": str(docs) if docs else "builtin", "device": device,
                               "dtype": dtype, "chat_template": chat_template})
-    store = RunStore.open(out, config.as_dict())
     with console.status(f"loading {model}"):
         loaded = load_model(model, device, dtype)
+    store = RunStore.open(out, config.as_dict())  # after loading: a model typo leaves no store
     if documents is None:
         documents = generate(RulerConfig(**DEFAULT_DOCS), token_counter(loaded.tokenizer))
     factory = LMPairFactory(loaded, chat_template)
@@ -210,7 +200,7 @@ def run(
     if as_json:
         print(_strict_json([s.as_dict() for s in summaries]))
         return
-    console.print(_run_table(summaries))
+    print_whole(console, run_table(summaries, estimator))
     console.print(f"records: {out}/steps, {out}/replicates (Parquet)")
 
 
@@ -248,12 +238,13 @@ def report(
 ) -> None:
     """Analyse a run or study directory and write an HTML report with figures."""
     from kvdrift.report import summary_table
+    from kvdrift.report.terminal import print_whole
 
     analysis, path = _write_report(directory, out, bootstrap, alpha)
     if as_json:
         print((path.parent / "analysis.json").read_text())
         return
-    console.print(summary_table(analysis))
+    print_whole(console, summary_table(analysis))
     console.print(f"report: {path}")
 
 
@@ -267,6 +258,7 @@ def study(
 ) -> None:
     """Run a study from a TOML configuration (resumable), then write its report."""
     from kvdrift.report import summary_table
+    from kvdrift.report.terminal import print_whole
     from kvdrift.study import run_study
     from kvdrift.study_config import load_study
 
@@ -296,7 +288,7 @@ def study(
         console.print(f"records: {out}")
         return
     analysis, path = _write_report(out, None)
-    console.print(summary_table(analysis))
+    print_whole(console, summary_table(analysis))
     console.print(f"report: {path}")
 
 

@@ -176,6 +176,22 @@ def smollm2_path(convert: bool = True) -> Path:
     return target
 
 
+def unloadable_model_message(name_or_path: str, exc: Exception) -> str:
+    """One line for a model that ``from_pretrained`` could not load, naming what is allowed.
+
+    A name that is no local path is taken for a hub id; runs are offline, so transformers looks
+    for it only in the local Hugging Face cache (its own error then talks about connecting).
+    """
+    allowed = ("allowed: 'smollm2' (embedded), a local model directory, or a Hugging Face hub id "
+               "already in the local cache (runs are offline)")
+    if isinstance(exc, OSError) and not Path(name_or_path).exists():
+        return (f"cannot load model {name_or_path!r}: not a local model directory, and no hub id "
+                f"of that name is in the local cache; {allowed}")
+    reason = next((line.strip() for line in str(exc).splitlines() if line.strip()),
+                  type(exc).__name__)
+    return f"cannot load model {name_or_path!r}: {reason}; {allowed}"
+
+
 def load_model(
     name_or_path: str = DEFAULT_MODEL,
     device: str | torch.device = "cpu",
@@ -205,10 +221,15 @@ def load_model(
     else:
         source, quiet = name_or_path, contextlib.nullcontext()
     with quiet:
-        tokenizer = AutoTokenizer.from_pretrained(source)
-        model = AutoModelForCausalLM.from_pretrained(
-            source, dtype=torch_dtype, attn_implementation=attn_implementation
-        )
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(source)
+            model = AutoModelForCausalLM.from_pretrained(
+                source, dtype=torch_dtype, attn_implementation=attn_implementation
+            )
+        except (OSError, ValueError) as exc:
+            if name_or_path == DEFAULT_MODEL:
+                raise
+            raise ValueError(unloadable_model_message(name_or_path, exc)) from exc
     model.to(torch_device).eval()
     return LoadedModel(model=model, tokenizer=tokenizer, name=name_or_path, device=torch_device,
                        dtype=torch_dtype)

@@ -283,6 +283,11 @@ def _headline(analysis: dict) -> str:
              "percentages of generated positions, P(&tau; &le; H) of trajectories, "
              "C<sub>H</sub> of post-divergence positions; R &minus; F and B(a) are percentage "
              "points; mean entry time is E[&tau; | &tau; &le; H] in steps.</p>"]
+    if meta.get("estimator") == "swrb":
+        parts.append('<p class="note">Under SWRB, C<sub>H</sub> = &Pi;<sub>H</sub>/E<sub>H</sub> '
+                     "is a ratio of two unbiased estimates, so it and its interval can leave "
+                     "[0, 1] (e.g. above 100%) in a finite sample; this is sampling noise, not a "
+                     "bug. analysis.json keeps the raw value.</p>")
     if not actions:
         parts.append("<p>No actions in this analysis.</p>")
     for model, rows in by_model(actions).items():

@@ -1,16 +1,74 @@
-"""A compact terminal summary of a study analysis (rich)."""
+"""Terminal tables (rich): a run's per-action table, a study's summary, and how to print them."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
+from rich.console import Console, RenderableType
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
 from kvdrift.report.numbers import HEADLINE, MISSING, Quantity, interval_values, number_text
 
+if TYPE_CHECKING:
+    from kvdrift.analysis.summary import ActionSummary
+
 #: The terminal table's quantities, a subset of the HTML headline table.
 SUMMARY_KEYS = ("p_diverge", "R", "E", "C", "R_minus_F", "B")
+
+#: Widest page :func:`print_whole` measures a table on (wider than any real table).
+_WIDEST = 100_000
+
+
+def swrb_rate_note(raw: str) -> str:
+    """Why an SWRB table may show an impossible-looking C_H, and where its raw value is."""
+    return (f"SWRB: C_H = Π_H/E_H is a ratio of two unbiased estimates, so it and its interval "
+            f"can leave [0, 1] (sampling noise, not a bug); {raw} keeps the raw value.")
+
+
+def print_whole(console: Console, renderable: RenderableType) -> None:
+    """Print on ``console``; off a terminal (a file, a pipe, a CI log) never cut a cell.
+
+    A terminal gets the usual render at its width. Elsewhere rich would squeeze a table into
+    80 columns and truncate names and numbers ("sna…", "68.…"); the table is printed at its
+    natural width instead.
+    """
+    if console.is_terminal:
+        console.print(renderable)
+        return
+    natural = Measurement.get(console, console.options.update_width(_WIDEST), renderable).maximum
+    if natural <= console.width:
+        console.print(renderable)
+        return
+    Console(file=console.file, width=natural, color_system=None).print(renderable)
+
+
+def _percent(value: float, digits: int) -> str:
+    text = number_text(value, 100, digits)
+    return text if text == MISSING else text + "%"
+
+
+def run_table(summaries: Sequence[ActionSummary], estimator: str = "rollout") -> Table:
+    """One row per (model, action) of a run, point estimates; "—" where not measured.
+
+    SWRB does not follow the fixed-history path, so its F is "—"; a mean entry time needs
+    at least one divergence.
+    """
+    caption = Text(swrb_rate_note("--json")) if estimator == "swrb" else None
+    table = Table(title="Per action (documents weighted equally within strata, strata equally)",
+                  caption=caption)
+    for col in ("model", "action", "docs", "P(tau<=H)", "entry time", "R", "O_H", "E_H", "Pi_H",
+                "C_H", "F"):
+        table.add_column(col, justify="right")
+    for s in summaries:
+        table.add_row(Text(s.model), Text(s.action), str(s.documents), _percent(s.p_diverge, 1),
+                      number_text(s.mean_entry_time, digits=1), _percent(s.R, 2),
+                      _percent(s.O, 2), _percent(s.E, 2), _percent(s.Pi, 2), _percent(s.C, 1),
+                      _percent(s.F, 2))
+    return table
 
 
 def _cell(q: Quantity, interval) -> Text:
@@ -35,10 +93,13 @@ def summary_table(analysis: dict) -> Table:
     H = meta.get("horizon", "H")
     quantities: list[Quantity] = [q for key in SUMMARY_KEYS for q in HEADLINE if q.key == key]
     estimator = meta.get("estimator")
+    caption = ("estimate over [lo, hi]; %: of positions (P(τ≤H): of trajectories); "
+               "pp: percentage points")
+    if estimator == "swrb":
+        caption += "\n" + swrb_rate_note("analysis.json")
     table = Table(
         title="kvdrift study summary" + (f" ({estimator})" if estimator else ""),
-        caption=Text("estimate over [lo, hi]; %: of positions (P(τ≤H): of trajectories); "
-                     "pp: percentage points"),
+        caption=Text(caption),
         header_style="bold",
     )
     table.add_column("model", style="cyan", overflow="fold")
