@@ -164,3 +164,17 @@ def test_swrb_tables_off_a_terminal(tiny_model_dir, docs_file, tmp_path, monkeyp
     assert report.exit_code == 0, report.output
     assert str(tiny_model_dir) in report.stdout and "…" not in report.stdout
     assert "ratio" in report.stdout and "[0, 1]" in report.stdout
+
+
+def test_prompt_beyond_the_context_window_is_refused_before_any_unit(tiny_model_dir, tmp_path):
+    docs = tmp_path / "long.jsonl"
+    write_jsonl([Document(id="fits", prompt="The cat sat on the mat. " * 20),
+                 Document(id="too-long", prompt="The cat sat on the mat. " * 800)], docs)
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["run", "--model", str(tiny_model_dir), "--docs", str(docs),
+                                 "--actions", "snapkv-half", "--replicates", "2",
+                                 "--horizon", "4", "--out", str(out)])
+    assert result.exit_code == 2, result.output
+    assert "'too-long'" in result.output and "context window of 4096" in result.output
+    assert "Traceback" not in result.output
+    assert not (out / "steps").exists() or not any((out / "steps").iterdir())  # no unit ran
