@@ -49,3 +49,29 @@ def test_swrb_and_rollouts_agree_on_a_language_model(tiny_llama, prompt):
     se = math.sqrt(float(naive.var()) / K + float(branch.z_R.var()) / K)
     assert abs(diff) < 4.5 * se
     assert branch.z_R.var() < naive.var()
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_forced_path_equals_q_recomputed_along_every_reference_branch(tiny_llama, prompt,
+                                                                      temperature):
+    """The rollout computes Q along X only for diverged replicates (before divergence it is Q
+    along Y); recomputing Q along every recorded X from scratch must give the same f_t."""
+    from kvdrift.coupling import absorb_eos, tempered_probs, tv_distance
+
+    pair = LMKernelPair(tiny_llama, prompt, "snapkv:budget=46")  # 2 of 48 entries evicted
+    K, H = 12, 10
+    r = coupled_rollouts(pair, K, H, temperature=temperature, seed=5)
+    assert 0 < int((r.tau > 0).sum()) < K  # some replicates diverge, some do not
+    p_state, q_state = pair.start("p", K), pair.start("q", K)
+    done = torch.zeros(K, dtype=torch.bool)
+    eos = pair.eos_token_id
+    for t in range(H):
+        p = absorb_eos(tempered_probs(pair.logprobs(p_state), temperature), done, eos)
+        q = absorb_eos(tempered_probs(pair.logprobs(q_state), temperature), done, eos)
+        assert torch.allclose(r.f[:, t], tv_distance(p, q), atol=1e-5, rtol=0), t
+        done = r.x_eos[:, t]
+        if t + 1 < H:
+            p_state = pair.advance(p_state, r.x[:, t])
+            q_state = pair.advance(q_state, r.x[:, t])
+    before = torch.arange(1, H + 1)[None, :] <= torch.where(r.tau > 0, r.tau, H)[:, None]
+    assert torch.equal(r.f[before], r.delta[before])  # not diverged yet: f_t is delta_t exactly
