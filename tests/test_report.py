@@ -222,6 +222,9 @@ def test_new_tables(report_dir):
     assert "&ge; 4 consecutive agreements (%)" in html and '<span class="est">31.2</span>' in html
     strata = html[html.index('id="strata"'):html.index('id="figures"')]
     assert "helmet-4k" in strata and "ruler-4k" in strata and "exposure share" in strata
+    # fake exposure shares are ~0.9 and dR intervals are +-2 pp around ~+17 pp
+    assert "Exposure share above 50% in 4 of 4 stratum contrasts" in strata
+    assert "excludes 0 in 4 of 4" in strata
 
 
 def test_analysis_json_is_strict(report_dir):

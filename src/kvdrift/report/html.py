@@ -109,6 +109,14 @@ GLOSSARY = (
     ("B(a)", "lag-profile slope: mean branch-aligned TV in the late lag window minus that in the "
              "early window, among trajectories that diverged early (pp); positive means the "
              "branches keep drifting apart after the first divergence."),
+    ("G<sub>r</sub>", "EOS split of R &minus; F: (1/H) E[&sum; (&delta;<sub>t</sub> &minus; "
+                      "f<sub>t</sub>)] over the positions of category r (0 pre-EOS, 1 first EOS, "
+                      "2 one branch absorbed, 3 both absorbed); the EOS share of a contrast is "
+                      "(&Delta;G<sub>1</sub> + &Delta;G<sub>2</sub> + &Delta;G<sub>3</sub>) / "
+                      "&Delta;(R &minus; F)."),
+    ("local agreement", "within the branch cohort (early divergers), the share of trajectories "
+                        "whose branches agree again for a run of consecutive pre-EOS positions, "
+                        "and the share that disagree again after such an agreement."),
     ("R<sub>L</sub>", "observed contribution to R when each divergent trajectory is followed for "
                       "only L positions from &tau; (R<sub>1</sub> = O<sub>H</sub>, "
                       "R<sub>H</sub> = R)."),
@@ -534,6 +542,21 @@ def _of(support: dict, key: str) -> str:
     return f"{_meta_value(support.get(key))} of {_meta_value(support.get(key + '_total'))}"
 
 
+def _excludes_zero(interval) -> bool:
+    _, lo, hi = interval_values(interval)
+    return lo > 0 or hi < 0  # False when an end is missing (NaN)
+
+
+def _stratum_tally(contrasts: list[dict]) -> str:
+    """How many stratum contrasts have an exposure majority, and a &Delta;R interval off 0."""
+    shares = [interval_values(c.get("exposure_share"))[0] for c in contrasts]
+    majority = sum(1 for x in shares if math.isfinite(x) and x > 0.5)
+    separated = sum(1 for c in contrasts if _excludes_zero(c.get("dR")))
+    n = len(contrasts)
+    return (f'<p class="note">Exposure share above 50% in {majority} of {n} stratum contrasts; '
+            f"&Delta;R interval excludes 0 in {separated} of {n}.</p>")
+
+
 def _strata(analysis: dict) -> str:
     strata = analysis.get("strata") or []
     if not strata:
@@ -561,6 +584,7 @@ def _strata(analysis: dict) -> str:
         parts.append(f"<h3>{escape(model)}</h3>")
         parts.append(_table(headers, body, numeric_from=2, group_starts=starts))
         if contrast_rows:
+            parts.append(_stratum_tally([c for _, c in labelled]))
             parts.append(_table(["stratum", "contrast (b &minus; a)"] + CONTRAST_HEADERS,
                                 contrast_rows, numeric_from=2))
             parts.append(_block_gaps(labelled, "stratum"))
