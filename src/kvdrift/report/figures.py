@@ -174,11 +174,12 @@ def _yerr(est: float, lo: float, hi: float, scale: float) -> tuple[float, float]
     return max(below, 0.0), max(above, 0.0)
 
 
-def _share_text(contrast: dict) -> str:
-    est, lo, hi = interval_values(contrast.get("exposure_share"))
+def _share_text(contrast: dict, key: str = "exposure_share", label: str = "exposure share") -> str:
+    """``"exposure share 86%\n[81, 94]"`` from a contrast's share interval (in percent)."""
+    est, lo, hi = interval_values(contrast.get(key))
     if not math.isfinite(est):
-        return "exposure share —"
-    text = f"exposure share {100 * est:.0f}%"
+        return f"{label} —"
+    text = f"{label} {100 * est:.0f}%"
     if math.isfinite(lo) and math.isfinite(hi):
         text += f"\n[{100 * lo:.0f}, {100 * hi:.0f}]"
     return text
@@ -319,16 +320,6 @@ def _stack(ax, x: float, values: Sequence[float], width: float) -> None:
         up, down = (up + v, down) if v > 0 else (up, down + v)
 
 
-def _eos_share_text(contrast: dict) -> str:
-    est, lo, hi = interval_values(contrast.get("eos_share"))
-    if not math.isfinite(est):
-        return "EOS share —"
-    text = f"EOS share {100 * est:.0f}%"
-    if math.isfinite(lo) and math.isfinite(hi):
-        text += f"\n[{100 * lo:.0f}, {100 * hi:.0f}]"
-    return text
-
-
 def plot_eos_split(analysis: dict, path: str | Path) -> Path | None:
     """R - F split by EOS category: stacked G_r per action, stacked Delta G_r per contrast.
 
@@ -354,7 +345,8 @@ def plot_eos_split(analysis: dict, path: str | Path) -> Path | None:
                          interval_values(total)))
         n_actions = len(bars)
         for c in contrasts.get(model, []):
-            bars.append((f"{c.get('b')} − {c.get('a')}\n{_eos_share_text(c)}",
+            share = _share_text(c, "eos_share", "EOS share")
+            bars.append((f"{c.get('b')} − {c.get('a')}\n{share}",
                          [interval_values(g)[0] for g in c.get("dG") or []],
                          interval_values(c.get("dR_minus_F"))))
         for i, (_, values, _) in enumerate(bars):
