@@ -29,8 +29,8 @@ MODELS = ("Llama-3.1-8B-Instruct", "Qwen2.5-7B-Instruct")
 ACTIONS = ("snapkv-512", "snapkv-half", "recent-half")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TABLE_HEADINGS = ("What was run", "Headline numbers", "Contrasts", "Prespecified endpoints",
-                  "Finite-window bounds", "Certified orderings", "EOS split", "Figures",
-                  "Glossary")
+                  "Finite-window bounds", "Certified orderings", "EOS split", "EOS contrasts",
+                  "Local agreement within branches", "Per stratum", "Figures", "Glossary")
 
 
 def interval(est, half=0.02):
@@ -101,11 +101,33 @@ def fake_contrast(model, a, b, rng):
             "exposure_share": interval(exp_ / dR, 0.04)}
 
 
-def make_analysis() -> dict:
+def fake_eos_contrast(model, a, b):
+    dG = [interval(0.01, 0.004), interval(0.002, 0.001), interval(0.03, 0.01), interval(0.0, 0)]
+    return {"model": model, "a": a, "b": b, "categories": ["pre-EOS", "first EOS",
+                                                           "one absorbed", "both absorbed"],
+            "dG": dG, "dR_minus_F": interval(0.042), "pre_eos": dG[0],
+            "eos_share": interval(0.7619, 0.05)}
+
+
+def fake_strata(model, contrasts):
+    return [{"model": model, "stratum": name, "documents": 30,
+             "actions": [{"action": a["action"], "scalars": a["scalars"]}
+                         for a in make_actions() if a["model"] == model],
+             "contrasts": [{k: v for k, v in c.items() if k != "model"}
+                           for c in contrasts if c["model"] == model]}
+            for name in ("helmet-4k", "ruler-4k")]
+
+
+def make_actions() -> list[dict]:
     rng = np.random.default_rng(7)
     hazards = {"snapkv-512": 0.12, "snapkv-half": 0.04, "recent-half": 0.10}
-    actions = [fake_action(m, a, hazards[a] * (1.1 if i else 1.0), rng)
-               for i, m in enumerate(MODELS) for a in ACTIONS]
+    return [fake_action(m, a, hazards[a] * (1.1 if i else 1.0), rng)
+            for i, m in enumerate(MODELS) for a in ACTIONS]
+
+
+def make_analysis() -> dict:
+    actions = make_actions()
+    rng = np.random.default_rng(8)
     del actions[5]["curves"]["lag_profile"], actions[5]["curves"]["lag_profile_strict"]
     actions[4]["eos_split"] = None
     actions[1]["scalars"]["F"] = interval(float("nan"))
@@ -125,6 +147,14 @@ def make_analysis() -> dict:
         "endpoints": endpoints,
         "certified_order": [{"model": MODELS[0], "L": H, "better": "snapkv-half",
                              "worse": "snapkv-512"}],
+        "strata": [s for m in MODELS for s in fake_strata(m, contrasts)],
+        "eos_contrasts": [fake_eos_contrast(m, "snapkv-half", "recent-half") for m in MODELS],
+        "local_agreement": [{"model": m, "action": a, "run_length": 4, "max_entry": 16,
+                             "agree_run": fraction(0.3125), "relapse": fraction(0.25)}
+                            for m in MODELS for a in ACTIONS],
+        "cohort_support": [{"model": m, "action": a, "max_entry": 16, "documents": 57,
+                            "documents_total": 60, "trajectories": 301,
+                            "trajectories_total": 480} for m in MODELS for a in ACTIONS],
     }
 
 
@@ -133,6 +163,9 @@ def make_swrb_analysis() -> dict:
     out = make_analysis()
     out["meta"]["estimator"] = "swrb"
     out["contrasts"], out["endpoints"], out["certified_order"] = [], [], []
+    out["eos_contrasts"], out["local_agreement"], out["cohort_support"] = [], [], []
+    for s in out["strata"]:
+        s["contrasts"] = []
     for a in out["actions"]:
         a["curves"] = {"timing_cdf": a["curves"]["timing_cdf"]}
         a["eos_split"] = None
@@ -182,6 +215,19 @@ def test_write_report(report_dir):
         assert png.read_bytes()[:8] == PNG_MAGIC
         image = plt.imread(png)
         assert image.ndim == 3 and min(image.shape[:2]) > 300
+
+
+def test_new_tables(report_dir):
+    html = (report_dir / "report.html").read_text(encoding="utf-8")
+    assert "EOS share (%)" in html and '<span class="est">76.2</span>' in html
+    assert "&Delta;G<sub>0</sub> pre-EOS (pp)" in html
+    assert "57 of 60" in html and "301 of 480" in html
+    assert "&ge; 4 consecutive agreements (%)" in html and '<span class="est">31.2</span>' in html
+    strata = html[html.index('id="strata"'):html.index('id="figures"')]
+    assert "helmet-4k" in strata and "ruler-4k" in strata and "exposure share" in strata
+    # fake exposure shares are ~0.9 and dR intervals are +-2 pp around ~+17 pp
+    assert "Exposure share above 50% in 4 of 4 stratum contrasts" in strata
+    assert "excludes 0 in 4 of 4" in strata
 
 
 def test_analysis_json_is_strict(report_dir):

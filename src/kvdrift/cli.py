@@ -90,7 +90,8 @@ def finite_state(
         table.add_column(col, justify="right")
     for s in result.systems:
         table.add_row(str(s.system), f"{s.exact:.4f}", f"{s.naive_mean:.4f}", f"{s.naive_se:.4f}",
-                      f"{s.swrb_mean:.4f}", f"{s.swrb_se:.4f}", f"{s.var_ratio:.1f}")
+                      f"{s.swrb_mean:.4f}", f"{s.swrb_se:.4f}",
+                      f"{s.var_ratio:.1f}" if s.informative else "undefined*")
     print_whole(console, table)
     summary = Table(title="Summary beside the paper")
     for col in ("", "kvdrift", "paper"):
@@ -100,9 +101,15 @@ def finite_state(
             ("max variance ratio", result.max_var_ratio, "max_var_ratio", "{:.1f}"),
             ("kernel-pair evaluations", result.cost_ratio, "cost_ratio", "x{:.2f}"),
             ("variance-cost advantage", result.advantage, "advantage", "{:.1f}")]
+    summary.add_row("informative systems", f"{result.informative} of {len(result.systems)}",
+                    "24 of 24")
     for label, ours, key, fmt in rows:
         summary.add_row(label, fmt.format(ours), fmt.format(PAPER[key]))
     print_whole(console, summary)
+    for s in result.systems:
+        if not s.informative:
+            console.print(f"* system {s.system}: variance ratio undefined: "
+                          f"{s.var_ratio_undefined}; left out of min / median / max.")
     console.print(f"figure: {path}")
 
 

@@ -32,9 +32,15 @@ class SystemResult:
     naive_se: float
     swrb_mean: float
     swrb_se: float
-    var_ratio: float  # naive per-replicate variance / SWRB per-replicate variance
+    var_ratio: float  # naive per-replicate variance / SWRB's; NaN when undefined
     naive_evaluations: int
     swrb_evaluations: int
+    var_ratio_undefined: str | None = None  # why the ratio is undefined (None: it is defined)
+
+    @property
+    def informative(self) -> bool:
+        """Whether both estimators varied, so that the variance ratio says something."""
+        return self.var_ratio_undefined is None
 
     @property
     def cost_ratio(self) -> float:
@@ -45,6 +51,8 @@ class SystemResult:
 class FiniteStudyResult:
     """All systems plus the summary the paper reports.
 
+    The min / median / max variance ratios are over the informative systems only (those
+    with a defined ratio, :attr:`SystemResult.informative`); ``informative`` counts them.
     ``cost_ratio`` is SWRB's kernel-pair evaluations over the naive estimator's, pooled
     over systems. ``advantage`` is the variance-cost advantage: the naive estimator's
     per-replicate variance summed over systems, over SWRB's, divided by ``cost_ratio`` --
@@ -59,19 +67,29 @@ class FiniteStudyResult:
 
     @property
     def var_ratios(self) -> np.ndarray:
-        return np.array([s.var_ratio for s in self.systems])
+        """The informative systems' variance ratios (undefined ones left out)."""
+        return np.array([s.var_ratio for s in self.systems if s.informative])
+
+    @property
+    def informative(self) -> int:
+        """How many systems have a defined variance ratio."""
+        return int(self.var_ratios.size)
+
+    def _ratio_stat(self, stat: Callable[[np.ndarray], float]) -> float:
+        ratios = self.var_ratios
+        return float(stat(ratios)) if ratios.size else float("nan")
 
     @property
     def min_var_ratio(self) -> float:
-        return float(self.var_ratios.min())
+        return self._ratio_stat(np.min)
 
     @property
     def median_var_ratio(self) -> float:
-        return float(np.median(self.var_ratios))
+        return self._ratio_stat(np.median)
 
     @property
     def max_var_ratio(self) -> float:
-        return float(self.var_ratios.max())
+        return self._ratio_stat(np.max)
 
     @property
     def cost_ratio(self) -> float:
@@ -90,6 +108,7 @@ class FiniteStudyResult:
                 {k: v for k, v in asdict(s).items() if k != "system"} | {"system": s.system}
                 for s in self.systems
             ],
+            "informative_systems": self.informative,
             "median_var_ratio": self.median_var_ratio,
             "min_var_ratio": self.min_var_ratio,
             "max_var_ratio": self.max_var_ratio,
@@ -102,9 +121,25 @@ class FiniteStudyResult:
         }
 
 
-def _mean_se(values: np.ndarray) -> tuple[float, float, float]:
+def _mean_se(values: np.ndarray) -> tuple[float, float]:
     var = float(values.var(ddof=1)) if values.size > 1 else float("nan")
-    return float(values.mean()), math.sqrt(var / values.size), var
+    return float(values.mean()), math.sqrt(var / values.size)
+
+
+def variance_ratio(naive: np.ndarray, branch: np.ndarray) -> tuple[float, str | None]:
+    """Naive over SWRB per-replicate sample variance, or NaN and the reason it is undefined.
+
+    A system whose naive replicates never diverge (its mixing weight is tiny) has naive
+    variance 0; the ratio 0 would read as "SWRB is infinitely worse", so it is undefined.
+    """
+    n_var, s_var = float(naive.var(ddof=1)), float(branch.var(ddof=1))
+    if n_var == 0:
+        why = ("the naive replicates never diverged" if not naive.any()
+               else "the naive replicates are all equal")
+        return float("nan"), f"{why} (naive variance 0)"
+    if s_var == 0:
+        return float("nan"), "the SWRB replicates are all equal (SWRB variance 0)"
+    return n_var / s_var, None
 
 
 def run_system(c: int, systems: int, horizon: int, replicates: int, seed: int) -> SystemResult:
@@ -114,13 +149,14 @@ def run_system(c: int, systems: int, horizon: int, replicates: int, seed: int) -
     naive = coupled_rollouts(pair, replicates, horizon, seed=seed * 1_000_003 + 2 * c)
     branch = swrb(pair, replicates, horizon, seed=seed * 1_000_003 + 2 * c + 1)
     d_h = naive.mismatch.double().mean(dim=1).numpy()
-    n_mean, n_se, n_var = _mean_se(d_h)
-    s_mean, s_se, s_var = _mean_se(branch.z_R.numpy())
-    ratio = n_var / s_var if s_var > 0 else (float("inf") if n_var > 0 else float("nan"))
+    z_R = branch.z_R.numpy()
+    n_mean, n_se = _mean_se(d_h)
+    s_mean, s_se = _mean_se(z_R)
+    ratio, undefined = variance_ratio(d_h, z_R)
     return SystemResult(
         system=c, exact=truth.R, naive_mean=n_mean, naive_se=n_se, swrb_mean=s_mean,
         swrb_se=s_se, var_ratio=ratio, naive_evaluations=int(naive.evaluations),
-        swrb_evaluations=int(branch.evaluations.sum()),
+        swrb_evaluations=int(branch.evaluations.sum()), var_ratio_undefined=undefined,
     )
 
 

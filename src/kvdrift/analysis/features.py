@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from kvdrift.analysis.agreement import agreement_terms
 from kvdrift.analysis.lags import LagWindows, lag_terms
 
 EOS_CATEGORIES = ("pre-EOS", "first EOS", "one absorbed", "both absorbed")
@@ -97,4 +98,6 @@ def action_features(
         cols["lag_num"], cols["lag_den"] = lag_terms(delta, tau, x_eos, y_eos, windows)
         cols["lag_num_strict"], cols["lag_den_strict"] = lag_terms(
             delta, tau, x_eos, y_eos, windows, strict=True)
+        mismatch = _cube(steps, "mismatch", n, K, H).astype(bool)
+        cols |= agreement_terms(mismatch, tau, x_eos, y_eos, windows)
     return DocFeatures(doc_ids, strata, cols)

@@ -14,21 +14,31 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from kvdrift.analysis.bootstrap import (
-    percentile_interval,
-    stratified_counts,
-    stratum_weights,
-    weighted_means,
-)
+from kvdrift.analysis.agreement import cohort_support, local_agreement_entry
+from kvdrift.analysis.bootstrap import stratified_counts, stratum_weights, weighted_means
 from kvdrift.analysis.bounds import hoeffding_enclosure, sharp_interval
 from kvdrift.analysis.endpoints import Endpoint, parse_endpoint
-from kvdrift.analysis.features import EOS_CATEGORIES, DocFeatures, action_features
+from kvdrift.analysis.eos import eos_contrast_entries, eos_split_entry
+from kvdrift.analysis.features import DocFeatures, action_features
 from kvdrift.analysis.lags import LagWindows
+from kvdrift.analysis.quantities import (
+    CONTRAST_TERMS,
+    SCALARS,
+    action_pairs,
+    action_scalars,
+    block_gap,
+    contrast_entry,
+    contrast_terms,
+    curve,
+    derive,
+    interval,
+    position_blocks,
+)
+from kvdrift.analysis.strata import stratum_results
 
-SCALARS = ("p_diverge", "mean_entry_time", "R", "O", "E", "Pi", "C", "F", "R_minus_F", "S99",
-           "B", "B_strict")
-CONTRAST_TERMS = ("dR", "dO", "dE", "dC", "occurrence_term", "exposure_term", "rate_term",
-                  "exposure_share")
+# Moved to kvdrift.analysis.quantities; re-exported for callers that import them from here.
+__all__ = ["CONTRAST_TERMS", "SCALARS", "AnalysisOptions", "analyze", "block_gap",
+           "contrast_terms", "derive", "position_blocks"]
 
 
 @dataclass(frozen=True)
@@ -48,79 +58,6 @@ class AnalysisOptions:
             raise ValueError(f"alpha must be within (0, 1); got {self.alpha}")
         for text in self.endpoints:
             parse_endpoint(text)
-
-
-def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
-
-
-def _nan(shape: tuple[int, ...]) -> np.ndarray:
-    return np.full(shape, np.nan)
-
-
-def derive(m: dict[str, np.ndarray], windows: LagWindows | None) -> dict[str, np.ndarray]:
-    """Every reported quantity from weighted feature means (leading axes: bootstrap draws)."""
-    lead = m["risk"].shape[:-1]
-    occ, exp_, pi = m["occurrence"][..., 0], m["exposure"][..., 0], m["occupation"][..., 0]
-    R = occ + pi
-    F = m["fixed_risk"][..., 0]
-    out = {
-        "p_diverge": m["divergence_mass"][..., 0],
-        "mean_entry_time": _ratio(m["entry_time_mass"][..., 0], m["divergence_mass"][..., 0]),
-        "R": R, "O": occ, "E": exp_, "Pi": pi,
-        "C": np.where(exp_ > 0, _ratio(pi, exp_), 0.0),
-        "F": F, "R_minus_F": R - F,
-        "S99": m["saturation"][..., 0] if "saturation" in m else _nan(lead),
-        "timing_cdf": m["timing"],
-    }
-    if "expected_delta" in m:
-        out["expected_delta"] = m["expected_delta"]
-    for name, suffix in (("B", ""), ("B_strict", "_strict")):
-        if windows is not None and f"lag_num{suffix}" in m:
-            profile = _ratio(m[f"lag_num{suffix}"], m[f"lag_den{suffix}"])
-            out[f"lag_profile{suffix}"] = profile
-            out[name] = windows.gap(profile)
-        else:
-            out[name] = _nan(lead)
-    for key in m:
-        if key.startswith(("observed_L", "capacity_L")):
-            out[key] = m[key][..., 0]
-    return out
-
-
-def contrast_terms(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """``b - a`` decomposition terms from two derived dicts (same bootstrap draws)."""
-    d = {f"d{k}": b[k] - a[k] for k in ("R", "O", "E", "C")}
-    d["occurrence_term"] = d["dO"]
-    d["exposure_term"] = d["dE"] * (a["C"] + b["C"]) / 2
-    d["rate_term"] = d["dC"] * (a["E"] + b["E"]) / 2
-    dR = np.asarray(d["dR"])
-    d["exposure_share"] = np.where(dR != 0, d["exposure_term"] / np.where(dR != 0, dR, 1), np.nan)
-    return d
-
-
-def position_blocks(horizon: int, count: int = 8) -> list[tuple[int, int]]:
-    """Split positions 1..H into at most ``count`` contiguous blocks (inclusive ranges)."""
-    edges = np.linspace(0, horizon, min(count, horizon) + 1).round().astype(int)
-    return [(int(lo) + 1, int(hi)) for lo, hi in zip(edges[:-1], edges[1:], strict=True)]
-
-
-def block_gap(a: dict, b: dict, blocks: list[tuple[int, int]]) -> np.ndarray:
-    """Generation-clock gap: mean ``E[delta_t]`` of ``b`` minus ``a`` over each position block."""
-    gap = b["expected_delta"] - a["expected_delta"]
-    return np.stack([gap[..., lo - 1:hi].mean(axis=-1) for lo, hi in blocks], axis=-1)
-
-
-def _interval(point: np.ndarray, draws: np.ndarray, alpha: float) -> dict:
-    lo, hi = percentile_interval(draws, alpha)
-    return {"estimate": float(point), "lo": float(lo), "hi": float(hi)}
-
-
-def _curve(point: np.ndarray, draws: np.ndarray, alpha: float) -> dict:
-    lo, hi = percentile_interval(draws, alpha)
-    return {"x": list(range(1, point.shape[-1] + 1)), "estimate": point.tolist(),
-            "lo": lo.tolist(), "hi": hi.tolist()}
 
 
 def _common_documents(features: dict[str, DocFeatures]) -> dict[str, DocFeatures]:
@@ -160,6 +97,7 @@ def analyze(
             "bootstrap": options.bootstrap, "alpha": options.alpha},
         "lags": windows.as_dict() if windows else None,
         "actions": [], "contrasts": [], "endpoints": [], "certified_order": [],
+        "strata": [], "eos_contrasts": [], "local_agreement": [], "cohort_support": [],
     }
     for model in models:
         reps_m = replicates[replicates["model"] == model]
@@ -172,9 +110,10 @@ def analyze(
         strata = next(iter(feats.values())).strata
         weights = stratum_weights(pd.Series(strata))
         counts = stratified_counts(strata, options.bootstrap, options.seed)
-        point = {a: derive(weighted_means(f.columns, weights), windows) for a, f in feats.items()}
-        boot = {a: derive(weighted_means(f.columns, weights, counts), windows)
-                for a, f in feats.items()}
+        means = {a: weighted_means(f.columns, weights) for a, f in feats.items()}
+        boot_means = {a: weighted_means(f.columns, weights, counts) for a, f in feats.items()}
+        point = {a: derive(m, windows) for a, m in means.items()}
+        boot = {a: derive(m, windows) for a, m in boot_means.items()}
         sizes = pd.Series(strata).value_counts().sort_index()
         out["meta"]["documents"] = {str(k): int(v) for k, v in sizes.items()}
         lonely = [str(k) for k, v in sizes.items() if v < 2]
@@ -188,17 +127,20 @@ def analyze(
             p, b = point[a], boot[a]
             entry = {
                 "model": model, "action": a, "documents": int(len(f.doc_ids)),
-                "scalars": {k: _interval(p[k], b[k], options.alpha) for k in SCALARS},
-                "curves": {k: _curve(p[k], b[k], options.alpha)
+                "scalars": action_scalars(p, b, options.alpha),
+                "curves": {k: curve(p[k], b[k], options.alpha)
                            for k in ("timing_cdf", "expected_delta", "lag_profile",
                                      "lag_profile_strict") if k in p},
                 "eos_split": None, "bounds": [],
             }
             if "eos_R" in f.columns:
-                eos = weighted_means({"R": f.columns["eos_R"], "F": f.columns["eos_F"]}, weights)
-                entry["eos_split"] = {"categories": list(EOS_CATEGORIES), "R": eos["R"].tolist(),
-                                      "F": eos["F"].tolist(),
-                                      "R_minus_F": (eos["R"] - eos["F"]).tolist()}
+                entry["eos_split"] = eos_split_entry(means[a], boot_means[a], options.alpha)
+            if "branch_cohort" in f.columns and windows is not None:
+                key = {"model": model, "action": a}
+                out["local_agreement"].append(key | local_agreement_entry(
+                    means[a], boot_means[a], windows, options.alpha))
+                out["cohort_support"].append(key | cohort_support(
+                    reps_m[reps_m["action"] == a], f.doc_ids, windows))
             for key in sorted((k for k in f.columns if k.startswith("observed_L")),
                               key=lambda k: int(k[len("observed_L"):])):
                 L = int(key[len("observed_L"):])
@@ -215,26 +157,20 @@ def analyze(
                     "hi": sharp.hi, "minimax": sharp.minimax, "hoeffding_lo": enc.lo,
                     "hoeffding_hi": enc.hi})
             out["actions"].append(entry)
-        for i, a in enumerate(actions):
-            for b_name in actions[i + 1:]:
-                pt, bt = contrast_terms(point[a], point[b_name]), contrast_terms(boot[a],
-                                                                                 boot[b_name])
-                entry = {"model": model, "a": a, "b": b_name} | {
-                    k: _interval(pt[k], bt[k], options.alpha) for k in CONTRAST_TERMS}
-                if "expected_delta" in point[a]:
-                    blocks = position_blocks(H)
-                    gap_p = block_gap(point[a], point[b_name], blocks)
-                    gap_b = block_gap(boot[a], boot[b_name], blocks)
-                    entry["block_gap"] = _curve(gap_p, gap_b, options.alpha) | {
-                        "blocks": [[int(s), int(e)] for s, e in blocks]}
-                out["contrasts"].append(entry)
+        for a, b_name in action_pairs(actions):
+            out["contrasts"].append({"model": model, "a": a, "b": b_name} | contrast_entry(
+                (point[a], point[b_name]), (boot[a], boot[b_name]), options.alpha, H))
+        if all("eos_R" in f.columns for f in feats.values()):
+            out["eos_contrasts"].extend(
+                eos_contrast_entries(model, means, boot_means, options.alpha))
+        out["strata"].extend(stratum_results(model, feats, counts, windows, H, options.alpha))
         for e in endpoints:
             missing = [x for x in e.actions if x not in point]
             if missing:
                 raise ValueError(f"endpoint {e.text!r} names action {missing[0]!r}, which model "
                                  f"{model!r} did not run; actions: {', '.join(actions)}")
             level = options.alpha / family
-            iv = _interval(_endpoint_value(e, point), _endpoint_value(e, boot), level)
+            iv = interval(_endpoint_value(e, point), _endpoint_value(e, boot), level)
             out["endpoints"].append({"model": model, "name": e.text, **iv, "alpha": level})
         for L, encs in sorted(enclosures.items()):
             for better, ia in encs.items():

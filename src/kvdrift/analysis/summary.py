@@ -3,7 +3,7 @@
 Replicate records are averaged within each document; document means are then averaged
 with weights ``1 / (number of strata * documents in the stratum)``. The quantities come
 from the same features and formulas as the full study analysis
-(:func:`kvdrift.analysis.study.derive`), without the bootstrap; the weights are
+(:func:`kvdrift.analysis.quantities.derive`), without the bootstrap; the weights are
 :func:`kvdrift.analysis.bootstrap.stratum_weights`.
 """
 
@@ -15,7 +15,7 @@ import pandas as pd
 
 from kvdrift.analysis.bootstrap import stratum_weights, weighted_means
 from kvdrift.analysis.features import action_features
-from kvdrift.analysis.study import derive
+from kvdrift.analysis.quantities import derive
 
 
 @dataclass(frozen=True)

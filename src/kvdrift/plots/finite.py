@@ -35,7 +35,9 @@ def plot_finite_study(result: FiniteStudyResult, path: str | Path) -> Path:
     right.axhline(result.median_var_ratio, color="k", lw=1,
                   label=f"median {result.median_var_ratio:.1f}")
     right.set_yscale("log")
-    right.set_xlabel("system (sorted by variance ratio)")
+    undefined = len(result.systems) - ratios.size
+    right.set_xlabel("system (sorted by variance ratio)" + (
+        f"; {undefined} undefined (left out)" if undefined else ""))
     right.set_ylabel("variance ratio naive / SWRB (log scale)")
     right.set_title(f"cost ×{result.cost_ratio:.2f}, variance-cost advantage "
                     f"{result.advantage:.1f}")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.patches import Patch
 
 import kvdrift.plots  # noqa: F401  (selects the Agg backend)
 from kvdrift.report.numbers import as_float, interval_values
@@ -173,11 +174,12 @@ def _yerr(est: float, lo: float, hi: float, scale: float) -> tuple[float, float]
     return max(below, 0.0), max(above, 0.0)
 
 
-def _share_text(contrast: dict) -> str:
-    est, lo, hi = interval_values(contrast.get("exposure_share"))
+def _share_text(contrast: dict, key: str = "exposure_share", label: str = "exposure share") -> str:
+    """``"exposure share 86%\n[81, 94]"`` from a contrast's share interval (in percent)."""
+    est, lo, hi = interval_values(contrast.get(key))
     if not math.isfinite(est):
-        return "exposure share —"
-    text = f"exposure share {100 * est:.0f}%"
+        return f"{label} —"
+    text = f"{label} {100 * est:.0f}%"
     if math.isfinite(lo) and math.isfinite(hi):
         text += f"\n[{100 * lo:.0f}, {100 * hi:.0f}]"
     return text
@@ -302,6 +304,73 @@ def plot_expected_delta(analysis: dict, path: str | Path) -> Path | None:
     return _save(fig, path)
 
 
+#: Colours of the four EOS categories (pre-EOS, first EOS, one absorbed, both absorbed).
+EOS_COLORS = ("#4c72b0", "#dd8452", "#55a868", "#8172b3")
+
+
+def _stack(ax, x: float, values: Sequence[float], width: float) -> None:
+    """One stacked bar: positive parts upward from 0, negative parts downward."""
+    up = down = 0.0
+    for r, v in enumerate(values):
+        if not math.isfinite(v) or v == 0:
+            continue
+        bottom = up if v > 0 else down
+        ax.bar(x, v, width, bottom=bottom, color=EOS_COLORS[r % len(EOS_COLORS)],
+               edgecolor="white", linewidth=0.5)
+        up, down = (up + v, down) if v > 0 else (up, down + v)
+
+
+def plot_eos_split(analysis: dict, path: str | Path) -> Path | None:
+    """R - F split by EOS category: stacked G_r per action, stacked Delta G_r per contrast.
+
+    Black diamonds are the totals (R - F, or Delta(R - F)) with their bootstrap intervals; a
+    contrast's tick label gives its EOS share.
+    """
+    actions = [a for a in analysis.get("actions", [])
+               if (a.get("eos_split") or {}).get("R_minus_F")]
+    if not actions:
+        return None
+    contrasts = by_model(analysis.get("eos_contrasts") or [])
+    groups = by_model(actions)
+    widest = max(len(rows) + len(contrasts.get(m, [])) for m, rows in groups.items())
+    fig, axes = _panels(len(groups), width=max(5.5, 1.5 * widest + 2.0), height=5.0)
+    categories = [str(c) for c in actions[0]["eos_split"].get("categories", [])]
+    for ax, (model, rows) in zip(axes, groups.items(), strict=True):
+        bars: list[tuple[str, list[float], tuple[float, float, float]]] = []
+        for a in rows:
+            split = a["eos_split"]
+            total = split.get("G_total") or {"estimate": sum(
+                v for v in map(as_float, split["R_minus_F"]) if math.isfinite(v))}
+            bars.append((str(a.get("action", "?")), [as_float(v) for v in split["R_minus_F"]],
+                         interval_values(total)))
+        n_actions = len(bars)
+        for c in contrasts.get(model, []):
+            share = _share_text(c, "eos_share", "EOS share")
+            bars.append((f"{c.get('b')} − {c.get('a')}\n{share}",
+                         [interval_values(g)[0] for g in c.get("dG") or []],
+                         interval_values(c.get("dR_minus_F"))))
+        for i, (_, values, _) in enumerate(bars):
+            _stack(ax, i, [100 * v for v in values], 0.6)
+        totals = [t for _, _, t in bars]
+        ax.errorbar(np.arange(len(bars)), [100 * t[0] for t in totals],
+                    yerr=np.array([_yerr(*t, scale=100) for t in totals]).T, fmt="D", ms=6,
+                    color="black", capsize=3, label="total (R − F or Δ(R − F))")
+        if n_actions < len(bars):
+            ax.axvline(n_actions - 0.5, color="0.5", lw=0.8, ls="--")
+        ax.axhline(0, color="0.3", lw=0.8)
+        ax.set_xticks(np.arange(len(bars)), [name for name, _, _ in bars], fontsize=8)
+        ax.set_xlim(-0.6, len(bars) - 0.4)
+        ax.set_ylabel("R − F by EOS category (pp of positions)")
+        ax.set_title(f"{model}: actions | contrasts (b − a)" if n_actions < len(bars) else model)
+        ax.grid(axis="y", alpha=0.3)
+        handles = [Patch(color=EOS_COLORS[r % len(EOS_COLORS)], label=c)
+                   for r, c in enumerate(categories)]
+        ax.legend(handles=handles + ax.get_legend_handles_labels()[0], fontsize=8, loc="best")
+    fig.suptitle("EOS split of R − F: pre-EOS, first EOS, one absorbed, both absorbed")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
 @dataclass(frozen=True)
 class Figure:
     """A report figure: file stem, drawing function, and a one-sentence caption."""
@@ -331,4 +400,9 @@ FIGURES = (
            "Each curve is the expected branch-aligned TV at generated position t (bands: "
            "bootstrap intervals); its average over t is the risk R, so the area under a curve "
            "shows where in the generation an action's disagreement accrues."),
+    Figure("eos_split", plot_eos_split,
+           "Left of the dashed line, each action's R − F stacked by the branches' EOS state "
+           "(G_r); right of it, each contrast's Δ(R − F) stacked the same way (ΔG_r), with the "
+           "EOS share (first EOS, one or both absorbed) under its name. Diamonds: totals with "
+           "bootstrap intervals."),
 )

@@ -109,6 +109,14 @@ GLOSSARY = (
     ("B(a)", "lag-profile slope: mean branch-aligned TV in the late lag window minus that in the "
              "early window, among trajectories that diverged early (pp); positive means the "
              "branches keep drifting apart after the first divergence."),
+    ("G<sub>r</sub>", "EOS split of R &minus; F: (1/H) E[&sum; (&delta;<sub>t</sub> &minus; "
+                      "f<sub>t</sub>)] over the positions of category r (0 pre-EOS, 1 first EOS, "
+                      "2 one branch absorbed, 3 both absorbed); the EOS share of a contrast is "
+                      "(&Delta;G<sub>1</sub> + &Delta;G<sub>2</sub> + &Delta;G<sub>3</sub>) / "
+                      "&Delta;(R &minus; F)."),
+    ("local agreement", "within the branch cohort (early divergers), the share of trajectories "
+                        "whose branches agree again for a run of consecutive pre-EOS positions, "
+                        "and the share that disagree again after such an agreement."),
     ("R<sub>L</sub>", "observed contribution to R when each divergent trajectory is followed for "
                       "only L positions from &tau; (R<sub>1</sub> = O<sub>H</sub>, "
                       "R<sub>H</sub> = R)."),
@@ -159,6 +167,8 @@ def write_report(analysis: dict, out_dir: str | Path, *, title: str = DEFAULT_TI
         _endpoints(analysis),
         _bounds(analysis),
         _eos_split(analysis),
+        _local_agreement(analysis),
+        _strata(analysis),
         _figures(figures),
         _glossary(),
     ])
@@ -301,47 +311,58 @@ def _headline(analysis: dict) -> str:
     return _section("Headline numbers", "headline", "\n".join(parts))
 
 
+CONTRAST_HEADERS = ["&Delta;R (pp)", "occurrence &Delta;O (pp)",
+                    "exposure &Delta;E&middot;C&#772; (pp)", "rate &Delta;C&middot;E&#772; (pp)",
+                    "exposure share (%)"]
+
+
+def _contrast_name(c: dict) -> str:
+    return f"{escape(str(c.get('b', '?')))} &minus; {escape(str(c.get('a', '?')))}"
+
+
+def _contrast_cells(c: dict) -> list[str]:
+    """The decomposition's cells of one contrast, in the order of :data:`CONTRAST_HEADERS`."""
+    return [_interval_cell(c.get("dR"), signed=True),
+            _interval_cell(c.get("occurrence_term"), signed=True),
+            _interval_cell(c.get("exposure_term"), signed=True),
+            _interval_cell(c.get("rate_term"), signed=True),
+            _interval_cell(c.get("exposure_share"), digits=1)]
+
+
 def _contrasts(analysis: dict) -> str:
     contrasts = analysis.get("contrasts", [])
     if not contrasts:
         return _section("Contrasts", "contrasts", "<p>No contrasts in this analysis.</p>")
-    headers = ["model", "contrast (b &minus; a)", "&Delta;R (pp)", "occurrence &Delta;O (pp)",
-               "exposure &Delta;E&middot;C&#772; (pp)", "rate &Delta;C&middot;E&#772; (pp)",
-               "exposure share (%)"]
-    rows = []
-    for c in contrasts:
-        rows.append([escape(str(c.get("model", "?"))),
-                     f"{escape(str(c.get('b', '?')))} &minus; {escape(str(c.get('a', '?')))}",
-                     _interval_cell(c.get("dR"), signed=True),
-                     _interval_cell(c.get("occurrence_term"), signed=True),
-                     _interval_cell(c.get("exposure_term"), signed=True),
-                     _interval_cell(c.get("rate_term"), signed=True),
-                     _interval_cell(c.get("exposure_share"), digits=1)])
+    headers = ["model", "contrast (b &minus; a)"] + CONTRAST_HEADERS
+    rows = [[escape(str(c.get("model", "?"))), _contrast_name(c)] + _contrast_cells(c)
+            for c in contrasts]
     note = ('<p class="note">&Delta;R = R<sub>b</sub> &minus; R<sub>a</sub> splits exactly into '
             "&Delta;O + &Delta;E&middot;C&#772; + &Delta;C&middot;E&#772;, where C&#772; and "
             "E&#772; are the midpoints of the two actions' values; exposure share = "
             "&Delta;E&middot;C&#772; / &Delta;R, "
             "the part of the gap due to diverging earlier rather than disagreeing more "
             "after divergence.</p>")
+    labelled = [(escape(str(c.get("model", "?"))), c) for c in contrasts]
     return _section("Contrasts", "contrasts", note + _table(headers, rows, numeric_from=2)
-                    + _block_gaps(contrasts))
+                    + _block_gaps(labelled, "model"))
 
 
-def _block_gaps(contrasts: list) -> str:
-    """The generation clock: where in the generation each contrast's gap in E[delta_t] sits."""
-    with_gaps = [c for c in contrasts if c.get("block_gap")]
+def _block_gaps(labelled: list[tuple[str, dict]], label: str) -> str:
+    """The generation clock: where in the generation each contrast's gap in E[delta_t] sits.
+
+    ``labelled`` pairs each contrast with its first cell (already-escaped HTML) headed ``label``.
+    """
+    with_gaps = [(name, c) for name, c in labelled if c.get("block_gap")]
     if not with_gaps:
         return ""
-    blocks = with_gaps[0]["block_gap"].get("blocks") or []
-    headers = ["model", "contrast (b &minus; a)"] + [f"t {lo}&ndash;{hi} (pp)" for lo, hi in blocks]
+    blocks = with_gaps[0][1]["block_gap"].get("blocks") or []
+    headers = [label, "contrast (b &minus; a)"] + [f"t {lo}&ndash;{hi} (pp)" for lo, hi in blocks]
     rows = []
-    for c in with_gaps:
+    for name, c in with_gaps:
         g = c["block_gap"]
         cells = [_interval_cell({"estimate": e, "lo": lo, "hi": hi}, signed=True)
                  for e, lo, hi in zip(g["estimate"], g["lo"], g["hi"], strict=False)]
-        rows.append([escape(str(c.get("model", "?"))),
-                     f"{escape(str(c.get('b', '?')))} &minus; {escape(str(c.get('a', '?')))}"]
-                    + cells)
+        rows.append([name, _contrast_name(c)] + cells)
     note = ('<p class="note">Generation clock: the gap in mean branch TV E[&delta;<sub>t</sub>] '
             "between the two actions, averaged over blocks of generated positions.</p>")
     return note + _table(headers, rows, numeric_from=2)
@@ -446,12 +467,14 @@ def _eos_split(analysis: dict) -> str:
             values = [as_float(v) for v in split.get(key) or []]
             finite = [v for v in values if math.isfinite(v)]
             total = sum(finite) if finite else math.nan
+            cells = [number_text(v, 100) for v in values] + [MISSING] * (len(cats) - len(values))
+            total_cell = number_text(total, 100)
+            if key == "R_minus_F" and split.get("G"):  # G_r = (R - F)_r with intervals
+                cells = [_interval_cell(g, signed=True) for g in split["G"]]
+                total_cell = _interval_cell(split.get("G_total"), signed=True)
             rows.append([escape(str(a.get("model", "?"))) if i == 0 else "",
                          escape(str(a.get("action", "?"))) if i == 0 else "",
-                         label]
-                        + [number_text(v, 100) for v in values]
-                        + [MISSING] * (len(cats) - len(values))
-                        + [number_text(total, 100)])
+                         label] + cells + [total_cell])
     if not rows:
         return _section("EOS split", "eos",
                         "<p>No EOS split in this analysis (it needs complete rollouts).</p>")
@@ -460,9 +483,117 @@ def _eos_split(analysis: dict) -> str:
     note = ('<p class="note">Each generated position is classed by the two branches\' end-of-'
             "sequence state (neither has emitted EOS; one emits its first EOS there; one branch "
             "already absorbed; both absorbed). Cells are that class's contribution to R, F and "
-            "R &minus; F in percentage points of positions; the sum is the quantity itself.</p>")
+            "R &minus; F in percentage points of positions; the sum is the quantity itself. "
+            "R here is (1/H) &sum;<sub>t</sub> E[&delta;<sub>t</sub>], equal in expectation to "
+            "the headline R. The R &minus; F row, G<sub>r</sub>, has bootstrap intervals.</p>")
     return _section("EOS split", "eos",
-                    note + _table(headers, rows, numeric_from=3, group_starts=starts))
+                    note + _table(headers, rows, numeric_from=3, group_starts=starts)
+                    + _eos_contrasts(analysis, categories))
+
+
+def _eos_contrasts(analysis: dict, categories: list[str]) -> str:
+    contrasts = analysis.get("eos_contrasts") or []
+    if not contrasts:
+        return ""
+    headers = (["model", "contrast (b &minus; a)"]
+               + [f"&Delta;G<sub>{r}</sub> {escape(c)} (pp)" for r, c in enumerate(categories)]
+               + ["&Delta;(R &minus; F) (pp)", "EOS share (%)"])
+    rows = [[escape(str(c.get("model", "?"))), _contrast_name(c)]
+            + [_interval_cell(g, signed=True) for g in c.get("dG") or []]
+            + [_interval_cell(c.get("dR_minus_F"), signed=True),
+               _interval_cell(c.get("eos_share"), digits=1)]
+            for c in contrasts]
+    note = ('<h3>EOS contrasts</h3><p class="note">&Delta;(R &minus; F) = &sum;<sub>r</sub> '
+            "&Delta;G<sub>r</sub> between two actions (b &minus; a); &Delta;G<sub>0</sub> is the "
+            "pre-EOS component and the EOS share is (&Delta;G<sub>1</sub> + &Delta;G<sub>2</sub> "
+            "+ &Delta;G<sub>3</sub>) / &Delta;(R &minus; F). Intervals: paired document "
+            "bootstrap.</p>")
+    return note + _table(headers, rows, numeric_from=2)
+
+
+def _local_agreement(analysis: dict) -> str:
+    entries = analysis.get("local_agreement") or []
+    support = {(str(s.get("model")), str(s.get("action"))): s
+               for s in analysis.get("cohort_support") or []}
+    if not entries and not support:
+        return _section("Local agreement within branches", "agreement",
+                        "<p>No local agreement in this analysis (it needs complete rollouts "
+                        "and H &ge; 4).</p>")
+    first = entries[0] if entries else next(iter(support.values()))
+    max_entry, run = first.get("max_entry", "?"), first.get("run_length", "?")
+    headers = ["model", "action", "cohort documents", "cohort trajectories",
+               f"&ge; {run} consecutive agreements (%)",
+               "mismatch after an agreement (%)"]
+    rows = []
+    for e in entries:
+        s = support.get((str(e.get("model")), str(e.get("action")))) or {}
+        rows.append([escape(str(e.get("model", "?"))), escape(str(e.get("action", "?"))),
+                     _of(s, "documents"), _of(s, "trajectories"),
+                     _interval_cell(e.get("agree_run"), digits=1),
+                     _interval_cell(e.get("relapse"), digits=1)])
+    note = (f'<p class="note">Branch cohort: trajectories that diverged by step {max_entry} '
+            f"(&tau; &le; {max_entry}, the lag profile's cohort). Among them, the share "
+            f"with at least {run} consecutive agreements X<sub>t</sub> = Y<sub>t</sub> after "
+            "&tau; and before either branch's first EOS, and the share with a pre-EOS mismatch "
+            "after an earlier post-divergence agreement; the whole cohort is the denominator. "
+            "Cohort support: documents with at least one cohort trajectory, and cohort "
+            "trajectories, out of all.</p>")
+    return _section("Local agreement within branches", "agreement",
+                    note + _table(headers, rows, numeric_from=2))
+
+
+def _of(support: dict, key: str) -> str:
+    """``"n of total"`` from a cohort-support entry."""
+    return f"{_meta_value(support.get(key))} of {_meta_value(support.get(key + '_total'))}"
+
+
+def _excludes_zero(interval) -> bool:
+    _, lo, hi = interval_values(interval)
+    return lo > 0 or hi < 0  # False when an end is missing (NaN)
+
+
+def _stratum_tally(contrasts: list[dict]) -> str:
+    """How many stratum contrasts have an exposure majority, and a &Delta;R interval off 0."""
+    shares = [interval_values(c.get("exposure_share"))[0] for c in contrasts]
+    majority = sum(1 for x in shares if math.isfinite(x) and x > 0.5)
+    separated = sum(1 for c in contrasts if _excludes_zero(c.get("dR")))
+    n = len(contrasts)
+    return (f'<p class="note">Exposure share above 50% in {majority} of {n} stratum contrasts; '
+            f"&Delta;R interval excludes 0 in {separated} of {n}.</p>")
+
+
+def _strata(analysis: dict) -> str:
+    strata = analysis.get("strata") or []
+    if not strata:
+        return _section("Per stratum", "strata", "<p>No per-stratum results.</p>")
+    H = (analysis.get("meta") or {}).get("horizon", "H")
+    parts = ['<p class="note">Every headline quantity and contrast within each stratum: '
+             "documents weigh equally, and intervals come from the bootstrap within that "
+             "stratum (paired across actions).</p>"]
+    for model, rows in by_model(strata).items():
+        quantities = list(HEADLINE)
+        headers = (["stratum", "action", "documents"]
+                   + [f"{q.html.format(H=H)} ({q.unit})" for q in quantities])
+        body, starts, contrast_rows, labelled = [], set(), [], []
+        for st in rows:
+            name = escape(str(st.get("stratum", "?")))
+            starts.add(len(body))
+            for i, a in enumerate(st.get("actions") or []):
+                scalars = a.get("scalars") or {}
+                body.append([name if i == 0 else "", escape(str(a.get("action", "?"))),
+                             _meta_value(st.get("documents")) if i == 0 else ""]
+                            + [_quantity_cell(q, scalars.get(q.key)) for q in quantities])
+            for c in st.get("contrasts") or []:
+                contrast_rows.append([name, _contrast_name(c)] + _contrast_cells(c))
+                labelled.append((name, c))
+        parts.append(f"<h3>{escape(model)}</h3>")
+        parts.append(_table(headers, body, numeric_from=2, group_starts=starts))
+        if contrast_rows:
+            parts.append(_stratum_tally([c for _, c in labelled]))
+            parts.append(_table(["stratum", "contrast (b &minus; a)"] + CONTRAST_HEADERS,
+                                contrast_rows, numeric_from=2))
+            parts.append(_block_gaps(labelled, "stratum"))
+    return _section("Per stratum", "strata", "\n".join(parts))
 
 
 def _figures(figures: list) -> str:

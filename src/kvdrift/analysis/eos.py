@@ -1,0 +1,71 @@
+"""The EOS split of ``R - F`` as paired contrasts between actions (SPEC.md section 9).
+
+With ``e = min(e_X, e_Y)`` and ``e' = max(e_X, e_Y)`` (first EOS positions of the two
+branches), positions fall into ``S_0 = {t < e}`` (pre-EOS), ``S_1 = {t = e}`` (first EOS),
+``S_2 = {e < t <= e'}`` (one absorbed) and ``S_3 = {e' < t}`` (both absorbed), see
+:func:`kvdrift.analysis.features.eos_categories`. Per action
+``G_r = (1/H) E[sum_{t in S_r} (delta_t - f_t)]``; between two actions
+``Delta(R - F) = sum_r Delta G_r``, its pre-EOS component ``Delta G_0`` and the EOS share
+``(Delta G_1 + Delta G_2 + Delta G_3) / Delta(R - F)``. Here ``R`` is the branch-aligned form
+``(1/H) sum_t E[delta_t]``, equal in expectation to the headline ``R`` (built from ``I_t``).
+
+Inputs are weighted means of the features ``eos_R`` and ``eos_F`` (``[..., 4]``, leading axes:
+bootstrap draws); the same counts for both actions pair the contrast.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kvdrift.analysis.features import EOS_CATEGORIES
+from kvdrift.analysis.quantities import action_pairs, interval, intervals
+
+
+def eos_gaps(means: dict[str, np.ndarray]) -> np.ndarray:
+    """``G_r`` for r = 0..3 (``[..., 4]``) from weighted means of ``eos_R`` and ``eos_F``."""
+    return np.asarray(means["eos_R"]) - np.asarray(means["eos_F"])
+
+
+def eos_contrast(g_a: np.ndarray, g_b: np.ndarray) -> dict[str, np.ndarray]:
+    """``b - a``: ``dG`` per category, ``dR_minus_F`` (their sum), ``pre_eos`` and ``eos_share``.
+
+    The EOS share is NaN where ``Delta(R - F) = 0``.
+    """
+    dG = g_b - g_a
+    total = dG.sum(axis=-1)
+    eos = dG[..., 1:].sum(axis=-1)
+    share = np.where(total != 0, eos / np.where(total != 0, total, 1.0), np.nan)
+    return {"dG": dG, "dR_minus_F": total, "pre_eos": dG[..., 0], "eos_share": share}
+
+
+def eos_split_entry(point: dict[str, np.ndarray], draws: dict[str, np.ndarray],
+                    alpha: float) -> dict:
+    """One action's split: the ``R`` and ``F`` parts and ``G_r`` per category (points), ``G_r``
+    with intervals (``G``) and ``sum_r G_r`` with its interval (``G_total``).
+
+    ``point`` / ``draws``: the action's weighted feature means without / with bootstrap counts.
+    """
+    g_point, g_draws = eos_gaps(point), eos_gaps(draws)
+    return {"categories": list(EOS_CATEGORIES), "R": point["eos_R"].tolist(),
+            "F": point["eos_F"].tolist(), "R_minus_F": g_point.tolist(),
+            "G": intervals(g_point, g_draws, alpha),
+            "G_total": interval(g_point.sum(), g_draws.sum(axis=-1), alpha)}
+
+
+def eos_contrast_entries(
+    model: str, point: dict[str, dict], draws: dict[str, dict], alpha: float
+) -> list[dict]:
+    """Every contrast ``b - a`` of a model's actions, with paired bootstrap intervals.
+
+    ``point[a]`` / ``draws[a]`` are action ``a``'s weighted feature means without / with the
+    bootstrap counts (``[4]`` / ``[B, 4]`` for ``eos_R`` and ``eos_F``).
+    """
+    out = []
+    for a, b in action_pairs(list(point)):
+        pt = eos_contrast(eos_gaps(point[a]), eos_gaps(point[b]))
+        bt = eos_contrast(eos_gaps(draws[a]), eos_gaps(draws[b]))
+        out.append({"model": model, "a": a, "b": b, "categories": list(EOS_CATEGORIES),
+                    "dG": intervals(pt["dG"], bt["dG"], alpha)}
+                   | {k: interval(pt[k], bt[k], alpha)
+                      for k in ("dR_minus_F", "pre_eos", "eos_share")})
+    return out

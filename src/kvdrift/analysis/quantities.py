@@ -1,0 +1,128 @@
+"""Every reported quantity from weighted feature means, and its bootstrap interval.
+
+The functions here take weighted means of per-document features (leading axes: bootstrap
+draws, or none for the point estimate) and return the study's quantities, so one code path
+serves the whole study, each stratum, the point estimate and every draw. ``derive`` gives an
+action's quantities; ``contrast_terms`` and ``block_gap`` compare two actions on the same
+draws, which pairs them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kvdrift.analysis.bootstrap import percentile_interval
+from kvdrift.analysis.lags import LagWindows
+
+SCALARS = ("p_diverge", "mean_entry_time", "R", "O", "E", "Pi", "C", "F", "R_minus_F", "S99",
+           "B", "B_strict")
+CONTRAST_TERMS = ("dR", "dO", "dE", "dC", "occurrence_term", "exposure_term", "rate_term",
+                  "exposure_share")
+
+
+def ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    """``num / den`` where ``den > 0``, NaN elsewhere (an undefined ratio)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
+
+
+def _nan(shape: tuple[int, ...]) -> np.ndarray:
+    return np.full(shape, np.nan)
+
+
+def derive(m: dict[str, np.ndarray], windows: LagWindows | None) -> dict[str, np.ndarray]:
+    """Every reported quantity from weighted feature means (leading axes: bootstrap draws)."""
+    lead = m["risk"].shape[:-1]
+    occ, exp_, pi = m["occurrence"][..., 0], m["exposure"][..., 0], m["occupation"][..., 0]
+    R = occ + pi
+    F = m["fixed_risk"][..., 0]
+    out = {
+        "p_diverge": m["divergence_mass"][..., 0],
+        "mean_entry_time": ratio(m["entry_time_mass"][..., 0], m["divergence_mass"][..., 0]),
+        "R": R, "O": occ, "E": exp_, "Pi": pi,
+        "C": np.where(exp_ > 0, ratio(pi, exp_), 0.0),
+        "F": F, "R_minus_F": R - F,
+        "S99": m["saturation"][..., 0] if "saturation" in m else _nan(lead),
+        "timing_cdf": m["timing"],
+    }
+    if "expected_delta" in m:
+        out["expected_delta"] = m["expected_delta"]
+    for name, suffix in (("B", ""), ("B_strict", "_strict")):
+        if windows is not None and f"lag_num{suffix}" in m:
+            profile = ratio(m[f"lag_num{suffix}"], m[f"lag_den{suffix}"])
+            out[f"lag_profile{suffix}"] = profile
+            out[name] = windows.gap(profile)
+        else:
+            out[name] = _nan(lead)
+    for key in m:
+        if key.startswith(("observed_L", "capacity_L")):
+            out[key] = m[key][..., 0]
+    return out
+
+
+def contrast_terms(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``b - a`` decomposition terms from two derived dicts (same bootstrap draws)."""
+    d = {f"d{k}": b[k] - a[k] for k in ("R", "O", "E", "C")}
+    d["occurrence_term"] = d["dO"]
+    d["exposure_term"] = d["dE"] * (a["C"] + b["C"]) / 2
+    d["rate_term"] = d["dC"] * (a["E"] + b["E"]) / 2
+    dR = np.asarray(d["dR"])
+    d["exposure_share"] = np.where(dR != 0, d["exposure_term"] / np.where(dR != 0, dR, 1), np.nan)
+    return d
+
+
+def position_blocks(horizon: int, count: int = 8) -> list[tuple[int, int]]:
+    """Split positions 1..H into at most ``count`` contiguous blocks (inclusive ranges)."""
+    edges = np.linspace(0, horizon, min(count, horizon) + 1).round().astype(int)
+    return [(int(lo) + 1, int(hi)) for lo, hi in zip(edges[:-1], edges[1:], strict=True)]
+
+
+def block_gap(a: dict, b: dict, blocks: list[tuple[int, int]]) -> np.ndarray:
+    """Generation-clock gap: mean ``E[delta_t]`` of ``b`` minus ``a`` over each position block."""
+    gap = b["expected_delta"] - a["expected_delta"]
+    return np.stack([gap[..., lo - 1:hi].mean(axis=-1) for lo, hi in blocks], axis=-1)
+
+
+def action_pairs(actions: list[str]) -> list[tuple[str, str]]:
+    """Every contrast ``(a, b)`` (reported as ``b - a``), in the order the actions were run."""
+    return [(a, b) for i, a in enumerate(actions) for b in actions[i + 1:]]
+
+
+def interval(point: np.ndarray, draws: np.ndarray, alpha: float) -> dict:
+    """``{"estimate", "lo", "hi"}``: the point estimate and the percentile interval of draws."""
+    lo, hi = percentile_interval(draws, alpha)
+    return {"estimate": float(point), "lo": float(lo), "hi": float(hi)}
+
+
+def intervals(point: np.ndarray, draws: np.ndarray, alpha: float) -> list[dict]:
+    """One :func:`interval` per entry of the last axis (``point [k]``, ``draws [B, k]``)."""
+    return [interval(point[i], draws[:, i], alpha) for i in range(point.shape[-1])]
+
+
+def curve(point: np.ndarray, draws: np.ndarray, alpha: float) -> dict:
+    """A curve over ``x = 1..k`` with pointwise percentile bands."""
+    lo, hi = percentile_interval(draws, alpha)
+    return {"x": list(range(1, point.shape[-1] + 1)), "estimate": point.tolist(),
+            "lo": lo.tolist(), "hi": hi.tolist()}
+
+
+def action_scalars(point: dict, draws: dict, alpha: float) -> dict[str, dict]:
+    """Every scalar of :data:`SCALARS` with its interval."""
+    return {k: interval(point[k], draws[k], alpha) for k in SCALARS}
+
+
+def contrast_entry(
+    point: tuple[dict, dict], draws: tuple[dict, dict], alpha: float, horizon: int
+) -> dict:
+    """``b - a`` decomposition terms with intervals, and the block gap when both have curves.
+
+    ``point`` and ``draws`` are the derived dicts of ``(a, b)``; the draws must share their
+    bootstrap counts (paired).
+    """
+    pt, bt = contrast_terms(*point), contrast_terms(*draws)
+    entry = {k: interval(pt[k], bt[k], alpha) for k in CONTRAST_TERMS}
+    if "expected_delta" in point[0] and "expected_delta" in point[1]:
+        blocks = position_blocks(horizon)
+        entry["block_gap"] = curve(block_gap(*point, blocks), block_gap(*draws, blocks),
+                                   alpha) | {"blocks": [[int(s), int(e)] for s, e in blocks]}
+    return entry

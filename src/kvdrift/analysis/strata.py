@@ -1,0 +1,47 @@
+"""Per-stratum results: every headline quantity and contrast within each model x stratum.
+
+Within a stratum every document weighs the same. The bootstrap draws are the study's own,
+restricted to the stratum's documents: the study resamples documents within strata, so a
+draw's counts for one stratum are a bootstrap draw of that stratum alone, and they are shared
+by every action (paired contrasts).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kvdrift.analysis.bootstrap import weighted_means
+from kvdrift.analysis.features import DocFeatures
+from kvdrift.analysis.lags import LagWindows
+from kvdrift.analysis.quantities import action_pairs, action_scalars, contrast_entry, derive
+
+
+def stratum_results(
+    model: str, features: dict[str, DocFeatures], counts: np.ndarray,
+    windows: LagWindows | None, horizon: int, alpha: float,
+) -> list[dict]:
+    """One entry per stratum: each action's scalars and every contrast ``b - a``.
+
+    ``features`` hold the same documents, in the same order, for every action; ``counts``
+    (``[draws, n_docs]``) are the study's within-stratum bootstrap counts for those documents.
+    """
+    strata = next(iter(features.values())).strata
+    out = []
+    for label in sorted(set(strata.tolist()), key=str):
+        members = np.flatnonzero(strata == label)
+        weights = np.full(members.size, 1.0 / members.size)
+        sub = counts[:, members]
+        point, draws = {}, {}
+        for action, f in features.items():
+            columns = {k: v[members] for k, v in f.columns.items()}
+            point[action] = derive(weighted_means(columns, weights), windows)
+            draws[action] = derive(weighted_means(columns, weights, sub), windows)
+        out.append({
+            "model": model, "stratum": str(label), "documents": int(members.size),
+            "actions": [{"action": a, "scalars": action_scalars(point[a], draws[a], alpha)}
+                        for a in features],
+            "contrasts": [{"a": a, "b": b} | contrast_entry((point[a], point[b]),
+                                                            (draws[a], draws[b]), alpha, horizon)
+                          for a, b in action_pairs(list(features))],
+        })
+    return out

@@ -1,0 +1,244 @@
+"""Per-stratum results, EOS contrasts, local agreement and cohort support on hand-made records.
+
+Every record table here is written by hand (tokens, TV values, EOS), so each statistic is
+checked against a value computed on paper.
+"""
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+import torch
+
+from kvdrift.analysis.agreement import agreement_flags, cohort_support, run_length
+from kvdrift.analysis.eos import eos_contrast
+from kvdrift.analysis.lags import LagWindows
+from kvdrift.analysis.study import AnalysisOptions, analyze
+from kvdrift.estimate.rollout import RolloutResult, first_mismatch
+from kvdrift.run.records import UnitKey, rollout_tables
+
+EOS = 9
+
+
+def unit(doc, stratum, action, x, y, delta=None, f=None):
+    """Step and replicate tables of one (document, action) from ``[K, H]`` token lists."""
+    x, y = torch.tensor(x), torch.tensor(y)
+    mismatch = x != y
+    delta = mismatch.double() if delta is None else torch.tensor(delta, dtype=torch.float64)
+    f = torch.zeros_like(delta) if f is None else torch.tensor(f, dtype=torch.float64)
+    result = RolloutResult(x=x, y=y, mismatch=mismatch, delta=delta, f=f,
+                           x_eos=(x == EOS).int().cummax(dim=1).values.bool(),
+                           y_eos=(y == EOS).int().cummax(dim=1).values.bool(),
+                           tau=first_mismatch(mismatch), evaluations=x.numel())
+    return rollout_tables(UnitKey("m", doc, action, stratum), result)
+
+
+def records(units):
+    steps, reps = zip(*units, strict=True)
+    return pa.concat_tables(steps).to_pandas(), pa.concat_tables(reps).to_pandas()
+
+
+def study(units, bootstrap=300):
+    return analyze(*records(units), AnalysisOptions(bootstrap=bootstrap, seed=1))
+
+
+# ------------------------------------------------------------------ local agreement
+
+W16 = LagWindows.for_horizon(16)  # cohort tau <= 8, run length 2
+A, B = 1, 2  # two ordinary tokens
+
+
+def row(pattern, eos_at=None):
+    """Tokens (x, y) from a mismatch pattern string ('.' agree, 'x' mismatch), EOS optional."""
+    x = [A] * len(pattern)
+    y = [B if c == "x" else A for c in pattern]
+    if eos_at is not None:  # X emits EOS at eos_at (1-based) and stays there; Y does not
+        for t in range(eos_at - 1, len(pattern)):
+            x[t] = EOS
+            y[t] = B
+    return x, y
+
+
+PATTERNS = [
+    # tau = 2; agreements at 3, 4 (a run of 2), mismatch at 5: both flags
+    (".x..xxxxxxxxxxxx", None),
+    # tau = 3; mismatch 4, agreement 5, mismatch 6: relapse, longest run 1
+    ("..xx.xxxxxxxxxxx", None),
+    # tau = 2; agreements 3..5 but X emits EOS at 4: only t = 3 is pre-EOS; neither flag
+    (".x...xxxxxxxxxxx", 4),
+    # tau = 10 > 8: outside the cohort despite a long agreement run
+    (".........x......", None),
+    # never diverges: outside the cohort
+    ("................", None),
+    # tau = 2 and never agrees again: in the cohort, neither flag
+    (".xxxxxxxxxxxxxxx", None),
+]
+
+
+def test_agreement_run_length_scales_like_the_lag_windows():
+    assert run_length(LagWindows.for_horizon(128)) == 16
+    assert run_length(LagWindows.for_horizon(32)) == 4
+    assert run_length(W16) == 2 and W16.max_entry == 8
+
+
+def test_agreement_flags_by_hand():
+    xs, ys = zip(*(row(p, e) for p, e in PATTERNS), strict=True)
+    x, y = np.array(xs), np.array(ys)
+    m = x != y
+    tau = np.where(m.any(1), m.argmax(1) + 1, 0)
+    assert tau.tolist() == [2, 3, 2, 10, 0, 2]
+    cohort, run, relapse = agreement_flags(m, tau, np.maximum.accumulate(x == EOS, axis=1),
+                                           np.maximum.accumulate(y == EOS, axis=1), W16)
+    assert cohort.tolist() == [True, True, True, False, False, True]
+    assert run.tolist() == [True, False, False, False, False, False]
+    assert relapse.tolist() == [True, True, False, False, False, False]
+
+
+def test_local_agreement_and_support_in_the_analysis():
+    # Document d1 (stratum s1) holds rows 0-2, d2 (stratum s2) rows 3-5, both actions alike.
+    units = []
+    for action in ("a", "b"):
+        for doc, stratum, rows in (("d1", "s1", PATTERNS[:3]), ("d2", "s2", PATTERNS[3:])):
+            xs, ys = zip(*(row(p, e) for p, e in rows), strict=True)
+            units.append(unit(doc, stratum, action, xs, ys))
+    analysis = study(units)
+    la = {e["action"]: e for e in analysis["local_agreement"]}["a"]
+    # Strata weigh 1/2 each; per-document replicate means: d1 cohort 3/3, run 1/3, relapse 2/3;
+    # d2 cohort 1/3, run 0, relapse 0. Ratio of weighted means: (1/3)/(4/3) and (2/3)/(4/3).
+    assert (la["run_length"], la["max_entry"]) == (2, 8)
+    assert la["agree_run"]["estimate"] == pytest.approx(0.25)
+    assert la["relapse"]["estimate"] == pytest.approx(0.5)
+    assert la["agree_run"]["lo"] <= 0.25 <= la["agree_run"]["hi"]
+    support = {e["action"]: e for e in analysis["cohort_support"]}["a"]
+    assert support == {"model": "m", "action": "a", "max_entry": 8, "documents": 2,
+                       "documents_total": 2, "trajectories": 4, "trajectories_total": 6}
+
+
+def test_cohort_support_counts_only_given_documents():
+    reps = pd.DataFrame({"doc_id": ["d1", "d1", "d2", "d2", "d3"], "tau": [2, 0, 9, 0, 1]})
+    got = cohort_support(reps, np.array(["d1", "d2"]), W16)
+    assert got == {"max_entry": 8, "documents": 1, "documents_total": 2, "trajectories": 1,
+                   "trajectories_total": 4}
+
+
+# ------------------------------------------------------------------ EOS contrasts
+
+
+def test_eos_contrast_by_hand():
+    g_a = np.array([0.10, 0.02, 0.03, 0.0])
+    g_b = np.array([0.15, 0.01, 0.08, 0.0])
+    c = eos_contrast(g_a, g_b)
+    np.testing.assert_allclose(c["dG"], [0.05, -0.01, 0.05, 0.0])
+    assert c["dR_minus_F"] == pytest.approx(0.09)
+    assert c["pre_eos"] == pytest.approx(0.05)
+    assert c["eos_share"] == pytest.approx(0.04 / 0.09)
+    assert np.isnan(eos_contrast(g_a, g_a)["eos_share"])  # Delta(R - F) = 0: undefined
+
+
+def eos_unit(doc, stratum, action, shift):
+    """H = 4, one replicate: X emits EOS at t = 2, Y at t = 3.
+
+    Categories: t = 1 pre-EOS, t = 2 first EOS, t = 3 one absorbed, t = 4 both absorbed;
+    delta - f per position: (shift, 0.4 + shift, 0.2, 0).
+    """
+    x = [[A, EOS, EOS, EOS]]
+    y = [[A, B, EOS, EOS]]
+    delta = [[0.1 + shift, 0.6 + shift, 0.3, 0.0]]
+    f = [[0.1, 0.2, 0.1, 0.0]]
+    return unit(doc, stratum, action, x, y, delta, f)
+
+
+def test_eos_split_and_contrasts_in_the_analysis():
+    # Action b adds 0.08 to delta at t = 1 and t = 2 of every document: pre-EOS and first-EOS
+    # parts of R - F each grow by 0.08 / H = 0.02 on every document, so the paired
+    # bootstrap interval of each Delta G_r is a single point.
+    units = []
+    for i, shift in enumerate((0.0, 0.04, 0.12)):
+        units.append(eos_unit(f"d{i}", "s", "a", shift))
+        units.append(eos_unit(f"d{i}", "s", "b", shift + 0.08))
+    analysis = study(units)
+    split = {e["action"]: e["eos_split"] for e in analysis["actions"]}["a"]
+    mean_shift = (0.0 + 0.04 + 0.12) / 3
+    expected = [mean_shift / 4, (0.4 + mean_shift) / 4, 0.2 / 4, 0.0]
+    np.testing.assert_allclose(split["R_minus_F"], expected)
+    np.testing.assert_allclose([g["estimate"] for g in split["G"]], expected)
+    assert split["G_total"]["estimate"] == pytest.approx(sum(expected))
+    assert split["G"][0]["lo"] < split["G"][0]["hi"]  # documents differ: a real interval
+    (c,) = analysis["eos_contrasts"]
+    assert (c["a"], c["b"]) == ("a", "b")
+    for g, want in zip(c["dG"], [0.02, 0.02, 0.0, 0.0], strict=True):
+        assert g["estimate"] == pytest.approx(want)
+        assert g["lo"] == pytest.approx(want) and g["hi"] == pytest.approx(want)  # paired
+    assert c["dR_minus_F"]["estimate"] == pytest.approx(0.04)
+    assert c["pre_eos"]["estimate"] == pytest.approx(0.02)
+    assert c["eos_share"]["estimate"] == pytest.approx(0.5)
+
+
+# ------------------------------------------------------------------ per stratum
+
+
+def strata_units():
+    """H = 8. Stratum s1: two identical documents; s2: two documents that differ.
+
+    Action a never diverges in s1; b diverges at t = 3 and mismatches at 3, 4, 6.
+    """
+    never = [[A] * 8, [A] * 8]
+    late = [[A, A, B, B, A, B, A, A], [A, A, B, B, A, B, A, A]]  # vs X = A...: I at 3, 4, 6
+    early = [[A, B, B, B, B, B, B, B], [A, A, A, A, A, A, A, B]]  # tau 2 (7 mismatches); tau 8
+    x = [[A] * 8, [A] * 8]
+    return [
+        unit("d1", "s1", "a", x, never), unit("d2", "s1", "a", x, never),
+        unit("d1", "s1", "b", x, late), unit("d2", "s1", "b", x, late),
+        unit("d3", "s2", "a", x, late), unit("d4", "s2", "a", x, never),
+        unit("d3", "s2", "b", x, early), unit("d4", "s2", "b", x, late),
+    ]
+
+
+def test_per_stratum_quantities_by_hand():
+    analysis = study(strata_units())
+    got = {(s["stratum"], a["action"]): a["scalars"]
+           for s in analysis["strata"] for a in s["actions"]}
+    assert {s["stratum"]: s["documents"] for s in analysis["strata"]} == {"s1": 2, "s2": 2}
+    H = 8
+    # s1, b: every trajectory tau = 3, mismatches at 3, 4, 6.
+    s1b = got[("s1", "b")]
+    assert s1b["R"]["estimate"] == pytest.approx(3 / H)
+    assert s1b["O"]["estimate"] == pytest.approx(1 / H)
+    assert s1b["E"]["estimate"] == pytest.approx(5 / H)
+    assert s1b["C"]["estimate"] == pytest.approx(2 / 5)
+    assert s1b["p_diverge"]["estimate"] == pytest.approx(1.0)
+    # Identical documents: the within-stratum bootstrap cannot move the estimate.
+    assert s1b["R"]["lo"] == pytest.approx(3 / H) and s1b["R"]["hi"] == pytest.approx(3 / H)
+    assert got[("s1", "a")]["R"]["estimate"] == 0.0
+    # s2, a: d3 has R = 3/8 (both replicates), d4 has 0: the mean 3/16, and a real interval.
+    s2a = got[("s2", "a")]["R"]
+    assert s2a["estimate"] == pytest.approx(3 / 16)
+    assert s2a["lo"] == pytest.approx(0.0) and s2a["hi"] == pytest.approx(3 / 8)
+    # s2, b: d3 replicates R = 7/8 and 1/8, d4 3/8: (4/8 + 3/8) / 2.
+    assert got[("s2", "b")]["R"]["estimate"] == pytest.approx(7 / 16)
+    # The whole study weighs strata equally: R(b) = (3/8 + 7/16) / 2.
+    whole = {a["action"]: a["scalars"] for a in analysis["actions"]}
+    assert whole["b"]["R"]["estimate"] == pytest.approx((3 / 8 + 7 / 16) / 2)
+
+
+def test_per_stratum_contrasts_by_hand():
+    analysis = study(strata_units())
+    c = {s["stratum"]: s["contrasts"][0] for s in analysis["strata"]}["s1"]
+    assert (c["a"], c["b"]) == ("a", "b")
+    # a: R = O = E = C = 0; b: O = 1/8, E = 5/8, C = 2/5, R = 3/8.
+    assert c["dR"]["estimate"] == pytest.approx(3 / 8)
+    assert c["occurrence_term"]["estimate"] == pytest.approx(1 / 8)
+    assert c["exposure_term"]["estimate"] == pytest.approx(5 / 8 * (0 + 2 / 5) / 2)
+    assert c["rate_term"]["estimate"] == pytest.approx(2 / 5 * (0 + 5 / 8) / 2)
+    assert c["exposure_share"]["estimate"] == pytest.approx((1 / 8) / (3 / 8))
+    # Block gap: delta = mismatch here, so E[delta_t] of b - a is 1 at t = 3, 4, 6, else 0;
+    # 8 positions in 8 blocks of one.
+    gap = c["block_gap"]
+    assert gap["blocks"] == [[t, t] for t in range(1, 9)]
+    np.testing.assert_allclose(gap["estimate"], [0, 0, 1, 1, 0, 1, 0, 0])
+    np.testing.assert_allclose(gap["lo"], gap["hi"])  # identical documents
+    # B(a) per stratum: H = 8 cohort tau <= 4, lags 1..4, early j = 1, late j = 4.
+    # b in s1: tau = 3, delta at 4, 5, 6, 7 = 1, 0, 1, 0: B = 0 - 1 = -1.
+    b_s1 = {a["action"]: a["scalars"] for s in analysis["strata"] if s["stratum"] == "s1"
+            for a in s["actions"]}["b"]["B"]
+    assert b_s1["estimate"] == pytest.approx(-1.0)
