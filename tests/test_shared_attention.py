@@ -182,3 +182,26 @@ def test_the_attention_refuses_to_run_without_its_cache(tiny_llama):
         with pytest.raises(RuntimeError, match="kvdrift_cache"):
             tiny_llama(input_ids=ids)
     assert tiny_llama.config._attn_implementation == "sdpa"  # restored after the error
+
+
+def test_truncate_defers_its_forward_until_logits_are_asked_for(tiny_llama):
+    pair = LMKernelPair(tiny_llama, _prompt(40), "snapkv-half")
+    tokens = _tokens(3, 6, seed=11)
+    state = walk(pair, "q", tokens)
+    calls = []
+    hook = tiny_llama.register_forward_hook(lambda *args: calls.append(1))
+    try:
+        short = pair.truncate(state, torch.tensor([6, 2, 0]))
+        assert calls == []  # no forward pass
+        assert short.stale.tolist() == [False, True, False]
+        lp = pair.logprobs(short)
+        assert len(calls) == 1  # one re-feed, of the stale row only
+        advanced = pair.advance(short, tokens[:, 0])
+        assert not bool(advanced.stale.any())
+    finally:
+        hook.remove()
+    for i, n in enumerate([6, 2, 0]):
+        fresh = pair.logprobs(walk(pair, "q", tokens[i:i + 1, :n]))
+        assert torch.allclose(lp[i], fresh[0], atol=TOL, rtol=0), i
+    again = walk(pair, "q", torch.cat([tokens[:, :2], tokens[:, :1]], dim=1)[1:2])
+    assert torch.allclose(pair.logprobs(advanced)[1], pair.logprobs(again)[0], atol=TOL, rtol=0)

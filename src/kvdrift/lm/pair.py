@@ -26,11 +26,13 @@ step passes explicit ``position_ids`` (true positions ``n_prompt + t - 1`` for t
 generated token).
 
 ``select`` and ``join`` copy only generated entries, never the prompt, so forks are cheap.
-``truncate`` never re-prefills: slots of generated tokens at index >= the new length become
-holes (mask 0). To recover the next-token logits at the shorter prefix, the last kept token is
-fed again at its true position (its old slot is masked) in one batched step; rows truncated to
-length 0 take the stored prefill logits, and rows left unchanged ride along with a masked slot.
-Holes cost memory but keep everything batched; later tokens are appended at the end.
+``truncate`` never re-prefills and runs no forward pass: slots of generated tokens at index >=
+the new length become holes (mask 0), and the rows' next-token logits become *stale*. They are
+computed only if asked for (``logprobs``): on a throw-away fork of the stale rows, the last kept
+token is fed again at its true position with its own slot hidden. An estimator that truncates
+and then advances (SWRB's branch) never pays for it. Rows truncated to length 0 take the stored
+prefill logits. Holes cost memory but keep everything batched; later tokens are appended at
+the end.
 """
 
 from __future__ import annotations
@@ -88,7 +90,8 @@ class LMPathState:
     slot_step: torch.Tensor  # [n, G] long
     tokens: torch.Tensor  # [n, T] long
     lengths: torch.Tensor  # [n] long
-    logits: torch.Tensor  # [n, V] float32
+    logits: torch.Tensor  # [n, V] float32 (rows flagged in ``stale`` hold old values)
+    stale: torch.Tensor  # [n] bool, rows whose logits must be recomputed (after truncate)
 
     @property
     def n(self) -> int:
@@ -232,11 +235,26 @@ class LMKernelPair:
             tokens=torch.empty(n, 0, dtype=torch.long, device=dev),
             lengths=torch.zeros(n, dtype=torch.long, device=dev),
             logits=pc.logits.expand(n, -1),
+            stale=torch.zeros(n, dtype=torch.bool, device=dev),
         )
 
     def logprobs(self, state: LMPathState) -> torch.Tensor:
         """``[n, V]`` float64 log-softmax of each row's next-token logits (temperature 1)."""
-        return torch.log_softmax(state.logits.to(torch.float64), dim=-1)
+        logits = state.logits
+        if bool(state.stale.any()):
+            rows = torch.nonzero(state.stale).squeeze(-1)
+            logits = logits.index_copy(0, rows, self._refed_logits(self.select(state, rows)))
+        return torch.log_softmax(logits.to(torch.float64), dim=-1)
+
+    def _refed_logits(self, fork: LMPathState) -> torch.Tensor:
+        """Next-token logits of rows after truncate: feed the last kept token again at its true
+        position, its own slot hidden (``fork`` is consumed; its rows have length >= 1)."""
+        last = fork.lengths - 1
+        tok = fork.tokens.gather(1, last[:, None]).squeeze(1)
+        mask = fork.mask * (fork.slot_step != last[:, None]).long()
+        logits, _ = self._step(fork, mask, tok, self.n_prompt + last,
+                               torch.zeros_like(tok, dtype=torch.bool))
+        return logits
 
     def advance(self, state: LMPathState, tokens: torch.Tensor) -> LMPathState:
         """Append ``tokens[i]`` to row ``i`` with one batched decoding step (reuses the cache)."""
@@ -251,6 +269,7 @@ class LMKernelPair:
         return dataclasses.replace(
             state, mask=mask, slot_step=torch.cat([state.slot_step, state.lengths[:, None]], dim=1),
             tokens=history, lengths=state.lengths + 1, logits=logits,
+            stale=torch.zeros_like(state.stale),
         )
 
     def truncate(self, state: LMPathState, lengths: torch.Tensor) -> LMPathState:
@@ -261,21 +280,13 @@ class LMKernelPair:
         if bool((new < 0).any()) or bool((new > state.lengths).any()):
             raise ValueError(f"lengths must be in [0, current length]; got {new.tolist()} "
                              f"for current {state.lengths.tolist()}")
-        refeed = (new > 0) & (new < state.lengths)  # rows that need logits at a shorter prefix
-        limit = torch.where(refeed, new - 1, new)  # generated slots with step < limit stay
-        mask = (state.mask.bool() & (state.slot_step < limit[:, None])).long()
-        slot_step, logits = state.slot_step, state.logits
-        if bool(refeed.any()):
-            last = (new - 1).clamp(min=0)
-            tok = torch.where(refeed, state.tokens.gather(1, last[:, None]).squeeze(1), 0)
-            step_logits, mask = self._step(state, mask, tok, self.n_prompt + last, refeed)
-            slot_step = torch.cat([slot_step, torch.where(refeed, last, HOLE_STEP)[:, None]], dim=1)
-            logits = torch.where(refeed[:, None], step_logits, logits)
+        mask = state.mask * (state.slot_step < new[:, None]).long()  # later slots: holes
         empty = new == 0
+        stale = (state.stale | (new < state.lengths)) & ~empty
+        logits = state.logits
         if bool(empty.any()):
             logits = torch.where(empty[:, None], self._prompt[state.side].logits, logits)
-        return dataclasses.replace(state, mask=mask, slot_step=slot_step, lengths=new,
-                                   logits=logits)
+        return dataclasses.replace(state, mask=mask, lengths=new, logits=logits, stale=stale)
 
     def select(self, state: LMPathState, rows: torch.Tensor) -> LMPathState:
         """A state made of the given rows, in that order (copies only generated entries)."""
@@ -290,6 +301,7 @@ class LMKernelPair:
             tokens=state.tokens.index_select(0, idx),
             lengths=state.lengths.index_select(0, idx),
             logits=state.logits.index_select(0, idx),
+            stale=state.stale.index_select(0, idx),
         )
 
     def join(self, states: list[LMPathState]) -> LMPathState:
@@ -317,6 +329,7 @@ class LMKernelPair:
             tokens=torch.cat([pad(s.tokens, history, 0) for s in states]),
             lengths=torch.cat([s.lengths for s in states]),
             logits=torch.cat([s.logits for s in states]),
+            stale=torch.cat([s.stale for s in states]),
         )
 
     # --- internals ----------------------------------------------------------------------------
@@ -339,7 +352,7 @@ class LMKernelPair:
         """One decoding step for all rows; returns logits ``[n, V]`` and the mask ``[n, G + 1]``.
 
         The query always attends to its own new slot; ``valid`` only decides whether later
-        steps see it (rows riding along in :meth:`truncate` leave a hole).
+        steps see it (a re-fed token leaves a hole).
         """
         physical = mask.shape[1]
         if state.cache.get_seq_length() != physical:
