@@ -409,6 +409,8 @@ def plan(
                       f"{rec['seconds'] / 3600:.2f} h")
     console.print(table)
     for m in result["models"]:
+        for note in m["notes"]:
+            console.print(f"{m['model']}: note: {note}.", highlight=False)
         c = m["comparison"]
         if c["assumption"] is None:
             console.print(f"{m['model']}: rollouts ({c['reason']}).")

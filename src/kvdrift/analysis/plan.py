@@ -167,6 +167,13 @@ def plan_study(replicates: pd.DataFrame, target: str, halfwidth_target: float,
         else:
             other, other_evals = "rollout", float(H)
         design = recommend(v, halfwidth_target, setup, per_rep, z)
+        notes = []
+        if v.between == 0:
+            notes.append("the between-document variance estimate is 0 (floored): the plan "
+                         f"keeps the minimum of {MIN_DOCUMENTS} documents per stratum and "
+                         "leans on replicates; more development documents would firm it up")
+        if design.replicates == MAX_REPLICATES:
+            notes.append(f"K reached the search limit {MAX_REPLICATES}")
         entry = {
             "model": model, "estimator": measured, "variance": asdict(v),
             "setup_seconds": setup, "replicate_seconds": per_rep,
@@ -174,6 +181,7 @@ def plan_study(replicates: pd.DataFrame, target: str, halfwidth_target: float,
             "current": {"documents_per_stratum": v.documents / v.strata,
                         "replicates": v.replicates,
                         "halfwidth": halfwidth(v, v.documents / v.strata, v.replicates, z)},
+            "notes": notes,
         }
         if other == "swrb" and any(s in NEEDS_ROLLOUTS for s in (e.stat, *(e.minus or ()))):
             entry["comparison"] = {"cheaper": "rollout", "assumption": None,
