@@ -6,7 +6,7 @@ import pytest
 
 from kvdrift.analysis.observations import document_observations, observation_types
 from kvdrift.analysis.predict import (
-    Contrast,
+    ActionContrast,
     assign_folds,
     cross_validate,
     equivalence,
@@ -19,7 +19,7 @@ from kvdrift.analysis.predict import (
 from kvdrift.analysis.ridge import fit_ridge
 
 FIXED, WINDOW = observation_types(2)
-C = Contrast("a", "b")
+C = ActionContrast("a", "b")
 
 
 def test_ridge_matches_the_closed_form_with_an_unpenalised_intercept():
@@ -221,5 +221,5 @@ def test_bad_input_is_named(change, message):
 
 
 def test_parse_contrast_keeps_hyphenated_names():
-    assert parse_contrast(" snapkv-half  -  recent-half ") == Contrast("snapkv-half",
+    assert parse_contrast(" snapkv-half  -  recent-half ") == ActionContrast("snapkv-half",
                                                                        "recent-half")

@@ -44,7 +44,7 @@ DECISIONS = ("Equivalent", "Not equivalent", "Unresolved")
 
 
 @dataclass(frozen=True)
-class Contrast:
+class ActionContrast:
     """``R(a) - R(b)`` between two actions."""
 
     a: str
@@ -55,13 +55,13 @@ class Contrast:
         return f"{self.a} - {self.b}"
 
 
-def parse_contrast(text: str) -> Contrast:
+def parse_contrast(text: str) -> ActionContrast:
     """Read ``"a - b"`` (spaces around the minus; action names may contain hyphens)."""
     parts = re.split(r"\s+-\s+", text.strip())
     if len(parts) != 2 or not all(parts) or parts[0] == parts[1]:
         raise ValueError(f"cannot read contrast {text!r}; write 'ACTION - ACTION' with spaces "
                          "around the minus, e.g. 'snapkv-half - recent-half'")
-    return Contrast(parts[0], parts[1])
+    return ActionContrast(parts[0], parts[1])
 
 
 def equivalence(lo: float, hi: float, margin: float) -> str:
@@ -111,20 +111,20 @@ def predict_rows(name: str, train: pd.DataFrame, test: pd.DataFrame,
     raise ValueError(f"unknown predictor {name!r}; allowed: {', '.join(PREDICTORS)}")
 
 
-def _contrast_table(rows: pd.DataFrame, values: np.ndarray, c: Contrast) -> pd.Series:
+def _contrast_table(rows: pd.DataFrame, values: np.ndarray, c: ActionContrast) -> pd.Series:
     """Per-document ``value(a) - value(b)`` (indexed by doc_id)."""
     wide = rows.assign(value=values).pivot(index="doc_id", columns="action", values="value")
     return wide[c.a] - wide[c.b]
 
 
 def predicted_contrast(name: str, train: pd.DataFrame, test: pd.DataFrame, obs: Observation,
-                       c: Contrast) -> pd.Series:
+                       c: ActionContrast) -> pd.Series:
     """Per-document predicted contrast, each action's prediction clipped to [0, 1] first."""
     pred = np.clip(predict_rows(name, train, test, obs), 0.0, 1.0)
     return _contrast_table(test, pred, c)
 
 
-def cross_validate(rows: pd.DataFrame, obs: Observation, c: Contrast,
+def cross_validate(rows: pd.DataFrame, obs: Observation, c: ActionContrast,
                    folds: int = FOLDS) -> dict[str, float]:
     """Document-level paired-contrast MSE of each predictor under ``folds``-fold CV."""
     docs = rows.drop_duplicates("doc_id")
@@ -168,7 +168,7 @@ def _intervals(columns: dict[str, pd.Series], docs: pd.DataFrame, alpha: float, 
     return out
 
 
-def evaluate(dev: pd.DataFrame, ev: pd.DataFrame, obs: Observation, c: Contrast, *,
+def evaluate(dev: pd.DataFrame, ev: pd.DataFrame, obs: Observation, c: ActionContrast, *,
              margin: float, alpha: float, draws: int, seed: int,
              folds: int = FOLDS) -> dict:
     """CV selection on ``dev``, then the selected predictor's error on ``ev`` (one model)."""
@@ -190,7 +190,7 @@ def evaluate(dev: pd.DataFrame, ev: pd.DataFrame, obs: Observation, c: Contrast,
     }
 
 
-def _check_cohorts(dev: pd.DataFrame, ev: pd.DataFrame, c: Contrast, folds: int) -> None:
+def _check_cohorts(dev: pd.DataFrame, ev: pd.DataFrame, c: ActionContrast, folds: int) -> None:
     for what in ("model", "action"):
         a, b = sorted(dev[what].unique()), sorted(ev[what].unique())
         if a != b:
