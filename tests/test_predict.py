@@ -124,6 +124,22 @@ def test_ridge_predictor_uses_stratum_and_action_indicators_plus_features():
     np.testing.assert_allclose(got, want, rtol=1e-12)
 
 
+def test_unseen_strata_get_the_average_stratum_effect():
+    rows = _rows(10, lambda F, s, a: 0.1 + 0.3 * (s == "s1") + 0.2 * F, seed=4)
+    test = rows.iloc[:2].assign(stratum="new")
+    got = predict_rows("ridge", rows, test, FIXED)
+    fit = fit_ridge(np.column_stack([rows["stratum"] == "s1", rows["stratum"] == "s2",
+                                     rows["action"] == "a", rows["action"] == "b",
+                                     rows["F"]]).astype(float), rows["R"].to_numpy(), 10.0)
+    # Stratum columns at their training means contribute nothing after centring.
+    want = fit.intercept + fit.coef[2:] @ ((np.column_stack(
+        [test["action"] == "a", test["action"] == "b", test["F"]]).astype(float)
+        - fit.centre[2:]) / fit.scale[2:]).T
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    cell = predict_rows("cell_mean", rows, test, FIXED)  # falls back to the action's mean
+    np.testing.assert_allclose(cell, rows.groupby("action")["R"].mean()[["a", "b"]].to_numpy())
+
+
 def test_select_breaks_ties_in_listed_order():
     assert select({"cell_mean": 0.1, "flat": 0.1, "ridge": 0.2}) == "cell_mean"
 

@@ -10,7 +10,8 @@ with the lowest document-level mean squared error of the paired contrast
   (the action's mean where the stratum has no training document);
 - ``flat``: the observation itself, uncalibrated (``F``, or the window's mean mismatch);
 - ``ridge``: :func:`kvdrift.analysis.ridge.fit_ridge` (alpha = 10) on stratum and action
-  indicators plus the observation's features.
+  indicators plus the observation's features (a stratum without training documents gets
+  the training average of the stratum indicators, i.e. no stratum effect).
 
 Each action's prediction is clipped to [0, 1] before the contrast. The selected predictor,
 refitted on all development documents, predicts the evaluation documents; the error
@@ -107,7 +108,10 @@ def predict_rows(name: str, train: pd.DataFrame, test: pd.DataFrame,
         actions = sorted(train["action"].unique())
         fit = fit_ridge(_design(train, strata, actions, obs), train["R"].to_numpy(float),
                         RIDGE_ALPHA)
-        return fit.predict(_design(test, strata, actions, obs))
+        X = _design(test, strata, actions, obs)
+        unseen = ~test["stratum"].isin(strata).to_numpy()
+        X[unseen, :len(strata)] = fit.centre[:len(strata)]  # an unseen stratum: the average
+        return fit.predict(X)
     raise ValueError(f"unknown predictor {name!r}; allowed: {', '.join(PREDICTORS)}")
 
 
