@@ -370,6 +370,9 @@ def predict(
             support.add_row(m["model"], o["label"], *(_pp(iv) for iv in sup))
     console.print(table)
     console.print(support)
+    for m in result["models"]:
+        for note in m["notes"]:
+            console.print(f"{m['model']}: note: {note}.", highlight=False)
 
 
 @app.command("plan")

@@ -258,7 +258,14 @@ def predict_study(
     for model in models:
         d, e = dev[dev["model"] == model], ev[ev["model"] == model]
         entry = {"model": model, "development_documents": int(d["doc_id"].nunique()),
-                 "evaluation_documents": int(e["doc_id"].nunique()), "observations": []}
+                 "evaluation_documents": int(e["doc_id"].nunique()), "observations": [],
+                 "notes": []}
+        sizes = _docs(e)["stratum"].value_counts()
+        lonely = sorted(str(k) for k, v in sizes.items() if v < 2)
+        if lonely:
+            entry["notes"].append(
+                f"evaluation strata with a single document ({', '.join(lonely)}) contribute no "
+                "between-document variation, so intervals understate uncertainty")
         for obs in obs_types:
             if on_cell:
                 on_cell(model, obs.label)
