@@ -71,3 +71,85 @@ def test_run_with_a_directory_that_is_no_model(tmp_path):
     assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output
     assert f"cannot load model {str(empty)!r}" in " ".join(result.output.split())
+
+
+def _finite_store(path, n_docs, prefix, cohort=None, actions=("mild", "strong")):
+    """A rollout store on finite pairs (seconds), optionally labelled with a cohort."""
+    from kvdrift.data.document import Document
+    from kvdrift.finite import random_pair
+    from kvdrift.run.runner import RunConfig, run_units
+    from kvdrift.run.store import RunStore
+
+    pairs = {a: random_pair(3, 5, seed=7, mix=m, eos_token_id=2)
+             for a, m in {"mild": 0.2, "strong": 0.7, "other": 0.5}.items()}
+    cfg = RunConfig(model="finite", actions=actions, replicates=4, horizon=5, seed=1)
+    docs = [Document(id=f"{prefix}{i}", prompt="p", stratum=f"s{i % 2}") for i in range(n_docs)]
+    store = RunStore.open(path, cfg.as_dict() | ({"cohort": cohort} if cohort else {}))
+    run_units(cfg, docs, lambda doc, action: pairs[action], store)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def cohorts(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cohorts")
+    return (_finite_store(root / "dev", 8, "d", "development"),
+            _finite_store(root / "eval", 4, "e", "evaluation"))
+
+
+def test_predict_json_and_table(cohorts):
+    dev, ev = cohorts
+    args = ["predict", dev, ev, "--contrast", "strong - mild", "--window", "3",
+            "--bootstrap", "200"]
+    result = runner.invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    [model] = data["models"]
+    for o in model["observations"]:
+        assert set(o) >= {"selected", "error", "decision", "mae", "rmse", "supporting"}
+        assert set(o["error"]) == {"estimate", "lo", "hi"}
+    table = runner.invoke(app, args)
+    assert table.exit_code == 0, table.output
+    assert "positions 1..3" in table.stdout and "fixed history" in table.stdout
+
+
+def test_plan_json_and_table(cohorts):
+    dev, _ = cohorts
+    args = ["plan", dev, "--target", "R(strong) - R(mild)", "--halfwidth", "0.05"]
+    result = runner.invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    [model] = json.loads(result.stdout)["models"]
+    assert model["recommended"]["halfwidth"] <= 0.05
+    assert model["comparison"]["cheaper"] in ("rollout", "swrb")
+    table = runner.invoke(app, args)
+    assert table.exit_code == 0, table.output
+    assert "cheaper under equal variance" in table.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--contrast", "strong - full", "--window", "3"],
+     "names action 'full', which the cohorts did not run"),
+    (["--contrast", "strong - mild", "--window", "6"], "window must be an integer within 1..H"),
+    (["--contrast", "strong - mild", "--swap"], "is the evaluation cohort"),
+])
+def test_predict_bad_input_is_one_line(cohorts, args, message):
+    dev, ev = cohorts
+    if "--swap" in args:
+        args.remove("--swap")
+        dev, ev = ev, dev
+    result = runner.invoke(app, ["predict", dev, ev, *args, "--bootstrap", "50"])
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split())
+    assert "Traceback" not in result.output
+
+
+def test_predict_refuses_cohorts_with_other_actions_and_too_few_documents(tmp_path, cohorts):
+    dev, ev = cohorts
+    other = _finite_store(tmp_path / "other", 4, "o", actions=("mild", "other"))
+    result = runner.invoke(app, ["predict", dev, other, "--contrast", "strong - mild",
+                                 "--window", "3"])
+    assert result.exit_code == 2 and "the cohorts differ in actions" in result.output
+    small = _finite_store(tmp_path / "small", 5, "x")
+    result = runner.invoke(app, ["predict", small, ev, "--contrast", "strong - mild",
+                                 "--window", "3"])
+    assert result.exit_code == 2
+    assert "needs at least 6 development documents" in " ".join(result.output.split())

@@ -132,3 +132,19 @@ def test_stratum_weights_give_strata_equal_weight():
 def test_bad_run_configuration(kw, message):
     with pytest.raises(ValueError, match=message):
         config(**kw)
+
+
+def test_units_record_their_measured_cost(tmp_path):
+    import time
+
+    def slow_factory(doc, action):
+        time.sleep(0.05)  # building a pair (prefill and eviction) is the unit's setup cost
+        return factory(doc, action)
+
+    cfg = config(replicates=10)
+    store = RunStore.open(tmp_path, cfg.as_dict())
+    run_units(cfg, DOCS[:2], slow_factory, store)
+    reps = store.read("replicates").to_pandas()
+    for _, unit in reps.groupby(["doc_id", "action"]):
+        assert unit["setup_seconds"].nunique() == 1 and unit["setup_seconds"].iloc[0] >= 0.05
+        assert unit["replicate_seconds"].nunique() == 1 and unit["replicate_seconds"].iloc[0] > 0

@@ -16,10 +16,24 @@ def base(**study):
             "documents": [{"source": "ruler", "lengths": [512], "per_stratum": 1}]}
 
 
-@pytest.mark.parametrize("name", ["paper-study1", "paper-study2", "cpu-demo"])
+@pytest.mark.parametrize("name", ["paper-study1", "paper-study2", "cpu-demo", "cpu-dev",
+                                  "cpu-eval"])
 def test_shipped_configs_parse(name):
     config = load_study(CONFIGS / f"{name}.toml")
     assert config.name == name and config.models and config.run.actions
+
+
+def test_cohort_is_saved_only_when_named():
+    assert parse_study(base(cohort="evaluation")).as_dict()["cohort"] == "evaluation"
+    assert "cohort" not in parse_study(base()).as_dict()  # older study directories resume
+
+
+def test_cpu_prediction_pair_differs_only_in_documents():
+    dev, ev = load_study(CONFIGS / "cpu-dev.toml"), load_study(CONFIGS / "cpu-eval.toml")
+    assert (dev.cohort, ev.cohort) == ("development", "evaluation")
+    assert dev.run == ev.run and dev.models == ev.models
+    assert dev.documents[0]["seed"] != ev.documents[0]["seed"]  # disjoint document ids
+    assert dev.documents[0]["per_stratum"] * len(dev.documents[0]["families"]) >= 6
 
 
 def test_paper_study2_has_eight_endpoints():
@@ -45,6 +59,7 @@ def test_paper_study2_has_eight_endpoints():
          "names action 'recent-half', which the study does not run"),
         (base() | {"analysis": {"alpha": 2.0}}, "alpha must be within (0, 1)"),
         (base() | {"analysis": {"bootstraps": 5}}, "unknown key 'bootstraps' in [analysis]"),
+        (base(cohort="dev"), "[study].cohort must be one of development, evaluation; got 'dev'"),
     ],
 )
 def test_config_mistakes_are_named(data, message):

@@ -299,6 +299,139 @@ def study(
     console.print(f"report: {path}")
 
 
+STEP_COLUMNS_PREDICT = ["model", "doc_id", "stratum", "action", "replicate", "t", "mismatch",
+                        "x_eos", "y_eos"]
+REPLICATE_COLUMNS_PREDICT = ["model", "doc_id", "stratum", "action", "replicate", "estimator",
+                             "horizon", "risk", "fixed_risk", "tau"]
+
+
+def _cohort_records(directory: Path, role: str):
+    """(steps, replicates) of a run or study for ``kvdrift predict``; checks its cohort label."""
+    from kvdrift.run.store import RunStore
+
+    store = RunStore(directory)
+    cohort = store.metadata["config"].get("cohort")
+    if cohort is not None and cohort != role:
+        raise ValueError(f"{directory} is the {cohort} cohort ([study] cohort = {cohort!r}); "
+                         f"pass a {role} run here")
+    return (store.read("steps", STEP_COLUMNS_PREDICT).to_pandas(),
+            store.read("replicates", REPLICATE_COLUMNS_PREDICT).to_pandas())
+
+
+def _pp(iv: dict) -> str:
+    return f"{100 * iv['estimate']:+.2f} [{100 * iv['lo']:+.2f}, {100 * iv['hi']:+.2f}]"
+
+
+@app.command("predict")
+@user_errors
+def predict(
+    dev_dir: Path = typer.Argument(..., metavar="DEV_DIR", help="Development run or study."),
+    eval_dir: Path = typer.Argument(..., metavar="EVAL_DIR", help="Evaluation run or study "
+                                    "(same models and actions, other documents)."),
+    contrast: str = typer.Option(..., help="The contrast R(a) - R(b), written 'a - b'."),
+    window: int = typer.Option(32, help="Observed positions 1..W (at most H)."),
+    margin: float = typer.Option(0.02, help="Equivalence margin on the error (0.02 = 2 pp)."),
+    alpha: float = typer.Option(0.05, help="Family alpha, split over models x observations."),
+    bootstrap: int = typer.Option(2000, help="Document bootstrap draws."),
+    seed: int = typer.Option(0, help="Seed of the bootstrap."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Predict a full-horizon contrast from short observations, calibrated on development
+    documents and checked on evaluation documents."""
+    from kvdrift.analysis.predict import predict_study
+
+    with console.status("reading records"):
+        dev = _cohort_records(dev_dir, "development")
+        ev = _cohort_records(eval_dir, "evaluation")
+    with console.status("cross-validating") as status:
+        result = predict_study(dev, ev, contrast, window=window, margin=margin, alpha=alpha,
+                               draws=bootstrap, seed=seed,
+                               on_cell=lambda m, o: status.update(f"{m} · {o}"))
+    if as_json:
+        print(_strict_json(result))
+        return
+    level = 100 * (1 - result["alpha_adjusted"])
+    table = Table(title=f"Prediction of R({contrast.replace(' - ', ') - R(')}), percentage "
+                        f"points; intervals at {level:.2f}% ({result['cells']} cells), "
+                        f"margin +-{100 * margin:g} pp")
+    for col in ("model", "observation", "dev/eval docs", "selected", "CV MSE (pp^2)",
+                "error [interval]", "decision", "MAE", "RMSE"):
+        table.add_column(col, justify="right")
+    support = Table(title="Uncalibrated supporting contrasts on evaluation documents (pp)")
+    for col in ("model", "observation", "full-horizon gap", "observed gap", "full minus observed"):
+        support.add_column(col, justify="right")
+    for m in result["models"]:
+        docs = f"{m['development_documents']}/{m['evaluation_documents']}"
+        for o in m["observations"]:
+            table.add_row(m["model"], o["label"], docs, o["selected"],
+                          f"{1e4 * o['cv_mse'][o['selected']]:.2f}", _pp(o["error"]),
+                          o["decision"], f"{100 * o['mae']:.2f}", f"{100 * o['rmse']:.2f}")
+            sup = list(o["supporting"].values())
+            support.add_row(m["model"], o["label"], *(_pp(iv) for iv in sup))
+    console.print(table)
+    console.print(support)
+    for m in result["models"]:
+        for note in m["notes"]:
+            console.print(f"{m['model']}: note: {note}.", highlight=False)
+
+
+@app.command("plan")
+@user_errors
+def plan(
+    dev_dir: Path = typer.Argument(..., metavar="DEV_DIR", help="Development run or study."),
+    target: str = typer.Option(..., help="Quantity or contrast, e.g. 'R(a) - R(b)'."),
+    halfwidth: float = typer.Option(..., help="Target interval half-width (0.01 = 1 pp)."),
+    alpha: float = typer.Option(0.05, help="Interval level alpha."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Recommend documents per stratum and K for a target half-width, from a development
+    run's measured variance and cost, and say whether rollouts or SWRB is cheaper."""
+    from kvdrift.analysis.plan import plan_study
+    from kvdrift.run.store import RunStore
+
+    reps = RunStore(dev_dir).read("replicates").to_pandas()
+    result = plan_study(reps, target, halfwidth, alpha)
+    if as_json:
+        print(_strict_json(result))
+        return
+    table = Table(title=f"Plan for {target}: half-width {halfwidth:g} at "
+                        f"{100 * (1 - alpha):g}% (documents weighted equally within strata)")
+    for col in ("model", "estimator", "strata", "between var", "within var", "s/doc",
+                "s/replicate", "now: docs/stratum, K -> half-width",
+                "plan: docs/stratum, K -> half-width", "plan cost"):
+        table.add_column(col, justify="right")
+    for m in result["models"]:
+        v, now, rec = m["variance"], m["current"], m["recommended"]
+        table.add_row(m["model"], m["estimator"], str(v["strata"]), f"{v['between']:.3g}",
+                      f"{v['within']:.3g}", f"{m['setup_seconds']:.1f}",
+                      f"{m['replicate_seconds']:.1f}",
+                      f"{now['documents_per_stratum']:g}, {now['replicates']} -> "
+                      f"{now['halfwidth']:.4f}",
+                      f"{rec['documents_per_stratum']}, {rec['replicates']} -> "
+                      f"{rec['halfwidth']:.4f}",
+                      f"{rec['seconds'] / 3600:.2f} h")
+    console.print(table)
+    for m in result["models"]:
+        for note in m["notes"]:
+            console.print(f"{m['model']}: note: {note}.", highlight=False)
+        c = m["comparison"]
+        if c["assumption"] is None:
+            console.print(f"{m['model']}: rollouts ({c['reason']}).")
+            continue
+        evals = c["evaluations_per_replicate"]
+        plans = c["plans"]
+        ratio = c["break_even_variance_ratio"]
+        when = ("even with equal variance" if ratio == 1.0 else
+                f"only if its within-document variance is {ratio:.2f}x smaller or more"
+                if ratio is not None else "at no variance ratio (documents dominate the cost)")
+        console.print(
+            f"{m['model']}: {c['cheaper']} is cheaper under equal variance "
+            f"(rollout {plans['rollout']['seconds'] / 3600:.2f} h, "
+            f"SWRB {plans['swrb']['seconds'] / 3600:.2f} h; kernel-pair evaluations per "
+            f"replicate {evals['rollout']:.1f} vs {evals['swrb']:.1f}); SWRB wins {when}. "
+            f"Assumption: {c['assumption']}.", highlight=False)
+
+
 def main() -> None:
     """Console entry point."""
     app(prog_name="kvdrift")

@@ -4,7 +4,8 @@ Everything is validated before any model is loaded, so a typo costs seconds, not
 See ``configs/`` for shipped examples. Layout::
 
     [study]                      models, actions, replicates, horizon, temperature,
-                                 estimator, depths, seed, batch, device, dtype, chat_template
+                                 estimator, depths, seed, batch, device, dtype, chat_template,
+                                 cohort ("development" | "evaluation", for kvdrift predict)
     [[documents]]                one table per source: source = "ruler" | "jsonl" | "hf"
     [analysis]                   bootstrap, alpha, endpoints (prespecified), seed
 """
@@ -24,8 +25,9 @@ STUDY_KEYS = {
     "name": str, "models": list, "actions": list, "replicates": int, "horizon": int,
     "temperature": (int, float), "estimator": str, "depths": list, "seed": int, "batch": int,
     "device": str,
-    "dtype": str, "chat_template": bool,
+    "dtype": str, "chat_template": bool, "cohort": str,
 }
+COHORTS = ("development", "evaluation")
 SOURCE_KEYS = {
     "ruler": {"source": str, "families": list, "needle_types": list, "lengths": list,
               "per_stratum": int, "seed": int},
@@ -52,6 +54,7 @@ class StudyConfig:
     device: str = "auto"
     dtype: str = "float32"
     chat_template: bool = True
+    cohort: str | None = None  # "development" or "evaluation" (kvdrift predict), or unnamed
     source: str | None = field(default=None, compare=False)
 
     def for_model(self, model: str) -> RunConfig:
@@ -62,10 +65,13 @@ class StudyConfig:
         run = self.run.as_dict()
         run.pop("model")
         run.pop("extra")
-        return {"name": self.name, "models": list(self.models), **run,
-                "device": self.device, "dtype": self.dtype, "chat_template": self.chat_template,
-                "documents": [dict(d) for d in self.documents],
-                "analysis": {**asdict(self.analysis), "endpoints": list(self.analysis.endpoints)}}
+        out = {"name": self.name, "models": list(self.models), **run,
+               "device": self.device, "dtype": self.dtype, "chat_template": self.chat_template,
+               "documents": [dict(d) for d in self.documents],
+               "analysis": {**asdict(self.analysis), "endpoints": list(self.analysis.endpoints)}}
+        if self.cohort is not None:  # only when named, so older study directories still resume
+            out["cohort"] = self.cohort
+        return out
 
 
 def _check_table(table: Any, allowed: dict, where: str) -> dict:
@@ -154,6 +160,9 @@ def parse_study(data: dict, source: str | None = None) -> StudyConfig:
     if study.get("estimator", "rollout") not in ESTIMATORS:
         raise ValueError(f"unknown estimator {study['estimator']!r}; allowed: "
                          f"{', '.join(ESTIMATORS)}")
+    cohort = study.get("cohort")
+    if cohort is not None and cohort not in COHORTS:
+        raise ValueError(f"[study].cohort must be one of {', '.join(COHORTS)}; got {cohort!r}")
     from kvdrift.lm.model import resolve_dtype
 
     resolve_dtype(study.get("dtype", "float32"))
@@ -161,7 +170,7 @@ def parse_study(data: dict, source: str | None = None) -> StudyConfig:
         name=study.get("name", Path(source).stem if source else "study"),
         models=tuple(str(m) for m in study["models"]), run=run, documents=sources,
         analysis=options, device=study.get("device", "auto"), dtype=study.get("dtype", "float32"),
-        chat_template=study.get("chat_template", True), source=source,
+        chat_template=study.get("chat_template", True), cohort=cohort, source=source,
     )
 
 

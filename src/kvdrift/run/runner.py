@@ -11,8 +11,11 @@ random numbers make contrasts between actions less noisy).
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+
+import pyarrow as pa
 
 from kvdrift.data.document import Document
 from kvdrift.estimate import coupled_rollouts, swrb
@@ -75,6 +78,19 @@ def unit_seed(seed: int, doc_id: str) -> int:
     return int.from_bytes(digest[:8], "little") >> 1
 
 
+def with_timing(replicates: pa.Table, setup: float, estimator: float) -> pa.Table:
+    """Add the measured cost of a unit, which ``kvdrift plan`` sizes studies with.
+
+    ``setup_seconds``: wall time to build the unit's kernel pair (prefill and eviction),
+    repeated on each replicate row; ``replicate_seconds``: the estimator's wall time
+    divided by the number of replicates.
+    """
+    n = replicates.num_rows
+    return (replicates
+            .append_column("setup_seconds", pa.array([setup] * n, pa.float64()))
+            .append_column("replicate_seconds", pa.array([estimator / n] * n, pa.float64())))
+
+
 PairFactory = Callable[[Document, str], KernelPair]
 
 
@@ -119,12 +135,16 @@ def run_units(
                 if on_unit:
                     on_unit(key, True)
                 continue
+            started = time.perf_counter()
             pair = make_pair(doc, action)
+            built = time.perf_counter()
             result = run_estimator(config, pair, unit_seed(config.seed, doc.id))
+            finished = time.perf_counter()
             if config.estimator == "rollout":
                 steps, reps = rollout_tables(key, result, config.depths)
             else:
                 steps, reps = swrb_tables(key, result)
+            reps = with_timing(reps, built - started, finished - built)
             store.write_unit(key, steps, reps)
             ran += 1
             if on_unit:

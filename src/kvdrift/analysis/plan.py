@@ -1,0 +1,231 @@
+"""Sizing a study from a development run: documents per stratum and K for a target half-width.
+
+A document-level quantity (or a paired contrast of two actions) estimated with ``n``
+documents in each of ``S`` equally weighted strata and ``K`` replicates per document has
+variance ``(sigma_b^2 + sigma_w^2 / K) / (S n)``: ``sigma_w^2`` is the within-document
+(replicate) variance and ``sigma_b^2`` the between-document variance of the documents'
+true means within strata, both averaged over strata. From a development run with ``K0``
+replicates, ``sigma_w^2`` is the mean within-document sample variance and ``sigma_b^2``
+the within-stratum variance of document means minus ``sigma_w^2 / K0`` (floored at 0).
+A study costs ``S n (c_doc + K c_rep)`` seconds (``c_doc``: prefill and eviction of a
+document, ``c_rep``: one replicate, both measured by the runner); the plan is the
+cheapest ``(n, K)`` whose expected half-width ``z sqrt(variance)`` meets the target.
+
+Rollouts against SWRB: a development run measures one estimator. The other is costed by
+its kernel-pair evaluations per replicate (SWRB: the H-step scan plus a continuation of
+``H - J`` steps, ``J`` distributed like the first mismatch given divergence; rollouts: H),
+with the same variance as the measured one, an assumption that favours rollouts, since
+SWRB's risk estimate never has a larger variance (``Var(naive) - Var(Z^R) >= 0``). The
+plan also reports the break-even ratio: how many times smaller SWRB's within-document
+variance must be for SWRB to be the cheaper plan.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from statistics import NormalDist
+
+import numpy as np
+import pandas as pd
+
+from kvdrift.analysis.endpoints import parse_endpoint
+
+PLAN_STATS = {"R": ("risk",), "O": ("occurrence",), "E": ("exposure",), "Pi": ("occupation",),
+              "F": ("fixed_risk",), "R_minus_F": ("risk", "fixed_risk"),
+              "p_diverge": ("divergence_mass",)}
+NEEDS_ROLLOUTS = ("F", "R_minus_F")  # SWRB follows no fixed-history path
+MIN_DOCUMENTS = 2  # per stratum: fewer carries no between-document variation
+MAX_REPLICATES = 4096
+
+
+@dataclass(frozen=True)
+class VarianceComponents:
+    """Between- and within-document variance of one quantity, averaged over strata."""
+
+    between: float
+    within: float
+    strata: int
+    documents: int
+    replicates: int
+
+
+@dataclass(frozen=True)
+class Design:
+    """A study design and what it is expected to give."""
+
+    documents_per_stratum: int
+    replicates: int
+    halfwidth: float
+    seconds: float
+
+
+def variance_components(values: np.ndarray, strata: np.ndarray) -> VarianceComponents:
+    """Components from replicate values ``[n_docs, K]`` and each document's stratum."""
+    values = np.asarray(values, dtype=np.float64)
+    strata = np.asarray(strata)
+    n, K = values.shape
+    if K < 2:
+        raise ValueError("planning needs at least 2 replicates per document in the "
+                         "development run (within-document variance)")
+    labels = np.unique(strata)
+    within = np.mean([values[strata == s].var(axis=1, ddof=1).mean() for s in labels])
+    spread = [values[strata == s].mean(axis=1).var(ddof=1) for s in labels
+              if (strata == s).sum() >= 2]
+    if not spread:
+        raise ValueError("planning needs a stratum with at least 2 documents in the "
+                         "development run (between-document variance)")
+    between = max(0.0, float(np.mean(spread)) - within / K)
+    return VarianceComponents(between=between, within=float(within), strata=len(labels),
+                              documents=n, replicates=K)
+
+
+def halfwidth(v: VarianceComponents, n: int, K: int, z: float) -> float:
+    """Expected interval half-width with ``n`` documents per stratum and ``K`` replicates."""
+    return z * math.sqrt((v.between + v.within / K) / (v.strata * n))
+
+
+def recommend(v: VarianceComponents, target: float, setup_seconds: float,
+              replicate_seconds: float, z: float,
+              max_replicates: int = MAX_REPLICATES) -> Design:
+    """The cheapest ``(n, K)`` reaching half-width ``target`` (ties: fewer replicates)."""
+    if not target > 0:
+        raise ValueError(f"the target half-width must be > 0; got {target}")
+    best = None
+    for K in range(1, max_replicates + 1):
+        need = z * z * (v.between + v.within / K) / (v.strata * target * target)
+        n = max(MIN_DOCUMENTS, math.ceil(need - 1e-12))
+        cost = v.strata * n * (setup_seconds + K * replicate_seconds)
+        if best is None or cost < best.seconds:
+            best = Design(n, K, halfwidth(v, n, K, z), cost)
+    return best
+
+
+def swrb_evaluations(horizon: int, tau: np.ndarray) -> float:
+    """Expected SWRB kernel-pair evaluations per replicate, from rollouts' first mismatches
+    (``tau`` 0 = none): the full scan plus ``E[H - tau | tau <= H]`` continuation steps."""
+    tau = np.asarray(tau)
+    diverged = tau[tau >= 1]
+    return horizon + (float((horizon - diverged).mean()) if diverged.size else 0.0)
+
+
+def _values(reps: pd.DataFrame, stat: str, action: str) -> pd.DataFrame:
+    cols = PLAN_STATS[stat]
+    sub = reps[reps["action"] == action]
+    value = sub[cols[0]] - (sub[cols[1]] if len(cols) > 1 else 0.0)
+    return sub.assign(value=value).pivot(index="doc_id", columns="replicate", values="value")
+
+
+def _target_values(reps: pd.DataFrame, target: str, actions: list[str]):
+    e = parse_endpoint(target)
+    for stat in (e.stat, e.minus[0] if e.minus else e.stat):
+        if stat not in PLAN_STATS:
+            raise ValueError(f"plan sizes document-level means; {stat!r} is not one; allowed: "
+                             f"{', '.join(PLAN_STATS)}")
+    for name in e.actions:
+        if name not in actions:
+            raise ValueError(f"target {e.text!r} names action {name!r}, which the development "
+                             f"run did not run; actions: {', '.join(actions)}")
+    values = _values(reps, e.stat, e.action)
+    if e.minus is not None:  # paired by replicate: actions share random numbers per document
+        values = values - _values(reps, e.minus[0], e.minus[1])
+    return e, values.dropna()
+
+
+def plan_study(replicates: pd.DataFrame, target: str, halfwidth_target: float,
+               alpha: float = 0.05) -> dict:
+    """Plans for each model of a development run's replicate records (JSON-able)."""
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must be within (0, 1); got {alpha}")
+    if not halfwidth_target > 0:
+        raise ValueError(f"the target half-width must be > 0; got {halfwidth_target}")
+    missing = [c for c in ("setup_seconds", "replicate_seconds") if c not in replicates]
+    if missing:
+        raise ValueError("the development run has no wall-time records (it predates them); "
+                         "run it again with this kvdrift to measure the cost per replicate")
+    z = NormalDist().inv_cdf(1 - alpha / 2)
+    out = {"target": target, "halfwidth": halfwidth_target, "alpha": alpha, "z": z,
+           "models": []}
+    for model, reps in replicates.groupby("model", sort=False):
+        actions = list(dict.fromkeys(reps["action"]))
+        measured = str(reps["estimator"].iloc[0])
+        e, values = _target_values(reps, target, actions)
+        if measured == "swrb" and any(s in NEEDS_ROLLOUTS for s in (e.stat, *(e.minus or ()))):
+            raise ValueError(f"target {e.text!r} needs fixed-history risk F, which SWRB runs do "
+                             "not measure; plan it from a rollout development run")
+        strata = reps.drop_duplicates("doc_id").set_index("doc_id")["stratum"]
+        v = variance_components(values.to_numpy(), strata.loc[values.index].to_numpy())
+        units = reps[reps["action"].isin(e.actions)]
+        per_unit = units.drop_duplicates(["doc_id", "action"])  # setup is per unit
+        setup = float(per_unit.groupby("action")["setup_seconds"].mean().sum())
+        per_rep = float(units.groupby("action")["replicate_seconds"].mean().sum())
+        H = int(reps["horizon"].iloc[0])
+        evals = float(reps["evaluations"].mean())
+        if measured == "rollout":
+            other = "swrb"
+            other_evals = swrb_evaluations(H, units["tau"].to_numpy())
+        else:
+            other, other_evals = "rollout", float(H)
+        design = recommend(v, halfwidth_target, setup, per_rep, z)
+        notes = []
+        if v.between == 0:
+            notes.append("the between-document variance estimate is 0 (floored): the plan "
+                         f"keeps the minimum of {MIN_DOCUMENTS} documents per stratum and "
+                         "leans on replicates; more development documents would firm it up")
+        if design.replicates == MAX_REPLICATES:
+            notes.append(f"K reached the search limit {MAX_REPLICATES}")
+        entry = {
+            "model": model, "estimator": measured, "variance": asdict(v),
+            "setup_seconds": setup, "replicate_seconds": per_rep,
+            "recommended": asdict(design),
+            "current": {"documents_per_stratum": v.documents / v.strata,
+                        "replicates": v.replicates,
+                        "halfwidth": halfwidth(v, v.documents / v.strata, v.replicates, z)},
+            "notes": notes,
+        }
+        if other == "swrb" and any(s in NEEDS_ROLLOUTS for s in (e.stat, *(e.minus or ()))):
+            entry["comparison"] = {"cheaper": "rollout", "assumption": None,
+                                   "reason": "SWRB does not estimate fixed-history risk F"}
+        else:
+            entry["comparison"] = _compare(v, halfwidth_target, setup, per_rep, z, measured,
+                                           evals, other_evals)
+        out["models"].append(entry)
+    return out
+
+
+def _compare(v: VarianceComponents, target: float, setup: float, per_rep: float, z: float,
+             measured: str, evals: float, other_evals: float) -> dict:
+    """The other estimator's plan under equal variance, and the break-even variance ratio."""
+    other = "swrb" if measured == "rollout" else "rollout"
+    rep_cost = {measured: per_rep, other: per_rep * other_evals / evals}
+
+    def plan(estimator: str, ratio: float = 1.0) -> Design:
+        # ratio: the rollouts' within-document variance over SWRB's (1 = equal).
+        within = v.within
+        if estimator != measured:
+            within = within / ratio if estimator == "swrb" else within * ratio
+        comp = VarianceComponents(v.between, within, v.strata, v.documents, v.replicates)
+        return recommend(comp, target, setup, rep_cost[estimator], z)
+
+    def swrb_wins(ratio: float) -> bool:
+        return plan("swrb", ratio).seconds <= plan("rollout", ratio).seconds
+
+    same = {measured: plan(measured), other: plan(other)}
+    break_even = None  # None: SWRB never wins (e.g. between-document variance dominates)
+    if swrb_wins(1.0):
+        break_even = 1.0
+    elif swrb_wins(1e6):
+        lo, hi = 1.0, 1e6
+        while hi / lo > 1.01:
+            mid = math.sqrt(lo * hi)
+            lo, hi = (lo, mid) if swrb_wins(mid) else (mid, hi)
+        break_even = hi
+    return {
+        "cheaper": "swrb" if swrb_wins(1.0) else "rollout",
+        "assumption": ("the unmeasured estimator has the measured one's variance (for SWRB "
+                       "an upper bound) and costs in proportion to its kernel-pair "
+                       "evaluations per replicate"),
+        "evaluations_per_replicate": {measured: evals, other: other_evals},
+        "plans": {name: asdict(d) for name, d in same.items()},
+        "break_even_variance_ratio": break_even,
+    }

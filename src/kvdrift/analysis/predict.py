@@ -1,0 +1,276 @@
+"""Aggregate prediction of a full-horizon contrast from short observations (method, section 9).
+
+Development and evaluation documents are disjoint. For each observation type
+(:mod:`kvdrift.analysis.observations`), six-fold cross-validation over development
+documents picks, among three predictors of a document's per-action risk ``R``, the one
+with the lowest document-level mean squared error of the paired contrast
+``R(a) - R(b)``:
+
+- ``cell_mean``: the mean ``R`` of training documents in the same stratum and action
+  (the action's mean where the stratum has no training document);
+- ``flat``: the observation itself, uncalibrated (``F``, or the window's mean mismatch);
+- ``ridge``: :func:`kvdrift.analysis.ridge.fit_ridge` (alpha = 10) on stratum and action
+  indicators plus the observation's features (a stratum without training documents gets
+  the training average of the stratum indicators, i.e. no stratum effect).
+
+Each action's prediction is clipped to [0, 1] before the contrast. The selected predictor,
+refitted on all development documents, predicts the evaluation documents; the error
+``e = Delta R - predicted Delta R`` (strata weighted equally) gets a document-bootstrap
+interval at level ``1 - alpha/k`` (k = models x observation types), an equivalence
+decision against a margin, and document-level MAE and RMSE.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from kvdrift.analysis.bootstrap import (
+    percentile_interval,
+    stratified_counts,
+    stratum_weights,
+    weighted_means,
+)
+from kvdrift.analysis.observations import Observation, document_observations, observation_types
+from kvdrift.analysis.ridge import fit_ridge
+
+PREDICTORS = ("cell_mean", "flat", "ridge")
+FOLDS = 6
+RIDGE_ALPHA = 10.0
+DECISIONS = ("Equivalent", "Not equivalent", "Unresolved")
+
+
+@dataclass(frozen=True)
+class ActionContrast:
+    """``R(a) - R(b)`` between two actions."""
+
+    a: str
+    b: str
+
+    @property
+    def text(self) -> str:
+        return f"{self.a} - {self.b}"
+
+
+def parse_contrast(text: str) -> ActionContrast:
+    """Read ``"a - b"`` (spaces around the minus; action names may contain hyphens)."""
+    parts = re.split(r"\s+-\s+", text.strip())
+    if len(parts) != 2 or not all(parts) or parts[0] == parts[1]:
+        raise ValueError(f"cannot read contrast {text!r}; write 'ACTION - ACTION' with spaces "
+                         "around the minus, e.g. 'snapkv-half - recent-half'")
+    return ActionContrast(parts[0], parts[1])
+
+
+def equivalence(lo: float, hi: float, margin: float) -> str:
+    """Equivalent if ``[lo, hi]`` lies within ``[-margin, margin]``, Not equivalent if it lies
+    wholly outside it, else Unresolved."""
+    if -margin <= lo and hi <= margin:
+        return "Equivalent"
+    if hi < -margin or lo > margin:
+        return "Not equivalent"
+    return "Unresolved"
+
+
+def assign_folds(doc_ids: np.ndarray, strata: np.ndarray, folds: int = FOLDS) -> np.ndarray:
+    """Fold index per document: round-robin over documents sorted by (stratum, id), so each
+    fold draws from every stratum in turn. Deterministic."""
+    order = np.lexsort((np.asarray(doc_ids, dtype=str), np.asarray(strata, dtype=str)))
+    fold = np.empty(len(doc_ids), dtype=int)
+    fold[order] = np.arange(len(doc_ids)) % folds
+    return fold
+
+
+def _design(rows: pd.DataFrame, strata: list[str], actions: list[str],
+            obs: Observation) -> np.ndarray:
+    ind = [(rows["stratum"] == s).to_numpy(float) for s in strata]
+    ind += [(rows["action"] == a).to_numpy(float) for a in actions]
+    return np.column_stack(ind + [rows[f].to_numpy(float) for f in obs.features])
+
+
+def predict_rows(name: str, train: pd.DataFrame, test: pd.DataFrame,
+                 obs: Observation) -> np.ndarray:
+    """Predicted ``R`` for each row of ``test`` from predictor ``name`` fitted on ``train``."""
+    if name == "flat":
+        return test[obs.flat].to_numpy(float)
+    if name == "cell_mean":
+        cell = train.groupby(["stratum", "action"])["R"].mean()
+        action = train.groupby("action")["R"].mean()
+        keys = pd.MultiIndex.from_frame(test[["stratum", "action"]])
+        pred = cell.reindex(keys).to_numpy(float)
+        fallback = action.reindex(test["action"]).to_numpy(float)
+        return np.where(np.isnan(pred), fallback, pred)
+    if name == "ridge":
+        strata = sorted(train["stratum"].unique())
+        actions = sorted(train["action"].unique())
+        fit = fit_ridge(_design(train, strata, actions, obs), train["R"].to_numpy(float),
+                        RIDGE_ALPHA)
+        X = _design(test, strata, actions, obs)
+        unseen = ~test["stratum"].isin(strata).to_numpy()
+        X[unseen, :len(strata)] = fit.centre[:len(strata)]  # an unseen stratum: the average
+        return fit.predict(X)
+    raise ValueError(f"unknown predictor {name!r}; allowed: {', '.join(PREDICTORS)}")
+
+
+def _contrast_table(rows: pd.DataFrame, values: np.ndarray, c: ActionContrast) -> pd.Series:
+    """Per-document ``value(a) - value(b)`` (indexed by doc_id)."""
+    wide = rows.assign(value=values).pivot(index="doc_id", columns="action", values="value")
+    return wide[c.a] - wide[c.b]
+
+
+def predicted_contrast(name: str, train: pd.DataFrame, test: pd.DataFrame, obs: Observation,
+                       c: ActionContrast) -> pd.Series:
+    """Per-document predicted contrast, each action's prediction clipped to [0, 1] first."""
+    pred = np.clip(predict_rows(name, train, test, obs), 0.0, 1.0)
+    return _contrast_table(test, pred, c)
+
+
+def cross_validate(rows: pd.DataFrame, obs: Observation, c: ActionContrast,
+                   folds: int = FOLDS) -> dict[str, float]:
+    """Document-level paired-contrast MSE of each predictor under ``folds``-fold CV."""
+    docs = rows.drop_duplicates("doc_id")
+    fold_of = dict(zip(docs["doc_id"], assign_folds(docs["doc_id"].to_numpy(),
+                                                     docs["stratum"].to_numpy(), folds),
+                       strict=True))
+    fold = rows["doc_id"].map(fold_of).to_numpy()
+    actual = _contrast_table(rows, rows["R"].to_numpy(float), c)
+    mse = {}
+    for name in PREDICTORS:
+        errors = []
+        for k in range(folds):
+            train, test = rows[fold != k], rows[fold == k]
+            errors.append(actual.loc[test["doc_id"].unique()]
+                          - predicted_contrast(name, train, test, obs, c))
+        err = pd.concat(errors)
+        mse[name] = float((err ** 2).mean())
+    return mse
+
+
+def select(mse: dict[str, float]) -> str:
+    """The predictor with the lowest CV error (ties: the first in :data:`PREDICTORS`)."""
+    return min(PREDICTORS, key=lambda name: (mse[name], PREDICTORS.index(name)))
+
+
+def _docs(rows: pd.DataFrame) -> pd.DataFrame:
+    return rows.drop_duplicates("doc_id").set_index("doc_id").sort_index()
+
+
+def _intervals(columns: dict[str, pd.Series], docs: pd.DataFrame, alpha: float, draws: int,
+               seed: int) -> dict[str, dict]:
+    """Stratum-weighted means of per-document columns with document-bootstrap intervals."""
+    cols = {k: v.loc[docs.index].to_numpy(float)[:, None] for k, v in columns.items()}
+    weights = stratum_weights(docs["stratum"].reset_index(drop=True))
+    counts = stratified_counts(docs["stratum"].to_numpy(), draws, seed)
+    point, boot = weighted_means(cols, weights), weighted_means(cols, weights, counts)
+    out = {}
+    for k in cols:
+        lo, hi = percentile_interval(boot[k][:, 0], alpha)
+        out[k] = {"estimate": float(point[k][0]), "lo": float(lo), "hi": float(hi)}
+    return out
+
+
+def evaluate(dev: pd.DataFrame, ev: pd.DataFrame, obs: Observation, c: ActionContrast, *,
+             margin: float, alpha: float, draws: int, seed: int,
+             folds: int = FOLDS) -> dict:
+    """CV selection on ``dev``, then the selected predictor's error on ``ev`` (one model)."""
+    mse = cross_validate(dev, obs, c, folds)
+    chosen = select(mse)
+    actual = _contrast_table(ev, ev["R"].to_numpy(float), c)
+    error = actual - predicted_contrast(chosen, dev, ev, obs, c)
+    observed = _contrast_table(ev, ev[obs.flat].to_numpy(float), c)
+    gap = "fixed_history_gap" if obs.name == "fixed_history" else "flat_extrapolation_gap"
+    minus = "full_minus_fixed" if obs.name == "fixed_history" else "full_minus_flat"
+    stats = _intervals({"error": error, "full_horizon_gap": actual, gap: observed,
+                        minus: actual - observed}, _docs(ev), alpha, draws, seed)
+    err = stats.pop("error")
+    return {
+        "observation": obs.name, "label": obs.label, "selected": chosen, "cv_mse": mse,
+        "error": err, "decision": equivalence(err["lo"], err["hi"], margin),
+        "mae": float(error.abs().mean()), "rmse": float(np.sqrt((error ** 2).mean())),
+        "supporting": stats,
+    }
+
+
+def _check_cohorts(dev: pd.DataFrame, ev: pd.DataFrame, c: ActionContrast, folds: int) -> None:
+    for what in ("model", "action"):
+        a, b = sorted(dev[what].unique()), sorted(ev[what].unique())
+        if a != b:
+            raise ValueError(f"the cohorts differ in {what}s: development has {', '.join(a)}; "
+                             f"evaluation has {', '.join(b)}")
+    actions = sorted(dev["action"].unique())
+    for name in (c.a, c.b):
+        if name not in actions:
+            raise ValueError(f"contrast {c.text!r} names action {name!r}, which the cohorts "
+                             f"did not run; actions: {', '.join(actions)}")
+    shared = sorted(set(dev["doc_id"]) & set(ev["doc_id"]))
+    if shared:
+        raise ValueError(f"development and evaluation documents must be disjoint; both have "
+                         f"{len(shared)} (e.g. {shared[0]!r})")
+    for model, rows in dev.groupby("model"):
+        n = rows["doc_id"].nunique()
+        if n < folds:
+            raise ValueError(f"{folds}-fold cross-validation needs at least {folds} development "
+                             f"documents; model {model!r} has {n}")
+
+
+def _complete(rows: pd.DataFrame) -> pd.DataFrame:
+    """Documents finished for every action of their model (the paired contrast needs all)."""
+    n_actions = rows.groupby("model")["action"].transform("nunique")
+    per_doc = rows.groupby(["model", "doc_id"])["action"].transform("nunique")
+    return rows[per_doc == n_actions].reset_index(drop=True)
+
+
+def predict_study(
+    dev_records: tuple[pd.DataFrame, pd.DataFrame],
+    eval_records: tuple[pd.DataFrame, pd.DataFrame],
+    contrast: str,
+    *,
+    window: int = 32,
+    margin: float = 0.02,
+    alpha: float = 0.05,
+    draws: int = 2000,
+    seed: int = 0,
+    folds: int = FOLDS,
+    on_cell: Callable[[str, str], None] | None = None,
+) -> dict:
+    """The whole prediction analysis as a JSON-able dict; records are (steps, replicates)."""
+    c = parse_contrast(contrast)
+    if not margin > 0:
+        raise ValueError(f"margin must be > 0; got {margin}")
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must be within (0, 1); got {alpha}")
+    dev = _complete(document_observations(*dev_records, window))
+    ev = _complete(document_observations(*eval_records, window))
+    horizons = {int(dev_records[1]["horizon"].max()), int(eval_records[1]["horizon"].max())}
+    if len(horizons) != 1:
+        raise ValueError(f"the cohorts have different horizons H: {sorted(horizons)}")
+    _check_cohorts(dev, ev, c, folds)
+    models = list(dict.fromkeys(dev["model"]))
+    obs_types = observation_types(window)
+    k = len(models) * len(obs_types)
+    level = alpha / k
+    out = {"contrast": c.text, "window": window, "margin": margin, "alpha": alpha,
+           "alpha_adjusted": level, "cells": k, "folds": folds, "ridge_alpha": RIDGE_ALPHA,
+           "bootstrap": draws, "models": []}
+    for model in models:
+        d, e = dev[dev["model"] == model], ev[ev["model"] == model]
+        entry = {"model": model, "development_documents": int(d["doc_id"].nunique()),
+                 "evaluation_documents": int(e["doc_id"].nunique()), "observations": [],
+                 "notes": []}
+        sizes = _docs(e)["stratum"].value_counts()
+        lonely = sorted(str(k) for k, v in sizes.items() if v < 2)
+        if lonely:
+            entry["notes"].append(
+                f"evaluation strata with a single document ({', '.join(lonely)}) contribute no "
+                "between-document variation, so intervals understate uncertainty")
+        for obs in obs_types:
+            if on_cell:
+                on_cell(model, obs.label)
+            entry["observations"].append(
+                evaluate(d, e, obs, c, margin=margin, alpha=level, draws=draws, seed=seed,
+                         folds=folds))
+        out["models"].append(entry)
+    return out

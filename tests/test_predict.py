@@ -1,0 +1,241 @@
+"""Aggregate prediction: ridge, observations, CV selection, equivalence, cohort checks."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kvdrift.analysis.observations import document_observations, observation_types
+from kvdrift.analysis.predict import (
+    ActionContrast,
+    assign_folds,
+    cross_validate,
+    equivalence,
+    evaluate,
+    parse_contrast,
+    predict_rows,
+    predict_study,
+    select,
+)
+from kvdrift.analysis.ridge import fit_ridge
+
+FIXED, WINDOW = observation_types(2)
+C = ActionContrast("a", "b")
+
+
+def test_ridge_matches_the_closed_form_with_an_unpenalised_intercept():
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(30, 3)) * [1.0, 5.0, 0.1] + [0.0, 2.0, -1.0]
+    X = np.column_stack([X, np.full(30, 7.0)])  # a constant column contributes nothing
+    y = X[:, 0] - 0.3 * X[:, 1] + rng.normal(size=30)
+    fit = fit_ridge(X, y, alpha=10.0)
+    # Closed form on the augmented design [1, Z]: penalty diag(0, 10, 10, 10, 10).
+    centre, scale = X.mean(0), X.std(0)
+    scale[scale == 0] = 1.0
+    A = np.column_stack([np.ones(30), (X - centre) / scale])
+    theta = np.linalg.solve(A.T @ A + np.diag([0.0, 10, 10, 10, 10]), A.T @ y)
+    X_new = rng.normal(size=(5, 4))
+    A_new = np.column_stack([np.ones(5), (X_new - centre) / scale])
+    np.testing.assert_allclose(fit.predict(X_new), A_new @ theta, rtol=1e-10)
+    assert fit.intercept == pytest.approx(y.mean()) and fit.coef[3] == 0.0
+    # An unpenalised intercept: however large alpha, predictions shrink to the mean, not 0.
+    np.testing.assert_allclose(fit_ridge(X, y + 100, alpha=1e12).predict(X_new),
+                               y.mean() + 100, rtol=1e-6)
+
+
+def _records(docs, actions=("a", "b"), K=2, H=4, model="m", seed=0, rate=0.4):
+    """Synthetic rollout records: random mismatches; EOS on X from a random position."""
+    rng = np.random.default_rng(seed)
+    steps, reps = [], []
+    for doc, stratum in docs:
+        for action in actions:
+            for k in range(K):
+                m = rng.random(H) < rate
+                eos_from = rng.integers(1, 2 * H)
+                tau = int(np.argmax(m)) + 1 if m.any() else 0
+                key = dict(model=model, doc_id=doc, stratum=stratum, action=action, replicate=k)
+                for t in range(1, H + 1):
+                    steps.append(key | dict(t=t, mismatch=bool(m[t - 1]), x_eos=t >= eos_from,
+                                            y_eos=False))
+                reps.append(key | dict(estimator="rollout", horizon=H, risk=m.mean(),
+                                       fixed_risk=rng.random(), tau=tau))
+    return pd.DataFrame(steps), pd.DataFrame(reps)
+
+
+def test_document_observations_hand_values():
+    key = dict(model="m", doc_id="d", stratum="s", action="a")
+    mism = [[0, 1, 1, 0], [0, 0, 0, 1]]
+    x_eos = [[0, 1, 1, 1], [0, 0, 0, 0]]
+    steps = pd.DataFrame([key | dict(replicate=k, t=t + 1, mismatch=bool(mism[k][t]),
+                                     x_eos=bool(x_eos[k][t]), y_eos=False)
+                          for k in range(2) for t in range(4)])
+    reps = pd.DataFrame([key | dict(replicate=0, estimator="rollout", horizon=4, risk=0.5,
+                                    fixed_risk=0.1, tau=2),
+                         key | dict(replicate=1, estimator="rollout", horizon=4, risk=0.25,
+                                    fixed_risk=0.3, tau=4)])
+    row = document_observations(steps, reps, window=2).iloc[0]
+    assert row["R"] == pytest.approx(0.375) and row["F"] == pytest.approx(0.2)
+    assert row["mismatch_W"] == pytest.approx((1 / 4 + 0) / 2)   # (1/H) sum_{t<=2} I_t
+    assert row["flat_W"] == pytest.approx((1 / 2 + 0) / 2)       # (1/W) sum_{t<=2} I_t
+    assert row["diverged_W"] == 0.5 and row["eos_x_W"] == 0.5 and row["eos_y_W"] == 0.0
+
+
+def test_folds_are_round_robin_within_sorted_strata():
+    ids = np.array(["d3", "d1", "d2", "e1", "e2"])
+    strata = np.array(["x", "x", "x", "y", "y"])
+    np.testing.assert_array_equal(assign_folds(ids, strata, 3), [2, 0, 1, 0, 1])
+
+
+def _rows(n_docs, rule, seed=0, strata=("s1", "s2")):
+    """Rows (doc, action) with an observation F and a target R = rule(F, stratum, action)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n_docs):
+        stratum = strata[i % len(strata)]
+        for action in ("a", "b"):
+            F = rng.uniform(0.05, 0.6)
+            rows.append(dict(model="m", doc_id=f"d{i:03d}", stratum=stratum, action=action,
+                             F=F, R=rule(F, stratum, action)))
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("rule, winner", [
+    (lambda F, s, a: F, "flat"),                                            # R is F itself
+    (lambda F, s, a: {"s1": 0.2, "s2": 0.5}[s] + (a == "a") * 0.1, "cell_mean"),  # F is noise
+    (lambda F, s, a: 0.1 + 0.5 * F, "ridge"),                               # R linear in F
+])
+def test_cross_validation_selects_the_predictor_that_must_win(rule, winner):
+    mse = cross_validate(_rows(60, rule), FIXED, C)
+    assert select(mse) == winner
+    assert mse[winner] < 0.5 * min(v for k, v in mse.items() if k != winner)
+    if winner in ("flat", "cell_mean"):
+        assert mse[winner] == pytest.approx(0.0, abs=1e-24)
+
+
+def test_ridge_predictor_uses_stratum_and_action_indicators_plus_features():
+    rows = _rows(10, lambda F, s, a: 0.1 + F * (s == "s1") + 0.05 * (a == "a"), seed=3)
+    train, test = rows.iloc[:14], rows.iloc[14:]
+    got = predict_rows("ridge", train, test, FIXED)
+
+    def design(r):
+        return np.column_stack([r["stratum"] == "s1", r["stratum"] == "s2", r["action"] == "a",
+                                r["action"] == "b", r["F"]]).astype(float)
+
+    want = fit_ridge(design(train), train["R"].to_numpy(), alpha=10.0).predict(design(test))
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+def test_unseen_strata_get_the_average_stratum_effect():
+    rows = _rows(10, lambda F, s, a: 0.1 + 0.3 * (s == "s1") + 0.2 * F, seed=4)
+    test = rows.iloc[:2].assign(stratum="new")
+    got = predict_rows("ridge", rows, test, FIXED)
+    fit = fit_ridge(np.column_stack([rows["stratum"] == "s1", rows["stratum"] == "s2",
+                                     rows["action"] == "a", rows["action"] == "b",
+                                     rows["F"]]).astype(float), rows["R"].to_numpy(), 10.0)
+    # Stratum columns at their training means contribute nothing after centring.
+    want = fit.intercept + fit.coef[2:] @ ((np.column_stack(
+        [test["action"] == "a", test["action"] == "b", test["F"]]).astype(float)
+        - fit.centre[2:]) / fit.scale[2:]).T
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    cell = predict_rows("cell_mean", rows, test, FIXED)  # falls back to the action's mean
+    np.testing.assert_allclose(cell, rows.groupby("action")["R"].mean()[["a", "b"]].to_numpy())
+
+
+def test_select_breaks_ties_in_listed_order():
+    assert select({"cell_mean": 0.1, "flat": 0.1, "ridge": 0.2}) == "cell_mean"
+
+
+@pytest.mark.parametrize("lo, hi, decision", [
+    (-0.019, 0.02, "Equivalent"), (0.021, 0.05, "Not equivalent"),
+    (-0.08, -0.03, "Not equivalent"), (0.01, 0.03, "Unresolved"), (-0.03, 0.03, "Unresolved"),
+])
+def test_equivalence_decision(lo, hi, decision):
+    assert equivalence(lo, hi, 0.02) == decision
+
+
+def _shifted(rows, shift):
+    """Evaluation rows with R = F + shift(doc) on action a (so flat's error is the shift)."""
+    out = rows.copy()
+    out["doc_id"] = "e" + out["doc_id"]
+    extra = out["doc_id"].map(shift) * (out["action"] == "a")
+    out["R"] = out["F"] + extra
+    return out
+
+
+@pytest.mark.parametrize("errors, decision, estimate", [
+    ({"s1": [0.01, 0.01], "s2": [0.01] * 4}, "Equivalent", 0.01),
+    # Strata weigh equally: (0.06 + 0.04) / 2, not the document mean 0.0467.
+    ({"s1": [0.06, 0.06], "s2": [0.04] * 4}, "Not equivalent", 0.05),
+    ({"s1": [0.0, 0.04] * 5}, "Unresolved", 0.02),
+])
+def test_evaluation_error_and_decision_at_each_outcome(errors, decision, estimate):
+    dev = _rows(12, lambda F, s, a: F)  # flat is exact on development documents
+    shift, ev_rows = {}, []
+    for stratum, errs in errors.items():
+        for i, e in enumerate(errs):
+            doc = f"{stratum}-{i}"
+            shift["e" + doc] = e
+            for action in ("a", "b"):
+                ev_rows.append(dict(model="m", doc_id=doc, stratum=stratum, action=action,
+                                    F=0.3 + 0.01 * i, R=0.0))
+    ev = _shifted(pd.DataFrame(ev_rows), shift)
+    out = evaluate(dev, ev, FIXED, C, margin=0.02, alpha=0.05, draws=2000, seed=0)
+    assert out["selected"] == "flat" and out["decision"] == decision
+    assert out["error"]["estimate"] == pytest.approx(estimate)
+    all_errors = np.concatenate([np.asarray(v) for v in errors.values()])
+    assert out["mae"] == pytest.approx(np.abs(all_errors).mean())
+    assert out["rmse"] == pytest.approx(np.sqrt((all_errors ** 2).mean()))
+    # Supporting contrasts: the flat gap is F(a) - F(b) = 0, so full minus fixed = full gap.
+    sup = out["supporting"]
+    assert sup["fixed_history_gap"]["estimate"] == pytest.approx(0.0)
+    assert sup["full_horizon_gap"]["estimate"] == pytest.approx(estimate)
+    assert sup["full_minus_fixed"]["estimate"] == pytest.approx(estimate)
+
+
+def test_predictions_are_clipped_before_the_contrast():
+    # Flat reads F = 1.4 for a and 0.9 for b: clipped, the predicted contrast is 0.1, not 0.5.
+    dev = _rows(12, lambda F, s, a: F)
+    ev = pd.DataFrame([dict(model="m", doc_id=f"e{i}", stratum="s1", action=a, F=F, R=R)
+                       for i in range(3) for a, F, R in (("a", 1.4, 0.9), ("b", 0.9, 0.9))])
+    out = evaluate(dev, ev, FIXED, C, margin=0.02, alpha=0.05, draws=200, seed=0)
+    assert out["selected"] == "flat"
+    assert out["error"]["estimate"] == pytest.approx(0.0 - 0.1)
+
+
+def test_predict_study_end_to_end_on_synthetic_records():
+    dev = _records([(f"d{i}", f"s{i % 2}") for i in range(8)], seed=1)
+    ev = _records([(f"e{i}", f"s{i % 2}") for i in range(4)], seed=2)
+    out = predict_study(dev, ev, "a - b", window=2, draws=200)
+    assert out["cells"] == 2 and out["alpha_adjusted"] == pytest.approx(0.025)
+    [model] = out["models"]
+    assert [o["observation"] for o in model["observations"]] == ["fixed_history", "positions"]
+    for o in model["observations"]:
+        assert o["selected"] in ("cell_mean", "flat", "ridge")
+        assert o["error"]["lo"] <= o["error"]["estimate"] <= o["error"]["hi"]
+        assert o["decision"] in ("Equivalent", "Not equivalent", "Unresolved")
+        assert 0 <= o["mae"] <= o["rmse"]
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(eval_actions=("a", "c")), "the cohorts differ in actions"),
+    (dict(eval_model="other"), "the cohorts differ in models"),
+    (dict(contrast="a - z"), "names action 'z', which the cohorts did not run"),
+    (dict(window=5), "window must be an integer within 1..H = 1..4; got 5"),
+    (dict(dev_docs=5), "6-fold cross-validation needs at least 6 development documents"),
+    (dict(same_docs=True), "documents must be disjoint"),
+    (dict(contrast="a-b"), "cannot read contrast 'a-b'"),
+])
+def test_bad_input_is_named(change, message):
+    n_dev = change.get("dev_docs", 8)
+    dev = _records([(f"d{i}", "s") for i in range(n_dev)])
+    prefix = "d" if change.get("same_docs") else "e"
+    ev = _records([(f"{prefix}{i}", "s") for i in range(3)],
+                  actions=change.get("eval_actions", ("a", "b")),
+                  model=change.get("eval_model", "m"))
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(".", r"\.")):
+        predict_study(dev, ev, change.get("contrast", "a - b"), window=change.get("window", 2),
+                      draws=50)
+
+
+def test_parse_contrast_keeps_hyphenated_names():
+    assert parse_contrast(" snapkv-half  -  recent-half ") == ActionContrast("snapkv-half",
+                                                                       "recent-half")
