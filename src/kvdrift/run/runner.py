@@ -14,6 +14,8 @@ import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
+import pyarrow as pa
+
 from kvdrift.data.document import Document
 from kvdrift.estimate import coupled_rollouts, swrb
 from kvdrift.estimate.common import (
@@ -98,6 +100,22 @@ def run_estimator(config: RunConfig, pair: KernelPair, seed: int):
     return results[0] if len(results) == 1 else concat_results(results)
 
 
+def unit_key(config: RunConfig, doc: Document, action: str) -> UnitKey:
+    """The key under which a document's unit for ``action`` is stored."""
+    return UnitKey(model=config.model, doc_id=doc.id, action=action, stratum=doc.stratum)
+
+
+def unit_records(
+    config: RunConfig, doc: Document, action: str, make_pair: PairFactory
+) -> tuple[pa.Table, pa.Table]:
+    """Step and replicate tables of one unit: what every executor computes and stores."""
+    key = unit_key(config, doc, action)
+    result = run_estimator(config, make_pair(doc, action), unit_seed(config.seed, doc.id))
+    if config.estimator == "rollout":
+        return rollout_tables(key, result, config.depths)
+    return swrb_tables(key, result)
+
+
 def run_units(
     config: RunConfig,
     documents: Sequence[Document],
@@ -105,7 +123,7 @@ def run_units(
     store: RunStore,
     on_unit: Callable[[UnitKey, bool], None] | None = None,
 ) -> int:
-    """Run all units not yet in ``store``; returns how many were run now.
+    """Run all units not yet in ``store`` in this process; returns how many were run now.
 
     ``on_unit(key, skipped)`` is called after each unit (``skipped`` for units found done).
     """
@@ -114,18 +132,12 @@ def run_units(
     ran = 0
     for doc in documents:
         for action in config.actions:
-            key = UnitKey(model=config.model, doc_id=doc.id, action=action, stratum=doc.stratum)
+            key = unit_key(config, doc, action)
             if store.is_done(key):
                 if on_unit:
                     on_unit(key, True)
                 continue
-            pair = make_pair(doc, action)
-            result = run_estimator(config, pair, unit_seed(config.seed, doc.id))
-            if config.estimator == "rollout":
-                steps, reps = rollout_tables(key, result, config.depths)
-            else:
-                steps, reps = swrb_tables(key, result)
-            store.write_unit(key, steps, reps)
+            store.write_unit(key, *unit_records(config, doc, action, make_pair))
             ran += 1
             if on_unit:
                 on_unit(key, False)
