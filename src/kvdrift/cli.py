@@ -294,18 +294,23 @@ def study(
     try:
         with _progress() as progress:
             task = progress.add_task("units", total=None)
-            workers = {"label": ""}  # "N workers · " while an executor has workers
+            shown = {"workers": "", "unit": ""}  # workers: "N workers · " on the Ray executor
+
+            def show():
+                progress.update(task, description=shown["workers"] + shown["unit"])
 
             def on_model(name, units):
-                progress.reset(task, total=units, description=f"{name}")
+                shown["unit"] = name
+                progress.reset(task, total=units, description=shown["workers"] + name)
 
             def on_unit(key, skipped):
-                progress.update(task, advance=1, description=f"{workers['label']}"
-                                f"{key.model} · {key.doc_id[:24]} · {key.action}")
+                shown["unit"] = f"{key.model} · {key.doc_id[:24]} · {key.action}"
+                progress.update(task, advance=1)
+                show()
 
             def on_workers(n):
-                workers["label"] = f"{n} workers · "
-                progress.update(task, description=f"{workers['label']}running")
+                shown["workers"] = f"{n} workers · "
+                show()
 
             def load(name):
                 from kvdrift.lm.model import load_model
