@@ -50,6 +50,11 @@ def finite_factory(doc, action):
     return PAIRS[action]
 
 
+def finite_pairs():
+    """The builder a worker calls once: here the factory needs no loading."""
+    return finite_factory
+
+
 @dataclass(frozen=True)
 class DyingFinitePairs:
     """Builds a pair factory whose process kills itself (SIGKILL) when it starts the
@@ -142,7 +147,7 @@ def test_killed_worker_is_replaced_and_every_unit_is_stored_once(ray_cluster, tm
     # A rerun finds every unit done and starts no worker.
     again = []
     with RayExecutor(ExecutorConfig("ray"), on_workers=again.append) as executor:
-        assert executor.run(config, DOCS, finite_factory, store) == 0
+        assert executor.run(config, DOCS, finite_pairs, store) == 0
     assert again == []
 
 
@@ -160,12 +165,12 @@ def test_interrupt_keeps_finished_units_and_a_rerun_resumes(ray_cluster, tmp_pat
 
     with RayExecutor(ExecutorConfig("ray")) as executor:
         with pytest.raises(KeyboardInterrupt):
-            executor.run(config, DOCS, finite_factory, store, on_unit=interrupt_after_two)
+            executor.run(config, DOCS, finite_pairs, store, on_unit=interrupt_after_two)
     assert len(list((tmp_path / "ray" / "replicates").glob("*.parquet"))) == 2
     assert all(store.is_done(key) for key in first)
     calls = []
     with RayExecutor(ExecutorConfig("ray")) as executor:
-        ran = executor.run(config, DOCS, finite_factory, store,
+        ran = executor.run(config, DOCS, finite_pairs, store,
                            on_unit=lambda key, skipped: calls.append((key, skipped)))
     assert ran == 4 and sorted(k.doc_id + k.action for k, s in calls if s) \
         == sorted(k.doc_id + k.action for k in first)
