@@ -126,6 +126,10 @@ def _progress():
                     transient=False)
 
 
+def _workers_label(n: int) -> str:
+    return f"{n} worker{'' if n == 1 else 's'} · "
+
+
 def _interrupted(store_dir: Path) -> typer.Exit:
     err_console.print(f"[yellow]interrupted:[/] finished units are saved in {store_dir}; "
                       "run the same command again to resume.")
@@ -202,7 +206,7 @@ def run(
     workers = {"label": ""}  # "N workers · " while an executor has workers
     try:
         with open_executor(settings, on_workers=lambda n: workers.update(
-                label=f"{n} workers · ")) as pool:
+                label=_workers_label(n))) as pool:
             with console.status(f"loading {model}"):
                 source = LMPairSource(model, device, dtype, chat_template)
                 tokenizer, build = driver_side(source, pool.in_process)
@@ -309,7 +313,7 @@ def study(
                 show()
 
             def on_workers(n):
-                shown["workers"] = f"{n} workers · "
+                shown["workers"] = _workers_label(n)
                 show()
 
             def load(name):
