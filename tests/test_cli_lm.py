@@ -1,43 +1,20 @@
 """The language-model commands end to end (run, study, report) on a tiny saved model.
 
-The model is a 2-layer random Llama saved with the embedded SmolLM2 tokenizer, so the
-commands take the same path as with any local model, in seconds.
+The model (``tiny_model_dir`` in conftest.py) is a 2-layer random Llama saved with the
+embedded SmolLM2 tokenizer, so the commands take the same path as with any local model, in
+seconds.
 """
 
 import json
-import shutil
 
 import pyarrow.parquet as pq
 import pytest
-import torch
 from typer.testing import CliRunner
 
 from kvdrift.cli import app
 from kvdrift.data import Document, write_jsonl
 
 runner = CliRunner()
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
-                   "generation_config.json")
-
-
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from kvdrift.lm.model import smollm2_path
-
-    source = smollm2_path()
-    out = tmp_path_factory.mktemp("tiny-model")
-    for name in TOKENIZER_FILES:
-        if (source / name).exists():
-            shutil.copy(source / name, out / name)
-    config = LlamaConfig(vocab_size=49152, hidden_size=32, intermediate_size=64,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=4096, initializer_range=0.5,
-                         bos_token_id=1, eos_token_id=2, pad_token_id=2)
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(out)
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 import kvdrift
+from kvdrift.run.executors import ExecutorConfig
 from kvdrift.study import fixed_documents
 from kvdrift.study_config import load_study, parse_study
 
@@ -60,12 +61,31 @@ def test_paper_study2_has_eight_endpoints():
         (base() | {"analysis": {"alpha": 2.0}}, "alpha must be within (0, 1)"),
         (base() | {"analysis": {"bootstraps": 5}}, "unknown key 'bootstraps' in [analysis]"),
         (base(cohort="dev"), "[study].cohort must be one of development, evaluation; got 'dev'"),
+        (base(executor="magic"), "unknown executor 'magic'; allowed: local, ray"),
+        (base(executor="ray", cpus_per_worker=0), "cpus_per_worker must be a number > 0"),
+        (base(executor="ray", gpus_per_worker=-1), "gpus_per_worker must be a number >= 0"),
     ],
 )
 def test_config_mistakes_are_named(data, message):
     with pytest.raises(ValueError) as info:
         parse_study(data)
     assert message in str(info.value)
+
+
+def test_executor_settings_parse_and_stay_out_of_the_stored_config():
+    ray = parse_study(base(executor="ray", ray_address="auto", gpus_per_worker=0.5,
+                           cpus_per_worker=2))
+    assert ray.executor == ExecutorConfig("ray", "auto", 0.5, 2.0)
+    assert parse_study(base()).executor == ExecutorConfig()
+    # Both executors write the same records, so a study resumes under either.
+    assert ray.as_dict() == parse_study(base()).as_dict()
+    # --ray-address implies the ray executor; --executor local with an address is refused.
+    assert ExecutorConfig().overridden(None, "auto") == ExecutorConfig("ray", "auto")
+    with pytest.raises(ValueError, match="--ray-address needs the ray executor"):
+        ExecutorConfig().overridden("local", "auto")
+    # A model placed on the CPU asks for no GPU unless told to.
+    assert ExecutorConfig("ray").for_device("cpu").gpus_per_worker == 0
+    assert ExecutorConfig("ray", gpus_per_worker=1).for_device("cpu").gpus_per_worker == 1
 
 
 def test_empty_document_source_is_refused_before_loading(tmp_path):

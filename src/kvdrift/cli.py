@@ -18,6 +18,8 @@ import typer  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from kvdrift.run import UnitFailed  # noqa: E402
+
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="Measure how KV-cache eviction changes what a language model generates.")
 console = Console()
@@ -30,7 +32,8 @@ def root() -> None:
 
 
 def user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn a user's mistake (ValueError, missing file) into one clear line and exit code 2.
+    """Turn a user's mistake (ValueError, missing file) or a unit whose workers kept dying
+    into one clear line and exit code 2.
 
     Set ``KVDRIFT_DEBUG=1`` to see the traceback instead.
     """
@@ -39,7 +42,7 @@ def user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return func(*args, **kwargs)
-        except (ValueError, FileNotFoundError, KeyError) as exc:
+        except (ValueError, FileNotFoundError, KeyError, UnitFailed) as exc:
             if os.environ.get("KVDRIFT_DEBUG"):
                 raise
             message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
@@ -132,6 +135,10 @@ def _progress():
                     transient=False)
 
 
+def _workers_label(n: int) -> str:
+    return f"{n} worker{'' if n == 1 else 's'} · "
+
+
 def _interrupted(store_dir: Path) -> typer.Exit:
     err_console.print(f"[yellow]interrupted:[/] finished units are saved in {store_dir}; "
                       "run the same command again to resume.")
@@ -162,22 +169,28 @@ def run(
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
     dtype: str = typer.Option("float32", help="float32, bfloat16 or float16."),
     chat_template: bool = typer.Option(True, help="Wrap prompts in the model's chat template."),
+    executor: str | None = typer.Option(None, help="local (default: this process) or ray."),
+    ray_address: str | None = typer.Option(None, help="Join this Ray cluster ('auto' or "
+                                           "HOST:PORT; implies --executor ray)."),
     as_json: bool = typer.Option(False, "--json", help="Print the table as JSON."),
 ) -> None:
     """Measure the given actions on one model over a set of documents."""
     from kvdrift.analysis.summary import summarize
     from kvdrift.data import RulerConfig, generate, load_jsonl, token_counter
     from kvdrift.lm.actions import parse_action
-    from kvdrift.lm.factory import LMPairFactory
-    from kvdrift.lm.model import load_model, resolve_device, resolve_dtype
+    from kvdrift.lm.factory import LMPairSource, check_fits, driver_side
+    from kvdrift.lm.model import resolve_device, resolve_dtype
     from kvdrift.report.terminal import print_whole, run_table
-    from kvdrift.run.runner import RunConfig, run_units
+    from kvdrift.run.executors import ExecutorConfig, open_executor
+    from kvdrift.run.runner import RunConfig
     from kvdrift.run.store import RunStore
 
     action_list = _split(actions)
     for a in action_list:
         parse_action(a)
-    resolve_device(device)
+    settings = ExecutorConfig().overridden(executor, ray_address).for_device(device)
+    if settings.kind == "local":  # Ray workers check the device where the model goes
+        resolve_device(device)
     resolve_dtype(dtype)
     depth_list = tuple(int(d) for d in _split(depths))
     documents = load_jsonl(docs) if docs is not None else None
@@ -186,21 +199,26 @@ def run(
                        batch=batch,
                        extra={"docs": str(docs) if docs else "builtin", "device": device,
                               "dtype": dtype, "chat_template": chat_template})
-    with console.status(f"loading {model}"):
-        loaded = load_model(model, device, dtype)
-    store = RunStore.open(out, config.as_dict())  # after loading: a model typo leaves no store
-    if documents is None:
-        documents = generate(RulerConfig(**DEFAULT_DOCS), token_counter(loaded.tokenizer))
-    factory = LMPairFactory(loaded, chat_template)
-    factory.check_fits(documents, horizon)
+    workers = {"label": ""}  # "N workers · " while an executor has workers
     try:
-        with _progress() as progress:
-            task = progress.add_task("units", total=len(documents) * len(action_list))
+        with open_executor(settings, on_workers=lambda n: workers.update(
+                label=_workers_label(n))) as pool:
+            with console.status(f"loading {model}"):
+                source = LMPairSource(model, device, dtype, chat_template)
+                side = driver_side(source, pool.in_process)
+            # opened after loading: a model typo leaves no store behind
+            store = RunStore.open(out, config.as_dict())
+            if documents is None:
+                documents = generate(RulerConfig(**DEFAULT_DOCS), token_counter(side.tokenizer))
+            check_fits(documents, horizon, side, chat_template)
+            with _progress() as progress:
+                task = progress.add_task("units", total=len(documents) * len(action_list))
 
-            def on_unit(key, skipped):
-                progress.update(task, advance=1, description=f"{key.doc_id[:24]} · {key.action}")
+                def on_unit(key, skipped):
+                    progress.update(task, advance=1, description=f"{workers['label']}"
+                                    f"{key.doc_id[:24]} · {key.action}")
 
-            run_units(config, documents, factory, store, on_unit=on_unit)
+                pool.run(config, documents, side.build, store, on_unit=on_unit)
     except KeyboardInterrupt:
         raise _interrupted(out) from None
     summaries = summarize(store.read("steps").to_pandas(), store.read("replicates").to_pandas())
@@ -262,25 +280,42 @@ def study(
     out: Path | None = typer.Option(None, help="Study directory (default: runs/<name>)."),
     report_after: bool = typer.Option(True, "--report/--no-report",
                                       help="Write the report when the runs finish."),
+    executor: str | None = typer.Option(None, help="local or ray (default: the config's "
+                                        "[study] executor, else local)."),
+    ray_address: str | None = typer.Option(None, help="Join this Ray cluster ('auto' or "
+                                           "HOST:PORT; implies --executor ray)."),
 ) -> None:
     """Run a study from a TOML configuration (resumable), then write its report."""
+    from dataclasses import replace
+
     from kvdrift.report import summary_table
     from kvdrift.report.terminal import print_whole
     from kvdrift.study import run_study
     from kvdrift.study_config import load_study
 
     config = load_study(config_path)
+    config = replace(config, executor=config.executor.overridden(executor, ray_address))
     out = out or Path("runs") / config.name
     try:
         with _progress() as progress:
             task = progress.add_task("units", total=None)
+            shown = {"workers": "", "unit": ""}  # workers: "N workers · " on the Ray executor
+
+            def show():
+                progress.update(task, description=shown["workers"] + shown["unit"])
 
             def on_model(name, units):
-                progress.reset(task, total=units, description=f"{name}")
+                shown["unit"] = name
+                progress.reset(task, total=units, description=shown["workers"] + name)
 
             def on_unit(key, skipped):
-                progress.update(task, advance=1,
-                                description=f"{key.model} · {key.doc_id[:24]} · {key.action}")
+                shown["unit"] = f"{key.model} · {key.doc_id[:24]} · {key.action}"
+                progress.update(task, advance=1)
+                show()
+
+            def on_workers(n):
+                shown["workers"] = _workers_label(n)
+                show()
 
             def load(name):
                 from kvdrift.lm.model import load_model
@@ -288,7 +323,8 @@ def study(
                 progress.update(task, description=f"loading {name}")
                 return load_model(name, config.device, config.dtype)
 
-            run_study(config, out, load=load, on_unit=on_unit, on_model=on_model)
+            run_study(config, out, load=load, on_unit=on_unit, on_model=on_model,
+                      on_workers=on_workers)
     except KeyboardInterrupt:
         raise _interrupted(out) from None
     if not report_after:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
 
 from kvdrift.data import generate, load_hf_dataset, load_jsonl, token_counter
 from kvdrift.data.document import Document
+from kvdrift.run.executors import open_executor
 from kvdrift.run.records import UnitKey
-from kvdrift.run.runner import run_units
 from kvdrift.run.store import RunStore
 from kvdrift.study_config import StudyConfig, ruler_config
 
@@ -52,27 +53,30 @@ def run_study(
     load: Callable[[str], object] | None = None,
     on_unit: Callable[[UnitKey, bool], None] | None = None,
     on_model: Callable[[str, int], None] | None = None,
+    on_workers: Callable[[int], None] | None = None,
 ) -> RunStore:
-    """Run every unit of the study into ``out`` (resumable); returns the store.
+    """Run every unit of the study into ``out`` (resumable) with its executor; returns the store.
 
-    ``load(model_name)`` returns a :class:`~kvdrift.lm.model.LoadedModel` (default: load it
-    with the study's device and dtype); ``on_model(name, units)`` and
-    ``on_unit(key, skipped)`` report progress.
+    ``load(model_name)`` returns a :class:`~kvdrift.lm.model.LoadedModel` for the local
+    executor (default: load it with the study's device and dtype; the Ray executor loads
+    models in its workers and only the tokenizer here); ``on_model(name, units)``,
+    ``on_unit(key, skipped)`` and ``on_workers(live_workers)`` report progress.
     """
-    from kvdrift.lm.factory import LMPairFactory
-    from kvdrift.lm.model import load_model
+    from kvdrift.lm.factory import LMPairSource, check_fits, driver_side
 
     fixed = fixed_documents(config)
     if not fixed and not any(s["source"] == "ruler" for s in config.documents):
         raise ValueError("the study's document sources produced no documents")
     store = RunStore.open(out, config.as_dict())
-    for name in config.models:
-        loaded = load(name) if load else load_model(name, config.device, config.dtype)
-        docs = model_documents(config, fixed, loaded.tokenizer)
-        total = len(docs) * len(config.run.actions)
-        if on_model:
-            on_model(name, total)
-        factory = LMPairFactory(loaded, config.chat_template)
-        factory.check_fits(docs, config.run.horizon)
-        run_units(config.for_model(name), docs, factory, store, on_unit=on_unit)
+    settings = config.executor.for_device(config.device)
+    with open_executor(settings, on_workers=on_workers) as executor:
+        for name in config.models:
+            source = LMPairSource(name, config.device, config.dtype, config.chat_template)
+            side = driver_side(source, executor.in_process,
+                               functools.partial(load, name) if load else None)
+            docs = model_documents(config, fixed, side.tokenizer)
+            check_fits(docs, config.run.horizon, side, config.chat_template)
+            if on_model:
+                on_model(name, len(docs) * len(config.run.actions))
+            executor.run(config.for_model(name), docs, side.build, store, on_unit=on_unit)
     return store

@@ -5,7 +5,8 @@ See ``configs/`` for shipped examples. Layout::
 
     [study]                      models, actions, replicates, horizon, temperature,
                                  estimator, depths, seed, batch, device, dtype, chat_template,
-                                 cohort ("development" | "evaluation", for kvdrift predict)
+                                 cohort ("development" | "evaluation", for kvdrift predict),
+                                 executor, ray_address, gpus_per_worker, cpus_per_worker
     [[documents]]                one table per source: source = "ruler" | "jsonl" | "hf"
     [analysis]                   bootstrap, alpha, endpoints (prespecified), seed
 """
@@ -19,6 +20,7 @@ from typing import Any
 
 from kvdrift.analysis.study import AnalysisOptions
 from kvdrift.data import NEEDLE_TYPES, RULER_FAMILIES, RulerConfig
+from kvdrift.run.executors import ExecutorConfig
 from kvdrift.run.runner import ESTIMATORS, RunConfig
 
 STUDY_KEYS = {
@@ -26,6 +28,7 @@ STUDY_KEYS = {
     "temperature": (int, float), "estimator": str, "depths": list, "seed": int, "batch": int,
     "device": str,
     "dtype": str, "chat_template": bool, "cohort": str,
+    "executor": str, "ray_address": str, "gpus_per_worker": float, "cpus_per_worker": float,
 }
 COHORTS = ("development", "evaluation")
 SOURCE_KEYS = {
@@ -56,12 +59,17 @@ class StudyConfig:
     chat_template: bool = True
     cohort: str | None = None  # "development" or "evaluation" (kvdrift predict), or unnamed
     source: str | None = field(default=None, compare=False)
+    executor: ExecutorConfig = field(default_factory=ExecutorConfig)  # not part of as_dict
 
     def for_model(self, model: str) -> RunConfig:
         return RunConfig(**(asdict(self.run) | {"model": model}))
 
     def as_dict(self) -> dict:
-        """The configuration that a study directory records and checks on resume."""
+        """The configuration that a study directory records and checks on resume.
+
+        The executor is left out: every executor writes the same records, so a study
+        started with one resumes with another.
+        """
         run = self.run.as_dict()
         run.pop("model")
         run.pop("extra")
@@ -171,6 +179,10 @@ def parse_study(data: dict, source: str | None = None) -> StudyConfig:
         models=tuple(str(m) for m in study["models"]), run=run, documents=sources,
         analysis=options, device=study.get("device", "auto"), dtype=study.get("dtype", "float32"),
         chat_template=study.get("chat_template", True), cohort=cohort, source=source,
+        executor=ExecutorConfig(
+            kind=study.get("executor", "local"), ray_address=study.get("ray_address"),
+            gpus_per_worker=study.get("gpus_per_worker"),
+            cpus_per_worker=study.get("cpus_per_worker", 1.0)),
     )
 
 

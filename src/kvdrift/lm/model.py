@@ -192,6 +192,24 @@ def unloadable_model_message(name_or_path: str, exc: Exception) -> str:
     return f"cannot load model {name_or_path!r}: {reason}; {allowed}"
 
 
+def _model_source(name_or_path: str) -> str | Path:
+    if not name_or_path:
+        raise ValueError("model name must be non-empty; use 'smollm2' for the embedded model")
+    return smollm2_path() if name_or_path == DEFAULT_MODEL else name_or_path
+
+
+def load_tokenizer(name_or_path: str = DEFAULT_MODEL) -> Any:
+    """The tokenizer of a model, without its weights (what a driver needs to size documents)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(_model_source(name_or_path))
+    except (OSError, ValueError) as exc:
+        if name_or_path == DEFAULT_MODEL:
+            raise
+        raise ValueError(unloadable_model_message(name_or_path, exc)) from exc
+
+
 def load_model(
     name_or_path: str = DEFAULT_MODEL,
     device: str | torch.device = "cpu",
@@ -212,14 +230,10 @@ def load_model(
             f"unknown attn_implementation {attn_implementation!r}; "
             f"allowed: {', '.join(ATTN_IMPLEMENTATIONS)}"
         )
-    if not name_or_path:
-        raise ValueError("model name must be non-empty; use 'smollm2' for the embedded model")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if name_or_path == DEFAULT_MODEL:
-        source, quiet = smollm2_path(), _quiet_progress()
-    else:
-        source, quiet = name_or_path, contextlib.nullcontext()
+    source = _model_source(name_or_path)
+    quiet = _quiet_progress() if name_or_path == DEFAULT_MODEL else contextlib.nullcontext()
     with quiet:
         try:
             tokenizer = AutoTokenizer.from_pretrained(source)

@@ -78,6 +78,10 @@ def unit_seed(seed: int, doc_id: str) -> int:
     return int.from_bytes(digest[:8], "little") >> 1
 
 
+TIMING_COLUMNS = ("setup_seconds", "replicate_seconds")
+"""Replicate-table columns of measured cost: the only ones that differ between two runs."""
+
+
 def with_timing(replicates: pa.Table, setup: float, estimator: float) -> pa.Table:
     """Add the measured cost of a unit, which ``kvdrift plan`` sizes studies with.
 
@@ -87,8 +91,8 @@ def with_timing(replicates: pa.Table, setup: float, estimator: float) -> pa.Tabl
     """
     n = replicates.num_rows
     return (replicates
-            .append_column("setup_seconds", pa.array([setup] * n, pa.float64()))
-            .append_column("replicate_seconds", pa.array([estimator / n] * n, pa.float64())))
+            .append_column(TIMING_COLUMNS[0], pa.array([setup] * n, pa.float64()))
+            .append_column(TIMING_COLUMNS[1], pa.array([estimator / n] * n, pa.float64())))
 
 
 PairFactory = Callable[[Document, str], KernelPair]
@@ -114,6 +118,32 @@ def run_estimator(config: RunConfig, pair: KernelPair, seed: int):
     return results[0] if len(results) == 1 else concat_results(results)
 
 
+def unit_key(config: RunConfig, doc: Document, action: str) -> UnitKey:
+    """The key under which a document's unit for ``action`` is stored."""
+    return UnitKey(model=config.model, doc_id=doc.id, action=action, stratum=doc.stratum)
+
+
+def unit_records(
+    config: RunConfig, doc: Document, action: str, make_pair: PairFactory
+) -> tuple[pa.Table, pa.Table]:
+    """Step and replicate tables of one unit: what every executor computes and stores.
+
+    The replicate table carries the unit's measured cost (:func:`with_timing`), the only
+    columns that differ between two runs of the same configuration and seed.
+    """
+    key = unit_key(config, doc, action)
+    started = time.perf_counter()
+    pair = make_pair(doc, action)
+    built = time.perf_counter()
+    result = run_estimator(config, pair, unit_seed(config.seed, doc.id))
+    finished = time.perf_counter()
+    if config.estimator == "rollout":
+        steps, reps = rollout_tables(key, result, config.depths)
+    else:
+        steps, reps = swrb_tables(key, result)
+    return steps, with_timing(reps, built - started, finished - built)
+
+
 def run_units(
     config: RunConfig,
     documents: Sequence[Document],
@@ -121,7 +151,7 @@ def run_units(
     store: RunStore,
     on_unit: Callable[[UnitKey, bool], None] | None = None,
 ) -> int:
-    """Run all units not yet in ``store``; returns how many were run now.
+    """Run all units not yet in ``store`` in this process; returns how many were run now.
 
     ``on_unit(key, skipped)`` is called after each unit (``skipped`` for units found done).
     """
@@ -130,22 +160,12 @@ def run_units(
     ran = 0
     for doc in documents:
         for action in config.actions:
-            key = UnitKey(model=config.model, doc_id=doc.id, action=action, stratum=doc.stratum)
+            key = unit_key(config, doc, action)
             if store.is_done(key):
                 if on_unit:
                     on_unit(key, True)
                 continue
-            started = time.perf_counter()
-            pair = make_pair(doc, action)
-            built = time.perf_counter()
-            result = run_estimator(config, pair, unit_seed(config.seed, doc.id))
-            finished = time.perf_counter()
-            if config.estimator == "rollout":
-                steps, reps = rollout_tables(key, result, config.depths)
-            else:
-                steps, reps = swrb_tables(key, result)
-            reps = with_timing(reps, built - started, finished - built)
-            store.write_unit(key, steps, reps)
+            store.write_unit(key, *unit_records(config, doc, action, make_pair))
             ran += 1
             if on_unit:
                 on_unit(key, False)

@@ -1,0 +1,118 @@
+"""Executors: where a run's units are computed. The driver stays the only writer of the store.
+
+``local`` computes every unit in this process, one after another (:func:`run_units`).
+``ray`` computes them on Ray actors that each build their pair factory (load the model) once
+and return records to the driver (:mod:`kvdrift.run.ray_executor`). Unit seeds depend only on
+the run seed and the document id, so both write the same records, and a run started with one
+executor resumes with the other.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+from kvdrift.data.document import Document
+from kvdrift.run.records import UnitKey
+from kvdrift.run.runner import PairFactory, RunConfig, run_units
+from kvdrift.run.store import RunStore
+
+EXECUTORS = ("local", "ray")
+PairBuilder = Callable[[], PairFactory]  # called once per process that computes units
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+@dataclass(frozen=True)
+class ExecutorConfig:
+    """Which executor runs the units, and the Ray settings (ignored by ``local``).
+
+    ``ray_address`` joins an existing cluster (``"auto"`` or ``HOST:PORT``); without it a
+    local Ray instance starts with this machine's CPUs and GPUs. ``gpus_per_worker`` defaults
+    to 1 where the cluster has GPUs (one worker per GPU) and 0 otherwise; ``max_retries`` is
+    how often a unit is retried after its worker died before the run stops.
+    """
+
+    kind: str = "local"
+    ray_address: str | None = None
+    gpus_per_worker: float | None = None
+    cpus_per_worker: float = 1.0
+    max_retries: int = 2
+
+    def __post_init__(self) -> None:
+        if self.kind not in EXECUTORS:
+            raise ValueError(f"unknown executor {self.kind!r}; allowed: {', '.join(EXECUTORS)}")
+        if self.ray_address is not None and (
+                not isinstance(self.ray_address, str) or not self.ray_address.strip()):
+            raise ValueError(f"ray_address must be 'auto' or HOST:PORT; got {self.ray_address!r}")
+        if self.gpus_per_worker is not None and not (
+                _is_number(self.gpus_per_worker) and self.gpus_per_worker >= 0):
+            raise ValueError(f"gpus_per_worker must be a number >= 0; got {self.gpus_per_worker!r}")
+        if not (_is_number(self.cpus_per_worker) and self.cpus_per_worker > 0):
+            raise ValueError(f"cpus_per_worker must be a number > 0; got {self.cpus_per_worker!r}")
+        if isinstance(self.max_retries, bool) or not isinstance(self.max_retries, int) \
+                or self.max_retries < 0:
+            raise ValueError(f"max_retries must be an integer >= 0; got {self.max_retries!r}")
+
+    def overridden(self, kind: str | None = None, ray_address: str | None = None
+                   ) -> ExecutorConfig:
+        """These settings with the command line's ``--executor``/``--ray-address`` applied.
+
+        An address implies the Ray executor; asking for ``local`` with an address is a mistake.
+        """
+        if ray_address is not None:
+            if kind == "local":
+                raise ValueError("--ray-address needs the ray executor; got --executor local")
+            kind = "ray"
+        changes = {k: v for k, v in (("kind", kind), ("ray_address", ray_address))
+                   if v is not None}
+        return replace(self, **changes)
+
+    def for_device(self, device: str) -> ExecutorConfig:
+        """A model placed on the CPU takes no GPU per worker unless one is asked for."""
+        if self.gpus_per_worker is None and str(device) == "cpu":
+            return replace(self, gpus_per_worker=0.0)
+        return self
+
+
+class Executor(Protocol):
+    """Runs a model's pending units into a store; used as a context manager."""
+
+    in_process: bool  # whether pairs are built in the driver (so it may share its loaded model)
+
+    def run(self, config: RunConfig, documents: Sequence[Document], build: PairBuilder,
+            store: RunStore, on_unit: Callable[[UnitKey, bool], None] | None = None) -> int: ...
+
+    def __enter__(self) -> Executor: ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+
+class LocalExecutor:
+    """Every unit in this process, one after another (document by document)."""
+
+    in_process = True
+
+    def run(self, config: RunConfig, documents: Sequence[Document], build: PairBuilder,
+            store: RunStore, on_unit: Callable[[UnitKey, bool], None] | None = None) -> int:
+        return run_units(config, documents, build(), store, on_unit=on_unit)
+
+    def __enter__(self) -> LocalExecutor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def open_executor(settings: ExecutorConfig,
+                  on_workers: Callable[[int], None] | None = None) -> Executor:
+    """The executor that ``settings`` names; ``on_workers(n)`` hears the live worker count."""
+    if settings.kind == "local":
+        return LocalExecutor()
+    from kvdrift.run.ray_executor import RayExecutor
+
+    return RayExecutor(settings, on_workers=on_workers)

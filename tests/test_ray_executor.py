@@ -1,0 +1,231 @@
+"""The Ray executor on a local Ray instance with 2 workers: the local executor's records, unit
+by unit; a worker killed mid-unit is replaced without losing or duplicating a unit; retries
+are bounded; bad executor input gets one line.
+"""
+
+import os
+import signal
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import ray
+import torch
+from typer.testing import CliRunner
+
+import kvdrift
+from kvdrift.cli import app
+from kvdrift.data import Document, write_jsonl
+from kvdrift.finite import random_pair
+from kvdrift.run import UnitFailed
+from kvdrift.run.executors import ExecutorConfig
+from kvdrift.run.ray_executor import RayExecutor
+from kvdrift.run.records import UnitKey
+from kvdrift.run.runner import TIMING_COLUMNS, RunConfig, run_units
+from kvdrift.run.store import KINDS, RunStore
+
+# The fault-injecting pair builders below travel to the workers by value (tests/ is not on
+# their path).
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+runner = CliRunner()
+PAIRS = {a: random_pair(3, 5, seed=7, mix=m, eos_token_id=2)
+         for a, m in {"mild": 0.2, "strong": 0.7}.items()}
+DOCS = [Document(id=f"doc{i}", prompt=f"prompt {i}", stratum="a" if i < 2 else "b")
+        for i in range(3)]
+VICTIM = ("doc1", "strong")
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A local Ray instance with 2 CPUs: 2 workers of one CPU each."""
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def finite_factory(doc, action):
+    return PAIRS[action]
+
+
+def finite_pairs():
+    """The builder a worker calls once: here the factory needs no loading."""
+    return finite_factory
+
+
+@dataclass(frozen=True)
+class DyingFinitePairs:
+    """Builds a pair factory whose process kills itself (SIGKILL) when it starts the
+    victim unit, as long as fewer than ``deaths`` workers have died that way."""
+
+    marker_dir: str
+    deaths: int
+
+    def __call__(self):
+        def make_pair(doc, action):
+            if (doc.id, action) == VICTIM and len(os.listdir(self.marker_dir)) < self.deaths:
+                Path(self.marker_dir, str(os.getpid())).touch()
+                os.kill(os.getpid(), signal.SIGKILL)
+            return PAIRS[action]
+
+        return make_pair
+
+
+def stored_units(root: Path) -> dict[str, dict[str, object]]:
+    """Every stored file of a run, by kind and file name, as an Arrow table (without the
+    measured wall times, which differ between any two runs)."""
+
+    def records(path: Path):
+        table = pq.read_table(path)
+        return table.drop_columns([c for c in TIMING_COLUMNS if c in table.column_names])
+
+    return {kind: {p.name: records(p) for p in sorted((root / kind).glob("*.parquet"))}
+            for kind in KINDS}
+
+
+def assert_same_units(a: Path, b: Path, units: int) -> None:
+    left, right = stored_units(a), stored_units(b)
+    for kind in KINDS:
+        assert len(left[kind]) == units and left[kind].keys() == right[kind].keys()
+        for name, table in left[kind].items():
+            assert table.equals(right[kind][name]), (kind, name)
+
+
+def test_study_on_ray_stores_the_local_records(ray_cluster, tiny_model_dir, tmp_path):
+    # Workers import this checkout's kvdrift (they inherit the driver's PYTHONPATH).
+    assert ray.get(ray.remote(lambda: kvdrift.__file__).remote()) == kvdrift.__file__
+    docs = tmp_path / "docs.jsonl"
+    write_jsonl([Document(id=f"d{i}", prompt=f"Document {i}. " + "The cat sat. " * (12 + 4 * i))
+                 for i in range(2)], docs)
+    config = tmp_path / "study.toml"
+    config.write_text(f"""
+[study]
+models = ["{tiny_model_dir}"]
+actions = ["snapkv-half", "recent-half"]
+replicates = 3
+horizon = 6
+depths = [2]
+device = "cpu"
+executor = "ray"
+
+[[documents]]
+source = "jsonl"
+path = "{docs}"
+""")
+    ray_out, local_out = tmp_path / "ray", tmp_path / "local"
+    result = runner.invoke(app, ["study", str(config), "--out", str(ray_out), "--no-report"])
+    assert result.exit_code == 0, result.output
+    # Each worker computes with one thread (Ray's OMP_NUM_THREADS = cpus_per_worker = 1); the
+    # local executor must too for bit-identical floats (the reduction order follows threads).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        local = runner.invoke(app, ["study", str(config), "--out", str(local_out),
+                                    "--no-report", "--executor", "local"])
+    finally:
+        torch.set_num_threads(threads)
+    assert local.exit_code == 0, local.output
+    assert_same_units(ray_out, local_out, units=2 * 2)
+
+
+def test_killed_worker_is_replaced_and_every_unit_is_stored_once(ray_cluster, tmp_path):
+    config = RunConfig(model="finite", actions=("mild", "strong"), replicates=20, horizon=5,
+                       seed=3)
+    local = RunStore.open(tmp_path / "local", config.as_dict())
+    run_units(config, DOCS, finite_factory, local)
+
+    markers = tmp_path / "deaths"
+    markers.mkdir()
+    store = RunStore.open(tmp_path / "ray", config.as_dict())
+    live, seen = [], []
+    with RayExecutor(ExecutorConfig("ray", max_retries=2), on_workers=live.append) as executor:
+        ran = executor.run(config, DOCS, DyingFinitePairs(str(markers), deaths=1), store,
+                           on_unit=lambda key, skipped: seen.append((key.doc_id, key.action)))
+    assert len(os.listdir(markers)) == 1  # the victim's worker was killed once, mid-unit
+    assert ran == 6 and sorted(seen) == sorted(set(seen)) and len(seen) == 6
+    assert max(live) == 2 and 1 in live and live[-1] == 0  # 2 workers, one lost, all retired
+    assert_same_units(tmp_path / "ray", tmp_path / "local", units=6)
+    reps = store.read("replicates").to_pandas()
+    assert (reps.groupby(["doc_id", "action"]).size() == 20).all()
+
+    # A rerun finds every unit done and starts no worker.
+    again = []
+    with RayExecutor(ExecutorConfig("ray"), on_workers=again.append) as executor:
+        assert executor.run(config, DOCS, finite_pairs, store) == 0
+    assert again == []
+
+
+def test_interrupt_keeps_finished_units_and_a_rerun_resumes(ray_cluster, tmp_path):
+    config = RunConfig(model="finite", actions=("mild", "strong"), replicates=8, horizon=5)
+    local = RunStore.open(tmp_path / "local", config.as_dict())
+    run_units(config, DOCS, finite_factory, local)
+    store = RunStore.open(tmp_path / "ray", config.as_dict())
+    first = []
+
+    def interrupt_after_two(key, skipped):
+        first.append(key)
+        if len(first) == 2:
+            raise KeyboardInterrupt  # as Ctrl-C in the driver would
+
+    with RayExecutor(ExecutorConfig("ray")) as executor:
+        with pytest.raises(KeyboardInterrupt):
+            executor.run(config, DOCS, finite_pairs, store, on_unit=interrupt_after_two)
+    assert len(list((tmp_path / "ray" / "replicates").glob("*.parquet"))) == 2
+    assert all(store.is_done(key) for key in first)
+    calls = []
+    with RayExecutor(ExecutorConfig("ray")) as executor:
+        ran = executor.run(config, DOCS, finite_pairs, store,
+                           on_unit=lambda key, skipped: calls.append((key, skipped)))
+    assert ran == 4 and sorted(k.doc_id + k.action for k, s in calls if s) \
+        == sorted(k.doc_id + k.action for k in first)
+    assert_same_units(tmp_path / "ray", tmp_path / "local", units=6)
+
+
+def test_retries_are_bounded_and_the_error_names_the_unit(ray_cluster, tmp_path):
+    config = RunConfig(model="finite", actions=("mild", "strong"), replicates=4, horizon=5)
+    markers = tmp_path / "deaths"
+    markers.mkdir()
+    store = RunStore.open(tmp_path / "ray", config.as_dict())
+    with RayExecutor(ExecutorConfig("ray", max_retries=1)) as executor:
+        with pytest.raises(UnitFailed) as info:
+            executor.run(config, DOCS[:2], DyingFinitePairs(str(markers), deaths=99), store)
+    assert "finite · doc1 · strong failed: its worker died 2 times (max_retries = 1)" \
+        in str(info.value)
+    assert len(os.listdir(markers)) == 2
+    victim = UnitKey(model="finite", doc_id="doc1", action="strong", stratum="a")
+    assert not store.is_done(victim)
+    assert store.is_done(replace(victim, action="mild"))  # finished before the victim started
+
+
+def test_bad_executor_input_gets_one_line(ray_cluster, tiny_model_dir, tmp_path):
+    docs = tmp_path / "docs.jsonl"
+    write_jsonl([Document(id="d0", prompt="The cat sat on the mat.")], docs)
+    base = ["run", "--model", str(tiny_model_dir), "--docs", str(docs), "--actions",
+            "snapkv-half", "--replicates", "2", "--horizon", "3", "--device", "cpu"]
+    config = tmp_path / "gpu.toml"
+    config.write_text(f"""
+[study]
+models = ["{tiny_model_dir}"]
+actions = ["snapkv-half"]
+executor = "ray"
+gpus_per_worker = 1
+
+[[documents]]
+source = "jsonl"
+path = "{docs}"
+""")
+    cases = [
+        (base + ["--out", str(tmp_path / "a"), "--executor", "magic"],
+         "unknown executor 'magic'; allowed: local, ray"),
+        (base + ["--out", str(tmp_path / "b"), "--ray-address", "127.0.0.1:1"],
+         "cannot reach a Ray cluster at 127.0.0.1:1"),
+        (["study", str(config), "--out", str(tmp_path / "c"), "--no-report"],
+         "gpus_per_worker = 1 asked for, but the local Ray instance has no GPUs"),
+    ]
+    for args, message in cases:
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, (args, result.output)
+        text = " ".join(result.output.split())  # the console wraps long lines
+        assert message in text and "Traceback" not in text and text.count("error:") == 1
