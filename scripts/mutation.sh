@@ -20,14 +20,14 @@ MAX_CHILDREN=${MAX_CHILDREN:-2}
 
 # module -> "source file|fast test files" (the tests that exercise it without loading a model)
 declare -A MODULES=(
-  [coupling]="src/kvdrift/coupling.py|tests/test_coupling.py tests/test_mutation_coupling.py"
-  [estimate]="src/kvdrift/estimate/*|tests/test_estimate.py tests/test_mutation_estimate.py"
-  [finite]="src/kvdrift/finite.py|tests/test_finite.py"
+  [coupling]="src/kvdrift/coupling.py|tests/test_coupling.py tests/test_coupling_exact.py"
+  [estimate]="src/kvdrift/estimate/*|tests/test_estimate.py tests/test_estimate_exact.py"
+  [finite]="src/kvdrift/finite.py|tests/test_finite.py tests/test_finite_variance.py"
   [finite_study]="src/kvdrift/finite_study.py|tests/test_finite.py tests/test_cli.py"
-  [records]="src/kvdrift/run/records.py|tests/test_runner.py tests/test_mutation_run.py"
-  [runner]="src/kvdrift/run/runner.py|tests/test_runner.py tests/test_mutation_run.py"
-  [store]="src/kvdrift/run/store.py|tests/test_runner.py tests/test_mutation_run.py"
-  [analysis]="src/kvdrift/analysis/*|tests/test_analysis.py tests/test_study_analysis.py tests/test_mutation_analysis.py"
+  [records]="src/kvdrift/run/records.py|tests/test_run_exact.py"
+  [runner]="src/kvdrift/run/runner.py|tests/test_run_exact.py"
+  [store]="src/kvdrift/run/store.py|tests/test_run_exact.py"
+  [analysis]="src/kvdrift/analysis/*|tests/test_analysis.py tests/test_analysis_exact.py"
   [cache]="src/kvdrift/lm/cache.py|tests/test_lm_pair.py"
   [pair]="src/kvdrift/lm/pair.py|tests/test_lm_pair.py"
 )
