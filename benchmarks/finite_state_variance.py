@@ -28,6 +28,8 @@ def variant_system(c: int, seed: int, variant: str, n: int = 24, H: int = 3) -> 
     rng = np.random.default_rng([seed, c])
     u, v = float(rng.uniform(0.5, 1.0)), float(rng.uniform(0.0, 1.0))
     base = 0.05 + 0.45 * c / n
+    if variant == "v-half-to-1":  # V ~ Unif[0.5, 1] like U (same draw, rescaled)
+        v = 0.5 + 0.5 * v
     lam = {"lambda-no-v": base * u, "lambda-no-uv": base, "lambda-no-u": base * v}.get(
         variant, base * u * v)
     shape, offset = (1.0, 0.05) if variant == "gamma-shape-1" else (1.5, 0.05)
@@ -70,7 +72,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=20)
     ap.add_argument("--variant", default="paper",
                     choices=["paper", "naive-delta", "lambda-no-v", "lambda-no-u", "lambda-no-uv",
-                             "lambda-per-prefix", "gamma-shape-1", "no-offset"])
+                             "lambda-per-prefix", "gamma-shape-1", "no-offset", "v-half-to-1"])
     ap.add_argument("--verbose", action="store_true", help="one line per seed")
     args = ap.parse_args()
     rows = []
