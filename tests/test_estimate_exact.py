@@ -151,3 +151,72 @@ def test_concatenated_batches_keep_rows_and_sum_counts():
         concat_results([s1, s2])
     with pytest.raises(ValueError, match="nothing to concatenate"):
         concat_results([])
+
+
+class StrictPair(FinitePair):
+    """A pair that refuses to advance a history to the horizon (the protocol allows that)."""
+
+    def advance(self, state, tokens):
+        if any(len(h) + 1 >= self.horizon for h in state.histories):
+            raise AssertionError("estimator advanced a history to the horizon")
+        return super().advance(state, tokens)
+
+
+def leaky_eos_pair(horizon=5, seed=40):
+    """Kernels that keep giving mass to every token after EOS (EOS = 2): absorption must
+    come from the estimators, as the kernel-pair protocol says."""
+    rng = np.random.default_rng(seed)
+    rows = {}
+
+    def row(side, history):
+        key = (side, history)
+        if key not in rows:
+            rows[key] = rng.dirichlet(np.ones(3))
+        return rows[key] if side == "p" else 0.4 * rows[key] + 0.6 * row("p", history)
+
+    return StrictPair(lambda h: row("p", h), lambda h: row("q", h), 3, horizon,
+                      eos_token_id=2)
+
+
+def test_estimators_absorb_eos_themselves_and_stop_before_the_horizon():
+    pair = leaky_eos_pair()
+    assert pair.probs("p", (2,))[0] > 0  # the kernel itself does not absorb
+    truth = exact(pair)  # exact() applies the EOS rule
+    r = coupled_rollouts(pair, 3000, 5, seed=8)
+    x_before = torch.cat([torch.zeros(3000, 1, dtype=torch.bool), r.x_eos[:, :-1]], dim=1)
+    y_before = torch.cat([torch.zeros(3000, 1, dtype=torch.bool), r.y_eos[:, :-1]], dim=1)
+    assert x_before.any() and y_before.any()
+    assert torch.all(r.x[x_before] == 2) and torch.all(r.y[y_before] == 2)
+    assert torch.all(r.f[x_before] == 0)  # both kernels on the absorbed X history
+    assert torch.all(r.delta[x_before & y_before] == 0)
+    assert_close_in_se(r.mismatch.double().mean(dim=1), truth.R, "R (EOS)")
+    assert_close_in_se(r.f.mean(dim=1), truth.F, "F (EOS)")
+    b = swrb(pair, 3000, 5, depths=(2,), seed=9)
+    assert_close_in_se(b.z_R, truth.R, "Z^R (EOS)")
+    assert_close_in_se(b.w_L[:, 0], truth.B_L(2), "W_2 (EOS)")
+    for tokens in (b.x, b.y):
+        seen = torch.cumsum(tokens == 2, dim=1) > 0
+        after = torch.cat([torch.zeros(3000, 1, dtype=torch.bool), seen[:, :-1]], dim=1)
+        assert after.any() and torch.all(tokens[after] == 2)
+    # A shared prefix with EOS absorbs both kernels: no divergence is possible after it.
+    u_eos = torch.cumsum(b.shared == 2, dim=1) > 0
+    u_before = torch.cat([torch.zeros(3000, 1, dtype=torch.bool), u_eos[:, :-1]], dim=1)
+    assert u_before.any() and torch.all(b.overlap_tv[u_before] == 0)
+    assert b.shared.dtype == torch.long and torch.all(b.shared[u_before] == 2)
+
+
+def test_default_seed_is_zero():
+    pair = random_pair(3, 3, seed=1, mix=0.7)
+    assert torch.equal(coupled_rollouts(pair, 20, 3).x, coupled_rollouts(pair, 20, 3, seed=0).x)
+    assert torch.equal(swrb(pair, 20, 3).z_R, swrb(pair, 20, 3, seed=0).z_R)
+
+
+def test_concatenated_swrb_batches_keep_their_depths():
+    pair = random_pair(2, 3, seed=3, mix=0.5)
+    a, b = swrb(pair, 3, 3, depths=(1, 2), seed=1), swrb(pair, 4, 3, depths=(1, 2), seed=2)
+    joined = concat_results([a, b])
+    assert joined.depths == (1, 2) and joined.replicates == 7
+    assert torch.equal(joined.z_L, torch.cat([a.z_L, b.z_L]))
+    assert torch.equal(joined.evaluations, torch.cat([a.evaluations, b.evaluations]))
+    with pytest.raises(ValueError, match="^nothing to concatenate$"):
+        concat_results([])
