@@ -163,7 +163,7 @@ def test_contrasts_and_endpoints_match_hand_computation(study):
                                                            / 2)
     assert c["rate_term"]["estimate"] == pytest.approx((b["C"] - a["C"]) * (a["E"] + b["E"]) / 2)
     assert c["exposure_share"]["estimate"] == pytest.approx(
-        c["exposure_term"]["estimate"] / (b["R"] - a["R"]))
+        (b["E"] - a["E"]) * (a["C"] + b["C"]) / 2 / (b["R"] - a["R"]))
     gap = np.array(b["expected_delta"]) - np.array(a["expected_delta"])
     assert c["block_gap"]["blocks"] == [[t, t] for t in range(1, H + 1)]  # 8 blocks of 1 at H=8
     np.testing.assert_allclose(c["block_gap"]["estimate"], gap, atol=1e-12)
