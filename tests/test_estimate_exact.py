@@ -88,7 +88,9 @@ def test_greedy_is_deterministic_and_exact():
     np.testing.assert_allclose(branch.z_R.numpy(), truth.R)
     np.testing.assert_allclose(branch.z_O.numpy(), 1 / 5)
     np.testing.assert_allclose(branch.w_L[:, 0].numpy(), truth.B_L(1))
-    # The scan stops at tau (survival 0): tau scanned positions, then H - tau continued.
+    # The scan stops at tau (survival 0): tau scanned positions, then H - tau continued,
+    # and nothing is drawn after the scan stopped.
+    assert torch.all(branch.shared[:, tau:] == -1) and torch.all(branch.shared[:, :tau] >= 0)
     assert torch.all(branch.evaluations == tau + (5 - tau))
 
 
@@ -220,3 +222,31 @@ def test_concatenated_swrb_batches_keep_their_depths():
     assert torch.equal(joined.evaluations, torch.cat([a.evaluations, b.evaluations]))
     with pytest.raises(ValueError, match="^nothing to concatenate$"):
         concat_results([])
+
+
+def test_swrb_scan_stops_where_divergence_is_certain():
+    # After U_1 = 0 the kernels disagree surely (TV 1): survival 0, the scan stops there.
+    # After U_1 = 1 they agree at position 2 and differ by 0.5 at position 3.
+    p_table = {(): [0.5, 0.5], (0,): [1.0, 0.0], (1,): [0.5, 0.5],
+               (1, 0): [1.0, 0.0], (1, 1): [1.0, 0.0], (0, 0): [1.0, 0.0], (0, 1): [1.0, 0.0]}
+    q_table = {(): [0.5, 0.5], (0,): [0.0, 1.0], (1,): [0.5, 0.5],
+               (1, 0): [0.5, 0.5], (1, 1): [0.5, 0.5], (0, 0): [0.5, 0.5], (0, 1): [0.5, 0.5]}
+    pair = FinitePair.from_tables(p_table, q_table, 2, 3)
+    b = swrb(pair, 200, 3, seed=3)
+    first = b.shared[:, 0]
+    dead, alive = first == 0, first == 1
+    assert dead.any() and alive.any()
+    assert torch.all(b.M[dead] == 1) and torch.all(b.J[dead] == 2)
+    assert torch.all(b.evaluations[dead] == 2 + (3 - 2))
+    assert torch.all(b.M[alive] == 0.5) and torch.all(b.J[alive] == 3)
+    assert torch.all(b.evaluations[alive] == 3 + 0)
+    truth = exact(pair)
+    assert b.z_R.mean().item() == pytest.approx(truth.R, abs=4.5 * b.z_R.std().item() / 200**0.5)
+
+
+def test_swrb_defaults_are_temperature_one_seed_zero_depth_h():
+    pair = random_pair(3, 3, seed=2, mix=0.7)
+    a, b = swrb(pair, 30, 3), swrb(pair, 30, 3, depths=(3,), temperature=1.0, seed=0)
+    assert a.depths == (3,) and torch.equal(a.z_R, b.z_R) and torch.equal(a.J, b.J)
+    c = coupled_rollouts(pair, 30, 3, temperature=1.0, seed=0)
+    assert torch.equal(coupled_rollouts(pair, 30, 3).y, c.y)
