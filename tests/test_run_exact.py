@@ -227,3 +227,35 @@ def test_store_metadata_names_and_errors(tmp_path):
     assert a != b and "/" not in a and a.startswith("snapkv_ratio_0.5__doc_1-")
     with pytest.raises(ValueError, match="no documents to run"):
         run_units(cfg, [], lambda d, a: PAIR, store)
+
+
+STEP_TYPES = {"model": "string", "doc_id": "string", "stratum": "string", "action": "string",
+              "estimator": "string", "replicate": "int32", "t": "int32", "x_token": "int64",
+              "y_token": "int64", "mismatch": "bool", "delta": "double", "f": "double",
+              "tau": "int32", "x_eos": "bool", "y_eos": "bool"}
+REPLICATE_TYPES = {"model": "string", "estimator": "string", "replicate": "int32",
+                   "horizon": "int32", "tau": "int32", "risk": "double", "evaluations": "int64",
+                   "divergence_mass": "double", "entry_time_mass": "double"}
+
+
+def test_record_schemas_are_the_same_for_both_estimators():
+    # Units are concatenated across estimators and runs: the column types are part of the
+    # stored format (a float tau or replicate index would not join with older units).
+    for steps, reps in (rollout_tables(KEY, rollout_result(), (1,)),
+                        swrb_tables(KEY, swrb_result())):
+        assert {k: str(steps.schema.field(k).type) for k in STEP_TYPES} == STEP_TYPES
+        assert {k: str(reps.schema.field(k).type) for k in REPLICATE_TYPES} == REPLICATE_TYPES
+    steps, reps = swrb_tables(KEY, swrb_result())
+    assert str(steps.schema.field("shared_token").type) == "int64"
+    assert reps.column("estimator").to_pylist() == ["swrb", "swrb"]
+
+
+def test_divergence_at_the_first_position_counts():
+    r = rollout_result()
+    m = torch.tensor([[True, False, False], [False, False, False]])
+    r = RolloutResult(x=r.x, y=r.y, mismatch=m, delta=r.delta, f=r.f, x_eos=r.x_eos,
+                      y_eos=r.y_eos, tau=torch.tensor([1, 0]), evaluations=6)
+    _, reps = rollout_tables(KEY, r)
+    assert reps.column("divergence_mass").to_pylist() == [1.0, 0.0]
+    assert reps.column("entry_time_mass").to_pylist() == [1.0, 0.0]
+    assert reps.column("exposure").to_pylist() == pytest.approx([2 / 3, 0])
