@@ -118,7 +118,7 @@ def test_swrb_records_follow_their_definitions():
         assert w[k, J[k] - 1] > 0
         assert (b.x[k, : J[k] - 1] == -1).all() and (b.x[k, J[k] - 1:] >= 0).all()
         count = m[k, J[k] - 1:].sum()
-        assert b.z_R[k] == pytest.approx(M[k] * count / Hh)
+        assert b.z_R[k].item() == pytest.approx(M[k] * count / Hh, rel=1e-15)
         assert b.z_O[k] == pytest.approx(M[k] / Hh)
         assert b.z_Pi[k] == pytest.approx(M[k] * (count - 1) / Hh)
         for i, L in enumerate(b.depths):
@@ -250,3 +250,15 @@ def test_swrb_defaults_are_temperature_one_seed_zero_depth_h():
     assert a.depths == (3,) and torch.equal(a.z_R, b.z_R) and torch.equal(a.J, b.J)
     c = coupled_rollouts(pair, 30, 3, temperature=1.0, seed=0)
     assert torch.equal(coupled_rollouts(pair, 30, 3).y, c.y)
+
+
+def test_smallest_valid_and_boolean_arguments():
+    pair = random_pair(2, 3, seed=5, mix=0.5)
+    one = coupled_rollouts(pair, 1, 1, seed=0)  # K = 1 and H = 1 are valid
+    assert one.x.shape == (1, 1) and one.evaluations == 1
+    assert swrb(pair, 1, 1, seed=0).z_R.shape == (1,)
+    for bad in (True, 1.0):
+        with pytest.raises(ValueError, match="horizon H must be an integer >= 1"):
+            coupled_rollouts(pair, 2, bad)
+        with pytest.raises(ValueError, match="replicates K must be an integer >= 1"):
+            swrb(pair, bad, 2)
