@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from mutation_scope import per_test_under_mutmut
 
 from kvdrift.analysis.bootstrap import percentile_interval, stratified_counts
 from kvdrift.analysis.study import AnalysisOptions, analyze
@@ -51,7 +52,7 @@ def synthetic(action: str, doc: int) -> RolloutResult:
                          tau=first_mismatch(mt), evaluations=K * H)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope=per_test_under_mutmut)
 def study(tmp_path_factory):
     raw = {a: [synthetic(a, i) for i in range(40)] for a in ACTIONS}
     steps, reps = [], []

@@ -9,6 +9,7 @@ of them, so the family's false-alarm rate is below 1.5e-4. Seeds are fixed.
 import numpy as np
 import pytest
 import torch
+from mutation_scope import per_test_under_mutmut
 
 from kvdrift.estimate import coupled_rollouts, swrb
 from kvdrift.estimate.common import concat_results
@@ -40,7 +41,7 @@ def assert_close_in_se(samples, truth, what):
     assert abs(samples.mean() - truth) < Z * se + 1e-12, f"{what}: {samples.mean()} vs {truth}"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope=per_test_under_mutmut)
 def warm():
     pair = random_pair(3, H, seed=39, mix=0.6, eos_token_id=2)
     truth = exact(tempered(pair, 0.7))
