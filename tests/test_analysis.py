@@ -14,7 +14,7 @@ from kvdrift.analysis.bounds import (
     sharp_interval,
     window_terms,
 )
-from kvdrift.analysis.decompose import Contrast, decompose, trajectory_terms
+from kvdrift.analysis.decompose import Contrast, Decomposition, decompose, trajectory_terms
 
 # Rows: never diverges; diverges at 2 and re-agrees; diverges at 1 and stays apart.
 MISMATCH = np.array(
@@ -58,7 +58,19 @@ def test_contrast_identity_is_exact():
         b = decompose(trajectory_terms(rng.random((50, 6)) < 0.6))
         c = Contrast(a, b)
         assert c.dR == pytest.approx(c.occurrence_term + c.exposure_term + c.rate_term, abs=1e-14)
-        assert c.exposure_share == pytest.approx(c.exposure_term / c.dR)
+
+
+
+def test_contrast_terms_hand_values():
+    a = Decomposition.from_terms(O=0.1, E=0.4, Pi=0.2)  # R = 0.3, C = 0.5
+    b = Decomposition.from_terms(O=0.2, E=0.6, Pi=0.45)  # R = 0.65, C = 0.75
+    c = Contrast(a, b)
+    assert (c.dR, c.dO, c.dE, c.dC) == pytest.approx((0.35, 0.1, 0.2, 0.25))
+    assert c.exposure_term == pytest.approx(0.2 * 0.625)
+    assert c.rate_term == pytest.approx(0.25 * 0.5)
+    assert c.exposure_share == pytest.approx(0.125 / 0.35)
+    assert math.isnan(Contrast(a, a).exposure_share)
+    assert Decomposition.from_terms(O=0.0, E=0.0, Pi=0.0).C == 0.0
 
 
 def test_window_terms_limits():

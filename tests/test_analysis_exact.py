@@ -1,0 +1,250 @@
+"""The study analysis against values computed by hand from small synthetic records.
+
+Records are built directly (no estimator) for 40 documents in two unequal strata and
+three actions, passed through the record tables, analysed, and every statistic is
+recomputed here with plain loops: stratum weights, replicate means, ratios of means,
+the lag profile, EOS split, bounds, Hoeffding enclosures and the certified order (read
+back from ``analysis.json``). Nothing here is random except the synthetic records.
+"""
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from mutation_scope import per_test_under_mutmut
+
+from kvdrift.analysis.bootstrap import percentile_interval, stratified_counts
+from kvdrift.analysis.study import AnalysisOptions, analyze
+from kvdrift.estimate import RolloutResult, first_mismatch
+from kvdrift.report.html import write_report
+from kvdrift.run.records import UnitKey, rollout_tables
+
+H, K = 8, 3
+STRATA = ["s1"] * 30 + ["s2"] * 10
+DOC_IDS = [f"d{i:02d}" for i in range(40)]
+WEIGHTS = np.array([1 / (2 * 30)] * 30 + [1 / (2 * 10)] * 10)  # strata weigh equally
+ACTIONS = ("clean", "noisy", "broken")
+BOOT = 300
+
+
+def synthetic(action: str, doc: int) -> RolloutResult:
+    rng = np.random.default_rng([ACTIONS.index(action), doc])
+    if action == "clean":
+        m = np.zeros((K, H), dtype=bool)
+    elif action == "broken":
+        m = np.ones((K, H), dtype=bool)
+        m[:, 0] = False  # tau = 2 as after prompt eviction
+    else:
+        start = rng.integers(2, H + 3, size=K)  # some rows never diverge (start > H)
+        m = (np.arange(1, H + 1)[None, :] >= start[:, None]) & (rng.random((K, H)) < 0.6)
+    delta = np.where(m, rng.uniform(0.5, 1.0, (K, H)), rng.uniform(0.0, 0.3, (K, H)))
+    delta[:, 0] = 0.0
+    f = delta * rng.uniform(0.2, 1.0, (K, H))
+    x_eos = np.cumsum(rng.random((K, H)) < 0.08, axis=1) > 0
+    y_eos = np.cumsum(rng.random((K, H)) < 0.12, axis=1) > 0
+    mt = torch.from_numpy(m)
+    return RolloutResult(x=torch.zeros(K, H, dtype=torch.long), y=mt.long(), mismatch=mt,
+                         delta=torch.from_numpy(delta), f=torch.from_numpy(f),
+                         x_eos=torch.from_numpy(x_eos), y_eos=torch.from_numpy(y_eos),
+                         tau=first_mismatch(mt), evaluations=K * H)
+
+
+@pytest.fixture(scope=per_test_under_mutmut)
+def study(tmp_path_factory):
+    raw = {a: [synthetic(a, i) for i in range(40)] for a in ACTIONS}
+    steps, reps = [], []
+    for a in ACTIONS:
+        for i, r in enumerate(raw[a]):
+            s, p = rollout_tables(UnitKey("toy", DOC_IDS[i], a, STRATA[i]), r, depths=(2, H))
+            steps.append(s.to_pandas())
+            reps.append(p.to_pandas())
+    options = AnalysisOptions(bootstrap=BOOT, seed=4,
+                              endpoints=("R(noisy) - R(clean)", "C(noisy)"))
+    analysis = analyze(pd.concat(steps), pd.concat(reps), options)
+    out = tmp_path_factory.mktemp("report")
+    write_report(analysis, out)
+    return raw, analysis, json.loads((out / "analysis.json").read_text())
+
+
+def per_doc(raw, action, fn):
+    """``[40]`` document means over replicates of ``fn(result, k)``."""
+    return np.array([np.mean([fn(r, k) for k in range(K)]) for r in raw[action]])
+
+
+def wmean(values):
+    return float((WEIGHTS * values).sum() / WEIGHTS.sum())
+
+
+def tau_of(r, k):
+    row = r.mismatch[k].numpy()
+    return int(np.argmax(row)) + 1 if row.any() else 0
+
+
+def hand(raw, action):
+    out = {}
+    out["R"] = wmean(per_doc(raw, action, lambda r, k: r.mismatch[k].double().mean().item()))
+    out["O"] = wmean(per_doc(raw, action, lambda r, k: (tau_of(r, k) > 0) / H))
+    out["E"] = wmean(per_doc(raw, action, lambda r, k: (H - tau_of(r, k)) / H
+                             if tau_of(r, k) else 0.0))
+    out["Pi"] = wmean(per_doc(raw, action, lambda r, k: r.mismatch[k, tau_of(r, k):].sum().item()
+                              / H if tau_of(r, k) else 0.0))
+    out["C"] = out["Pi"] / out["E"] if out["E"] > 0 else 0.0
+    out["F"] = wmean(per_doc(raw, action, lambda r, k: r.f[k].mean().item()))
+    out["R_minus_F"] = out["R"] - out["F"]
+    div = wmean(per_doc(raw, action, lambda r, k: float(tau_of(r, k) > 0)))
+    out["p_diverge"] = div
+    entry = wmean(per_doc(raw, action, lambda r, k: float(tau_of(r, k))))
+    out["mean_entry_time"] = entry / div if div > 0 else float("nan")
+    out["S99"] = wmean(per_doc(raw, action, lambda r, k: (r.delta[k] > 0.99).double().mean()
+                               .item()))
+    # Lag profile: cohort tau <= 4, lags 1..4; early window lag 1, late window lag 4.
+    profile = []
+    for j in range(1, 5):
+        num = wmean(per_doc(raw, action, lambda r, k, j=j: r.delta[k, tau_of(r, k) + j - 1]
+                            .item() if 1 <= tau_of(r, k) <= 4 else 0.0))
+        den = wmean(per_doc(raw, action, lambda r, k: float(1 <= tau_of(r, k) <= 4)))
+        profile.append(num / den if den > 0 else float("nan"))
+    out["lag_profile"] = profile
+    out["B"] = profile[3] - profile[0]
+    out["timing_cdf"] = [wmean(per_doc(raw, action, lambda r, k, t=t: float(
+        1 <= tau_of(r, k) <= t))) for t in range(1, H + 1)]
+    out["expected_delta"] = [wmean(per_doc(raw, action, lambda r, k, t=t: r.delta[k, t].item()))
+                             for t in range(H)]
+    return out
+
+
+def test_point_estimates_match_hand_computation(study):
+    raw, analysis, _ = study
+    assert analysis["meta"]["documents"] == {"s1": 30, "s2": 10}
+    assert analysis["meta"]["replicates"] == K and analysis["meta"]["horizon"] == H
+    for entry in analysis["actions"]:
+        want = hand(raw, entry["action"])
+        for name in ("R", "O", "E", "Pi", "C", "F", "R_minus_F", "p_diverge", "S99"):
+            assert entry["scalars"][name]["estimate"] == pytest.approx(want[name], abs=1e-12), (
+                entry["action"], name)
+        for name in ("mean_entry_time", "B"):
+            got = entry["scalars"][name]["estimate"]
+            assert got == pytest.approx(want[name], abs=1e-12, nan_ok=True), name
+        np.testing.assert_allclose(entry["curves"]["timing_cdf"]["estimate"], want["timing_cdf"],
+                                   atol=1e-12)
+        np.testing.assert_allclose(entry["curves"]["expected_delta"]["estimate"],
+                                   want["expected_delta"], atol=1e-12)
+        if entry["action"] != "clean":
+            np.testing.assert_allclose(entry["curves"]["lag_profile"]["estimate"],
+                                       want["lag_profile"], atol=1e-12)
+    clean = next(e for e in analysis["actions"] if e["action"] == "clean")["scalars"]
+    assert math.isnan(clean["mean_entry_time"]["estimate"])  # nobody diverged: undefined
+    assert clean["C"]["estimate"] == 0.0  # E = 0: C is 0 by convention
+
+
+def test_bootstrap_intervals_are_percentiles_of_document_resamples(study):
+    raw, analysis, _ = study
+    counts = stratified_counts(np.array(STRATA), BOOT, seed=4)
+    entry = next(e for e in analysis["actions"] if e["action"] == "noisy")
+    d_h = per_doc(raw, "noisy", lambda r, k: r.mismatch[k].double().mean().item())
+    w = counts * WEIGHTS[None, :]
+    draws = (w * d_h[None, :]).sum(axis=1) / w.sum(axis=1)
+    lo, hi = np.percentile(draws, [2.5, 97.5])
+    assert (entry["scalars"]["R"]["lo"], entry["scalars"]["R"]["hi"]) == pytest.approx((lo, hi))
+    assert lo < entry["scalars"]["R"]["estimate"] < hi
+
+
+def test_contrasts_and_endpoints_match_hand_computation(study):
+    raw, analysis, _ = study
+    a, b = hand(raw, "clean"), hand(raw, "noisy")
+    c = next(x for x in analysis["contrasts"] if (x["a"], x["b"]) == ("clean", "noisy"))
+    assert c["dR"]["estimate"] == pytest.approx(b["R"] - a["R"])
+    assert c["dO"]["estimate"] == pytest.approx(b["O"] - a["O"])
+    assert c["dE"]["estimate"] == pytest.approx(b["E"] - a["E"])
+    assert c["dC"]["estimate"] == pytest.approx(b["C"] - a["C"])
+    assert c["exposure_term"]["estimate"] == pytest.approx((b["E"] - a["E"]) * (a["C"] + b["C"])
+                                                           / 2)
+    assert c["rate_term"]["estimate"] == pytest.approx((b["C"] - a["C"]) * (a["E"] + b["E"]) / 2)
+    assert c["exposure_share"]["estimate"] == pytest.approx(
+        (b["E"] - a["E"]) * (a["C"] + b["C"]) / 2 / (b["R"] - a["R"]))
+    gap = np.array(b["expected_delta"]) - np.array(a["expected_delta"])
+    assert c["block_gap"]["blocks"] == [[t, t] for t in range(1, H + 1)]  # 8 blocks of 1 at H=8
+    np.testing.assert_allclose(c["block_gap"]["estimate"], gap, atol=1e-12)
+    assert [(x["a"], x["b"]) for x in analysis["contrasts"]] == [
+        ("clean", "noisy"), ("clean", "broken"), ("noisy", "broken")]
+    e1, e2 = analysis["endpoints"]
+    assert (e1["name"], e2["name"]) == ("R(noisy) - R(clean)", "C(noisy)")
+    assert e1["estimate"] == pytest.approx(b["R"] - a["R"])
+    assert e2["estimate"] == pytest.approx(b["C"])
+    assert e1["alpha"] == e2["alpha"] == pytest.approx(0.05 / 2)
+    counts = stratified_counts(np.array(STRATA), BOOT, seed=4)
+    w = counts * WEIGHTS[None, :]
+    d_a = per_doc(raw, "clean", lambda r, k: r.mismatch[k].double().mean().item())
+    d_b = per_doc(raw, "noisy", lambda r, k: r.mismatch[k].double().mean().item())
+    draws = (w * (d_b - d_a)[None, :]).sum(axis=1) / w.sum(axis=1)
+    lo, hi = percentile_interval(draws[:, None], 0.05 / 2)
+    assert (e1["lo"], e1["hi"]) == pytest.approx((lo[0], hi[0]))
+
+
+def test_bounds_and_certified_order_read_from_analysis_json(study):
+    raw, analysis, saved = study
+    for entry in saved["actions"]:
+        action = entry["action"]
+        for bound in entry["bounds"]:
+            L = bound["L"]
+            lower = per_doc(raw, action, lambda r, k, L=L: r.mismatch[k, tau_of(r, k) - 1:
+                                                                     tau_of(r, k) - 1 + L]
+                            .sum().item() / H if tau_of(r, k) else 0.0)
+            cap = per_doc(raw, action, lambda r, k, L=L: max(H - tau_of(r, k) - L + 1, 0) / H
+                          if tau_of(r, k) else 0.0)
+            assert bound["R_L"] == pytest.approx(wmean(lower))
+            assert bound["B_L"] == pytest.approx(wmean(cap))
+            assert bound["minimax"] == pytest.approx(wmean(lower) + wmean(cap) / 2)
+            eps = math.sqrt(math.log(4 / 0.05) * (WEIGHTS**2).sum() / WEIGHTS.sum() ** 2 / 2)
+            upper = np.minimum(lower + cap, 1.0)
+            assert bound["hoeffding_lo"] == pytest.approx(max(0.0, wmean(lower) - eps))
+            assert bound["hoeffding_hi"] == pytest.approx(min(1.0, wmean(upper) + eps))
+    # Orders use alpha / 3 (three actions), eps = 0.27 here. At L = 8 (no unobserved tail)
+    # broken (risk 7/8) is certainly worse than clean (0) and noisy; at L = 2 broken's
+    # observed part is only 2/8 with a 5/8 tail, so nothing separates.
+    eps3 = math.sqrt(math.log(4 / (0.05 / 3)) * (WEIGHTS**2).sum() / 2)
+    want = []
+    for L in (2, H):
+        enc = {}
+        for a in ACTIONS:
+            lower = per_doc(raw, a, lambda r, k, L=L: r.mismatch[k, tau_of(r, k) - 1:
+                                                                tau_of(r, k) - 1 + L]
+                            .sum().item() / H if tau_of(r, k) else 0.0)
+            cap = per_doc(raw, a, lambda r, k, L=L: max(H - tau_of(r, k) - L + 1, 0) / H
+                          if tau_of(r, k) else 0.0)
+            enc[a] = (max(0.0, wmean(lower) - eps3), min(1.0, wmean(np.minimum(lower + cap, 1))
+                                                         + eps3))
+        want += [{"model": "toy", "L": L, "better": a, "worse": b}
+                 for a in ACTIONS for b in ACTIONS if a != b and enc[a][1] < enc[b][0]]
+    assert saved["certified_order"] == want
+    assert want == [{"model": "toy", "L": H, "better": "clean", "worse": "broken"},
+                    {"model": "toy", "L": H, "better": "noisy", "worse": "broken"}]
+    assert saved["certified_order"] == analysis["certified_order"]
+
+
+def test_eos_split_sums_delta_by_category(study):
+    raw, analysis, _ = study
+    entry = next(e for e in analysis["actions"] if e["action"] == "noisy")
+    split = entry["eos_split"]
+
+    def category(r, k, t):
+        xb = bool(r.x_eos[k, t - 1]) if t > 0 else False
+        yb = bool(r.y_eos[k, t - 1]) if t > 0 else False
+        if xb and yb:
+            return 3
+        if xb or yb:
+            return 2
+        return 1 if (r.x_eos[k, t] or r.y_eos[k, t]) else 0
+
+    for cat in range(4):
+        r_cat = wmean(per_doc(raw, "noisy", lambda r, k, c=cat: sum(
+            r.delta[k, t].item() for t in range(H) if category(r, k, t) == c) / H))
+        f_cat = wmean(per_doc(raw, "noisy", lambda r, k, c=cat: sum(
+            r.f[k, t].item() for t in range(H) if category(r, k, t) == c) / H))
+        assert split["R"][cat] == pytest.approx(r_cat, abs=1e-12)
+        assert split["F"][cat] == pytest.approx(f_cat, abs=1e-12)
+        assert split["R_minus_F"][cat] == pytest.approx(r_cat - f_cat, abs=1e-12)
+    assert min(split["R"]) > 0  # every category occurs in these records

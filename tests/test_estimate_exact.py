@@ -1,0 +1,265 @@
+"""Estimators at temperatures other than 1 against exact enumeration, and SWRB's records.
+
+At temperature T the estimators sample from ``softmax(log p / T)``; the exact truth is the
+enumeration of the pair whose tables are those tempered rows. Each z-test rejects a correct
+estimator with probability about 7e-6 (|z| > 4.5, normal approximation); this file runs 21
+of them, so the family's false-alarm rate is below 1.5e-4. Seeds are fixed.
+"""
+
+import numpy as np
+import pytest
+import torch
+from mutation_scope import per_test_under_mutmut
+
+from kvdrift.estimate import coupled_rollouts, swrb
+from kvdrift.estimate.common import concat_results
+from kvdrift.finite import FinitePair, exact, random_pair
+
+Z = 4.5
+K = 3000
+H = 4
+
+
+def tempered(pair: FinitePair, temperature: float) -> FinitePair:
+    """The pair whose rows are ``pair``'s rows at ``temperature`` (0: arg-max point mass)."""
+
+    def row(side):
+        def fn(history):
+            p = pair.probs(side, history)
+            if temperature == 0:
+                return np.eye(pair.vocab_size)[int(np.argmax(p))]
+            w = np.where(p > 0, p, 0.0) ** (1.0 / temperature)
+            return w / w.sum()
+        return fn
+
+    return FinitePair(row("p"), row("q"), pair.vocab_size, pair.horizon, pair.eos_token_id)
+
+
+def assert_close_in_se(samples, truth, what):
+    samples = np.asarray(samples, dtype=float)
+    se = samples.std(ddof=1) / np.sqrt(samples.size)
+    assert abs(samples.mean() - truth) < Z * se + 1e-12, f"{what}: {samples.mean()} vs {truth}"
+
+
+@pytest.fixture(scope=per_test_under_mutmut)
+def warm():
+    pair = random_pair(3, H, seed=39, mix=0.6, eos_token_id=2)
+    truth = exact(tempered(pair, 0.7))
+    # At T = 1 the truth differs clearly, so matching it at 0.7 is not a coincidence.
+    assert abs(exact(pair).R - truth.R) > 0.09  # about 12 standard errors
+    naive = coupled_rollouts(pair, K, H, temperature=0.7, seed=4)
+    branch = swrb(pair, K, H, depths=(1, 2), temperature=0.7, seed=5)
+    return truth, naive, branch
+
+
+def test_rollouts_at_temperature_07_match_exact(warm):
+    truth, naive, _ = warm
+    assert_close_in_se(naive.mismatch.double().mean(dim=1), truth.R, "R")
+    assert_close_in_se(naive.f.mean(dim=1), truth.F, "F")
+    for t in range(H):
+        assert_close_in_se(naive.delta[:, t], truth.expected_delta[t], f"delta_{t + 1}")
+    for s in range(1, H + 1):
+        assert_close_in_se((naive.tau == s).double(), truth.p_tau[s - 1], f"p_{s}")
+
+
+def test_swrb_at_temperature_07_matches_exact(warm):
+    truth, _, branch = warm
+    assert_close_in_se(branch.z_R, truth.R, "Z^R")
+    assert_close_in_se(branch.z_O, truth.O, "Z^O")
+    assert_close_in_se(branch.z_Pi, truth.Pi, "Z^Pi")
+    for i, L in enumerate(branch.depths):
+        assert_close_in_se(branch.z_L[:, i], truth.R_L(L), f"Z_{L}")
+        assert_close_in_se(branch.w_L[:, i], truth.B_L(L), f"W_{L}")
+        assert_close_in_se(branch.z_tail[:, i], truth.R - truth.R_L(L), f"tail_{L}")
+
+
+def test_greedy_is_deterministic_and_exact():
+    # Greedy decoding: both kernels are point masses, so every replicate is the truth.
+    pair = random_pair(3, 5, seed=34, mix=0.5, eos_token_id=2)
+    truth = exact(tempered(pair, 0))
+    assert (truth.R, truth.E, truth.Pi) == pytest.approx((0.4, 0.6, 0.2))  # re-agrees after tau = 2
+    naive = coupled_rollouts(pair, 5, 5, temperature=0, seed=1)
+    d_h = naive.mismatch.double().mean(dim=1)
+    assert torch.all(d_h == truth.R)
+    np.testing.assert_allclose(naive.delta.numpy(), np.tile(truth.expected_delta, (5, 1)))
+    np.testing.assert_allclose(naive.f.numpy(), np.tile(truth.expected_fixed, (5, 1)))
+    branch = swrb(pair, 5, 5, depths=(1, 5), temperature=0, seed=2)
+    tau = int(np.flatnonzero(truth.p_tau)[0]) + 1
+    assert torch.all(branch.M == 1) and torch.all(branch.J == tau)
+    np.testing.assert_allclose(branch.z_R.numpy(), truth.R)
+    np.testing.assert_allclose(branch.z_O.numpy(), 1 / 5)
+    np.testing.assert_allclose(branch.w_L[:, 0].numpy(), truth.B_L(1))
+    # The scan stops at tau (survival 0): tau scanned positions, then H - tau continued,
+    # and nothing is drawn after the scan stopped.
+    assert torch.all(branch.shared[:, tau:] == -1) and torch.all(branch.shared[:, :tau] >= 0)
+    assert torch.all(branch.evaluations == tau + (5 - tau))
+
+
+def test_swrb_records_follow_their_definitions():
+    # Every SWRB output recomputed from the row's scan and continuation (SPEC.md section 6).
+    pair = random_pair(3, 5, seed=30, mix=0.5, eos_token_id=2)
+    b = swrb(pair, 400, 5, depths=(1, 2, 5), seed=6)
+    Hh = 5
+    w = b.weights.numpy()
+    e = b.overlap_tv.numpy()
+    survival = np.concatenate([np.ones((400, 1)), np.cumprod(1 - e, axis=1)[:, :-1]], axis=1)
+    np.testing.assert_allclose(w, survival * e, atol=1e-15)
+    np.testing.assert_allclose(b.M.numpy(), w.sum(axis=1))
+    s = np.arange(1, Hh + 1)
+    for i, L in enumerate(b.depths):
+        np.testing.assert_allclose(b.w_L[:, i].numpy(),
+                                   (w * np.maximum(Hh - s - L + 1, 0)).sum(axis=1) / Hh)
+    m = b.mismatch.numpy()
+    J = b.J.numpy()
+    M = b.M.numpy()
+    for k in range(400):
+        if J[k] == 0:
+            assert M[k] == 0 and not m[k].any() and b.z_R[k] == 0
+            continue
+        assert w[k, J[k] - 1] > 0
+        assert (b.x[k, : J[k] - 1] == -1).all() and (b.x[k, J[k] - 1:] >= 0).all()
+        count = m[k, J[k] - 1:].sum()
+        assert b.z_R[k].item() == pytest.approx(M[k] * count / Hh, rel=1e-15)
+        assert b.z_O[k] == pytest.approx(M[k] / Hh)
+        assert b.z_Pi[k] == pytest.approx(M[k] * (count - 1) / Hh)
+        for i, L in enumerate(b.depths):
+            seen = m[k, J[k] - 1: J[k] - 1 + L].sum()
+            assert b.z_L[k, i] == pytest.approx(M[k] * seen / Hh)
+        # The shared prefix before J was drawn from the overlaps: tokens are valid ids.
+        assert (b.shared[k, : J[k] - 1] >= 0).all()
+        # Evaluations: every position scanned while survival > 0, plus H - J continued.
+        scanned = int((survival[k] > 0).sum())
+        assert b.evaluations[k] == scanned + Hh - J[k]
+
+
+def test_branch_positions_follow_the_weights():
+    # J ~ w / M given the scan: sum over replicates of 1{J = s} - w_s / M has mean 0.
+    pair = random_pair(2, 4, seed=31, mix=0.7)
+    b = swrb(pair, 4000, 4, seed=7)
+    w, M, J = b.weights.numpy(), b.M.numpy(), b.J.numpy()
+    ok = M > 0
+    for s in range(1, 5):
+        resid = (J[ok] == s) - w[ok, s - 1] / M[ok]
+        assert abs(resid.mean()) < Z * resid.std(ddof=1) / np.sqrt(ok.sum()) + 1e-12
+
+
+def test_concatenated_batches_keep_rows_and_sum_counts():
+    pair = random_pair(2, 3, seed=3, mix=0.5)
+    a, b = coupled_rollouts(pair, 3, 3, seed=1), coupled_rollouts(pair, 2, 3, seed=2)
+    joined = concat_results([a, b])
+    assert torch.equal(joined.x, torch.cat([a.x, b.x])) and joined.evaluations == 15
+    assert torch.equal(joined.tau, torch.cat([a.tau, b.tau]))
+    s1, s2 = swrb(pair, 3, 3, depths=(1,), seed=1), swrb(pair, 2, 3, depths=(2,), seed=1)
+    with pytest.raises(ValueError, match="batches disagree on depths"):
+        concat_results([s1, s2])
+    with pytest.raises(ValueError, match="nothing to concatenate"):
+        concat_results([])
+
+
+class StrictPair(FinitePair):
+    """A pair that refuses to advance a history to the horizon (the protocol allows that)."""
+
+    def advance(self, state, tokens):
+        if any(len(h) + 1 >= self.horizon for h in state.histories):
+            raise AssertionError("estimator advanced a history to the horizon")
+        return super().advance(state, tokens)
+
+
+def leaky_eos_pair(horizon=5, seed=40):
+    """Kernels that keep giving mass to every token after EOS (EOS = 2): absorption must
+    come from the estimators, as the kernel-pair protocol says."""
+    rng = np.random.default_rng(seed)
+    rows = {}
+
+    def row(side, history):
+        key = (side, history)
+        if key not in rows:
+            rows[key] = rng.dirichlet(np.ones(3))
+        return rows[key] if side == "p" else 0.4 * rows[key] + 0.6 * row("p", history)
+
+    return StrictPair(lambda h: row("p", h), lambda h: row("q", h), 3, horizon,
+                      eos_token_id=2)
+
+
+def test_estimators_absorb_eos_themselves_and_stop_before_the_horizon():
+    pair = leaky_eos_pair()
+    assert pair.probs("p", (2,))[0] > 0  # the kernel itself does not absorb
+    truth = exact(pair)  # exact() applies the EOS rule
+    r = coupled_rollouts(pair, 3000, 5, seed=8)
+    x_before = torch.cat([torch.zeros(3000, 1, dtype=torch.bool), r.x_eos[:, :-1]], dim=1)
+    y_before = torch.cat([torch.zeros(3000, 1, dtype=torch.bool), r.y_eos[:, :-1]], dim=1)
+    assert x_before.any() and y_before.any()
+    assert torch.all(r.x[x_before] == 2) and torch.all(r.y[y_before] == 2)
+    assert torch.all(r.f[x_before] == 0)  # both kernels on the absorbed X history
+    assert torch.all(r.delta[x_before & y_before] == 0)
+    assert_close_in_se(r.mismatch.double().mean(dim=1), truth.R, "R (EOS)")
+    assert_close_in_se(r.f.mean(dim=1), truth.F, "F (EOS)")
+    b = swrb(pair, 3000, 5, depths=(2,), seed=9)
+    assert_close_in_se(b.z_R, truth.R, "Z^R (EOS)")
+    assert_close_in_se(b.w_L[:, 0], truth.B_L(2), "W_2 (EOS)")
+    for tokens in (b.x, b.y):
+        seen = torch.cumsum(tokens == 2, dim=1) > 0
+        after = torch.cat([torch.zeros(3000, 1, dtype=torch.bool), seen[:, :-1]], dim=1)
+        assert after.any() and torch.all(tokens[after] == 2)
+    # A shared prefix with EOS absorbs both kernels: no divergence is possible after it.
+    u_eos = torch.cumsum(b.shared == 2, dim=1) > 0
+    u_before = torch.cat([torch.zeros(3000, 1, dtype=torch.bool), u_eos[:, :-1]], dim=1)
+    assert u_before.any() and torch.all(b.overlap_tv[u_before] == 0)
+    assert b.shared.dtype == torch.long and torch.all(b.shared[u_before] == 2)
+
+
+def test_default_seed_is_zero():
+    pair = random_pair(3, 3, seed=1, mix=0.7)
+    assert torch.equal(coupled_rollouts(pair, 20, 3).x, coupled_rollouts(pair, 20, 3, seed=0).x)
+    assert torch.equal(swrb(pair, 20, 3).z_R, swrb(pair, 20, 3, seed=0).z_R)
+
+
+def test_concatenated_swrb_batches_keep_their_depths():
+    pair = random_pair(2, 3, seed=3, mix=0.5)
+    a, b = swrb(pair, 3, 3, depths=(1, 2), seed=1), swrb(pair, 4, 3, depths=(1, 2), seed=2)
+    joined = concat_results([a, b])
+    assert joined.depths == (1, 2) and joined.replicates == 7
+    assert torch.equal(joined.z_L, torch.cat([a.z_L, b.z_L]))
+    assert torch.equal(joined.evaluations, torch.cat([a.evaluations, b.evaluations]))
+    with pytest.raises(ValueError, match="^nothing to concatenate$"):
+        concat_results([])
+
+
+def test_swrb_scan_stops_where_divergence_is_certain():
+    # After U_1 = 0 the kernels disagree surely (TV 1): survival 0, the scan stops there.
+    # After U_1 = 1 they agree at position 2 and differ by 0.5 at position 3.
+    p_table = {(): [0.5, 0.5], (0,): [1.0, 0.0], (1,): [0.5, 0.5],
+               (1, 0): [1.0, 0.0], (1, 1): [1.0, 0.0], (0, 0): [1.0, 0.0], (0, 1): [1.0, 0.0]}
+    q_table = {(): [0.5, 0.5], (0,): [0.0, 1.0], (1,): [0.5, 0.5],
+               (1, 0): [0.5, 0.5], (1, 1): [0.5, 0.5], (0, 0): [0.5, 0.5], (0, 1): [0.5, 0.5]}
+    pair = FinitePair.from_tables(p_table, q_table, 2, 3)
+    b = swrb(pair, 200, 3, seed=3)
+    first = b.shared[:, 0]
+    dead, alive = first == 0, first == 1
+    assert dead.any() and alive.any()
+    assert torch.all(b.M[dead] == 1) and torch.all(b.J[dead] == 2)
+    assert torch.all(b.evaluations[dead] == 2 + (3 - 2))
+    assert torch.all(b.M[alive] == 0.5) and torch.all(b.J[alive] == 3)
+    assert torch.all(b.evaluations[alive] == 3 + 0)
+    truth = exact(pair)
+    assert b.z_R.mean().item() == pytest.approx(truth.R, abs=4.5 * b.z_R.std().item() / 200**0.5)
+
+
+def test_swrb_defaults_are_temperature_one_seed_zero_depth_h():
+    pair = random_pair(3, 3, seed=2, mix=0.7)
+    a, b = swrb(pair, 30, 3), swrb(pair, 30, 3, depths=(3,), temperature=1.0, seed=0)
+    assert a.depths == (3,) and torch.equal(a.z_R, b.z_R) and torch.equal(a.J, b.J)
+    c = coupled_rollouts(pair, 30, 3, temperature=1.0, seed=0)
+    assert torch.equal(coupled_rollouts(pair, 30, 3).y, c.y)
+
+
+def test_smallest_valid_and_boolean_arguments():
+    pair = random_pair(2, 3, seed=5, mix=0.5)
+    one = coupled_rollouts(pair, 1, 1, seed=0)  # K = 1 and H = 1 are valid
+    assert one.x.shape == (1, 1) and one.evaluations == 1
+    assert swrb(pair, 1, 1, seed=0).z_R.shape == (1,)
+    for bad in (True, 1.0):
+        with pytest.raises(ValueError, match="horizon H must be an integer >= 1"):
+            coupled_rollouts(pair, 2, bad)
+        with pytest.raises(ValueError, match="replicates K must be an integer >= 1"):
+            swrb(pair, bad, 2)

@@ -1,0 +1,261 @@
+"""Records, runner and store pinned by hand-computed values and independent derivations.
+
+Fast (small K): these are the tests ``scripts/mutation.sh`` runs against ``kvdrift.run``.
+Statistical checks use |z| < 4.5 (false alarm about 7e-6 each, 6 checks: below 5e-5).
+"""
+
+import hashlib
+
+import numpy as np
+import pytest
+import torch
+
+import kvdrift.run.store as store_module
+from kvdrift.data.document import Document
+from kvdrift.estimate import RolloutResult, SWRBResult, coupled_rollouts, swrb
+from kvdrift.finite import exact, random_pair
+from kvdrift.run.records import UnitKey, rollout_tables, swrb_tables
+from kvdrift.run.runner import RunConfig, run_estimator, run_units, unit_seed
+from kvdrift.run.store import RunStore, unit_name
+
+KEY = UnitKey(model="m", doc_id="d", action="a", stratum="s")
+PAIR = random_pair(3, 4, seed=7, mix=0.6, eos_token_id=2)
+DOCS = [Document(id=f"doc{i}", prompt="p", stratum="a" if i < 2 else "b") for i in range(3)]
+
+
+def rollout_result():
+    # Two replicates, H = 3: row 0 diverges at 2 and re-agrees at 3; row 1 never diverges.
+    m = torch.tensor([[False, True, False], [False, False, False]])
+    return RolloutResult(
+        x=torch.tensor([[0, 1, 2], [1, 1, 1]]), y=torch.tensor([[0, 0, 2], [1, 1, 1]]),
+        mismatch=m, delta=torch.tensor([[0.0, 0.5, 0.25], [0.0, 0.1, 0.2]], dtype=torch.float64),
+        f=torch.tensor([[0.0, 0.3, 0.6], [0.0, 0.0, 0.3]], dtype=torch.float64),
+        x_eos=torch.tensor([[False, False, True], [False, False, False]]),
+        y_eos=torch.tensor([[False, False, True], [False, False, False]]),
+        tau=torch.tensor([2, 0]), evaluations=6)
+
+
+def test_rollout_tables_hand_values():
+    steps, reps = rollout_tables(KEY, rollout_result(), depths=(1, 2))
+    s = steps.to_pydict()
+    assert s["replicate"] == [0, 0, 0, 1, 1, 1] and s["t"] == [1, 2, 3, 1, 2, 3]
+    assert s["x_token"] == [0, 1, 2, 1, 1, 1] and s["y_token"] == [0, 0, 2, 1, 1, 1]
+    assert s["mismatch"] == [False, True, False, False, False, False]
+    assert s["delta"] == [0.0, 0.5, 0.25, 0.0, 0.1, 0.2]
+    assert s["f"] == [0.0, 0.3, 0.6, 0.0, 0.0, 0.3]
+    assert s["tau"] == [2, 2, 2, 0, 0, 0]
+    assert s["x_eos"] == [False, False, True, False, False, False]
+    assert s["y_eos"] == [False, False, True, False, False, False]
+    assert set(s["model"]) == {"m"} and set(s["doc_id"]) == {"d"} and set(s["action"]) == {"a"}
+    assert set(s["stratum"]) == {"s"} and set(s["estimator"]) == {"rollout"}
+    r = reps.to_pydict()
+    assert r["replicate"] == [0, 1] and r["horizon"] == [3, 3] and r["tau"] == [2, 0]
+    assert r["risk"] == pytest.approx([1 / 3, 0])
+    assert r["occurrence"] == pytest.approx([1 / 3, 0])
+    assert r["exposure"] == pytest.approx([1 / 3, 0])  # (H - tau) / H
+    assert r["occupation"] == pytest.approx([0, 0])  # no mismatch after tau
+    assert r["fixed_risk"] == pytest.approx([0.3, 0.1])
+    assert r["evaluations"] == [3, 3]
+    assert r["divergence_mass"] == [1.0, 0.0] and r["entry_time_mass"] == [2.0, 0.0]
+    assert r["observed_L1"] == pytest.approx([1 / 3, 0])
+    assert r["capacity_L1"] == pytest.approx([1 / 3, 0])  # (H - tau - L + 1)_+ / H
+    assert r["observed_L2"] == pytest.approx([1 / 3, 0])
+    assert r["capacity_L2"] == pytest.approx([0, 0])
+    assert set(r["estimator"]) == {"rollout"} and set(r["stratum"]) == {"s"}
+
+
+def swrb_result():
+    # Two replicates, H = 3. Row 0: scan e = (0, 0.5, 0.5), J = 2, continuation 1, 0.
+    # Row 1: no divergence possible (M = 0).
+    w = torch.tensor([[0.0, 0.5, 0.25], [0.0, 0.0, 0.0]], dtype=torch.float64)
+    return SWRBResult(
+        depths=(1, 3), z_R=torch.tensor([0.25, 0.0], dtype=torch.float64),
+        z_O=torch.tensor([0.25, 0.0], dtype=torch.float64),
+        z_Pi=torch.tensor([0.0, 0.0], dtype=torch.float64),
+        z_L=torch.tensor([[0.25, 0.25], [0.0, 0.0]], dtype=torch.float64),
+        z_tail=torch.tensor([[0.0, 0.0], [0.0, 0.0]], dtype=torch.float64),
+        w_L=torch.tensor([[0.25, 0.0], [0.0, 0.0]], dtype=torch.float64),
+        M=torch.tensor([0.75, 0.0], dtype=torch.float64), J=torch.tensor([2, 0]),
+        overlap_tv=torch.tensor([[0.0, 0.5, 0.5], [0.0, 0.0, 0.0]], dtype=torch.float64),
+        weights=w, shared=torch.tensor([[1, 0, 1], [0, 1, 1]]),
+        x=torch.tensor([[-1, 0, 1], [-1, -1, -1]]), y=torch.tensor([[-1, 1, 1], [-1, -1, -1]]),
+        mismatch=torch.tensor([[False, True, False], [False, False, False]]),
+        evaluations=torch.tensor([4, 3]))
+
+
+def test_swrb_tables_hand_values():
+    steps, reps = swrb_tables(KEY, swrb_result())
+    s = steps.to_pydict()
+    assert s["replicate"] == [0, 0, 0, 1, 1, 1] and s["t"] == [1, 2, 3, 1, 2, 3]
+    assert s["x_token"] == [-1, 0, 1, -1, -1, -1] and s["y_token"] == [-1, 1, 1, -1, -1, -1]
+    assert s["mismatch"] == [False, True, False, False, False, False]
+    assert s["tau"] == [2, 2, 2, 0, 0, 0]
+    assert s["shared_token"] == [1, 0, 1, 0, 1, 1]
+    assert s["scan_tv"] == [0.0, 0.5, 0.5, 0.0, 0.0, 0.0]
+    assert s["weight"] == [0.0, 0.5, 0.25, 0.0, 0.0, 0.0]
+    assert np.isnan(s["delta"]).all() and np.isnan(s["f"]).all()
+    assert not any(s["x_eos"]) and not any(s["y_eos"]) and set(s["estimator"]) == {"swrb"}
+    r = reps.to_pydict()
+    assert r["tau"] == [2, 0] and r["horizon"] == [3, 3] and r["replicate"] == [0, 1]
+    assert r["risk"] == [0.25, 0.0] and r["occurrence"] == [0.25, 0.0]
+    assert r["occupation"] == [0.0, 0.0]
+    assert r["exposure"] == pytest.approx([(0.5 * 1 + 0.25 * 0) / 3, 0])  # sum w_s (H - s) / H
+    assert r["entry_time_mass"] == pytest.approx([0.5 * 2 + 0.25 * 3, 0])  # sum w_s s
+    assert r["divergence_mass"] == [0.75, 0.0] and r["evaluations"] == [4, 3]
+    assert np.isnan(r["fixed_risk"]).all()
+    assert r["observed_L1"] == [0.25, 0.0] and r["capacity_L1"] == [0.25, 0.0]
+    assert r["observed_L3"] == [0.25, 0.0] and r["capacity_L3"] == [0.0, 0.0]
+
+
+def test_replicate_batches_continue_one_generator():
+    # Batches draw in turn from ONE generator seeded once: reseeding every batch (or
+    # starting each batch from the same state) gives different records.
+    cfg = RunConfig(model="f", actions=("a",), replicates=10, horizon=4, batch=4, seed=0)
+    got = run_estimator(cfg, PAIR, seed=123)
+    gen = torch.Generator().manual_seed(123)
+    parts = [coupled_rollouts(PAIR, n, 4, 1.0, gen) for n in (4, 4, 2)]
+    assert torch.equal(got.x, torch.cat([p.x for p in parts]))
+    assert torch.equal(got.y, torch.cat([p.y for p in parts]))
+    assert torch.equal(got.delta, torch.cat([p.delta for p in parts]))
+    assert got.evaluations == 40
+    assert not torch.equal(got.x[:4], got.x[4:8])  # the second batch is not a replay
+    cfg_s = RunConfig(model="f", actions=("a",), replicates=10, horizon=4, batch=4,
+                      estimator="swrb", depths=(2,), temperature=0.5)
+    got_s = run_estimator(cfg_s, PAIR, seed=9)
+    gen = torch.Generator().manual_seed(9)
+    parts_s = [swrb(PAIR, n, 4, (2,), 0.5, gen) for n in (4, 4, 2)]
+    assert torch.equal(got_s.z_R, torch.cat([p.z_R for p in parts_s]))
+    assert torch.equal(got_s.J, torch.cat([p.J for p in parts_s]))
+    assert got_s.depths == (2,) and got_s.replicates == 10
+
+
+def test_unit_seed_is_sha256_of_seed_and_document():
+    digest = hashlib.sha256(b"3\x00doc1").digest()
+    assert unit_seed(3, "doc1") == int.from_bytes(digest[:8], "little") >> 1
+    assert unit_seed(3, "doc1") < 2**63 and unit_seed(3, "doc1") != unit_seed(4, "doc1")
+
+
+def test_units_use_document_seeds_shared_across_actions(tmp_path):
+    cfg = RunConfig(model="f", actions=("a", "b"), replicates=6, horizon=4, seed=3,
+                    temperature=0.8, depths=(1,))
+    store = RunStore.open(tmp_path, cfg.as_dict())
+    seen = []
+
+    def on_unit(key, skipped):
+        seen.append((key.doc_id, key.action, key.stratum, skipped))
+
+    assert run_units(cfg, DOCS, lambda d, a: PAIR, store, on_unit=on_unit) == 6
+    assert seen == [(d.id, a, d.stratum, False) for d in DOCS for a in ("a", "b")]
+    reps = store.read("replicates").to_pandas()
+    for doc in DOCS:
+        want = coupled_rollouts(PAIR, 6, 4, 0.8, unit_seed(3, doc.id))
+        for action in ("a", "b"):  # same pair, same seed: identical records (common numbers)
+            got = reps[(reps.doc_id == doc.id) & (reps.action == action)].sort_values("replicate")
+            assert got["tau"].tolist() == want.tau.tolist()
+            np.testing.assert_allclose(got["fixed_risk"], want.f.mean(dim=1).numpy())
+            assert set(got["stratum"]) == {doc.stratum} and set(got["model"]) == {"f"}
+    assert run_units(cfg, DOCS, lambda d, a: PAIR, store, on_unit=on_unit) == 0
+    assert seen[6:] == [(d.id, a, d.stratum, True) for d in DOCS for a in ("a", "b")]
+
+
+def test_swrb_replicate_records_match_exact_means(tmp_path):
+    cfg = RunConfig(model="f", actions=("a",), replicates=1500, horizon=4, seed=1,
+                    estimator="swrb", depths=(2,))
+    store = RunStore.open(tmp_path, cfg.as_dict())
+    run_units(cfg, DOCS[:1], lambda d, a: PAIR, store)
+    reps = store.read("replicates").to_pandas()
+    truth = exact(PAIR)
+    s = np.arange(1, 5)
+    for column, value in (("exposure", truth.E), ("occurrence", truth.O),
+                          ("occupation", truth.Pi), ("divergence_mass", truth.p_tau.sum()),
+                          ("entry_time_mass", (s * truth.p_tau).sum()),
+                          ("capacity_L2", truth.B_L(2))):
+        x = reps[column].to_numpy()
+        assert abs(x.mean() - value) < 4.5 * x.std(ddof=1) / np.sqrt(x.size), column
+
+
+def test_crash_between_the_two_files_of_a_unit_is_redone(tmp_path, monkeypatch):
+    cfg = RunConfig(model="f", actions=("a", "b"), replicates=5, horizon=4, seed=2)
+    whole = RunStore.open(tmp_path / "whole", cfg.as_dict())
+    run_units(cfg, DOCS, lambda d, a: PAIR, whole)
+
+    real = store_module._write_atomically
+    writes = []
+
+    def crash_on_third_replicate_file(table, path):
+        writes.append(path)
+        if path.parent.name == "replicates" and len(writes) == 6:
+            raise KeyboardInterrupt  # killed after the steps file of unit 3 was written
+        real(table, path)
+
+    monkeypatch.setattr(store_module, "_write_atomically", crash_on_third_replicate_file)
+    store = RunStore.open(tmp_path / "crashed", cfg.as_dict())
+    with pytest.raises(KeyboardInterrupt):
+        run_units(cfg, DOCS, lambda d, a: PAIR, store)
+    monkeypatch.setattr(store_module, "_write_atomically", real)
+    assert len(list((store.root / "steps").glob("*.parquet"))) == 3  # one orphan steps file
+    assert store.read("steps").num_rows == 2 * 5 * 4  # the orphan is not read
+    assert store.read("replicates").num_rows == 2 * 5
+    third = UnitKey("f", DOCS[1].id, "a", DOCS[1].stratum)
+    assert not store.is_done(third)
+    ran = run_units(cfg, DOCS, lambda d, a: PAIR, RunStore.open(store.root, cfg.as_dict()))
+    assert ran == 4
+    order = [("doc_id", "ascending"), ("action", "ascending"), ("replicate", "ascending"),
+             ("t", "ascending")]
+    assert store.read("steps").sort_by(order).equals(whole.read("steps").sort_by(order))
+    assert store.read("replicates").sort_by(order[:3]).equals(
+        whole.read("replicates").sort_by(order[:3]))
+    assert not list(store.root.rglob("*.tmp-*"))  # no temporary files left behind
+
+
+def test_store_metadata_names_and_errors(tmp_path):
+    cfg = RunConfig(model="f", actions=("a",), replicates=2, horizon=3)
+    store = RunStore.open(tmp_path / "r", cfg.as_dict())
+    meta = store.metadata
+    assert meta["config"] == cfg.as_dict() and meta["versions"]["numpy"] == np.__version__
+    with pytest.raises(ValueError, match="has no finished units yet"):
+        store.read("steps")
+    with pytest.raises(ValueError, match="unknown record kind 'bogus'; allowed: steps, replicates"):
+        store.read("bogus")
+    with pytest.raises(FileNotFoundError, match="not a kvdrift run directory"):
+        _ = RunStore(tmp_path / "empty").metadata
+    with pytest.raises(ValueError, match=r"differs in: horizon, replicates\)"):
+        RunStore.open(tmp_path / "r", RunConfig(model="f", actions=("a",), replicates=3,
+                                                horizon=4).as_dict())
+    a = unit_name(UnitKey("m", "doc/1", "snapkv:ratio=0.5"))
+    b = unit_name(UnitKey("m", "doc_1", "snapkv:ratio=0.5"))
+    assert a != b and "/" not in a and a.startswith("snapkv_ratio_0.5__doc_1-")
+    with pytest.raises(ValueError, match="no documents to run"):
+        run_units(cfg, [], lambda d, a: PAIR, store)
+
+
+STEP_TYPES = {"model": "string", "doc_id": "string", "stratum": "string", "action": "string",
+              "estimator": "string", "replicate": "int32", "t": "int32", "x_token": "int64",
+              "y_token": "int64", "mismatch": "bool", "delta": "double", "f": "double",
+              "tau": "int32", "x_eos": "bool", "y_eos": "bool"}
+REPLICATE_TYPES = {"model": "string", "estimator": "string", "replicate": "int32",
+                   "horizon": "int32", "tau": "int32", "risk": "double", "evaluations": "int64",
+                   "divergence_mass": "double", "entry_time_mass": "double"}
+
+
+def test_record_schemas_are_the_same_for_both_estimators():
+    # Units are concatenated across estimators and runs: the column types are part of the
+    # stored format (a float tau or replicate index would not join with older units).
+    for steps, reps in (rollout_tables(KEY, rollout_result(), (1,)),
+                        swrb_tables(KEY, swrb_result())):
+        assert {k: str(steps.schema.field(k).type) for k in STEP_TYPES} == STEP_TYPES
+        assert {k: str(reps.schema.field(k).type) for k in REPLICATE_TYPES} == REPLICATE_TYPES
+    steps, reps = swrb_tables(KEY, swrb_result())
+    assert str(steps.schema.field("shared_token").type) == "int64"
+    assert reps.column("estimator").to_pylist() == ["swrb", "swrb"]
+
+
+def test_divergence_at_the_first_position_counts():
+    r = rollout_result()
+    m = torch.tensor([[True, False, False], [False, False, False]])
+    r = RolloutResult(x=r.x, y=r.y, mismatch=m, delta=r.delta, f=r.f, x_eos=r.x_eos,
+                      y_eos=r.y_eos, tau=torch.tensor([1, 0]), evaluations=6)
+    _, reps = rollout_tables(KEY, r)
+    assert reps.column("divergence_mass").to_pylist() == [1.0, 0.0]
+    assert reps.column("entry_time_mass").to_pylist() == [1.0, 0.0]
+    assert reps.column("exposure").to_pylist() == pytest.approx([2 / 3, 0])
