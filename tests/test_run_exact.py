@@ -135,27 +135,59 @@ def test_unit_seed_is_sha256_of_seed_and_document():
     assert unit_seed(3, "doc1") < 2**63 and unit_seed(3, "doc1") != unit_seed(4, "doc1")
 
 
+def window_by_hand(row, L):
+    """(observed, capacity) of one complete rollout at depth L, by a plain loop over t."""
+    H = len(row)
+    tau = next((t for t in range(1, H + 1) if row[t - 1]), None)
+    if tau is None:
+        return 0.0, 0.0
+    observed = sum(1 for t in range(tau, min(tau + L, H + 1)) if row[t - 1])
+    return observed / H, max(H - tau - L + 1, 0) / H
+
+
 def test_units_use_document_seeds_shared_across_actions(tmp_path):
     cfg = RunConfig(model="f", actions=("a", "b"), replicates=6, horizon=4, seed=3,
-                    temperature=0.8, depths=(1,))
+                    temperature=0.8, depths=(1, 3))
     store = RunStore.open(tmp_path, cfg.as_dict())
-    seen = []
+    seen, built = [], []
+    # One pair per (document, action): a runner that passes another document (or action)
+    # to the factory, or runs a unit on another unit's pair, writes other records.
+    pairs = {(d.id, a): random_pair(3, 4, seed=10 + 2 * i + j, mix=0.6, eos_token_id=2)
+             for i, d in enumerate(DOCS) for j, a in enumerate(("a", "b"))}
+
+    def factory(doc, action):
+        assert doc in DOCS
+        built.append((doc.id, action))
+        return pairs[(doc.id, action)]
 
     def on_unit(key, skipped):
         seen.append((key.doc_id, key.action, key.stratum, skipped))
 
-    assert run_units(cfg, DOCS, lambda d, a: PAIR, store, on_unit=on_unit) == 6
+    assert run_units(cfg, DOCS, factory, store, on_unit=on_unit) == 6
     assert seen == [(d.id, a, d.stratum, False) for d in DOCS for a in ("a", "b")]
+    assert built == [(d.id, a) for d in DOCS for a in ("a", "b")]
     reps = store.read("replicates").to_pandas()
+    steps = store.read("steps").to_pandas()
     for doc in DOCS:
-        want = coupled_rollouts(PAIR, 6, 4, 0.8, unit_seed(3, doc.id))
-        for action in ("a", "b"):  # same pair, same seed: identical records (common numbers)
-            got = reps[(reps.doc_id == doc.id) & (reps.action == action)].sort_values("replicate")
+        for action in ("a", "b"):  # every action of a document draws with the same seed
+            want = coupled_rollouts(pairs[(doc.id, action)], 6, 4, 0.8, unit_seed(3, doc.id))
+            unit = (reps.doc_id == doc.id) & (reps.action == action)
+            got = reps[unit].sort_values("replicate")
             assert got["tau"].tolist() == want.tau.tolist()
             np.testing.assert_allclose(got["fixed_risk"], want.f.mean(dim=1).numpy())
             assert set(got["stratum"]) == {doc.stratum} and set(got["model"]) == {"f"}
-    assert run_units(cfg, DOCS, lambda d, a: PAIR, store, on_unit=on_unit) == 0
+            rows = steps[(steps.doc_id == doc.id) & (steps.action == action)]
+            rows = rows.sort_values(["replicate", "t"])
+            assert rows["x_token"].tolist() == want.x.ravel().tolist()
+            # The configured depths reach the records: window terms at L = 1 and 3.
+            for L in (1, 3):
+                hand = [window_by_hand(r, L) for r in want.mismatch.tolist()]
+                assert got[f"observed_L{L}"].tolist() == pytest.approx([h[0] for h in hand])
+                assert got[f"capacity_L{L}"].tolist() == pytest.approx([h[1] for h in hand])
+    assert any(c > 0 for L in (1, 3) for c in reps[f"capacity_L{L}"])  # not all zero
+    assert run_units(cfg, DOCS, factory, store, on_unit=on_unit) == 0
     assert seen[6:] == [(d.id, a, d.stratum, True) for d in DOCS for a in ("a", "b")]
+    assert len(built) == 6  # finished units build no pair
 
 
 def test_swrb_replicate_records_match_exact_means(tmp_path):

@@ -22,6 +22,9 @@ PAIRS = {a: random_pair(3, 5, seed=7, mix=m, eos_token_id=2) for a, m in MIX.ite
 
 
 def factory(doc, action):
+    # The pair depends only on the action here; tests/test_run_exact.py uses one pair per
+    # (document, action) and checks that each unit ran on its own document's pair.
+    assert doc in DOCS
     return PAIRS[action]
 
 
