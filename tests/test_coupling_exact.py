@@ -98,3 +98,55 @@ def test_coupled_draw_consumes_uniform_then_overlap_then_residuals():
     assert 0 < split.sum() < 200  # both branches of the coupling occur here
     with pytest.raises(ValueError, match=r"same shape; got \(200, 3\) and \(1, 3\)"):
         coupled_draw(p, q[:1], gen)
+
+
+def test_check_probs_negative_message_names_the_first_negative_row():
+    # The first row holds a zero (valid), the second a negative: the message names the second.
+    with pytest.raises(ValueError, match=r"non-negative; got row \[-0.25, 1.25\]$"):
+        check_probs([[0.0, 1.0], [-0.25, 1.25]])
+
+
+def test_tv_distance_is_clipped_to_one():
+    # Rows may exceed 1 by check_probs' tolerance; disjoint supports then give 0.5 * 2(1 + d).
+    d = 0.5e-6
+    p = torch.tensor([[1.0 + d, 0.0]], dtype=torch.float64)
+    q = torch.tensor([[0.0, 1.0 + d]], dtype=torch.float64)
+    assert tv_distance(p, q).tolist() == [1.0]
+    assert (0.5 * (p - q).abs().sum()).item() > 1.0  # the clip is what brings it to 1
+
+
+def fixed_uniforms(monkeypatch, values):
+    """Make torch.rand return ``values`` (float64) in the shape asked: boundary draws on demand."""
+    def rand(*shape, generator=None, dtype=None, device=None):
+        return torch.tensor(values, dtype=torch.float64).reshape(*shape)
+    monkeypatch.setattr(torch, "rand", rand)
+
+
+@pytest.mark.parametrize("u, weights, want", [
+    (0.0, [0.0, 0.5, 0.5], 1),  # u = 0 lands on the zero-weight index's cdf: skipped
+    (0.5, [0.5, 0.0, 0.5], 2),  # u * total equals cdf[0] = cdf[1]: the next positive weight
+])
+def test_sample_categorical_never_returns_zero_weight_at_boundaries(monkeypatch, u, weights,
+                                                                     want):
+    fixed_uniforms(monkeypatch, [u])
+    assert sample_categorical(torch.tensor([weights]), torch.Generator()).tolist() == [want]
+
+
+def test_sample_categorical_accumulates_float32_weights_in_float64(monkeypatch):
+    # float32 weights [1, 3 * 2**-24]: their float64 total is 1 + 0.75 * 2**-22, a float32
+    # cumsum rounds it to 1 + 2**-22. With u = 1 - 7 * 2**-25, u * total is below 1 (index
+    # 0) only with the float64 total.
+    w = torch.tensor([[1.0, 3 * 2.0**-24]], dtype=torch.float32)
+    assert w.cumsum(dim=-1)[0, 1].item() == 1 + 2.0**-22  # what float32 accumulation gives
+    fixed_uniforms(monkeypatch, [1 - 7 * 2.0**-25])
+    assert sample_categorical(w, torch.Generator()).tolist() == [0]
+
+
+def test_coupled_draw_with_zero_tv_never_splits(monkeypatch):
+    # e = 0 and u = 0: the coupling must take the shared draw (u < e is false); the
+    # residuals are all zero and return the last index, which has probability 0 here.
+    fixed_uniforms(monkeypatch, [0.0])
+    p = torch.tensor([[1.0, 0.0]], dtype=torch.float64)
+    assert sample_categorical(torch.zeros(1, 2), torch.Generator()).tolist() == [1]
+    draw = coupled_draw(p, p.clone(), torch.Generator())
+    assert draw.x.tolist() == [0] and draw.y.tolist() == [0] and draw.tv.tolist() == [0.0]

@@ -73,7 +73,8 @@ def sample_categorical(weights: torch.Tensor, generator: torch.Generator) -> tor
     """Draw one index per row with probability proportional to non-negative ``weights``.
 
     Inverse-CDF sampling with one uniform per row. Rows whose weights are all zero
-    return index 0 (callers mask them); zero-weight indices are never returned otherwise.
+    return the last index (callers mask them); zero-weight indices are never returned
+    otherwise.
     """
     cdf = weights.to(torch.float64).cumsum(dim=-1)
     total = cdf[:, -1:]
@@ -101,7 +102,7 @@ def overlap(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 
 def overlap_draw(p: torch.Tensor, q: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """Draw a shared token from ``c / (1 - e)`` (rows with no overlap return index 0)."""
+    """Draw a shared token from ``c / (1 - e)`` (rows with no overlap return the last index)."""
     return sample_categorical(overlap(p, q), generator)
 
 
