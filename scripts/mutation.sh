@@ -26,8 +26,8 @@ declare -A MODULES=(
   [finite_study]="src/kvdrift/finite_study.py|tests/test_finite.py tests/test_cli.py"
   [records]="src/kvdrift/run/records.py|tests/test_run_exact.py"
   [runner]="src/kvdrift/run/runner.py|tests/test_run_exact.py tests/test_runner.py"
-  [store]="src/kvdrift/run/store.py|tests/test_run_exact.py"
-  [analysis]="src/kvdrift/analysis/*|tests/test_analysis.py tests/test_analysis_exact.py"
+  [store]="src/kvdrift/run/store.py|tests/test_run_exact.py tests/test_runner.py"
+  [analysis]="src/kvdrift/analysis/*|tests/test_analysis.py tests/test_analysis_exact.py tests/test_predict.py tests/test_plan.py tests/test_study_analysis.py tests/test_study_breakdowns.py"
   [cache]="src/kvdrift/lm/cache.py|tests/test_lm_pair.py"
   [pair]="src/kvdrift/lm/pair.py|tests/test_lm_pair.py"
 )
