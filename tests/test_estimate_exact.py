@@ -263,3 +263,56 @@ def test_smallest_valid_and_boolean_arguments():
             coupled_rollouts(pair, 2, bad)
         with pytest.raises(ValueError, match="replicates K must be an integer >= 1"):
             swrb(pair, bad, 2)
+
+
+def tv_np(p, q):
+    return 0.5 * float(np.abs(np.asarray(p) - np.asarray(q)).sum())
+
+
+@pytest.mark.parametrize("replicates, seeds", [(1, range(8)), (40, range(2))])
+def test_rollout_records_are_the_tvs_along_their_own_histories(replicates, seeds):
+    # f_t is TV(P, Q) on X's history and delta_t TV(P on X, Q on Y), recomputed here from
+    # the tables row by row. With K = 1 each divergence is the only new one at its step.
+    pair = random_pair(3, 5, seed=21, mix=0.6)
+    f_differs = False
+    for seed in seeds:
+        r = coupled_rollouts(pair, replicates, 5, seed=seed)
+        for k in range(replicates):
+            x, y = r.x[k].tolist(), r.y[k].tolist()
+            for t in range(5):
+                hx, hy = tuple(x[:t]), tuple(y[:t])
+                f = tv_np(pair.probs("p", hx), pair.probs("q", hx))
+                d = tv_np(pair.probs("p", hx), pair.probs("q", hy))
+                assert r.f[k, t].item() == pytest.approx(f, abs=1e-12), (seed, k, t)
+                assert r.delta[k, t].item() == pytest.approx(d, abs=1e-12), (seed, k, t)
+                assert r.mismatch[k, t].item() == (x[t] != y[t])
+                f_differs |= abs(f - d) > 1e-3
+    assert f_differs  # some rows diverged, so Q on X and Q on Y were both exercised
+
+
+class CountingPair(FinitePair):
+    """Counts kernel evaluations (calls of ``logprobs``) and the rows they cover."""
+
+    calls = 0
+
+    def logprobs(self, state):
+        self.calls += 1
+        return super().logprobs(state)
+
+
+def test_rollouts_without_divergence_build_no_forced_path():
+    # Identical kernels never diverge: only the two branches are evaluated, H times each.
+    base = random_pair(3, 4, seed=5, mix=0.5)
+    row = lambda h: base.probs("p", h).copy()  # noqa: E731
+    same = CountingPair(row, row, 3, 4)
+    r = coupled_rollouts(same, 6, 4, seed=0)
+    assert not r.mismatch.any() and same.calls == 2 * 4
+
+
+def test_concatenating_one_batch_returns_it():
+    pair = random_pair(2, 3, seed=3, mix=0.5)
+    one = swrb(pair, 3, 3, depths=(1, 2), seed=1)
+    joined = concat_results([one])
+    assert joined.depths == (1, 2) and torch.equal(joined.z_R, one.z_R)
+    naive = coupled_rollouts(pair, 2, 3, seed=1)
+    assert concat_results([naive]).evaluations == 6
