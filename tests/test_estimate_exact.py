@@ -316,3 +316,15 @@ def test_concatenating_one_batch_returns_it():
     assert joined.depths == (1, 2) and torch.equal(joined.z_R, one.z_R)
     naive = coupled_rollouts(pair, 2, 3, seed=1)
     assert concat_results([naive]).evaluations == 6
+
+
+def test_swrb_outputs_are_float64_and_tokens_long():
+    # Survival products and weights are accumulated in float64 (a float32 buffer would
+    # round w_s = S_{s-1} e_s to ~1e-8 and carry that into M and every output).
+    pair = random_pair(3, 4, seed=7, mix=0.6)
+    b = swrb(pair, 5, 4, depths=(1, 2), seed=3)
+    for name in ("z_R", "z_O", "z_Pi", "z_L", "z_tail", "w_L", "M", "overlap_tv", "weights"):
+        assert getattr(b, name).dtype == torch.float64, name
+    for name in ("J", "shared", "x", "y", "evaluations"):
+        assert getattr(b, name).dtype == torch.long, name
+    assert b.mismatch.dtype == torch.bool
