@@ -12,7 +12,7 @@ import torch
 from mutation_scope import per_test_under_mutmut
 
 from kvdrift.estimate import coupled_rollouts, swrb
-from kvdrift.estimate.common import concat_results
+from kvdrift.estimate.common import concat_results, make_generator
 from kvdrift.finite import FinitePair, exact, random_pair
 
 Z = 4.5
@@ -328,3 +328,30 @@ def test_swrb_outputs_are_float64_and_tokens_long():
     for name in ("J", "shared", "x", "y", "evaluations"):
         assert getattr(b, name).dtype == torch.long, name
     assert b.mismatch.dtype == torch.bool
+
+
+def test_make_generator_defaults_to_a_cpu_generator():
+    gen = make_generator(5)
+    assert gen.device == torch.device("cpu")
+    want = torch.rand(4, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(torch.rand(4, generator=gen), want)
+    assert make_generator(gen) is gen
+
+
+@pytest.mark.parametrize("replicates", [1, 2])
+def test_swrb_continuation_runs_from_j_to_the_horizon(replicates):
+    # Each diverging row holds continuation tokens exactly at positions J..H (-1 before J),
+    # also when it is the only row in the batch or the last one left; rows with M = 0
+    # hold -1 throughout.
+    pair = random_pair(3, 5, seed=21, mix=0.6)
+    js = set()
+    for seed in range(6):
+        b = swrb(pair, replicates, 5, seed=seed)
+        for k in range(replicates):
+            J = int(b.J[k])
+            started = torch.arange(1, 6) >= J if J > 0 else torch.zeros(5, dtype=torch.bool)
+            for tokens in (b.x[k], b.y[k]):
+                assert torch.all(tokens[started] >= 0) and torch.all(tokens[~started] == -1)
+            assert torch.equal(b.mismatch[k], started & (b.x[k] != b.y[k]))
+            js.add(J)
+    assert len(js - {0, 5}) >= 2  # several continuations of more than one position
