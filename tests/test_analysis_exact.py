@@ -248,3 +248,34 @@ def test_eos_split_sums_delta_by_category(study):
         assert split["F"][cat] == pytest.approx(f_cat, abs=1e-12)
         assert split["R_minus_F"][cat] == pytest.approx(r_cat - f_cat, abs=1e-12)
     assert min(split["R"]) > 0  # every category occurs in these records
+
+
+def test_weighted_mean_hand_values_and_refusals():
+    from kvdrift.analysis.decompose import weighted_mean
+
+    assert weighted_mean([5.0]) == 5.0  # one value is a sample
+    assert weighted_mean([1.0, 3.0], [0.0, 1.0]) == 3.0  # a zero weight is allowed
+    assert weighted_mean([1.0, 3.0], [0.25, 0.25]) == 2.0  # weights need not sum to 1
+    assert weighted_mean([1, 4], [2, 1]) == 2.0  # integers: (2 + 4) / 3
+    with pytest.raises(ValueError, match="^cannot average an empty sample$"):
+        weighted_mean([])
+    message = "^weights must be non-negative, match the values' shape and not all be 0$"
+    for weights in ([2.0, -1.0], [1.0, 1.0, 1.0], [0.0, 0.0]):
+        with pytest.raises(ValueError, match=message):
+            weighted_mean([1.0, 3.0], weights)
+
+
+def test_decompose_weights_every_term():
+    from kvdrift.analysis.decompose import decompose, trajectory_terms
+
+    # Row 0 diverges at t = 2 of H = 4 (mismatches at 2 and 4); row 1 never diverges.
+    terms = trajectory_terms(np.array([[False, True, False, True], [False] * 4]))
+    d = decompose(terms, np.array([3.0, 1.0]))
+    # Row 0: O = 1/4, E = (H - tau)/H = 2/4, Pi = 1/4 (one mismatch after tau); row 1: 0.
+    assert (d.O, d.E, d.Pi) == pytest.approx((0.75 / 4, 1.5 / 4, 0.75 / 4))
+    assert d.R == pytest.approx(0.75 * 2 / 4)
+    one = trajectory_terms(np.array([[True]]))  # H = 1 is a valid horizon
+    assert one.occurrence.tolist() == [1.0] and one.exposure.tolist() == [0.0]
+    assert trajectory_terms(np.array([[0, 1, 0, 1]])).occupation.tolist() == [0.25]
+    with pytest.raises(ValueError, match="must be a \\[trajectories, H\\] array"):
+        trajectory_terms(np.array([True, False]))
