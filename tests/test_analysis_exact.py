@@ -279,3 +279,34 @@ def test_decompose_weights_every_term():
     assert trajectory_terms(np.array([[0, 1, 0, 1]])).occupation.tolist() == [0.25]
     with pytest.raises(ValueError, match="must be a \\[trajectories, H\\] array"):
         trajectory_terms(np.array([True, False]))
+
+
+def test_hoeffding_enclosure_closed_form_and_refusals():
+    from kvdrift.analysis.bounds import hoeffding_enclosure
+
+    n = 1000
+    got = hoeffding_enclosure(np.full(n, 0.3), np.full(n, 0.4))  # default alpha = 0.05
+    eps = math.sqrt(math.log(4 / 0.05) / (2 * n))  # 0.0468
+    assert (got.lo, got.hi) == pytest.approx((0.3 - eps, 0.4 + eps), abs=1e-12)
+    # Weights 1 and 3 alternating (not normalised): lower mean 0.25*0.1 + 0.75*0.5 = 0.4.
+    lo = np.tile([0.1, 0.5], n // 2)
+    w = np.tile([1.0, 3.0], n // 2)
+    wn = w / w.sum()
+    eps_w = math.sqrt(math.log(4 / 0.1) * float((wn**2).sum()) / 2)
+    got = hoeffding_enclosure(lo, lo + 0.1, alpha=0.1, weights=w)
+    assert (got.lo, got.hi) == pytest.approx((0.4 - eps_w, 0.5 + eps_w), abs=1e-12)
+    assert hoeffding_enclosure(lo, lo + 0.1, weights=np.tile([0.0, 1.0], n // 2)).lo == (
+        pytest.approx(0.5 - math.sqrt(math.log(80) / n)))  # zero weights are allowed
+    one = hoeffding_enclosure([0.4], [0.5])  # one document: eps > 1, clipped to [0, 1]
+    assert (one.lo, one.hi) == (0.0, 1.0)
+    shape = "^lower and upper must be non-empty 1-D arrays of equal length$"
+    for lower, upper in (([0.1, 0.2], [0.1]), ([[0.1]], [[0.2]]), ([], [])):
+        with pytest.raises(ValueError, match=shape):
+            hoeffding_enclosure(lower, upper)
+    for alpha in (0.0, 1.0):
+        with pytest.raises(ValueError, match="alpha must be within"):
+            hoeffding_enclosure([0.1], [0.2], alpha=alpha)
+    weights = "^weights must be non-negative, one per document, and not all 0$"
+    for bad in ([1.0, -0.5], [1.0], [0.0, 0.0]):
+        with pytest.raises(ValueError, match=weights):
+            hoeffding_enclosure([0.1, 0.2], [0.2, 0.3], weights=bad)
