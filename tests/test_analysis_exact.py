@@ -310,3 +310,25 @@ def test_hoeffding_enclosure_closed_form_and_refusals():
     for bad in ([1.0, -0.5], [1.0], [0.0, 0.0]):
         with pytest.raises(ValueError, match=weights):
             hoeffding_enclosure([0.1, 0.2], [0.2, 0.3], weights=bad)
+
+
+def test_quantities_helpers_hand_values():
+    from kvdrift.analysis.quantities import contrast_terms, curve, position_blocks
+
+    assert position_blocks(16) == [(2 * i + 1, 2 * i + 2) for i in range(8)]  # 8 by default
+    assert position_blocks(3) == [(1, 1), (2, 2), (3, 3)]  # never more blocks than positions
+    assert position_blocks(10, 4) == [(1, 2), (3, 5), (6, 8), (9, 10)]  # edges 0 2 5 8 10
+    c = curve(np.array([0.1, 0.2, 0.3]), np.tile([0.1, 0.2, 0.3], (50, 1)), 0.1)
+    assert c["x"] == [1, 2, 3] and c["estimate"] == [0.1, 0.2, 0.3]
+    assert c["lo"] == pytest.approx([0.1, 0.2, 0.3]) and c["hi"] == pytest.approx(c["lo"])
+    # dR = 1, 0 and -0.5 in three draws; exposure term dE * (C_a + C_b) / 2.
+    a = {"R": np.array([0.0, 0.2, 0.5]), "O": np.zeros(3), "E": np.full(3, 0.5),
+         "C": np.zeros(3)}
+    b = {"R": np.array([1.0, 0.2, 0.0]), "O": np.full(3, 0.1), "E": np.ones(3),
+         "C": np.ones(3)}
+    d = contrast_terms(a, b)
+    assert d["dR"].tolist() == [1.0, 0.0, -0.5]
+    assert d["exposure_term"].tolist() == [0.25, 0.25, 0.25]
+    assert d["rate_term"].tolist() == [0.75, 0.75, 0.75]
+    share = d["exposure_share"]
+    assert share[0] == 0.25 and np.isnan(share[1]) and share[2] == -0.5
