@@ -332,3 +332,21 @@ def test_quantities_helpers_hand_values():
     assert d["rate_term"].tolist() == [0.75, 0.75, 0.75]
     share = d["exposure_share"]
     assert share[0] == 0.25 and np.isnan(share[1]) and share[2] == -0.5
+
+
+def test_lag_windows_and_eos_contrast_hand_values():
+    from kvdrift.analysis.eos import eos_contrast
+    from kvdrift.analysis.lags import LagWindows
+
+    assert LagWindows.for_horizon(3) is None
+    assert LagWindows.for_horizon(4) == LagWindows(2, 2, (1, 1), (2, 2))  # smallest with room
+    assert LagWindows.for_horizon(128) == LagWindows(64, 64, (1, 16), (49, 64))  # the paper's
+    assert LagWindows.for_horizon(8).as_dict() == {"max_entry": 4, "lags": [1, 2, 3, 4],
+                                                   "early": [1, 1], "late": [4, 4]}
+    # Two draws, categories (pre-EOS, EOS kinds...): share = sum of EOS categories / total.
+    g_a = np.array([[0.1, 0.0, 0.1], [0.2, 0.1, 0.0]])
+    g_b = np.array([[0.2, 0.1, 0.2], [0.1, 0.2, 0.0]])  # row 2: EOS moves, total 0
+    c = eos_contrast(g_a, g_b)
+    assert c["dR_minus_F"] == pytest.approx([0.3, 0.0])
+    assert c["pre_eos"] == pytest.approx([0.1, -0.1])
+    assert c["eos_share"][0] == pytest.approx(0.2 / 0.3) and np.isnan(c["eos_share"][1])
