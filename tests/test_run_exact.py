@@ -293,3 +293,32 @@ def test_divergence_at_the_first_position_counts():
     assert reps.column("divergence_mass").to_pylist() == [1.0, 0.0]
     assert reps.column("entry_time_mass").to_pylist() == [1.0, 0.0]
     assert reps.column("exposure").to_pylist() == pytest.approx([2 / 3, 0])
+
+
+def test_store_names_versions_and_reads_by_hand(tmp_path, monkeypatch):
+    key = UnitKey("m", "Doc-" + "x" * 70, "SnapKV:Ratio=0.5")
+    digest = hashlib.sha1("m\0Doc-{}\0SnapKV:Ratio=0.5".format("x" * 70).encode()).hexdigest()
+    readable = ("SnapKV_Ratio_0.5__Doc-" + "x" * 70)[:60]  # upper case kept, 60 characters
+    assert unit_name(key) == f"{readable}-{digest[:12]}"
+
+    def version(name):
+        if name == "kvpress":
+            raise store_module.metadata.PackageNotFoundError(name)
+        return "1.0"
+
+    monkeypatch.setattr(store_module.metadata, "version", version)
+    versions = store_module.package_versions()
+    assert versions["kvpress"] == "not installed" and versions["numpy"] == "1.0"
+    assert versions["python"] == store_module.platform.python_version()
+    monkeypatch.undo()
+
+    # A nested, not yet existing directory is created; a key missing on one side is a
+    # difference too.
+    cfg = RunConfig(model="f", actions=("a",), replicates=2, horizon=3).as_dict()
+    store = RunStore.open(tmp_path / "a" / "b", cfg)
+    message = (r"differs in: extra_key\); rerun with the same arguments to resume, or use "
+               r"another output directory$")
+    with pytest.raises(ValueError, match=message):
+        RunStore.open(tmp_path / "a" / "b", cfg | {"extra_key": 1})
+    run_units(RunConfig(**cfg), DOCS[:1], lambda d, a: PAIR, store)
+    assert store.read("replicates", columns=["tau", "risk"]).column_names == ["tau", "risk"]
