@@ -15,7 +15,14 @@ from kvdrift.data.document import Document
 from kvdrift.estimate import RolloutResult, SWRBResult, coupled_rollouts, swrb
 from kvdrift.finite import exact, random_pair
 from kvdrift.run.records import UnitKey, rollout_tables, swrb_tables
-from kvdrift.run.runner import TIMING_COLUMNS, RunConfig, run_estimator, run_units, unit_seed
+from kvdrift.run.runner import (
+    TIMING_COLUMNS,
+    RunConfig,
+    run_estimator,
+    run_units,
+    unit_seed,
+    with_timing,
+)
 from kvdrift.run.store import RunStore, unit_name
 
 KEY = UnitKey(model="m", doc_id="d", action="a", stratum="s")
@@ -322,3 +329,37 @@ def test_store_names_versions_and_reads_by_hand(tmp_path, monkeypatch):
         RunStore.open(tmp_path / "a" / "b", cfg | {"extra_key": 1})
     run_units(RunConfig(**cfg), DOCS[:1], lambda d, a: PAIR, store)
     assert store.read("replicates", columns=["tau", "risk"]).column_names == ["tau", "risk"]
+
+
+def test_run_config_normalises_and_refuses_by_hand():
+    cfg = RunConfig(actions=["a", "b"], depths=[3, 1, 3], horizon=4, temperature=0)
+    assert cfg.actions == ("a", "b") and isinstance(cfg.actions, tuple)
+    assert cfg.depths == (1, 3) and cfg.temperature == 0  # greedy is allowed
+    with pytest.raises(ValueError, match=r"^at least one action is needed \(e.g. snapkv-half\)$"):
+        RunConfig(actions=())
+    with pytest.raises(ValueError, match="^actions must be distinct; got a, a$"):
+        RunConfig(actions=("a", "a"))
+    with pytest.raises(ValueError, match="batch must be an integer >= 0"):
+        RunConfig(batch=1.5)
+    with pytest.raises(ValueError, match="^no documents to run$"):
+        run_units(RunConfig(), [], lambda d, a: PAIR, None)
+
+
+def test_timing_columns_by_hand_and_measured_within_the_wall_time(tmp_path):
+    import time
+
+    import pyarrow as pa
+
+    t = with_timing(pa.table({"replicate": [0, 1, 2, 3]}), 2, 8)
+    assert t.column(TIMING_COLUMNS[0]).to_pylist() == [2.0] * 4
+    assert t.column(TIMING_COLUMNS[1]).to_pylist() == [2.0] * 4  # 8 s over 4 replicates
+    assert [str(t.schema.field(c).type) for c in TIMING_COLUMNS] == ["double", "double"]
+    cfg = RunConfig(model="f", actions=("a",), replicates=8, horizon=4, batch=4, seed=1)
+    store = RunStore.open(tmp_path, cfg.as_dict())
+    start = time.perf_counter()
+    run_units(cfg, DOCS[:1], lambda d, a: PAIR, store)
+    wall = time.perf_counter() - start
+    reps = store.read("replicates").to_pandas()
+    assert sorted(reps["replicate"]) == list(range(8))  # two batches of 4, both kept
+    assert ((reps[TIMING_COLUMNS[0]] >= 0) & (reps[TIMING_COLUMNS[0]] <= wall)).all()
+    assert 0 <= reps[TIMING_COLUMNS[1]].sum() <= wall
