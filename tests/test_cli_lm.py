@@ -155,3 +155,36 @@ def test_prompt_beyond_the_context_window_is_refused_before_any_unit(tiny_model_
     assert "'too-long'" in result.output and "context window of 4096" in result.output
     assert "Traceback" not in result.output
     assert not (out / "steps").exists() or not any((out / "steps").iterdir())  # no unit ran
+
+
+def test_study_compares_every_kind_of_press(tiny_model_dir, docs_file, tmp_path):
+    # head-adaptive, per-layer, chained and decode-time eviction in one paired study
+    actions = ["adakv-snapkv:ratio=0.5", "pyramidkv:ratio=0.5", "snapkv:ratio=0.8+knorm:ratio=0.5",
+               "decoding-knorm:interval=2,target=30"]
+    config = tmp_path / "study.toml"
+    config.write_text(f"""
+[study]
+name = "presses"
+models = ["{tiny_model_dir}"]
+actions = {json.dumps(actions)}
+replicates = 2
+horizon = 6
+depths = [2]
+estimator = "swrb"
+
+[[documents]]
+source = "jsonl"
+path = "{docs_file}"
+
+[analysis]
+bootstrap = 50
+endpoints = ["R(decoding-knorm:interval=2,target=30) - R(adakv-snapkv:ratio=0.5)"]
+""")
+    out = tmp_path / "study"
+    result = runner.invoke(app, ["study", str(config), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    analysis = json.loads((out / "report" / "analysis.json").read_text())
+    assert sorted(a["action"] for a in analysis["actions"]) == sorted(actions)
+    assert all(a["documents"] == 4 for a in analysis["actions"])
+    assert analysis["endpoints"][0]["name"].startswith("R(decoding-knorm")
+    assert (out / "report" / "report.html").exists()

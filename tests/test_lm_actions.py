@@ -1,13 +1,24 @@
-"""Actions: parsing, budget rules, exact kvpress rounding, and clear errors."""
+"""Actions: parsing, budget rules, exact kvpress rounding, every press family, clear errors."""
 
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
+import kvpress
 import pytest
 from kvpress.utils import compute_n_kept
+from typer.testing import CliRunner
 
-from kvdrift.lm.actions import NAMED_ACTIONS, PRESS_NAMES, Action, parse_action
+from kvdrift.cli import app
+from kvdrift.lm.actions import (
+    NAMED_ACTIONS,
+    Action,
+    actions_help,
+    parse_action,
+    split_actions,
+)
+from kvdrift.lm.presses import FAMILIES, NOT_OFFERED, SCORERS, Stage, family_table, mid_ratio
 
 EXPECTED_KEPT = {
     "full": lambda n: n,
@@ -21,9 +32,9 @@ EXPECTED_KEPT = {
 
 def test_named_actions_are_the_documented_ones():
     assert set(NAMED_ACTIONS) == set(EXPECTED_KEPT)
-    assert parse_action("snapkv-half").press == "SnapKVPress"
-    assert parse_action("recent-90").press == "StreamingLLMPress"
-    assert parse_action("full").press is None
+    assert parse_action("snapkv-half").stages[0].scorer == "SnapKVPress"
+    assert parse_action("recent-90").stages[0].scorer == "StreamingLLMPress"
+    assert parse_action("full").stages == () and parse_action("full").decoding is None
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED_KEPT))
@@ -43,7 +54,7 @@ def test_compression_ratio_lands_on_exact_count_under_kvpress_rounding(spec):
         if action.is_noop(n):
             assert action.make_press(n) is None
             continue
-        ratio = action.compression_ratio(n)
+        ratio = action.make_press(n).compression_ratio
         assert 0.0 <= ratio < 1.0
         assert compute_n_kept(n, ratio) == kept, (spec, n)
         # StreamingLLMPress prunes n - int(n * (1 - ratio)) entries: the same rounding
@@ -51,25 +62,26 @@ def test_compression_ratio_lands_on_exact_count_under_kvpress_rounding(spec):
 
 
 def test_general_form():
-    a = parse_action("knorm:ratio=0.5")
-    assert (a.press, a.ratio, a.budget) == ("KnormPress", 0.5, None)
+    a = parse_action("knorm:ratio=0.5").stages[0]
+    assert (a.scorer, a.ratio, a.budget) == ("KnormPress", 0.5, None)
     b = parse_action("snapkv:budget=256")
-    assert (b.press, b.ratio, b.budget) == ("SnapKVPress", None, 256)
+    assert (b.stages[0].scorer, b.stages[0].ratio, b.stages[0].budget) == ("SnapKVPress", None,
+                                                                           256)
     assert (b.kept(1000), b.kept(100)) == (256, 100)
     c = parse_action("streaming_llm:ratio=0.25")
-    assert c.press == "StreamingLLMPress" and c.kept(100) == 25
-    assert parse_action("recent:ratio=0.25").press == "StreamingLLMPress"
-    assert parse_action("SnapKVPress:budget=3").press == "SnapKVPress"
+    assert c.stages[0].scorer == "StreamingLLMPress" and c.kept(100) == 25
+    assert parse_action("recent:ratio=0.25").stages[0].scorer == "StreamingLLMPress"
+    assert parse_action("SnapKVPress:budget=3").stages[0].scorer == "SnapKVPress"
     d = parse_action("snapkv:budget=8,window_size=16,kernel_size=3")
-    assert d.kwargs == (("kernel_size", 3), ("window_size", 16))
+    assert d.stages[0].kwargs == (("kernel_size", 3), ("window_size", 16))
     press = d.make_press(100)
     assert (press.window_size, press.kernel_size) == (16, 3)
     assert parse_action(d.name) == d
     assert str(d) == d.name
 
 
-def test_every_registered_press_parses():
-    for short in PRESS_NAMES:
+def test_every_scorer_parses():
+    for short in SCORERS:
         assert parse_action(f"{short}:ratio=0.5").kept(10) == 5
 
 
@@ -77,7 +89,6 @@ def test_budget_at_least_prompt_is_noop():
     action = parse_action("snapkv-512")
     assert action.is_noop(512) and action.is_noop(100) and not action.is_noop(513)
     assert action.make_press(300) is None
-    assert action.compression_ratio(300) == 0.0
 
 
 def test_short_prompt_fields_are_clamped():
@@ -97,11 +108,14 @@ def test_kept_is_never_empty():
 def test_action_is_frozen_and_validated():
     action = parse_action("snapkv-half")
     with pytest.raises(dataclasses.FrozenInstanceError):
-        action.ratio = 0.3  # type: ignore[misc]
+        action.name = "x"  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        action.stages[0].ratio = 0.3  # type: ignore[misc]
     with pytest.raises(ValueError, match="exactly one"):
-        Action(name="x", press="SnapKVPress", ratio=0.5, budget=3)
-    with pytest.raises(ValueError, match="no-eviction"):
-        Action(name="x", press=None, ratio=0.5)
+        Stage(family="", scorer="SnapKVPress", ratio=0.5, budget=3)
+    decoding = parse_action("decoding-knorm:interval=4,target=8").decoding
+    with pytest.raises(ValueError, match="must come last"):
+        Action(name="x", stages=(decoding,))
 
 
 def test_unknown_name_lists_named_actions():
@@ -123,6 +137,24 @@ def test_unknown_name_lists_named_actions():
     ("snapkv:ratio=abc", r"ratio must be a number"),
     ("snapkv:window=32,ratio=0.5", r"unknown SnapKVPress field 'window'.*window_size"),
     ("knorm:ratio=0.5,n_sink=2", r"unknown KnormPress field 'n_sink'"),
+    ("adakv-knorm:ratio=0.5,alpha_safeguard=x", r"alpha_safeguard.*number"),
+    ("chunk-knorm:budget=10", r"give exactly one of ratio="),
+    ("chunkkv-knorm:ratio=0.5,chunk_length=0", r"chunk_length must be an integer >= 1"),
+    ("perlayer-knorm:ratio=0.5", r"ratios="),
+    ("perlayer-knorm:ratios=0.5/x", r"ratios must be numbers"),
+    ("perlayer-knorm:ratios=0.5/1.5", r"ratios .* \(0, 1\]"),
+    ("decoding-knorm:interval=4", r"give target=T"),
+    ("decoding-knorm:ratio=0.5,target=4", r"not ratio="),
+    ("decoding-knorm:interval=0,target=4", r"interval must be an integer >= 1"),
+    ("decoding-knorm:target=4,buffer=-1", r"buffer .* >= 0"),
+    ("decoding-observed_attention:target=4", r"attention weights"),
+    ("decoding-knorm:target=4+snapkv:ratio=0.5", r"must come last"),
+    ("adakv-knorm:ratio=0.5+knorm:ratio=0.5", r"cannot be chained"),
+    ("pyramidkv:ratio=0.5+knorm:ratio=0.5", r"cannot be chained"),
+    ("adakv-knorm:ratio=0.5+decoding-knorm:target=4", r"head-adaptive"),
+    ("AdaKVPress:ratio=0.5", r"adakv-<scorer>"),
+    ("nosuchfamily-knorm:ratio=0.5", r"unknown press"),
+    ("help", r"--actions help"),
     ("nosuchpress:ratio=0.5", r"unknown press 'nosuchpress'.*snapkv"),
     ("snapkv:", r"exactly one"),
     ("snapkv:ratio=0.5,budget=3", r"exactly one"),
@@ -138,3 +170,100 @@ def test_bad_specs_raise_clear_errors(spec, match):
 def test_kept_rejects_bad_prompt_length():
     with pytest.raises(ValueError, match="prompt length"):
         parse_action("snapkv-half").kept(0)
+
+
+FAMILY_SPECS = {
+    "adakv-snapkv:ratio=0.5": "AdaKVPress",
+    "criticaladakv-snapkv:ratio=0.5": "CriticalAdaKVPress",
+    "criticalkv-knorm:ratio=0.5": "CriticalKVPress",
+    "block-knorm:budget=10,block_size=4": "BlockPress",
+    "rerotate-knorm:ratio=0.5": "KeyRerotationPress",
+    "chunk-knorm:ratio=0.5,chunk_length=16": "ChunkPress",
+    "chunkkv-snapkv:ratio=0.5,chunk_length=8": "ChunkKVPress",
+    "pyramidkv:ratio=0.5": "PyramidKVPress",
+    "perlayer-knorm:ratios=0.9/0.5": "PerLayerCompressionPress",
+    "decoding-knorm:interval=4,target=8": "DecodingPress",
+    "snapkv:ratio=0.8+knorm:ratio=0.5": "ComposedPress",
+    "snapkv:ratio=0.5+decoding-knorm:interval=4,target=8": "PrefillDecodingPress",
+}
+
+
+@pytest.mark.parametrize("spec,press", sorted(FAMILY_SPECS.items()))
+def test_every_family_builds_its_kvpress_press(spec, press):
+    built = parse_action(spec).make_press(100)
+    assert type(built).__name__ == press
+
+
+def test_family_fields_reach_the_kvpress_press():
+    d = parse_action("decoding-knorm:interval=7,target=30,buffer=5").make_press(100)
+    assert (d.compression_interval, d.target_size, d.hidden_states_buffer_size) == (7, 30, 5)
+    assert type(d.base_press).__name__ == "KnormPress"
+    a = parse_action("adakv-snapkv:ratio=0.5,alpha_safeguard=0.3,window_size=8").make_press(100)
+    assert a.alpha_safeguard == 0.3 and a.press.window_size == 8
+    assert compute_n_kept(100, a.compression_ratio) == 50
+    c = parse_action("snapkv:ratio=0.8+knorm:ratio=0.5").make_press(100)
+    # the second press sees the first's 80 entries and keeps floor(0.5 * 80)
+    assert compute_n_kept(100, c.presses[0].compression_ratio) == 80
+    assert compute_n_kept(80, c.presses[1].compression_ratio) == 40
+    p = parse_action("perlayer-knorm:ratios=0.9/0.25").make_press(10)
+    assert [compute_n_kept(10, r) for r in p.compression_ratios] == [9, 2]
+
+
+def test_chunk_kept_count_by_hand():
+    # 50 entries in chunks of 16: 16, 16, 16, 2; ratio 0.3 keeps 4, 4, 4 and max(1, 0) = 1
+    action = parse_action("chunk-knorm:ratio=0.3,chunk_length=16")
+    assert action.kept(50) == 13
+    press = action.make_press(50)
+    assert [compute_n_kept(c, press.compression_ratio) for c in (16, 2)] == [4, 1]
+
+
+def test_mid_ratio_lands_on_every_count():
+    for n in range(1, 400):
+        for kept in range(1, n + 1):
+            assert int(n * (1 - mid_ratio(kept, n))) == kept, (kept, n)
+
+
+def test_every_kvpress_press_is_offered_or_refused_with_a_reason():
+    presses = {name for name in dir(kvpress) if name.endswith("Press")} - {"BasePress",
+                                                                          "ScorerPress"}
+    offered = set(SCORERS.values()) | {f.press for f in FAMILIES.values() if f.press} | {
+        "PyramidKVPress"}
+    assert presses - offered == set(NOT_OFFERED)
+    for name, why in NOT_OFFERED.items():
+        with pytest.raises(ValueError) as info:
+            parse_action(f"{name}:ratio=0.5")
+        assert why in str(info.value) and name in str(info.value)
+
+
+def test_split_actions():
+    assert split_actions("snapkv-half, recent-half") == ("snapkv-half", "recent-half")
+    assert split_actions("snapkv:budget=256,window_size=32,knorm:ratio=0.5") == (
+        "snapkv:budget=256,window_size=32", "knorm:ratio=0.5")
+    assert split_actions("decoding-knorm:interval=8,target=64,adakv-snapkv:ratio=0.5") == (
+        "decoding-knorm:interval=8,target=64", "adakv-snapkv:ratio=0.5")
+    assert split_actions("snapkv:ratio=0.5+decoding-knorm:interval=8,target=64,full") == (
+        "snapkv:ratio=0.5+decoding-knorm:interval=8,target=64", "full")
+    for spec in split_actions("snapkv:ratio=0.5+decoding-knorm:interval=8,target=64,full"):
+        parse_action(spec)
+
+
+def test_actions_help_and_readme_list_every_action():
+    text = actions_help()
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    for name in NAMED_ACTIONS:
+        assert name in text and f"`{name}`" in readme
+    for form, press, _ in family_table():
+        assert form in text and f"`{form}`" in readme, form
+        if press.endswith("Press"):
+            assert press in readme
+    for short, cls in SCORERS.items():
+        assert f"{short} ({cls})" in text and f"`{short}`" in readme
+    for name in NOT_OFFERED:
+        assert name in text and name in readme
+
+
+def test_cli_prints_the_action_list():
+    for args in (["run", "--actions", "help"], ["actions"]):
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 0, result.output
+        assert "adakv-<scorer>" in result.output and "QFilterPress" in result.output

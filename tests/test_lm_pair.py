@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from kvdrift.kernel import KernelPair
-from kvdrift.lm.actions import PRESS_NAMES, parse_action
+from kvdrift.lm.actions import parse_action
 from kvdrift.lm.pair import LMKernelPair, prefill
+from kvdrift.lm.presses import scorer_classes
 
 TOL = 5e-5  # float32 forward passes in different batch layouts (logits are O(10))
 
@@ -99,7 +100,7 @@ def test_compressed_cache_keeps_exact_budget(tiny_llama, name, n):
         assert q is pair.prompt_cache("p")
 
 
-@pytest.mark.parametrize("press", sorted(set(PRESS_NAMES.values())))
+@pytest.mark.parametrize("press", sorted(scorer_classes()))
 @pytest.mark.parametrize("rule,n", [("budget=7", 10), ("ratio=0.3", 100), ("budget=1", 3)])
 def test_every_registered_press_keeps_exact_budget(tiny_llama, press, rule, n):
     action = parse_action(f"{press}:{rule}")

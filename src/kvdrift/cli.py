@@ -149,12 +149,21 @@ def _split(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
+@app.command("actions")
+def actions_list() -> None:
+    """List every action: named ones, kvpress press families, scorers, presses not offered."""
+    from kvdrift.lm.actions import actions_help
+
+    print(actions_help())
+
+
 @app.command("run")
 @user_errors
 def run(
     model: str = typer.Option("smollm2", help="'smollm2' (embedded) or a Hugging Face id/path."),
     actions: str = typer.Option("snapkv-half,recent-half",
-                                help="Comma list of actions, e.g. snapkv-half,knorm:ratio=0.5."),
+                                help="Comma list of actions, e.g. snapkv-half,knorm:ratio=0.5,"
+                                "adakv-snapkv:ratio=0.5; 'help' lists every action."),
     docs: Path | None = typer.Option(None, help="JSONL file of {id, prompt, stratum?} objects "
                                      "(default: six generated 512-token RULER-style tasks)."),
     replicates: int = typer.Option(8, help="Replicates K per document and action."),
@@ -177,7 +186,7 @@ def run(
     """Measure the given actions on one model over a set of documents."""
     from kvdrift.analysis.summary import summarize
     from kvdrift.data import RulerConfig, generate, load_jsonl, token_counter
-    from kvdrift.lm.actions import parse_action
+    from kvdrift.lm.actions import actions_help, parse_action, split_actions
     from kvdrift.lm.factory import LMPairSource, check_fits, driver_side
     from kvdrift.lm.model import resolve_device, resolve_dtype
     from kvdrift.report.terminal import print_whole, run_table
@@ -185,7 +194,10 @@ def run(
     from kvdrift.run.runner import RunConfig
     from kvdrift.run.store import RunStore
 
-    action_list = _split(actions)
+    if actions.strip() == "help":
+        print(actions_help())
+        return
+    action_list = split_actions(actions)
     for a in action_list:
         parse_action(a)
     settings = ExecutorConfig().overridden(executor, ray_address).for_device(device)

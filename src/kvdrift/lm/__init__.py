@@ -2,9 +2,12 @@
 
 - :mod:`kvdrift.lm.model`: ``load_model`` (embedded SmolLM2 by default, cached once) and
   ``encode_prompt``;
-- :mod:`kvdrift.lm.actions`: ``Action`` / ``parse_action`` (a kvpress press + an exact budget);
+- :mod:`kvdrift.lm.actions`: ``Action`` / ``parse_action`` (chained kvpress presses, named);
+- :mod:`kvdrift.lm.presses`: the offered kvpress presses as stages with exact kept counts;
 - :mod:`kvdrift.lm.pair`: ``LMKernelPair`` (full versus evicted prompt cache, batched states);
-- :mod:`kvdrift.lm.cache`: the in-place growing KV cache used by path states.
+- :mod:`kvdrift.lm.cache`: the shared-prompt KV cache used by path states;
+- :mod:`kvdrift.lm.shared_attention`: exact attention over shared prompt + own entries, masks;
+- :mod:`kvdrift.lm.decoding`: decode-time eviction (``DecodingPress``) per row.
 
 Import the submodules directly; this package does not import kvpress or transformers itself.
 """

@@ -1,11 +1,10 @@
-"""Actions: a kvpress press plus a budget rule, named by a short spec string.
+"""Actions: the eviction policy Q applies, named by a short spec string.
 
-An action says how many prompt entries survive eviction (per layer and KV head) and which
-kvpress press chooses them. kvpress expresses budgets as ``compression_ratio`` (the fraction
-*removed*, rounded by ``int(k_len * (1 - compression_ratio))``); kvdrift adds exact budgets on
-top: an action's ``ratio`` is the fraction *kept* (``kept = floor(ratio * n)``) and ``budget``
-a fixed count (``kept = min(budget, n)``). :meth:`Action.make_press` picks the compression
-ratio in the middle of the rounding interval so that kvpress keeps exactly ``kept(n)``.
+An action is a chain of kvpress presses (:class:`~kvdrift.lm.presses.Stage`) run at prefill,
+optionally followed by one decoding-time press. kvpress expresses budgets as
+``compression_ratio`` (the fraction *removed*, rounded by ``int(k_len * (1 - r))``); kvdrift's
+``ratio`` is the fraction *kept* (``kept = floor(ratio * n)``) and ``budget`` a fixed count
+(``kept = min(budget, n)``), and the press is built so that kvpress keeps exactly that.
 
 Named actions (SPEC.md section 8)::
 
@@ -16,209 +15,178 @@ Named actions (SPEC.md section 8)::
     recent-half   StreamingLLM (4 sinks + most recent) keeping floor(n/2)
     recent-90     StreamingLLM keeping floor(9n/10)
 
-General form: ``<press>:ratio=R`` or ``<press>:budget=B``, optionally followed by press
-fields, e.g. ``knorm:ratio=0.5``, ``snapkv:budget=256,window_size=32``. ``<press>`` is a
-short name (see :data:`PRESS_NAMES`) or the exact kvpress class name.
+General form, one press: ``[<family>-]<scorer>:ratio=R|budget=B[,field=value...]``, e.g.
+``knorm:ratio=0.5``, ``adakv-snapkv:ratio=0.5,alpha_safeguard=0.1``, ``pyramidkv:ratio=0.5``,
+``perlayer-knorm:ratios=0.9/0.5``, ``decoding-knorm:interval=32,target=256``. Presses joined
+with ``+`` run one after the other at prefill (kvpress's ``ComposedPress``); a final
+``decoding-*`` press then compresses during generation (``PrefillDecodingPress``):
+``snapkv:ratio=0.5+decoding-knorm:interval=32,target=256``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from dataclasses import dataclass
-from fractions import Fraction
 from typing import Any
 
 import kvpress
 
-# Short names of kvpress score-based presses that keep the same number of entries in every
-# layer and KV head, need no hub download, and run on prompts of any length >= 2.
-PRESS_NAMES: dict[str, str] = {
-    "snapkv": "SnapKVPress",
-    "knorm": "KnormPress",
-    "streaming_llm": "StreamingLLMPress",
-    "recent": "StreamingLLMPress",
-    "tova": "TOVAPress",
-    "expected_attention": "ExpectedAttentionPress",
-    "observed_attention": "ObservedAttentionPress",
-    "random": "RandomPress",
-    "keydiff": "KeyDiffPress",
-    "lagkv": "LagKVPress",
-    "cur": "CURPress",
-    "leverage": "LeverageScorePress",
-    "non_causal_attn": "NonCausalAttnPress",
-    "cap": "CapPress",
-}
-
-# Presses that score from the attention weights returned by the layer: eager attention only.
-NEEDS_ATTENTION_WEIGHTS = frozenset({"ObservedAttentionPress"})
-
-# Press fields that must stay below the prompt length (kvpress asserts k_len > field).
-_SHORT_PROMPT_FIELDS = ("window_size", "n_sink")
+from kvdrift.lm.presses import (
+    FAMILIES,
+    NOT_OFFERED,
+    PYRAMIDKV,
+    SCORERS,
+    Stage,
+    allowed_scorers,
+    family_table,
+    resolve_scorer,
+    scorer_classes,
+    scorer_fields,
+)
 
 
 @dataclass(frozen=True)
 class _Named:
-    press: str | None
-    ratio: float | None = None
-    budget: int | None = None
+    spec: str | None  # the general form it stands for (None: no eviction)
 
 
 NAMED_ACTIONS: dict[str, _Named] = {
-    "full": _Named(press=None),
-    "snapkv-half": _Named("SnapKVPress", ratio=0.5),
-    "snapkv-90": _Named("SnapKVPress", ratio=0.9),
-    "snapkv-512": _Named("SnapKVPress", budget=512),
-    "recent-half": _Named("StreamingLLMPress", ratio=0.5),
-    "recent-90": _Named("StreamingLLMPress", ratio=0.9),
+    "full": _Named(None),
+    "snapkv-half": _Named("snapkv:ratio=0.5"),
+    "snapkv-90": _Named("snapkv:ratio=0.9"),
+    "snapkv-512": _Named("snapkv:budget=512"),
+    "recent-half": _Named("recent:ratio=0.5"),
+    "recent-90": _Named("recent:ratio=0.9"),
 }
-
-
-def press_classes() -> dict[str, type]:
-    """Supported kvpress class names -> classes (those present in the installed kvpress)."""
-    names = sorted(set(PRESS_NAMES.values()))
-    return {name: getattr(kvpress, name) for name in names if hasattr(kvpress, name)}
-
-
-def press_fields(press: str) -> dict[str, dataclasses.Field]:
-    """User-settable fields of a press class (``compression_ratio`` is set by the budget)."""
-    cls = press_classes()[press]
-    return {
-        f.name: f
-        for f in dataclasses.fields(cls)
-        if f.init and not f.name.startswith("_") and f.name != "compression_ratio"
-    }
-
-
-def _allowed_presses() -> str:
-    short = ", ".join(sorted(k for k, v in PRESS_NAMES.items() if v in press_classes()))
-    return f"{short} (or a kvpress class name: {', '.join(press_classes())})"
-
-
-def resolve_press(name: str) -> str:
-    """Map a short press name or kvpress class name to the class name, or raise ValueError."""
-    classes = press_classes()
-    if name in classes:
-        return name
-    key = name.strip().lower().replace("-", "_")
-    if key in PRESS_NAMES and PRESS_NAMES[key] in classes:
-        return PRESS_NAMES[key]
-    raise ValueError(f"unknown press {name!r}; allowed: {_allowed_presses()}")
 
 
 @dataclass(frozen=True)
 class Action:
-    """An eviction policy: a kvpress press and a budget rule (``ratio`` kept or fixed ``budget``).
-
-    ``press`` is a kvpress class name, or ``None`` for the ``full`` (no-eviction) action.
-    Exactly one of ``ratio`` (fraction of prompt entries kept, in (0, 1]) and ``budget``
-    (entries kept, >= 1) is set for a press. ``kwargs`` are extra press fields as sorted
-    ``(name, value)`` pairs.
-    """
+    """An eviction policy: prefill ``stages`` applied in order, then an optional ``decoding``
+    stage that compresses every row's cache during generation. No stage: ``full``."""
 
     name: str
-    press: str | None = None
-    ratio: float | None = None
-    budget: int | None = None
-    kwargs: tuple[tuple[str, Any], ...] = ()
+    stages: tuple[Stage, ...] = ()
+    decoding: Stage | None = None
 
     def __post_init__(self) -> None:
-        if self.press is None:
-            if self.ratio is not None or self.budget is not None or self.kwargs:
-                raise ValueError(f"action {self.name!r}: the no-eviction action takes no ratio, "
-                                 f"budget or kwargs")
-            return
-        resolved = resolve_press(self.press)
-        if resolved != self.press:
-            object.__setattr__(self, "press", resolved)
-        if (self.ratio is None) == (self.budget is None):
-            raise ValueError(f"action {self.name!r}: give exactly one of ratio=R (fraction kept, "
-                             f"in (0, 1]) or budget=B (entries kept, >= 1)")
-        if self.ratio is not None:
-            ratio = float(self.ratio)
-            if not (0.0 < ratio <= 1.0):
-                raise ValueError(f"action {self.name!r}: ratio (fraction of prompt entries kept) "
-                                 f"must be in (0, 1]; got {self.ratio}")
-            object.__setattr__(self, "ratio", ratio)
-        if self.budget is not None:
-            if isinstance(self.budget, bool) or int(self.budget) != self.budget or self.budget < 1:
-                raise ValueError(f"action {self.name!r}: budget (prompt entries kept) must be an "
-                                 f"integer >= 1; got {self.budget}")
-            object.__setattr__(self, "budget", int(self.budget))
-        fields = press_fields(self.press)
-        for key, _ in self.kwargs:
-            if key not in fields:
-                allowed = ", ".join(fields) or "none"
-                raise ValueError(f"action {self.name!r}: unknown {self.press} field {key!r}; "
-                                 f"allowed: {allowed} (plus ratio= or budget=)")
-        object.__setattr__(self, "kwargs", tuple(sorted(self.kwargs)))
+        stages = tuple(self.stages)
+        object.__setattr__(self, "stages", stages)
+        if any(s.is_decoding for s in stages):
+            raise ValueError(f"action {self.name!r}: a decoding-* press must come last")
+        if self.decoding is not None and not self.decoding.is_decoding:
+            raise ValueError(f"action {self.name!r}: decoding= takes a decoding-* press")
+        for i, s in enumerate(stages if len(stages) > 1 else ()):
+            if s.head_adaptive or (i < len(stages) - 1 and not s.uniform):
+                raise ValueError(f"action {self.name!r}: {s.label} keeps counts that differ "
+                                 f"per head, layer or prompt content; it cannot be chained with "
+                                 f"'+' (only last, and never head-adaptive)")
+        if self.decoding is not None:
+            if self.decoding.needs_attention_weights:
+                raise ValueError(f"action {self.name!r}: {self.decoding.scorer} needs attention "
+                                 f"weights, which decoding steps do not return")
+            if any(s.head_adaptive for s in stages):
+                raise ValueError(f"action {self.name!r}: decoding-time compression keeps the "
+                                 f"same count in every KV head; it cannot follow a "
+                                 f"head-adaptive press")
 
     def __str__(self) -> str:
         return self.name
 
     @property
+    def evicts_during_decoding(self) -> bool:
+        return self.decoding is not None
+
+    @property
+    def head_adaptive(self) -> bool:
+        return any(s.head_adaptive for s in self.stages)
+
+    @property
     def needs_attention_weights(self) -> bool:
-        """Whether the press scores from attention weights (needs eager attention in prefill)."""
-        return self.press in NEEDS_ATTENTION_WEIGHTS
+        """Whether a prefill press scores from attention weights (eager attention in prefill)."""
+        return any(s.needs_attention_weights for s in self.stages)
+
+    def stage_inputs(self, n_prompt: int) -> list[int]:
+        """Entries each prefill stage sees (a chain's later stages see the earlier's kept)."""
+        n = _check_n(n_prompt)
+        inputs = []
+        for i, s in enumerate(self.stages):
+            inputs.append(n)
+            if i < len(self.stages) - 1:  # only uniform stages come before another
+                n = n if s.is_noop(n) else s.kept(n)
+        return inputs
 
     def kept(self, n_prompt: int) -> int:
-        """Prompt entries kept per layer and KV head for a prompt of ``n_prompt`` tokens (>= 1)."""
-        if int(n_prompt) != n_prompt or n_prompt < 1:
-            raise ValueError(f"prompt length must be an integer >= 1; got {n_prompt}")
-        n = int(n_prompt)
-        if self.press is None:
-            return n
-        if self.budget is not None:
-            return min(self.budget, n)
-        # exact decimal arithmetic: floor(0.9 * n) must be floor(9n/10) for every n
-        keep = math.floor(Fraction(repr(self.ratio)) * n)
-        return min(n, max(1, keep))
+        """Prompt entries per KV head after prefill (on average over heads for head-adaptive
+        presses); ValueError for presses without one count (perlayer, pyramidkv, chunkkv)."""
+        n = _check_n(n_prompt)
+        for s in self.stages:
+            n = n if s.is_noop(n) else s.kept(n)
+        return n
 
     def is_noop(self, n_prompt: int) -> bool:
-        """Whether nothing is evicted for this prompt length (then the press is never run)."""
-        return self.kept(n_prompt) >= n_prompt
+        """Whether Q is P for this prompt length (nothing evicted, ever: the press never runs)."""
+        if self.decoding is not None:
+            return False
+        return all(s.is_noop(m) for s, m in zip(self.stages, self.stage_inputs(n_prompt),
+                                                 strict=True))
 
-    def compression_ratio(self, n_prompt: int) -> float:
-        """kvpress ``compression_ratio`` under which its rounding keeps exactly ``kept(n_prompt)``.
-
-        kvpress keeps ``max(1, int(k_len * (1 - r)))``; ``r = 1 - (kept + 1/2) / n`` lands
-        ``k_len * (1 - r)`` mid-way between ``kept`` and ``kept + 1``, safe from float error.
-        """
-        kept = self.kept(n_prompt)
-        if kept >= n_prompt:
-            return 0.0
-        return 1.0 - (kept + 0.5) / n_prompt
+    def prefill_is_noop(self, n_prompt: int) -> bool:
+        """Whether no prompt entry is evicted at prefill."""
+        return all(s.is_noop(m) for s, m in zip(self.stages, self.stage_inputs(n_prompt),
+                                                 strict=True))
 
     def make_press(self, n_prompt: int) -> Any | None:
-        """A fresh kvpress press for a prompt of ``n_prompt`` tokens, or ``None`` if a no-op.
+        """A fresh kvpress press for a prompt of ``n_prompt`` tokens, or None if a no-op.
 
-        Fields that kvpress requires to be below the prompt length (SnapKV's ``window_size``,
-        sinks ``n_sink``) are clamped to ``n_prompt - 1`` for short prompts.
+        Prefill stages that evict nothing are left out; several remaining ones are chained
+        with ``ComposedPress``; a decoding stage is joined with ``PrefillDecodingPress``.
         """
-        if self.press is None or self.is_noop(n_prompt):
+        if self.is_noop(n_prompt):
             return None
-        cls = press_classes()[self.press]
-        fields = press_fields(self.press)
-        kwargs = dict(self.kwargs)
-        for key in _SHORT_PROMPT_FIELDS:
-            if key in fields:
-                value = kwargs.get(key, fields[key].default)
-                if isinstance(value, int) and value >= n_prompt:
-                    kwargs[key] = n_prompt - 1
-        return cls(compression_ratio=self.compression_ratio(n_prompt), **kwargs)
+        active = [s.build(m) for s, m in zip(self.stages, self.stage_inputs(n_prompt),
+                                               strict=True) if not s.is_noop(m)]
+        prefill = None if not active else active[0] if len(active) == 1 else \
+            kvpress.ComposedPress(presses=active)
+        if self.decoding is None:
+            return prefill
+        decoding = self.decoding.build(n_prompt)
+        if prefill is None:
+            return decoding
+        return kvpress.PrefillDecodingPress(prefilling_press=prefill, decoding_press=decoding)
+
+    def check_counts(self, n_prompt: int, counts: Any, config: Any) -> None:
+        """Raise RuntimeError unless ``counts`` ``[layers, kv_heads]`` (entries each KV head
+        of each layer attends to after prefill) is what the action promises."""
+        stages = [(s, m) for s, m in zip(self.stages, self.stage_inputs(n_prompt), strict=True)
+                  if not s.is_noop(m)]
+        if not stages:
+            if bool((counts != n_prompt).any()):
+                raise RuntimeError(f"action {self.name}: expected all {n_prompt} prompt entries, "
+                                   f"got {counts.tolist()}")
+            return
+        last, m = stages[-1]
+        try:
+            last.check_counts(m, counts, config)
+        except RuntimeError as exc:
+            raise RuntimeError(f"action {self.name}: {exc}") from None
 
 
-def _coerce(press: str, key: str, text: str) -> Any:
-    """Parse a press field value from text, guided by the field's default."""
-    fields = press_fields(press)
-    default = fields[key].default if key in fields else None
+def _check_n(n_prompt: int) -> int:
+    if int(n_prompt) != n_prompt or n_prompt < 1:
+        raise ValueError(f"prompt length must be an integer >= 1; got {n_prompt}")
+    return int(n_prompt)
+
+
+def _coerce(fields: dict[str, Any], key: str, text: str, label: str) -> Any:
+    """Parse a field value from text, guided by the default of the field it sets."""
+    default = fields.get(key)
     low = text.strip().lower()
     if isinstance(default, bool):
         if low in ("true", "1", "yes"):
             return True
         if low in ("false", "0", "no"):
             return False
-        raise ValueError(f"{press} field {key!r} must be true or false; got {text!r}")
+        raise ValueError(f"{label} field {key!r} must be true or false; got {text!r}")
     if low == "none":
         return None
     for parse in (int, float):
@@ -226,64 +194,155 @@ def _coerce(press: str, key: str, text: str) -> Any:
             value = parse(text)
         except ValueError:
             continue
-        if isinstance(default, float):
-            return float(value)
-        return value
+        return float(value) if isinstance(default, float) else value
     if isinstance(default, (int, float)):
-        raise ValueError(f"{press} field {key!r} must be a number; got {text!r}")
+        raise ValueError(f"{label} field {key!r} must be a number; got {text!r}")
     return text.strip()
 
 
-def _named_list() -> str:
-    return ", ".join(NAMED_ACTIONS)
+def _field_defaults(family: str, scorer: str) -> dict[str, Any]:
+    import dataclasses
+
+    defaults = {k: f.default for k, f in scorer_fields(scorer).items()}
+    fam = FAMILIES[family]
+    if fam.press is not None:
+        cls = getattr(kvpress, fam.press)
+        by_name = {f.name: f.default for f in dataclasses.fields(cls)}
+        for spec_name, press_name in fam.fields:
+            defaults[spec_name] = by_name.get(press_name)
+    return defaults
 
 
-def parse_action(spec: str | Action) -> Action:
-    """Parse an action spec: a named action or ``<press>:ratio=R|budget=B[,field=value...]``."""
-    if isinstance(spec, Action):
-        return spec
-    if not isinstance(spec, str) or not spec.strip():
-        raise ValueError(f"empty action spec; named actions: {_named_list()}; "
-                         f"or <press>:ratio=R / <press>:budget=B")
-    text = spec.strip()
-    if text in NAMED_ACTIONS:
-        named = NAMED_ACTIONS[text]
-        return Action(name=text, press=named.press, ratio=named.ratio, budget=named.budget)
+def _parse_head(head: str) -> tuple[str, str]:
+    """``[<family>-]<scorer>`` -> (family, scorer class name)."""
+    text = head.strip()
+    if text.lower() == "pyramidkv" or text == PYRAMIDKV:
+        return "pyramidkv", PYRAMIDKV
+    if text in NOT_OFFERED:
+        raise ValueError(f"kvpress's {text} is not offered: {NOT_OFFERED[text]}")
+    family, dash, rest = text.partition("-")
+    if dash and family.lower() in FAMILIES and family.lower() not in ("", "pyramidkv"):
+        wrapper = FAMILIES[family.lower()].press
+        if wrapper in NOT_OFFERED:
+            raise ValueError(f"kvpress's {wrapper} is not offered: {NOT_OFFERED[wrapper]}")
+        return family.lower(), resolve_scorer(rest)
+    for fam in FAMILIES.values():
+        if fam.press == text:
+            raise ValueError(f"{text} wraps a scorer: write {fam.name}-<scorer>:..., e.g. "
+                             f"{fam.name}-snapkv:ratio=0.5")
+    return "", resolve_scorer(text)
+
+
+def _parse_stage(text: str, whole: str) -> Stage:
     if ":" not in text:
         raise ValueError(
-            f"unknown action {text!r}; named actions: {_named_list()}; or <press>:ratio=R "
-            f"(fraction kept) / <press>:budget=B (entries kept) with press one of "
-            f"{_allowed_presses()}"
+            f"unknown action {text!r}; named actions: {', '.join(NAMED_ACTIONS)}; or "
+            f"[<family>-]<scorer>:ratio=R (fraction kept) / :budget=B (entries kept) with scorer "
+            f"one of {allowed_scorers()} and family one of "
+            f"{', '.join(f for f in FAMILIES if f)} (see `kvdrift run --actions help`)"
         )
     head, _, tail = text.partition(":")
-    press = resolve_press(head)
-    ratio: float | None = None
-    budget: int | None = None
+    family, scorer = _parse_head(head)
+    label = f"{family}-{scorer}" if family else scorer
+    defaults = _field_defaults(family, scorer)
+    values: dict[str, Any] = {}
     kwargs: list[tuple[str, Any]] = []
     for item in filter(None, (part.strip() for part in tail.split(","))):
         key, eq, value = item.partition("=")
         key = key.strip()
         if not eq or not key or not value.strip():
-            raise ValueError(f"action {text!r}: expected key=value, got {item!r}")
+            raise ValueError(f"action {whole!r}: expected key=value, got {item!r}")
         if key == "ratio":
             try:
-                ratio = float(value)
+                values["ratio"] = float(value)
             except ValueError as exc:
-                raise ValueError(f"action {text!r}: ratio must be a number in (0, 1]; "
+                raise ValueError(f"action {whole!r}: ratio must be a number in (0, 1]; "
                                  f"got {value!r}") from exc
         elif key == "budget":
             try:
-                budget = int(value)
+                values["budget"] = int(value)
             except ValueError as exc:
-                raise ValueError(f"action {text!r}: budget must be an integer >= 1; "
+                raise ValueError(f"action {whole!r}: budget must be an integer >= 1; "
                                  f"got {value!r}") from exc
-        elif key == "compression_ratio":
-            raise ValueError(f"action {text!r}: use ratio= (fraction kept) or budget= "
-                             f"(entries kept), not compression_ratio")
+        elif key == "ratios":
+            try:
+                values["ratios"] = tuple(float(r) for r in value.split("/"))
+            except ValueError as exc:
+                raise ValueError(f"action {whole!r}: ratios must be numbers in (0, 1] joined "
+                                 f"by '/', e.g. 0.9/0.5; got {value!r}") from exc
+        elif key in ("compression_ratio", "compression_ratios"):
+            raise ValueError(f"action {whole!r}: use ratio= (fraction kept) or budget= "
+                             f"(entries kept), not {key}")
+        elif key not in defaults:
+            raise ValueError(f"action {whole!r}: unknown {label} field {key!r}; allowed: "
+                             f"ratio, budget, {', '.join(defaults) or 'none'}")
         else:
-            if key not in press_fields(press):
-                allowed = ", ".join(press_fields(press)) or "none"
-                raise ValueError(f"action {text!r}: unknown {press} field {key!r}; allowed: "
-                                 f"ratio, budget, {allowed}")
-            kwargs.append((key, _coerce(press, key, value)))
-    return Action(name=text, press=press, ratio=ratio, budget=budget, kwargs=tuple(kwargs))
+            kwargs.append((key, _coerce(defaults, key, value, label)))
+    try:
+        return Stage(family=family, scorer=scorer, kwargs=tuple(kwargs), **values)
+    except ValueError as exc:
+        raise ValueError(f"action {whole!r}: {exc}") from None
+
+
+def parse_action(spec: str | Action) -> Action:
+    """Parse an action spec: a named action or ``+``-joined press specs (module docstring)."""
+    if isinstance(spec, Action):
+        return spec
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"empty action spec; named actions: {', '.join(NAMED_ACTIONS)}; "
+                         f"or <press>:ratio=R / <press>:budget=B")
+    text = spec.strip()
+    if text == "help":
+        raise ValueError("'help' is not an action; `kvdrift run --actions help` lists them")
+    if text in NAMED_ACTIONS:
+        named = NAMED_ACTIONS[text].spec
+        if named is None:
+            return Action(name=text)
+        return Action(name=text, stages=(_parse_stage(named, text),))
+    stages = [_parse_stage(part.strip(), text) for part in text.split("+")]
+    decoding = stages.pop() if stages[-1].is_decoding else None
+    try:
+        return Action(name=text, stages=tuple(stages), decoding=decoding)
+    except ValueError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def split_actions(text: str) -> tuple[str, ...]:
+    """Split a comma list of action specs; ``key=value`` pieces belong to the spec before.
+
+    ``snapkv-half,snapkv:budget=256,window_size=32`` -> ``("snapkv-half",
+    "snapkv:budget=256,window_size=32")``.
+    """
+    specs: list[str] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        tail = part.rpartition("+")[2]
+        if specs and "=" in tail and ":" not in tail and "+" not in part:
+            specs[-1] = f"{specs[-1]},{part}"
+        else:
+            specs.append(part)
+    return tuple(specs)
+
+
+def actions_help() -> str:
+    """The list of named actions, press families and scorers (``--actions help``)."""
+    lines = ["Named actions:"]
+    for name, named in NAMED_ACTIONS.items():
+        lines.append(f"  {name:<14} {named.spec or 'no eviction (same-path control)'}")
+    lines.append("")
+    lines.append("Presses (r = ratio kept, n = prompt entries); join with '+' to chain:")
+    for form, press, keeps in family_table():
+        lines.append(f"  {form}")
+        lines.append(f"      {press}: {keeps}")
+    lines.append("")
+    lines.append("Scorers: " + ", ".join(
+        f"{short} ({cls})" for short, cls in SCORERS.items() if cls in scorer_classes()))
+    lines.append("")
+    lines.append("Not offered:")
+    for press, why in NOT_OFFERED.items():
+        lines.append(f"  {press}: {why}")
+    return "\n".join(lines)
+
+
+__all__ = ["NAMED_ACTIONS", "Action", "Stage", "actions_help", "parse_action", "split_actions"]

@@ -31,7 +31,9 @@ class SharedPromptLayer(DynamicLayer):
     """One layer: shared prompt ``[1, kv_heads, P, head_dim]`` + per-row generated entries.
 
     ``keys``/``values`` are views ``[n, kv_heads, G, head_dim]`` of the filled part of the
-    generated buffers; ``prompt_keys``/``prompt_values`` are the side's prompt tensors.
+    generated buffers; ``prompt_keys``/``prompt_values`` are the side's prompt tensors and
+    ``prompt_live`` (``[1, kv_heads, P]`` bool, or None: all) the prompt entries each KV head
+    attends to (head-adaptive presses keep every entry and hide some per head).
     """
 
     def __init__(
@@ -40,12 +42,17 @@ class SharedPromptLayer(DynamicLayer):
         prompt_values: torch.Tensor,  # [1, kv_heads, P, head_dim]
         keys: torch.Tensor,  # [n, kv_heads, G, head_dim]
         values: torch.Tensor,  # [n, kv_heads, G, head_dim]
+        prompt_live: torch.Tensor | None = None,  # [1, kv_heads, P] bool
     ) -> None:
         super().__init__()
         if prompt_keys.shape[0] != 1 or prompt_values.shape[0] != 1:
             raise ValueError("the shared prompt must be a batch of one")
+        if prompt_live is not None and tuple(prompt_live.shape) != tuple(prompt_keys.shape[:3]):
+            raise ValueError(f"prompt_live must have shape {tuple(prompt_keys.shape[:3])}; got "
+                             f"{tuple(prompt_live.shape)}")
         self.prompt_keys = prompt_keys
         self.prompt_values = prompt_values
+        self.prompt_live = prompt_live
         self.lazy_initialization(keys, values)
         self._key_buf = keys.new_empty(0)
         self._value_buf = values.new_empty(0)
@@ -90,7 +97,8 @@ class SharedPromptLayer(DynamicLayer):
     def take(self, rows: torch.Tensor) -> SharedPromptLayer:
         """A layer of the given rows: shares the prompt, copies only the generated entries."""
         return SharedPromptLayer(self.prompt_keys, self.prompt_values,
-                                 self.keys.index_select(0, rows), self.values.index_select(0, rows))
+                                 self.keys.index_select(0, rows), self.values.index_select(0, rows),
+                                 self.prompt_live)
 
     @staticmethod
     def join(layers: list[SharedPromptLayer], width: int) -> SharedPromptLayer:
@@ -104,7 +112,8 @@ class SharedPromptLayer(DynamicLayer):
 
         keys = torch.cat([padded(layer.keys) for layer in layers], dim=0)
         values = torch.cat([padded(layer.values) for layer in layers], dim=0)
-        return SharedPromptLayer(first.prompt_keys, first.prompt_values, keys, values)
+        return SharedPromptLayer(first.prompt_keys, first.prompt_values, keys, values,
+                                 first.prompt_live)
 
 
 class SharedPromptCache(DynamicCache):
@@ -117,14 +126,16 @@ class SharedPromptCache(DynamicCache):
     @classmethod
     def empty(
         cls, prompt_keys: tuple[torch.Tensor, ...], prompt_values: tuple[torch.Tensor, ...],
-        rows: int,
+        rows: int, prompt_live: tuple[torch.Tensor | None, ...] | None = None,
     ) -> SharedPromptCache:
-        """``rows`` rows with no generated entries over the given per-layer prompt tensors."""
+        """``rows`` rows with no generated entries over the given per-layer prompt tensors
+        (layers may hold different numbers of prompt entries)."""
+        live = prompt_live if prompt_live is not None else (None,) * len(prompt_keys)
         layers = []
-        for k, v in zip(prompt_keys, prompt_values, strict=True):
+        for k, v, m in zip(prompt_keys, prompt_values, live, strict=True):
             heads, dim = k.shape[1], k.shape[3]
             layers.append(SharedPromptLayer(k, v, k.new_empty(rows, heads, 0, dim),
-                                            v.new_empty(rows, heads, 0, v.shape[3])))
+                                            v.new_empty(rows, heads, 0, v.shape[3]), m))
         return cls(layers)
 
     @property

@@ -2,9 +2,13 @@
 
 One document, one action. Prefill gives the full prompt cache (side ``"p"``); the same prefill
 run inside the action's kvpress press context gives the compressed cache (side ``"q"``; kvpress
-compresses only in the prefill forward). Eviction happens once, after prefill, and generated
-entries are always kept. The first generated position is computed before eviction, so both
-sides start from the full-cache prefill logits (``delta_1 = 0``).
+compresses only in the prefill forward). The kept entries of every layer and KV head are
+checked against the action's promise; layers may keep different numbers, and entries that a
+head-adaptive press hides per KV head stay stored and are masked exactly in the attention.
+The first generated position is computed before eviction, so both sides start from the
+full-cache prefill logits (``delta_1 = 0``). Generated entries are kept, except under a
+``decoding-*`` action, whose per-row compressions during generation are in
+:mod:`kvdrift.lm.decoding` (``evictions`` of a Q state).
 
 Path states
 -----------
@@ -48,7 +52,14 @@ from transformers import DynamicCache
 from kvdrift.kernel import Side, check_side
 from kvdrift.lm.actions import Action, parse_action
 from kvdrift.lm.cache import SharedPromptCache
+from kvdrift.lm.decoding import (
+    DecodeEvictions,
+    DecodingRule,
+    capture_attention_inputs,
+    compress_rows,
+)
 from kvdrift.lm.model import LoadedModel
+from kvdrift.lm.presses import fixed_press_randomness
 from kvdrift.lm.shared_attention import ATTENTION_NAME, attention_implementation
 
 HOLE_STEP = torch.iinfo(torch.long).max  # slot_step of a slot that never holds a generated token
@@ -56,28 +67,57 @@ HOLE_STEP = torch.iinfo(torch.long).max  # slot_step of a slot that never holds 
 
 @dataclass(frozen=True)
 class PromptCache:
-    """The KV cache of one prompt after prefill (batch of one) and its next-token logits."""
+    """The KV cache of one prompt after prefill (batch of one) and its next-token logits.
 
-    keys: tuple[torch.Tensor, ...]  # per layer [1, kv_heads, kept, head_dim]
-    values: tuple[torch.Tensor, ...]  # per layer [1, kv_heads, kept, head_dim]
+    Layers may hold different numbers of entries (per-layer budgets); ``live`` marks, per layer,
+    the entries each KV head attends to when a head-adaptive press hides some (None: all).
+    """
+
+    keys: tuple[torch.Tensor, ...]  # per layer [1, kv_heads, P_l, head_dim]
+    values: tuple[torch.Tensor, ...]  # per layer [1, kv_heads, P_l, head_dim]
     logits: torch.Tensor  # [1, V] float32: next-token logits after the full prompt
     n_prompt: int  # true prompt length; generated token t sits at position n_prompt + t - 1
+    live: tuple[torch.Tensor | None, ...] | None = None  # per layer [1, kv_heads, P_l] bool
 
     def __post_init__(self) -> None:
         if len(self.keys) == 0 or len(self.keys) != len(self.values):
             raise ValueError("a prompt cache needs the same positive number of key and value "
                              "layers")
-        lengths = {k.shape[2] for k in self.keys} | {v.shape[2] for v in self.values}
-        if len(lengths) != 1:
-            raise ValueError(f"every layer must keep the same number of entries; "
-                             f"got {sorted(lengths)}")
-        if self.kept < 1 or self.kept > self.n_prompt:
-            raise ValueError(f"kept entries must be in [1, {self.n_prompt}]; got {self.kept}")
+        if any(k.shape[2] != v.shape[2] for k, v in zip(self.keys, self.values, strict=True)):
+            raise ValueError("keys and values of a layer must hold the same number of entries")
+        if self.live is not None and len(self.live) != len(self.keys):
+            raise ValueError(f"live needs one entry per layer ({len(self.keys)}); got "
+                             f"{len(self.live)}")
+        counts = self.counts
+        if int(counts.min()) < 1 or int(counts.max()) > self.n_prompt:
+            raise ValueError(f"kept entries must be in [1, {self.n_prompt}] in every layer and "
+                             f"KV head; got {counts.tolist()}")
+
+    @property
+    def counts(self) -> torch.Tensor:
+        """``[layers, kv_heads]`` long: prompt entries each KV head of each layer attends to."""
+        rows = []
+        for i, k in enumerate(self.keys):
+            live = self.live[i] if self.live is not None else None
+            if live is None:
+                rows.append(torch.full((k.shape[1],), k.shape[2], dtype=torch.long))
+            else:
+                rows.append(live[0].sum(-1).long().cpu())
+        return torch.stack(rows)
 
     @property
     def kept(self) -> int:
-        """Prompt entries held per layer and KV head."""
-        return self.keys[0].shape[2]
+        """Prompt entries per layer and KV head; ValueError if layers or heads differ."""
+        counts = self.counts
+        if int(counts.min()) != int(counts.max()):
+            raise ValueError(f"layers or KV heads keep different numbers of prompt entries "
+                             f"({counts.tolist()}); see counts")
+        return int(counts[0, 0])
+
+    @property
+    def is_full(self) -> bool:
+        """Whether every layer and KV head holds all ``n_prompt`` entries."""
+        return bool((self.counts == self.n_prompt).all())
 
 
 @dataclass(frozen=True, eq=False)
@@ -92,6 +132,7 @@ class LMPathState:
     lengths: torch.Tensor  # [n] long
     logits: torch.Tensor  # [n, V] float32 (rows flagged in ``stale`` hold old values)
     stale: torch.Tensor  # [n] bool, rows whose logits must be recomputed (after truncate)
+    evictions: DecodeEvictions | None = None  # Q rows under decode-time eviction
 
     @property
     def n(self) -> int:
@@ -108,27 +149,72 @@ def prefill(model: Any, prompt_ids: torch.Tensor, action: Action | None = None) 
 
     Returns the (possibly compressed) prompt cache and the next-token logits of the prefill,
     which always see the full prompt (kvpress compresses each layer after its attention).
+    The entries kept in every layer and KV head are checked against what the action promises.
     """
     model = _unwrap(model)
     ids = _as_prompt(prompt_ids, model)
     n = ids.shape[1]
     press = action.make_press(n) if action is not None else None
+    if press is not None and action.prefill_is_noop(n):
+        press = None  # a decoding-only action leaves the prefill alone
     press_ctx = press(model) if press is not None else contextlib.nullcontext()
     attn = "eager" if press is not None and action.needs_attention_weights else None
     cache = DynamicCache(config=model.config)
-    with torch.no_grad(), attention_implementation(model, attn), press_ctx:
-        out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    try:
+        with (torch.no_grad(), attention_implementation(model, attn), press_ctx,
+              fixed_press_randomness(ids.device)):
+            out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        hidden = _take_hidden_entries(model, len(cache.layers))
+    finally:
+        _clear_hidden_entries(model)
     if any(getattr(layer, "is_sliding", False) for layer in cache.layers):
         raise NotImplementedError("sliding-window attention layers are not supported by kvdrift")
     keys = tuple(layer.keys for layer in cache.layers)
     values = tuple(layer.values for layer in cache.layers)
-    expected = action.kept(n) if action is not None else n
-    got = sorted({k.shape[2] for k in keys})
-    if got != [expected]:
-        raise RuntimeError(f"action {action}: expected {expected} prompt entries per layer after "
-                           f"prefill, got {got}")
+    live = None
+    if any(h is not None for h in hidden):
+        live = tuple(_live_mask(k, h) for k, h in zip(keys, hidden, strict=True))
     logits = out.logits[:, -1].float()  # [1, V]
-    return PromptCache(keys=keys, values=values, logits=logits, n_prompt=n)
+    pc = PromptCache(keys=keys, values=values, logits=logits, n_prompt=n, live=live)
+    if action is not None:
+        action.check_counts(n, pc.counts, model.config)
+    elif not pc.is_full:
+        raise RuntimeError(f"the full-cache prefill kept {pc.counts.tolist()} entries, not all "
+                           f"{n}")
+    return pc
+
+
+def _attention_modules(model: Any) -> list[Any]:
+    return [m for m in model.modules() if hasattr(m, "layer_idx") and hasattr(m, "o_proj")]
+
+
+def _take_hidden_entries(model: Any, n_layers: int) -> list[Any]:
+    """Per layer, the (batch, head, position) indices a head-adaptive press hid (kvpress's
+    ``masked_key_indices``, which it would emulate with fake keys during decoding), or None."""
+    hidden: list[Any] = [None] * n_layers
+    for module in _attention_modules(model):
+        indices = getattr(module, "masked_key_indices", None)
+        if indices is not None:
+            hidden[module.layer_idx] = indices
+    return hidden
+
+
+def _clear_hidden_entries(model: Any) -> None:
+    """Forget kvpress's per-head masks: kvdrift masks exactly, and a stale one left on a module
+    would make kvpress's attention patch overwrite keys in a later forward."""
+    for module in _attention_modules(model):
+        if getattr(module, "masked_key_indices", None) is not None:
+            module.masked_key_indices = None
+
+
+def _live_mask(keys: torch.Tensor, hidden: Any) -> torch.Tensor | None:
+    """``[1, kv_heads, P]`` bool: False at the entries a head-adaptive press hid."""
+    if hidden is None:
+        return None
+    _, head_idx, seq_idx = hidden
+    live = torch.ones(keys.shape[:3], dtype=torch.bool, device=keys.device)
+    live[0, head_idx.to(keys.device), seq_idx.to(keys.device)] = False
+    return live
 
 
 def _as_prompt(prompt_ids: torch.Tensor, model: Any) -> torch.Tensor:
@@ -178,16 +264,22 @@ class LMKernelPair:
                              f"ones); shorten the document")
         if reference is None:
             reference = prefill(self.model, ids)
-        elif reference.n_prompt != self.n_prompt or reference.kept != self.n_prompt:
+        elif reference.n_prompt != self.n_prompt or not reference.is_full:
             raise ValueError(f"reference must be the full cache of this {self.n_prompt}-token "
-                             f"prompt; got n_prompt={reference.n_prompt}, kept={reference.kept}")
-        if self.action.is_noop(self.n_prompt):
-            compressed = reference  # bit-identical to full: the press is never run
+                             f"prompt; got n_prompt={reference.n_prompt}, kept "
+                             f"{sorted(set(reference.counts.flatten().tolist()))}")
+        if self.action.prefill_is_noop(self.n_prompt):
+            compressed = reference  # bit-identical to full: no prefill press runs
         else:
             evicted = prefill(self.model, ids, self.action)
             # the first generated position is computed before eviction: share P's logits
             compressed = dataclasses.replace(evicted, logits=reference.logits)
         self._prompt: dict[str, PromptCache] = {"p": reference, "q": compressed}
+        self._rule = None
+        if self.action.decoding is not None:
+            self._rule = DecodingRule(self.action.decoding)
+            self._rule.check()
+        self._modules = sorted(_attention_modules(self.model), key=lambda m: m.layer_idx)
         self._eos = eos_token_id if eos_token_id is not None else _primary_eos(self.model)
         self._vocab = self.model.get_output_embeddings().weight.shape[0]
 
@@ -213,7 +305,7 @@ class LMKernelPair:
         Then both sides share one prompt cache, and equal histories in equally shaped batches
         give bit-identical logprobs; batches of different shapes may differ by float noise.
         """
-        return self._prompt["q"] is self._prompt["p"]
+        return self._prompt["q"] is self._prompt["p"] and not self.action.evicts_during_decoding
 
     def prompt_cache(self, side: Side) -> PromptCache:
         """The side's prompt cache (``"q"``: after eviction)."""
@@ -227,15 +319,20 @@ class LMKernelPair:
             raise ValueError(f"number of rows must be an integer >= 1; got {n}")
         n = int(n)
         dev = self.device
+        evictions = None
+        if self._rule is not None and side == "q":
+            evictions = DecodeEvictions.start(pc.keys, n, self.model.config.hidden_size,
+                                              pc.keys[0].dtype, self._rule.target)
         return LMPathState(
             side=side,
-            cache=SharedPromptCache.empty(pc.keys, pc.values, n),
+            cache=SharedPromptCache.empty(pc.keys, pc.values, n, pc.live),
             mask=torch.empty(n, 0, dtype=torch.long, device=dev),
             slot_step=torch.empty(n, 0, dtype=torch.long, device=dev),
             tokens=torch.empty(n, 0, dtype=torch.long, device=dev),
             lengths=torch.zeros(n, dtype=torch.long, device=dev),
             logits=pc.logits.expand(n, -1),
             stale=torch.zeros(n, dtype=torch.bool, device=dev),
+            evictions=evictions,
         )
 
     def logprobs(self, state: LMPathState) -> torch.Tensor:
@@ -252,24 +349,37 @@ class LMKernelPair:
         last = fork.lengths - 1
         tok = fork.tokens.gather(1, last[:, None]).squeeze(1)
         mask = fork.mask * (fork.slot_step != last[:, None]).long()
-        logits, _ = self._step(fork, mask, tok, self.n_prompt + last,
-                               torch.zeros_like(tok, dtype=torch.bool))
+        logits, _, _ = self._step(fork, mask, tok, self.n_prompt + last,
+                                  torch.zeros_like(tok, dtype=torch.bool), live_after=last)
         return logits
 
     def advance(self, state: LMPathState, tokens: torch.Tensor) -> LMPathState:
-        """Append ``tokens[i]`` to row ``i`` with one batched decoding step (reuses the cache)."""
+        """Append ``tokens[i]`` to row ``i`` with one batched decoding step (reuses the cache).
+
+        Under decode-time eviction, rows that reach a compression length then compress."""
         tok = self._check_tokens(state, tokens)
-        logits, mask = self._step(state, state.mask, tok, self.n_prompt + state.lengths,
-                                  torch.ones_like(tok, dtype=torch.bool))
+        logits, mask, seen = self._step(state, state.mask, tok, self.n_prompt + state.lengths,
+                                        torch.ones_like(tok, dtype=torch.bool),
+                                        live_after=state.lengths)
         history = state.tokens
         if history.shape[1] <= int(state.lengths.max()):
             grow = max(16, history.shape[1])
             history = torch.cat([history, history.new_zeros(state.n, grow)], dim=1)
         history = history.scatter(1, state.lengths[:, None], tok[:, None])
+        lengths = state.lengths + 1
+        slot_step = torch.cat([state.slot_step, state.lengths[:, None]], dim=1)
+        evictions = state.evictions
+        if evictions is not None:
+            evictions = evictions.appended(state.lengths, [seen[i][0][:, -1]
+                                                           for i in range(len(self._modules))])
+            rows = torch.nonzero(self._rule.compresses(lengths)).squeeze(-1)
+            if rows.numel():
+                evictions = compress_rows(self._rule, evictions, rows, lengths, mask.bool(),
+                                          slot_step, state.cache, self._modules,
+                                          {i: seen[i][1] for i in seen})
         return dataclasses.replace(
-            state, mask=mask, slot_step=torch.cat([state.slot_step, state.lengths[:, None]], dim=1),
-            tokens=history, lengths=state.lengths + 1, logits=logits,
-            stale=torch.zeros_like(state.stale),
+            state, mask=mask, slot_step=slot_step, tokens=history, lengths=lengths, logits=logits,
+            stale=torch.zeros_like(state.stale), evictions=evictions,
         )
 
     def truncate(self, state: LMPathState, lengths: torch.Tensor) -> LMPathState:
@@ -286,7 +396,9 @@ class LMKernelPair:
         logits = state.logits
         if bool(empty.any()):
             logits = torch.where(empty[:, None], self._prompt[state.side].logits, logits)
-        return dataclasses.replace(state, mask=mask, lengths=new, logits=logits, stale=stale)
+        evictions = state.evictions.truncated(new) if state.evictions is not None else None
+        return dataclasses.replace(state, mask=mask, lengths=new, logits=logits, stale=stale,
+                                   evictions=evictions)
 
     def select(self, state: LMPathState, rows: torch.Tensor) -> LMPathState:
         """A state made of the given rows, in that order (copies only generated entries)."""
@@ -302,6 +414,7 @@ class LMKernelPair:
             lengths=state.lengths.index_select(0, idx),
             logits=state.logits.index_select(0, idx),
             stale=state.stale.index_select(0, idx),
+            evictions=state.evictions.take(idx) if state.evictions is not None else None,
         )
 
     def join(self, states: list[LMPathState]) -> LMPathState:
@@ -330,6 +443,9 @@ class LMKernelPair:
             lengths=torch.cat([s.lengths for s in states]),
             logits=torch.cat([s.logits for s in states]),
             stale=torch.cat([s.stale for s in states]),
+            evictions=None if states[0].evictions is None else DecodeEvictions.join(
+                [s.evictions for s in states], width,
+                max(s.evictions.inputs[0].shape[1] for s in states)),
         )
 
     # --- internals ----------------------------------------------------------------------------
@@ -348,8 +464,10 @@ class LMKernelPair:
         tokens: torch.Tensor,  # [n] long
         positions: torch.Tensor,  # [n] long, true positions
         valid: torch.Tensor,  # [n] bool, whether the new slot counts for later steps
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One decoding step for all rows; returns logits ``[n, V]`` and the mask ``[n, G + 1]``.
+        live_after: torch.Tensor,  # [n] long, decode-time evictions up to this step apply
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[int, Any]]:
+        """One decoding step for all rows; returns logits ``[n, V]``, the mask ``[n, G + 1]``
+        and, under decode-time eviction, each layer's attention inputs (else empty).
 
         The query always attends to its own new slot; ``valid`` only decides whether later
         steps see it (a re-fed token leaves a hole).
@@ -359,7 +477,13 @@ class LMKernelPair:
             raise RuntimeError("path state was already consumed (cache and mask lengths differ); "
                                "advance/truncate may reuse storage, so use the returned state")
         slots = torch.cat([mask.bool(), mask.new_ones(mask.shape[0], 1, dtype=torch.bool)], dim=1)
-        with torch.no_grad(), attention_implementation(self.model, ATTENTION_NAME):
+        extra: dict[str, Any] = {}
+        capture: Any = contextlib.nullcontext({})
+        if state.evictions is not None:
+            extra["kvdrift_live"] = state.evictions.live(live_after)
+            capture = capture_attention_inputs(self._modules)
+        with torch.no_grad(), attention_implementation(self.model, ATTENTION_NAME), \
+                capture as seen:
             out = self.model(
                 input_ids=tokens[:, None],
                 position_ids=positions[:, None],
@@ -368,9 +492,10 @@ class LMKernelPair:
                 use_cache=True,
                 kvdrift_cache=state.cache,
                 kvdrift_slots=slots,
+                **extra,
             )
         logits = out.logits[:, -1].float()  # [n, V]
-        return logits, torch.cat([mask, valid.long()[:, None]], dim=1)
+        return logits, torch.cat([mask, valid.long()[:, None]], dim=1), seen
 
 
 def _primary_eos(model: Any) -> int | None:

@@ -12,6 +12,12 @@ the model's forward as ``kvdrift_cache=`` and which generated slots each row may
 ``kvdrift_slots=`` (``[n, G]`` bool, the new slot included); transformers hands extra forward
 keyword arguments down to the attention function. No mask is built by the model: the name is
 not registered as a mask function, so transformers passes ``attention_mask=None``.
+
+Eviction that differs per KV head is a mask, never a copy: the layer's ``prompt_live``
+(``[1, kv_heads, P]``, head-adaptive presses, shared by all rows) and, for decode-time
+eviction, ``kvdrift_live=`` (per layer a pair of per-row masks ``[n, kv_heads, P]`` over the
+prompt and ``[n, kv_heads, G]`` over the generated slots). Hidden entries get score ``-inf``
+before the softmax, so they take exactly zero weight.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ def shared_prompt_attention(
     dropout: float = 0.0,
     kvdrift_cache: SharedPromptCache | None = None,
     kvdrift_slots: torch.Tensor | None = None,  # [n, G] bool
+    kvdrift_live: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """Exact attention of one new query per row over shared prompt + own generated entries."""
@@ -56,8 +63,17 @@ def shared_prompt_attention(
     q = query.reshape(n, kv_heads, groups, dim) * scale  # [n, kv, g, dim]
     q_shared = q.permute(1, 0, 2, 3).reshape(kv_heads, n * groups, dim)  # [kv, n g, dim]
     scores_prompt = torch.matmul(q_shared, prompt_keys.transpose(1, 2))  # [kv, n g, P]
+    if layer.prompt_live is not None:
+        scores_prompt = scores_prompt.masked_fill(~layer.prompt_live[0][:, None, :], float("-inf"))
+    own_slots = kvdrift_slots[:, None, None, :]  # [n, 1, 1, G]
+    if kvdrift_live is not None:
+        prompt_live, own_live = kvdrift_live[module.layer_idx]  # [n, kv, P], [n, kv, G]
+        hidden = ~prompt_live.permute(1, 0, 2)[:, :, None, :].expand(-1, -1, groups, -1)
+        scores_prompt = scores_prompt.masked_fill(hidden.reshape(kv_heads, n * groups, n_prompt),
+                                                  float("-inf"))
+        own_slots = own_slots & own_live[:, :, None, :]  # [n, kv, 1, G]
     scores_own = torch.matmul(q, key.transpose(2, 3))  # [n, kv, g, G]
-    scores_own = scores_own.masked_fill(~kvdrift_slots[:, None, None, :], float("-inf"))
+    scores_own = scores_own.masked_fill(~own_slots, float("-inf"))
     n_own = key.shape[2]
     scores_own = scores_own.permute(1, 0, 2, 3).reshape(kv_heads, n * groups, n_own)
     scores = torch.cat([scores_prompt, scores_own], dim=-1)  # [kv, n g, P + G]

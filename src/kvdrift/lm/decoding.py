@@ -1,0 +1,284 @@
+"""Decode-time eviction (kvpress's ``DecodingPress``) on every row of a path state.
+
+With a ``decoding-<scorer>`` action, Q's cache is compressed again during generation: after the
+generated step that brings a row to length ``L`` with ``L % interval == 0`` (every step if
+``target <= 1``), each layer scores the row's live entries (prompt and generated, in cache order)
+with the scorer, from the attention inputs of the last ``min(interval, buffer + 1)`` steps,
+and keeps the ``target`` best per KV head. Rows no longer share a kept set, so the shared
+prompt stays stored once and each row carries *when* each entry was evicted::
+
+    prompt   per layer [n, kv_heads, P] int32: step at which the prompt entry was evicted
+    own      per layer [n, kv_heads, G] int32: same for the row's generated slots
+    inputs   per layer [n, T, hidden]: the attention input at each generated step
+
+An entry is live for the step that feeds token ``L + 1`` iff its eviction step is > ``L``
+(``NEVER`` when it was not evicted). Truncating a row to length ``L'`` forgets the evictions
+after ``L'`` (they belong to the discarded history), so the forced path of an estimator replays
+the row's own compressions along whatever history it is given: Q along X compresses at the same
+generated positions as Q along its own draws.
+
+kvpress keeps a compressed cache in score order (the order ``topk`` returns) and appends new
+entries after it, and some scorers see that order (SnapKV pools scores over cache neighbours,
+StreamingLLM keeps the first entries, ties go to the first): ``order`` records, per row and
+compression, the entries left in that order, so every compression scores exactly the sequence
+kvpress would. Y then equals kvpress's ``generate`` under ``DecodingPress`` through any number
+of compressions (tests pin this for several scorers).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from kvpress.utils import compute_n_kept
+
+from kvdrift.lm.presses import Stage, fixed_press_randomness
+
+NEVER = torch.iinfo(torch.int32).max  # eviction step of an entry that was never evicted
+
+
+@dataclass(frozen=True)
+class DecodingRule:
+    """When and how a row's cache is compressed during generation."""
+
+    stage: Stage  # the decoding-<scorer> stage
+
+    @property
+    def target(self) -> int:
+        return int(self.stage.field("target"))
+
+    @property
+    def interval(self) -> int:
+        """Generated steps between compressions (kvpress compresses every step if target <= 1)."""
+        return 1 if self.target <= 1 else int(self.stage.field("interval"))
+
+    @property
+    def buffer(self) -> int:
+        return int(self.stage.field("buffer"))
+
+    @property
+    def window(self) -> int:
+        """Attention inputs a compression scores from: the steps since the last compression,
+        at most ``buffer + 1`` of them."""
+        return min(self.interval, self.buffer + 1)
+
+    def check(self) -> None:
+        """Refuse settings the scorer cannot run with (clear error instead of kvpress's assert)."""
+        window_size = self.stage.field("window_size")
+        if isinstance(window_size, int) and self.window <= window_size:
+            raise ValueError(
+                f"{self.stage.label}: the scorer looks at the last window_size={window_size} "
+                f"steps, but a compression sees only min(interval, buffer + 1) = {self.window}; "
+                f"raise interval= and buffer= above {window_size} or lower window_size=")
+
+    def compresses(self, lengths: torch.Tensor) -> torch.Tensor:
+        """``[n]`` bool: rows that compress after reaching these lengths."""
+        return (lengths > 0) & (lengths % self.interval == 0)
+
+
+@dataclass(frozen=True, eq=False)
+class DecodeEvictions:
+    """Per row: when each prompt and generated entry was evicted, and the attention inputs."""
+
+    prompt: tuple[torch.Tensor, ...]  # per layer [n, kv_heads, P_l] int32
+    own: tuple[torch.Tensor, ...]  # per layer [n, kv_heads, G] int32
+    inputs: tuple[torch.Tensor, ...]  # per layer [n, T, hidden]
+    # per layer [n, kv_heads, J, target] int32: after the j-th compression, the entries left
+    # (index into prompt + generated slots) in kvpress's cache order (-1: none); rows that
+    # have not reached a compression hold stale values there, never read
+    order: tuple[torch.Tensor, ...]
+
+    @staticmethod
+    def start(prompt_keys: tuple[torch.Tensor, ...], n: int, hidden: int,
+              dtype: torch.dtype, target: int) -> DecodeEvictions:
+        prompt = tuple(torch.full((n, k.shape[1], k.shape[2]), NEVER, dtype=torch.int32,
+                                  device=k.device) for k in prompt_keys)
+        own = tuple(torch.full((n, k.shape[1], 0), NEVER, dtype=torch.int32, device=k.device)
+                    for k in prompt_keys)
+        inputs = tuple(torch.zeros(n, 0, hidden, dtype=dtype, device=k.device)
+                       for k in prompt_keys)
+        order = tuple(torch.full((n, k.shape[1], 0, target), -1, dtype=torch.int32,
+                                 device=k.device) for k in prompt_keys)
+        return DecodeEvictions(prompt, own, inputs, order)
+
+    def live(self, after: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer (prompt ``[n, kv, P]``, generated ``[n, kv, G + 1]``) bool masks of the
+        entries live after step ``after`` ``[n]``; the extra slot is the one being written."""
+        t = after.to(torch.int32)[:, None, None]
+        masks = []
+        for prompt, own in zip(self.prompt, self.own, strict=True):
+            new = own.new_ones(own.shape[0], own.shape[1], 1, dtype=torch.bool)
+            masks.append((prompt > t, torch.cat([own > t, new], dim=2)))
+        return masks
+
+    def take(self, rows: torch.Tensor) -> DecodeEvictions:
+        return DecodeEvictions(*(tuple(t.index_select(0, rows) for t in part)
+                                 for part in (self.prompt, self.own, self.inputs, self.order)))
+
+    @staticmethod
+    def join(parts: list[DecodeEvictions], width: int, steps: int) -> DecodeEvictions:
+        """Rows of several, generated slots padded to ``width`` and inputs to ``steps``."""
+        def pad(t: torch.Tensor, to: int, dim: int, value: float) -> torch.Tensor:
+            shape = list(t.shape)
+            shape[dim] = to - t.shape[dim]
+            return torch.cat([t, t.new_full(shape, value)], dim=dim)
+
+        layers = range(len(parts[0].prompt))
+        return DecodeEvictions(
+            prompt=tuple(torch.cat([p.prompt[i] for p in parts]) for i in layers),
+            own=tuple(torch.cat([pad(p.own[i], width, 2, NEVER) for p in parts]) for i in layers),
+            inputs=tuple(torch.cat([pad(p.inputs[i], steps, 1, 0) for p in parts])
+                         for i in layers),
+            order=tuple(torch.cat([pad(p.order[i], max(q.order[i].shape[2] for q in parts), 2,
+                                       -1) for p in parts]) for i in layers),
+        )
+
+    def truncated(self, lengths: torch.Tensor) -> DecodeEvictions:
+        """Forget evictions after each row's new length (they belong to a discarded history)."""
+        t = lengths.to(torch.int32)[:, None, None]
+
+        def forget(ev: torch.Tensor) -> torch.Tensor:
+            return torch.where(ev > t, torch.full_like(ev, NEVER), ev)
+
+        return DecodeEvictions(tuple(forget(p) for p in self.prompt),
+                               tuple(forget(o) for o in self.own), self.inputs, self.order)
+
+    def appended(self, lengths: torch.Tensor, inputs: list[torch.Tensor]) -> DecodeEvictions:
+        """After a step that wrote one generated slot per row and fed the tokens at index
+        ``lengths`` (``[n]``, before the step) with attention inputs ``inputs[layer]``
+        ``[n, hidden]``."""
+        own = tuple(torch.cat([o, o.new_full((o.shape[0], o.shape[1], 1), NEVER)], dim=2)
+                    for o in self.own)
+        stored = []
+        for history, x in zip(self.inputs, inputs, strict=True):
+            if history.shape[1] <= int(lengths.max()):
+                grow = max(16, history.shape[1])
+                history = torch.cat([history, history.new_zeros(history.shape[0], grow,
+                                                                 history.shape[2])], dim=1)
+            # in place, like the cache: the state advanced from is consumed
+            history[torch.arange(history.shape[0], device=history.device), lengths] = \
+                x.to(history.dtype)
+            stored.append(history)
+        return DecodeEvictions(self.prompt, own, tuple(stored), self.order)
+
+
+@contextlib.contextmanager
+def capture_attention_inputs(modules: list[Any]) -> Iterator[dict[int, Any]]:
+    """Record each attention module's input hidden states and position embeddings of one
+    forward (what kvpress's decoding hook reads from the same place)."""
+    seen: dict[int, Any] = {}
+
+    def hook(module: Any, args: tuple, kwargs: dict) -> None:
+        seen[module.layer_idx] = (kwargs["hidden_states"], kwargs.get("position_embeddings"))
+
+    handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in modules]
+    try:
+        yield seen
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def compress_rows(
+    rule: DecodingRule,
+    ev: DecodeEvictions,
+    rows: torch.Tensor,  # [r] long: rows that compress now
+    lengths: torch.Tensor,  # [n] long: lengths after the step just taken
+    slots: torch.Tensor,  # [n, G] bool: valid generated slots
+    slot_step: torch.Tensor,  # [n, G] long: generated index held by each slot
+    cache: Any,  # SharedPromptCache
+    modules: list[Any],  # attention module of each layer, by layer index
+    positions: dict[int, Any],  # layer -> (cos, sin) of the step just taken, [n, 1, dim]
+) -> DecodeEvictions:
+    """Compress the given rows' caches as kvpress's ``DecodingPress`` does (module docstring)."""
+    helper = rule.stage.build(1)  # kvpress's DecodingPress, for its exact ratio search
+    prompt = [p.clone() for p in ev.prompt]
+    own = [o.clone() for o in ev.own]
+    order = list(ev.order)
+    for i in rows.tolist():
+        length = int(lengths[i])
+        j = length // rule.interval  # this is the row's j-th compression
+        for layer_idx, module in enumerate(modules):
+            if order[layer_idx].shape[2] < j:
+                o = order[layer_idx]
+                order[layer_idx] = torch.cat([o, o.new_full((o.shape[0], o.shape[1],
+                                                             j - o.shape[2], o.shape[3]), -1)],
+                                             dim=2)
+            p_live, o_live, kept = _kept_entries(rule, helper, module, cache.layers[layer_idx],
+                                                 ev, i, layer_idx, length, slots, slot_step,
+                                                 positions)
+            n_prompt = p_live.shape[1]
+            chosen = torch.zeros(p_live.shape[0], n_prompt + o_live.shape[1], dtype=torch.bool,
+                                 device=p_live.device)
+            chosen.scatter_(1, kept.long(), True)
+            prompt[layer_idx][i][p_live & ~chosen[:, :n_prompt]] = length
+            own[layer_idx][i][o_live & ~chosen[:, n_prompt:]] = length
+            row_order = order[layer_idx][i, :, j - 1]  # [kv, target]
+            row_order.fill_(-1)
+            row_order[:, :kept.shape[1]] = kept
+    return DecodeEvictions(tuple(prompt), tuple(own), ev.inputs, tuple(order))
+
+
+def _cache_order(
+    rule: DecodingRule, ev: DecodeEvictions, i: int, layer_idx: int, length: int,
+    p_live: torch.Tensor, o_live: torch.Tensor, slot_step: torch.Tensor,
+) -> torch.Tensor:
+    """``[kv, m]``: the row's live entries (index into prompt + generated slots) in the order
+    kvpress's cache holds them: before any compression the prompt as stored then the generated
+    slots; after one, the entries it left in score order, then the slots written since."""
+    n_prompt = p_live.shape[1]
+    done = (length - 1) // rule.interval  # compressions before this one
+    if done == 0:
+        live = torch.cat([p_live, o_live], dim=1)
+        m = int(live[0].sum())
+        return torch.sort((~live).to(torch.int8), dim=1, stable=True).indices[:, :m]
+    previous = ev.order[layer_idx][i, :, done - 1]  # [kv, target]
+    kept = int((previous[0] >= 0).sum())
+    since = o_live & (slot_step[i] > done * rule.interval - 1)[None, :]  # written after it
+    k_new = int(since[0].sum())
+    new = torch.sort((~since).to(torch.int8), dim=1, stable=True).indices[:, :k_new] + n_prompt
+    return torch.cat([previous[:, :kept].long(), new], dim=1)
+
+
+def _kept_entries(
+    rule: DecodingRule, helper: Any, module: Any, layer: Any, ev: DecodeEvictions, i: int,
+    layer_idx: int, length: int, slots: torch.Tensor, slot_step: torch.Tensor,
+    positions: dict[int, Any],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(prompt live ``[kv, P]``, generated live ``[kv, G]``, the entries kept ``[kv, k]`` in
+    kvpress's cache order after the compression) for one row and layer."""
+    p_live = ev.prompt[layer_idx][i] >= length  # [kv, P]: not evicted before this step
+    o_live = (ev.own[layer_idx][i] >= length) & slots[i][None, :]  # [kv, G]
+    order = _cache_order(rule, ev, i, layer_idx, length, p_live, o_live, slot_step)  # [kv, m]
+    m = order.shape[1]
+    counts = p_live.sum(-1) + o_live.sum(-1)
+    if bool((counts != m).any()):
+        raise RuntimeError(f"decode-time eviction: layer {layer_idx} holds {counts.tolist()} "
+                           f"live entries per KV head, expected {m} in each")
+    if m <= rule.target:
+        return p_live, o_live, order  # kvpress keeps all, in the same order
+    keys = torch.cat([layer.prompt_keys[0], layer.keys[i]], dim=1)  # [kv, P + G, dim]
+    values = torch.cat([layer.prompt_values[0], layer.values[i]], dim=1)
+    idx = order[:, :, None].expand(-1, -1, keys.shape[-1])
+    live_keys = keys.gather(1, idx)[None]  # [1, kv, m, dim]
+    live_values = values.gather(1, idx)[None]
+    start = length - rule.window  # inputs of steps start + 1 .. length (index = step - 1)
+    hidden = ev.inputs[layer_idx][i:i + 1, start:length]  # [1, window, hidden]
+    cos, sin = positions[layer_idx]
+    kwargs = {"hidden_states": hidden, "position_embeddings": (cos[i:i + 1], sin[i:i + 1])}
+    base = rule.stage.clamped_scorer(m, helper._find_target_compression_ratio(m, rule.target))
+    try:
+        with fixed_press_randomness(keys.device):
+            scores = base.score(module, hidden, live_keys, live_values, None, kwargs)  # [1,kv,m]
+    except (AssertionError, RuntimeError, KeyError) as exc:
+        raise ValueError(f"{rule.stage.label}: kvpress's {rule.stage.scorer} cannot score "
+                         f"during decoding ({type(exc).__name__}: {exc})") from exc
+    top = scores[0].topk(compute_n_kept(m, base.compression_ratio), dim=-1).indices
+    return p_live, o_live, order.gather(1, top)
+
+
+__all__ = ["NEVER", "DecodeEvictions", "DecodingRule", "capture_attention_inputs",
+           "compress_rows"]
