@@ -3,6 +3,7 @@
 #
 #   bash scripts/mutation.sh                  # every core module, one after another
 #   bash scripts/mutation.sh coupling records # only these modules (names from the table below)
+#   bash scripts/mutation.sh analysis.plan    # one file of analysis/
 #
 # For each module the script copies the working tree (tracked and untracked, not ignored
 # files) to $MUTATION_DIR/<module> (default /tmp/kvdrift-mutation), mutates that one module
@@ -28,9 +29,14 @@ declare -A MODULES=(
   [runner]="src/kvdrift/run/runner.py|tests/test_run_exact.py tests/test_runner.py"
   [store]="src/kvdrift/run/store.py|tests/test_run_exact.py tests/test_runner.py"
   [analysis]="src/kvdrift/analysis/*|tests/test_analysis.py tests/test_analysis_exact.py tests/test_predict.py tests/test_plan.py tests/test_study_analysis.py tests/test_study_breakdowns.py"
-  [cache]="src/kvdrift/lm/cache.py|tests/test_lm_pair.py"
-  [pair]="src/kvdrift/lm/pair.py|tests/test_lm_pair.py"
+  [cache]="src/kvdrift/lm/cache.py|tests/test_lm_cache.py tests/test_lm_pair.py tests/test_shared_attention.py"
+  [pair]="src/kvdrift/lm/pair.py|tests/test_lm_pair.py tests/test_lm_presses.py"
 )
+# analysis.<file>: one file of analysis/ at a time, against the same tests (a shorter run)
+for f in src/kvdrift/analysis/*.py; do
+  stem=$(basename "$f" .py)
+  [ "$stem" = "__init__" ] || MODULES[analysis.$stem]="$f|${MODULES[analysis]#*|}"
+done
 ORDER=(coupling estimate finite finite_study records runner store analysis cache pair)
 [ $# -gt 0 ] && ORDER=("$@")
 
@@ -43,7 +49,7 @@ for name in "${ORDER[@]}"; do
   src=${entry%%|*}
   tests=()
   for t in ${entry#*|}; do [ -f "$t" ] && tests+=("\"$t\""); done
-  dir=$WORK/$name
+  dir=$WORK/${name//./-}
   rm -rf "$dir"
   mkdir -p "$dir"
   git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$dir"

@@ -159,7 +159,7 @@ def test_greedy_paths_equal_generate_past_buffer_regrowth(tiny_llama):
             token = logprobs.argmax(-1)
             tokens.append(int(token))
             state = pair.advance(state, token)
-            capacities.add(state.cache.layers[0]._key_buf.shape[2])
+            capacities.add(state.cache.layers[0].capacity)
         assert len(capacities) >= 2  # the buffers were regrown at least once
         ctx = press(tiny_llama) if press is not None else contextlib.nullcontext()
         with ctx, torch.no_grad():

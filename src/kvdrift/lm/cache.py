@@ -21,9 +21,12 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 MIN_SPARE = 32  # spare generated slots allocated beyond the current length, at least
+SEQ = 2  # the sequence axis of every key/value tensor [rows, kv_heads, entries, head_dim]
 
 
-def _spare(length: int) -> int:
+def spare_slots(length: int) -> int:
+    """Spare slots a buffer holding ``length`` entries gets: 1/8 more, at least ``MIN_SPARE``
+    (amortised O(1) appends, at most 1/8 unused memory on long generations)."""
     return max(MIN_SPARE, length // 8)
 
 
@@ -50,22 +53,28 @@ class SharedPromptLayer(DynamicLayer):
         if prompt_live is not None and tuple(prompt_live.shape) != tuple(prompt_keys.shape[:3]):
             raise ValueError(f"prompt_live must have shape {tuple(prompt_keys.shape[:3])}; got "
                              f"{tuple(prompt_live.shape)}")
+        if keys.dim() != 4 or tuple(keys.shape[:3]) != tuple(values.shape[:3]):
+            raise ValueError(f"generated keys {tuple(keys.shape)} and values "
+                             f"{tuple(values.shape)} must be [rows, kv_heads, entries, dim] alike")
         self.prompt_keys = prompt_keys
         self.prompt_values = prompt_values
         self.prompt_live = prompt_live
         self.lazy_initialization(keys, values)
-        self._key_buf = keys.new_empty(0)
-        self._value_buf = values.new_empty(0)
-        self._rebuffer(keys, values, keys.shape[-2])
+        self._rebuffer(keys, values, keys.shape[SEQ])
 
     @property
     def rows(self) -> int:
         return self.keys.shape[0]
 
+    @property
+    def capacity(self) -> int:
+        """Generated entries the buffers hold before they must be reallocated."""
+        return self._key_buf.shape[SEQ]
+
     def _rebuffer(self, keys: torch.Tensor, values: torch.Tensor, needed: int) -> None:
         """Copy ``keys``/``values`` into new buffers with room for ``needed`` entries + spare."""
         n, heads, length, dim = keys.shape
-        capacity = needed + _spare(needed)
+        capacity = needed + spare_slots(needed)
         key_buf = keys.new_empty(n, heads, capacity, dim)
         value_buf = values.new_empty(n, heads, capacity, values.shape[-1])
         key_buf[:, :, :length].copy_(keys)
@@ -81,8 +90,8 @@ class SharedPromptLayer(DynamicLayer):
         cache_kwargs: dict[str, Any] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Append the new entries in place; returns the generated keys/values of every row."""
-        length, added = self.keys.shape[-2], key_states.shape[-2]
-        if length + added > self._key_buf.shape[-2]:
+        length, added = self.keys.shape[SEQ], key_states.shape[SEQ]
+        if length + added > self.capacity:
             self._rebuffer(self.keys, self.values, length + added)
         self._key_buf[:, :, length:length + added].copy_(key_states)
         self._value_buf[:, :, length:length + added].copy_(value_states)
@@ -92,7 +101,7 @@ class SharedPromptLayer(DynamicLayer):
 
     def get_seq_length(self) -> int:
         """Generated slots held (the prompt is not counted: it is not part of the buffers)."""
-        return self.keys.shape[-2]
+        return self.keys.shape[SEQ]
 
     def take(self, rows: torch.Tensor) -> SharedPromptLayer:
         """A layer of the given rows: shares the prompt, copies only the generated entries."""
@@ -108,10 +117,10 @@ class SharedPromptLayer(DynamicLayer):
             raise ValueError("only rows that share one prompt can be joined")
 
         def padded(t: torch.Tensor) -> torch.Tensor:
-            return torch.nn.functional.pad(t, (0, 0, 0, width - t.shape[-2]))
+            return torch.nn.functional.pad(t, (0, 0, 0, width - t.shape[SEQ]))
 
-        keys = torch.cat([padded(layer.keys) for layer in layers], dim=0)
-        values = torch.cat([padded(layer.values) for layer in layers], dim=0)
+        keys = torch.cat([padded(layer.keys) for layer in layers])  # along rows
+        values = torch.cat([padded(layer.values) for layer in layers])
         return SharedPromptLayer(first.prompt_keys, first.prompt_values, keys, values,
                                  first.prompt_live)
 
