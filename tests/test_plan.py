@@ -1,6 +1,7 @@
 """Planning a study: variance components, the cheapest design, rollouts against SWRB."""
 
 import math
+import re
 from statistics import NormalDist
 
 import numpy as np
@@ -118,3 +119,211 @@ def test_runs_without_timing_records_are_refused():
         columns=["setup_seconds", "replicate_seconds"])
     with pytest.raises(ValueError, match="no wall-time records"):
         plan_study(reps, "R(a)", 0.01)
+
+
+# --- every field of a plan, by hand ------------------------------------------------------------
+
+PAIRED_B = np.array([[0.1, 0.2], [0.3, 0.1], [0.0, 0.2]])
+PAIRED_A = np.array([[0, 1], [1, 1], [0, 0]]) + PAIRED_B  # R(a) - R(b): the hand example
+
+
+def _break_even_by_scan(v: VarianceComponents, swrb_rep: float, rollout_cost: float) -> float:
+    """The smallest variance ratio (0.1% grid) at which SWRB's plan costs no more."""
+    r = 1.0
+    while recommend(VarianceComponents(v.between, v.within / r, v.strata, v.documents,
+                                       v.replicates), 0.1, 3.0, swrb_rep, Z).seconds > rollout_cost:
+        r *= 1.001
+    return r
+
+
+def test_plan_of_a_rollout_run_field_by_field():
+    reps = _replicates(PAIRED_A, PAIRED_B, ["s"] * 3, setup=(2.0, 1.0), per_rep=(0.5, 0.5))
+    out = plan_study(reps, "R(a) - R(b)", 0.1)
+    [m] = out.pop("models")
+    assert out == {"target": "R(a) - R(b)", "halfwidth": 0.1, "alpha": 0.05, "z": Z}
+    v = VarianceComponents(1 / 6, 1 / 6, 1, 3, 2)
+    cmp = m.pop("comparison")
+    assert m == {
+        "model": "m", "estimator": "rollout",
+        "variance": {"between": pytest.approx(1 / 6), "within": pytest.approx(1 / 6),
+                     "strata": 1, "documents": 3, "replicates": 2},
+        "setup_seconds": 3.0, "replicate_seconds": 1.0,
+        "recommended": {"documents_per_stratum": 97, "replicates": 2,
+                        "halfwidth": pytest.approx(Z * math.sqrt(0.25 / 97)), "seconds": 485.0},
+        "current": {"documents_per_stratum": 3.0, "replicates": 2,
+                    "halfwidth": pytest.approx(Z * math.sqrt((1 / 6 + 1 / 12) / 3))},
+        "notes": [],
+    }
+    # SWRB: 6 evaluations a replicate against 4, so 1.5 s; equal variance:
+    # K = 1: n = 129, 129 * 4.5 = 580.5 (K = 2: 97 * 6 = 582) -> dearer than 485
+    break_even = cmp.pop("break_even_variance_ratio")
+    assert cmp == {
+        "cheaper": "rollout",
+        "assumption": "the unmeasured estimator has the measured one's variance (for SWRB an "
+                      "upper bound) and costs in proportion to its kernel-pair evaluations per "
+                      "replicate",
+        "evaluations_per_replicate": {"rollout": 4.0, "swrb": 6.0},
+        "plans": {"rollout": {"documents_per_stratum": 97, "replicates": 2,
+                              "halfwidth": pytest.approx(Z * math.sqrt(0.25 / 97)),
+                              "seconds": 485.0},
+                  "swrb": {"documents_per_stratum": 129, "replicates": 1,
+                           "halfwidth": pytest.approx(Z * math.sqrt((1 / 3) / 129)),
+                           "seconds": 580.5}},
+    }
+    truth = _break_even_by_scan(v, 1.5, 485.0)
+    assert truth / 1.001 <= break_even <= truth * 1.011  # the bisection stops within 1%
+
+
+def test_plan_of_a_swrb_run_compares_with_rollouts():
+    # The same values measured by SWRB (6 evaluations a replicate): rollouts cost 4 / 6 as much.
+    reps = _replicates(PAIRED_A, PAIRED_B, ["s"] * 3, setup=(2.0, 1.0), per_rep=(0.75, 0.75))
+    reps["estimator"], reps["evaluations"] = "swrb", 6
+    [m] = plan_study(reps, "R(a) - R(b)", 0.1)["models"]
+    cmp = m["comparison"]
+    assert m["estimator"] == "swrb" and m["replicate_seconds"] == 1.5
+    assert cmp["evaluations_per_replicate"] == {"swrb": 6.0, "rollout": 4.0}
+    assert cmp["plans"]["rollout"] == {"documents_per_stratum": 97, "replicates": 2,
+                                       "halfwidth": pytest.approx(Z * math.sqrt(0.25 / 97)),
+                                       "seconds": 485.0}
+    assert cmp["plans"]["swrb"]["seconds"] == 580.5 and cmp["cheaper"] == "rollout"
+    # the rollouts' within variance is ratio x SWRB's: the same break-even as measured the other
+    # way round (the rollout plan's within grows with the ratio; SWRB's stays measured)
+    v = VarianceComponents(1 / 6, 1 / 6, 1, 3, 2)
+    ratio = cmp["break_even_variance_ratio"]
+    rollout = recommend(VarianceComponents(v.between, v.within * ratio, 1, 3, 2), 0.1, 3.0, 1.0,
+                        Z).seconds
+    assert 580.5 <= rollout  # at the break-even SWRB's plan is no dearer
+    below = recommend(VarianceComponents(v.between, v.within * ratio / 1.011, 1, 3, 2), 0.1,
+                      3.0, 1.0, Z).seconds
+    assert below < 580.5 + 1e-9 or ratio == 1.0
+
+
+def test_ties_go_to_swrb_and_a_break_even_of_one():
+    # No replicate diverges: SWRB's replicate is the scan alone (H evaluations), its plan is the
+    # rollouts' plan, and a tie counts for SWRB (its variance is never larger).
+    reps = _replicates(PAIRED_A, PAIRED_B, ["s"] * 3, tau=0)
+    cmp = plan_study(reps, "R(a) - R(b)", 0.1)["models"][0]["comparison"]
+    assert cmp["evaluations_per_replicate"] == {"rollout": 4.0, "swrb": 4.0}
+    assert cmp["plans"]["rollout"] == cmp["plans"]["swrb"]
+    assert cmp["cheaper"] == "swrb" and cmp["break_even_variance_ratio"] == 1.0
+
+
+def test_swrb_never_wins_when_replicates_agree():
+    # Within-document variance 0: both plans need the same documents with K = 1, SWRB's replicate
+    # costs more at any variance ratio.
+    same = np.array([[0.1, 0.1], [0.5, 0.5], [0.9, 0.9]])
+    reps = _replicates(same, same * 0, ["s"] * 3)
+    [m] = plan_study(reps, "R(a)", 0.1)["models"]
+    assert m["variance"]["within"] == 0.0
+    assert m["comparison"]["break_even_variance_ratio"] is None
+    assert m["comparison"]["cheaper"] == "rollout"
+
+
+def test_fixed_history_targets():
+    # R_minus_F is risk - fixed_risk per replicate; SWRB runs cannot plan it, rollouts compare
+    # with a reason instead of an SWRB plan
+    reps = _replicates(PAIRED_A, PAIRED_B, ["s"] * 3)
+    reps["fixed_risk"] = np.where(reps["action"] == "a", reps["risk"] - np.tile([0, 1], 6),
+                                  0.0)  # R - F = replicate index: within 1/2, between 0
+    [m] = plan_study(reps, "R_minus_F(a)", 0.1)["models"]
+    assert m["variance"]["within"] == pytest.approx(0.5) and m["variance"]["between"] == 0.0
+    assert m["comparison"] == {"cheaper": "rollout", "assumption": None,
+                               "reason": "SWRB does not estimate fixed-history risk F"}
+    assert m["notes"] == ["the between-document variance estimate is 0 (floored): the plan keeps "
+                          "the minimum of 2 documents per stratum and leans on replicates; more "
+                          "development documents would firm it up"]
+    [f] = plan_study(reps, "R(a) - F(a)", 0.1)["models"]
+    assert f["variance"] == m["variance"]
+    reps["estimator"] = "swrb"
+    for target in ("F(a)", "R(a) - F(b)"):
+        with pytest.raises(ValueError, match=r"^target '" + re.escape(target) + "' needs "
+                           "fixed-history risk F, which SWRB runs do not measure; plan it from "
+                           "a rollout development run$"):
+            plan_study(reps, target, 0.1)
+    assert plan_study(reps, "R(a)", 0.1)["models"][0]["estimator"] == "swrb"
+
+
+def test_models_in_record_order_with_their_own_strata_counts():
+    # two strata of 3 documents: "current" is 3 documents per stratum
+    strata = ["x", "x", "x", "y", "y", "y"]
+    a = np.vstack([PAIRED_A, PAIRED_A + 0.5])
+    b = np.vstack([PAIRED_B, PAIRED_B])
+    zeta = _replicates(a, b, strata).assign(model="zeta")
+    alpha = _replicates(a * 0.5, b, strata).assign(model="alpha")
+    models = plan_study(pd.concat([zeta, alpha]), "R(a)", 0.1)["models"]
+    assert [m["model"] for m in models] == ["zeta", "alpha"]
+    v = models[0]["variance"]
+    assert (v["strata"], v["documents"]) == (2, 6)
+    assert models[0]["current"]["documents_per_stratum"] == 3.0
+    vc = VarianceComponents(v["between"], v["within"], 2, 6, 2)
+    assert models[0]["current"]["halfwidth"] == pytest.approx(halfwidth(vc, 3, 2, Z))
+
+
+def test_the_search_limit_is_noted():
+    # between 0, within 1/2, replicates free: n = ceil(c / K) with c = z^2 (1/2) / h^2 set to
+    # 4096 * 100 - 1, so n falls to 100 only at K = 4096, the limit
+    a = np.array([[0, 1], [1, 0], [0, 1]])
+    reps = _replicates(a, a * 0, ["s"] * 3, setup=(1.0, 0.0), per_rep=(0.0, 0.0))
+    h = math.sqrt(Z * Z * 0.5 / (4096 * 100 - 1))
+    [m] = plan_study(reps, "R(a)", h)["models"]
+    assert m["recommended"]["documents_per_stratum"] == 100
+    assert m["recommended"]["replicates"] == 4096
+    assert m["notes"][1:] == ["K reached the search limit 4096"]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(alpha=0.0), "alpha must be within (0, 1); got 0.0"),
+    (dict(alpha=1.0), "alpha must be within (0, 1); got 1.0"),
+    (dict(halfwidth_target=0.0), "the target half-width must be > 0; got 0.0"),
+])
+def test_bad_plan_settings_are_named(kwargs, message):
+    reps = _replicates(PAIRED_A, PAIRED_B, ["s"] * 3)
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+        plan_study(reps, **{"target": "R(a)", "halfwidth_target": 0.1, **kwargs})
+
+
+def test_refusals_say_what_the_development_run_lacks():
+    reps = _replicates(PAIRED_A, PAIRED_B, ["s"] * 3)
+    with pytest.raises(ValueError, match="^" + re.escape(
+            "the development run has no wall-time records (it predates them); run it again "
+            "with this kvdrift to measure the cost per replicate") + "$"):
+        plan_study(reps.drop(columns=["replicate_seconds"]), "R(a)", 0.1)
+    with pytest.raises(ValueError, match=re.escape(
+            "plan needs one horizon per model in the development run; got ['4', '8']")):
+        plan_study(reps.assign(horizon=np.where(reps["action"] == "a", 4, 8)), "R(a)", 0.1)
+    with pytest.raises(ValueError, match="^" + re.escape(
+            "planning needs at least 2 replicates per document in the development run "
+            "(within-document variance)") + "$"):
+        variance_components(np.zeros((3, 1)), np.array(["s"] * 3))
+    with pytest.raises(ValueError, match="^" + re.escape(
+            "planning needs a stratum with at least 2 documents in the development run "
+            "(between-document variance)") + "$"):
+        variance_components(np.zeros((2, 2)), np.array(["s", "t"]))
+    with pytest.raises(ValueError, match="^" + re.escape(
+            "plan sizes document-level means; 'B' is not one; allowed: R, O, E, Pi, F, "
+            "R_minus_F, p_diverge") + "$"):
+        plan_study(reps, "R(a) - B(b)", 0.1)
+    with pytest.raises(ValueError, match="^" + re.escape(
+            "target 'R(z)' names action 'z', which the development run did not run; actions: "
+            "a, b") + "$"):
+        plan_study(reps, "R(z)", 0.1)
+
+
+def test_recommend_edges_by_hand():
+    # z = 1, between 0, within 1, one stratum, half-width 1/2: n = ceil(4 / K)
+    v = VarianceComponents(0.0, 1.0, 1, 4, 2)
+    # free documents, 1 s a replicate: cost n K = 4 for K = 1, 2, 4 -> the tie goes to K = 1,
+    # and n = 4 exactly (4.0 / 1 is not rounded up to 5)
+    d = recommend(v, 0.5, setup_seconds=0.0, replicate_seconds=1.0, z=1.0)
+    assert (d.documents_per_stratum, d.replicates, d.seconds) == (4, 1, 4.0)
+    # costly documents: as many replicates as allowed, down to the 2 documents minimum
+    d = recommend(v, 0.5, setup_seconds=100.0, replicate_seconds=1.0, z=1.0, max_replicates=3)
+    assert (d.documents_per_stratum, d.replicates, d.seconds) == (2, 2, 204.0)
+    d = recommend(VarianceComponents(0.0, 10.0, 1, 4, 2), 0.5, 100.0, 1.0, 1.0, max_replicates=3)
+    assert (d.documents_per_stratum, d.replicates) == (14, 3)  # ceil(40 / 3) = 14
+    with pytest.raises(ValueError, match=r"^the target half-width must be > 0; got 0$"):
+        recommend(v, 0, 1.0, 1.0, 1.0)
+
+
+def test_swrb_evaluations_count_a_mismatch_at_the_first_step():
+    assert swrb_evaluations(4, np.array([1, 0])) == 7.0  # 4 + (4 - 1)

@@ -1,5 +1,7 @@
 """Aggregate prediction: ridge, observations, CV selection, equivalence, cohort checks."""
 
+import re
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -239,3 +241,152 @@ def test_bad_input_is_named(change, message):
 def test_parse_contrast_keeps_hyphenated_names():
     assert parse_contrast(" snapkv-half  -  recent-half ") == ActionContrast("snapkv-half",
                                                                        "recent-half")
+
+
+# --- boundaries, keys and wiring, by hand ------------------------------------------------------
+
+
+@pytest.mark.parametrize("lo, hi, decision", [
+    (-0.5, 0.5, "Equivalent"),        # touching both margins is inside
+    (-0.75, -0.5, "Unresolved"),      # touching -margin from outside is not wholly outside
+    (0.5, 0.75, "Unresolved"),
+    (-0.75, 0.25, "Unresolved"),      # straddles -margin, ends inside
+])
+def test_equivalence_at_the_margins(lo, hi, decision):
+    assert equivalence(lo, hi, 0.5) == decision
+
+
+def test_folds_sort_ids_and_strata_as_text():
+    # as text "10" < "9" and stratum "10" < "9": numeric order would differ
+    folds = assign_folds(np.array([9, 10, 100, 7]), np.array([10, 10, 9, 9]), 2)
+    # sorted (stratum, id) as text: (10, 10), (10, 9), (9, 100), (9, 7)
+    np.testing.assert_array_equal(folds, [1, 0, 0, 1])
+    assert folds.dtype.kind == "i"
+
+
+def test_cross_validation_with_three_folds_by_hand():
+    rows = _rows(9, lambda F, s, a: {"s1": 0.2, "s2": 0.5}[s] * F + (a == "a") * 0.1, seed=5)
+    mse = cross_validate(rows, FIXED, C, folds=3)
+    docs = rows.drop_duplicates("doc_id")
+    fold = dict(zip(docs["doc_id"], assign_folds(docs["doc_id"].to_numpy(),
+                                                 docs["stratum"].to_numpy(), 3), strict=True))
+    errors = []
+    for doc in docs["doc_id"]:
+        train = rows[rows["doc_id"].map(fold) != fold[doc]]
+        test = rows[rows["doc_id"] == doc]
+        cell = train.groupby(["stratum", "action"])["R"].mean()
+        s = test["stratum"].iloc[0]
+        r = test.set_index("action")["R"]
+        errors.append((r["a"] - r["b"]) - (cell[(s, "a")] - cell[(s, "b")]))
+    assert mse["cell_mean"] == pytest.approx(np.mean(np.square(errors)), rel=1e-12)
+    assert mse != cross_validate(rows, FIXED, C)  # six folds differ
+
+
+def test_negative_predictions_are_clipped_at_zero():
+    rows = pd.DataFrame([dict(model="m", doc_id="d", stratum="s", action=a, F=F, R=0.0)
+                         for a, F in (("a", -0.5), ("b", 0.2))])
+    from kvdrift.analysis.predict import predicted_contrast
+    assert predicted_contrast("flat", rows, rows, FIXED, C)["d"] == pytest.approx(-0.2)
+
+
+def test_unknown_predictor_is_named():
+    rows = _rows(2, lambda F, s, a: F)
+    with pytest.raises(ValueError, match=r"^unknown predictor 'knn'; allowed: cell_mean, flat, "
+                                         r"ridge$"):
+        predict_rows("knn", rows, rows, FIXED)
+
+
+def test_evaluate_reports_every_field_and_its_supporting_contrasts():
+    dev = _rows(12, lambda F, s, a: F + 0.05 * (a == "a"))
+    ev = _rows(6, lambda F, s, a: 0.3 * (a == "a"), seed=9)
+    ev["doc_id"] = "e" + ev["doc_id"]
+    for obs, names in ((FIXED, ("fixed_history_gap", "full_minus_fixed")),
+                       (WINDOW, ("flat_extrapolation_gap", "full_minus_flat"))):
+        rows_dev = dev.assign(**{c: dev["F"] for c in (obs.flat, *obs.features)})
+        rows_ev = ev.assign(**{c: ev["F"] for c in (obs.flat, *obs.features)})
+        out = evaluate(rows_dev, rows_ev, obs, C, margin=0.02, alpha=0.1, draws=300, seed=3,
+                       folds=3)
+        assert set(out) == {"observation", "label", "selected", "cv_mse", "error", "decision",
+                            "mae", "rmse", "supporting"}
+        assert out["observation"] == obs.name and out["label"] == obs.label
+        assert set(out["cv_mse"]) == {"cell_mean", "flat", "ridge"}
+        assert out["cv_mse"] == cross_validate(rows_dev, obs, C, folds=3)
+        sup = out["supporting"]
+        assert set(sup) == {"full_horizon_gap", *names}
+        gap, minus = (sup[n]["estimate"] for n in names)
+        assert gap != pytest.approx(0.0)  # F(a) - F(b) differs per document here
+        assert minus == pytest.approx(sup["full_horizon_gap"]["estimate"] - gap)
+        again = evaluate(rows_dev, rows_ev, obs, C, margin=0.02, alpha=0.1, draws=300, seed=3,
+                         folds=3)
+        other = evaluate(rows_dev, rows_ev, obs, C, margin=0.02, alpha=0.1, draws=300, seed=4,
+                         folds=3)
+        assert again == out and other["error"] != out["error"]  # the seed drives the bootstrap
+
+
+def _study_inputs(dev_docs=6, ev_strata=("x", "y", "y", "z", "z", "z"), H=32):
+    dev = _records([(f"d{i}", "xyz"[i % 3]) for i in range(dev_docs)], H=H, seed=1)
+    ev = _records([(f"e{i}", s) for i, s in enumerate(ev_strata)], H=H, seed=2)
+    return dev, ev
+
+
+def test_predict_study_fields_defaults_and_wiring():
+    dev, ev = _study_inputs()
+    calls = []
+    out = predict_study(dev, ev, "a - b", on_cell=lambda m, label: calls.append((m, label)))
+    [model] = out.pop("models")
+    assert out == {"contrast": "a - b", "window": 32, "margin": 0.02, "alpha": 0.05,
+                   "alpha_adjusted": 0.025, "cells": 2, "folds": 6, "ridge_alpha": 10.0,
+                   "bootstrap": 2000}
+    assert calls == [("m", "fixed history (F)"), ("m", "positions 1..32")]
+    observations = model.pop("observations")
+    assert model == {"model": "m", "development_documents": 6, "evaluation_documents": 6,
+                     "notes": ["evaluation strata with a single document (x) contribute no "
+                               "between-document variation, so intervals understate "
+                               "uncertainty"]}
+    d_obs = document_observations(*dev, 32)
+    e_obs = document_observations(*ev, 32)
+    for got, obs in zip(observations, observation_types(32), strict=True):
+        assert got == evaluate(d_obs, e_obs, obs, C, margin=0.02, alpha=0.025, draws=2000,
+                               seed=0)
+    # the same with every default spelled out, and folds passed through
+    assert predict_study(dev, ev, "a - b", window=32, margin=0.02, alpha=0.05, draws=2000,
+                         seed=0)["models"][0]["observations"] == observations
+    three = predict_study(dev, ev, "a - b", draws=100, folds=3)
+    assert three["folds"] == 3
+    assert three["models"][0]["observations"][0]["cv_mse"] == cross_validate(
+        d_obs, observation_types(32)[0], C, folds=3)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(margin=0.0), "margin must be > 0; got 0.0"),
+    (dict(alpha=0.0), "alpha must be within (0, 1); got 0.0"),
+    (dict(alpha=1.0), "alpha must be within (0, 1); got 1.0"),
+    (dict(contrast="a - a"), "cannot read contrast 'a - a'; write 'ACTION - ACTION' with spaces "
+                             "around the minus, e.g. 'snapkv-half - recent-half'"),
+])
+def test_predict_study_settings_are_named(kwargs, message):
+    dev, ev = _study_inputs(H=4)
+    args = {"contrast": "a - b", "window": 2, "draws": 50, **kwargs}
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+        predict_study(dev, ev, **args)
+
+
+def test_cohort_refusals_name_what_differs():
+    dev, ev = _study_inputs(H=4)
+    cases = [
+        ((dev, _records([("e0", "x")], actions=("a", "c"), H=4)), "a - b",
+         "the cohorts differ in actions: development has a, b; evaluation has a, c"),
+        ((dev, _records([("e0", "x")], model="n", H=4)), "a - b",
+         "the cohorts differ in models: development has m; evaluation has n"),
+        ((dev, ev), "a - z", "contrast 'a - z' names action 'z', which the cohorts did not run; "
+                             "actions: a, b"),
+        ((dev, _records([("d3", "x"), ("e1", "y")], H=4)), "a - b",
+         "development and evaluation documents must be disjoint; both have 1 (e.g. 'd3')"),
+        ((dev, _records([("e0", "x")], H=8)), "a - b", "the cohorts have different horizons H: "
+                                                       "[4, 8]"),
+    ]
+    for (d, e), contrast, message in cases:
+        with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+            predict_study(d, e, contrast, window=2, draws=50)
+    # exactly as many development documents as folds is enough
+    assert predict_study(dev, ev, "a - b", window=2, draws=50)["folds"] == 6

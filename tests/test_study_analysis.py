@@ -52,7 +52,7 @@ def test_stratified_counts_keep_stratum_sizes():
     assert counts.shape == (200, 8)
     assert np.all(counts[:, :3].sum(axis=1) == 3) and np.all(counts[:, 3:].sum(axis=1) == 5)
     with pytest.raises(ValueError, match="bootstrap draws"):
-        stratified_counts(strata, 0)
+        stratified_counts(strata, 0, seed=0)
 
 
 def test_bootstrap_interval_coverage():

@@ -20,7 +20,7 @@ def stratum_weights(strata: pd.Series) -> np.ndarray:
     return (1.0 / (n_strata * counts)).to_numpy(dtype=np.float64)
 
 
-def stratified_counts(strata: np.ndarray, draws: int, seed: int = 0) -> np.ndarray:
+def stratified_counts(strata: np.ndarray, draws: int, seed: int) -> np.ndarray:
     """``[draws, n]`` resampling counts: within each stratum, as many documents as it has."""
     if isinstance(draws, bool) or not isinstance(draws, int) or draws < 1:
         raise ValueError(f"bootstrap draws must be an integer >= 1; got {draws!r}")

@@ -22,6 +22,7 @@ variance must be for SWRB to be the cheaper plan.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import asdict, dataclass
 from statistics import NormalDist
@@ -62,7 +63,7 @@ class Design:
 
 def variance_components(values: np.ndarray, strata: np.ndarray) -> VarianceComponents:
     """Components from replicate values ``[n_docs, K]`` and each document's stratum."""
-    values = np.asarray(values, dtype=np.float64)
+    values = np.asarray(values)
     strata = np.asarray(strata)
     n, K = values.shape
     if K < 2:
@@ -109,10 +110,21 @@ def swrb_evaluations(horizon: int, tau: np.ndarray) -> float:
     return horizon + (float((horizon - diverged).mean()) if diverged.size else 0.0)
 
 
+def _one(reps: pd.DataFrame, column: str):
+    """The one value of ``column`` in a model's development records."""
+    values = reps[column].unique()
+    if len(values) != 1:
+        raise ValueError(f"plan needs one {column} per model in the development run; got "
+                         f"{sorted(map(str, values))}")
+    return values[0]
+
+
 def _values(reps: pd.DataFrame, stat: str, action: str) -> pd.DataFrame:
     cols = PLAN_STATS[stat]
     sub = reps[reps["action"] == action]
-    value = sub[cols[0]] - (sub[cols[1]] if len(cols) > 1 else 0.0)
+    value = sub[cols[0]]
+    if len(cols) > 1:
+        value = value - sub[cols[1]]
     return sub.assign(value=value).pivot(index="doc_id", columns="replicate", values="value")
 
 
@@ -148,7 +160,7 @@ def plan_study(replicates: pd.DataFrame, target: str, halfwidth_target: float,
            "models": []}
     for model, reps in replicates.groupby("model", sort=False):
         actions = list(dict.fromkeys(reps["action"]))
-        measured = str(reps["estimator"].iloc[0])
+        measured = str(_one(reps, "estimator"))
         e, values = _target_values(reps, target, actions)
         if measured == "swrb" and any(s in NEEDS_ROLLOUTS for s in (e.stat, *(e.minus or ()))):
             raise ValueError(f"target {e.text!r} needs fixed-history risk F, which SWRB runs do "
@@ -159,7 +171,7 @@ def plan_study(replicates: pd.DataFrame, target: str, halfwidth_target: float,
         per_unit = units.drop_duplicates(["doc_id", "action"])  # setup is per unit
         setup = float(per_unit.groupby("action")["setup_seconds"].mean().sum())
         per_rep = float(units.groupby("action")["replicate_seconds"].mean().sum())
-        H = int(reps["horizon"].iloc[0])
+        H = int(_one(reps, "horizon"))
         evals = float(reps["evaluations"].mean())
         if measured == "rollout":
             other = "swrb"
@@ -204,8 +216,8 @@ def _compare(v: VarianceComponents, target: float, setup: float, per_rep: float,
         within = v.within
         if estimator != measured:
             within = within / ratio if estimator == "swrb" else within * ratio
-        comp = VarianceComponents(v.between, within, v.strata, v.documents, v.replicates)
-        return recommend(comp, target, setup, rep_cost[estimator], z)
+        return recommend(dataclasses.replace(v, within=within), target, setup,
+                         rep_cost[estimator], z)
 
     def swrb_wins(ratio: float) -> bool:
         return plan("swrb", ratio).seconds <= plan("rollout", ratio).seconds

@@ -132,9 +132,8 @@ def cross_validate(rows: pd.DataFrame, obs: Observation, c: ActionContrast,
                    folds: int = FOLDS) -> dict[str, float]:
     """Document-level paired-contrast MSE of each predictor under ``folds``-fold CV."""
     docs = rows.drop_duplicates("doc_id")
-    fold_of = dict(zip(docs["doc_id"], assign_folds(docs["doc_id"].to_numpy(),
-                                                     docs["stratum"].to_numpy(), folds),
-                       strict=True))
+    fold_of = pd.Series(assign_folds(docs["doc_id"].to_numpy(), docs["stratum"].to_numpy(),
+                                     folds), index=docs["doc_id"].to_numpy())
     fold = rows["doc_id"].map(fold_of).to_numpy()
     actual = _contrast_table(rows, rows["R"].to_numpy(float), c)
     mse = {}
@@ -220,7 +219,7 @@ def _complete(rows: pd.DataFrame) -> pd.DataFrame:
     """Documents finished for every action of their model (the paired contrast needs all)."""
     n_actions = rows.groupby("model")["action"].transform("nunique")
     per_doc = rows.groupby(["model", "doc_id"])["action"].transform("nunique")
-    return rows[per_doc == n_actions].reset_index(drop=True)
+    return rows[per_doc == n_actions]
 
 
 def predict_study(

@@ -28,7 +28,7 @@ class RidgeFit:
         return self.intercept + Z @ self.coef
 
 
-def fit_ridge(X: np.ndarray, y: np.ndarray, alpha: float = 10.0) -> RidgeFit:
+def fit_ridge(X: np.ndarray, y: np.ndarray, alpha: float) -> RidgeFit:
     """Fit ridge on ``X [n, p]``, ``y [n]``; the intercept is not penalised."""
     X = np.asarray(X, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
