@@ -289,7 +289,7 @@ def test_refusals_say_what_the_development_run_lacks():
             "with this kvdrift to measure the cost per replicate") + "$"):
         plan_study(reps.drop(columns=["replicate_seconds"]), "R(a)", 0.1)
     with pytest.raises(ValueError, match=re.escape(
-            "plan needs one horizon per model in the development run; got ['4', '8']")):
+            "the records mix horizon values ['4', '8']; analyse runs with one each")):
         plan_study(reps.assign(horizon=np.where(reps["action"] == "a", 4, 8)), "R(a)", 0.1)
     with pytest.raises(ValueError, match="^" + re.escape(
             "planning needs at least 2 replicates per document in the development run "

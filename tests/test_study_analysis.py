@@ -1,8 +1,11 @@
 """Study statistics: lag profile, EOS split, bootstrap, endpoints, and the assembled analysis."""
 
+import math
+
 import numpy as np
 import pandas as pd
 import pytest
+from mutation_scope import per_test_under_mutmut
 
 from kvdrift.analysis.bootstrap import percentile_interval, stratified_counts, weighted_means
 from kvdrift.analysis.endpoints import parse_endpoint
@@ -99,7 +102,7 @@ def test_endpoint_difference_parses():
     assert (e.stat, e.action, e.minus) == ("B", "snapkv-90", ("B", "recent-90"))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope=per_test_under_mutmut)
 def finite_study(tmp_path_factory):
     mix = {"mild": 0.2, "strong": 0.7}
     docs = [Document(id=f"d{i}", prompt="x", stratum="s1" if i < 10 else "s2") for i in range(20)]
@@ -162,3 +165,28 @@ def test_empty_records_are_refused():
     reps = pd.DataFrame()
     with pytest.raises(ValueError, match="no finished units"):
         analyze(pd.DataFrame(), reps, AnalysisOptions())
+
+
+def test_swrb_study_has_no_lag_windows_and_clamps_enclosures_at_one(tmp_path):
+    """SWRB follows no fixed-history path: no lag windows, local agreement or cohort support.
+    Its per-replicate window values are estimates that can exceed 1; each document's upper
+    bound Z_L + W_L is clamped at 1 before the Hoeffding enclosure."""
+    docs = [Document(id=f"d{i:02d}", prompt="x", stratum="s") for i in range(40)]
+    cfg = RunConfig(model="finite", actions=("mild",), replicates=4, horizon=4, depths=(2,),
+                    estimator="swrb", seed=3)
+    store = RunStore.open(tmp_path, cfg.as_dict())
+    pair = random_pair(3, 4, seed=9, mix=0.3)
+    run_units(cfg, docs, lambda d, a: pair, store)
+    steps, reps = store.read("steps").to_pandas(), store.read("replicates").to_pandas()
+    # documents 0..9: lower 1 and capacity 0.6 (upper 1.6 -> 1); the rest: 0 and 0.1
+    first = reps["doc_id"] < "d10"
+    reps["observed_L2"] = np.where(first, 1.0, 0.0)
+    reps["capacity_L2"] = np.where(first, 0.6, 0.1)
+    out = analyze(steps, reps, AnalysisOptions(bootstrap=50))
+    assert out["lags"] is None and out["meta"]["estimator"] == "swrb"
+    assert out["local_agreement"] == [] and out["cohort_support"] == []
+    [entry] = out["actions"]
+    [bound] = entry["bounds"]
+    eps = math.sqrt(math.log(4 / 0.05) / (2 * 40))
+    assert bound["hoeffding_lo"] == pytest.approx(0.25 - eps)
+    assert bound["hoeffding_hi"] == pytest.approx(0.25 * 1.0 + 0.75 * 0.1 + eps)

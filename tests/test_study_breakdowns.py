@@ -4,6 +4,9 @@ Every record table here is written by hand (tokens, TV values, EOS), so each sta
 checked against a value computed on paper.
 """
 
+import math
+import re
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -20,7 +23,7 @@ from kvdrift.run.records import UnitKey, rollout_tables
 EOS = 9
 
 
-def unit(doc, stratum, action, x, y, delta=None, f=None):
+def unit(doc, stratum, action, x, y, delta=None, f=None, depths=()):
     """Step and replicate tables of one (document, action) from ``[K, H]`` token lists."""
     x, y = torch.tensor(x), torch.tensor(y)
     mismatch = x != y
@@ -30,7 +33,7 @@ def unit(doc, stratum, action, x, y, delta=None, f=None):
                            x_eos=(x == EOS).int().cummax(dim=1).values.bool(),
                            y_eos=(y == EOS).int().cummax(dim=1).values.bool(),
                            tau=first_mismatch(mismatch), evaluations=x.numel())
-    return rollout_tables(UnitKey("m", doc, action, stratum), result)
+    return rollout_tables(UnitKey("m", doc, action, stratum), result, depths)
 
 
 def records(units):
@@ -242,3 +245,143 @@ def test_per_stratum_contrasts_by_hand():
     b_s1 = {a["action"]: a["scalars"] for s in analysis["strata"] if s["stratum"] == "s1"
             for a in s["actions"]}["b"]["B"]
     assert b_s1["estimate"] == pytest.approx(-1.0)
+
+
+# ------------------------------------------------------------------ the analysis' fields
+
+
+def pattern_unit(doc, stratum, action, patterns, depths=(2, 10)):
+    rows = [row(p) for p in patterns]
+    return unit(doc, stratum, action, [r[0] for r in rows], [r[1] for r in rows],
+                depths=depths)
+
+
+FIELD_UNITS = [
+    # H = 12, K = 2; strata s (two documents) and t (one)
+    ("d1", "s", "a", [".x.xxxxxxxxx", "............"]),
+    ("d2", "s", "a", ["..xxxxxxxxxx", "...x..xxxxxx"]),
+    ("d3", "t", "a", ["............", "..........x."]),
+    ("d1", "s", "b", ["xxxxxxxxxxxx", "x..........."]),
+    ("d2", "s", "b", [".x..........", "xxxxxxxxxxxx"]),
+    ("d3", "t", "b", ["x.x.x.x.x.x.", "............"]),
+]
+
+
+def field_records():
+    return records([pattern_unit(*u) for u in FIELD_UNITS])
+
+
+def test_analysis_fields_by_hand():
+    steps, reps = field_records()
+    options = AnalysisOptions(bootstrap=20, alpha=0.1, endpoints=("R(a)",), seed=0)
+    out = analyze(steps, reps, options, meta={"run": "demo"})
+    assert out["meta"] == {
+        "run": "demo", "estimator": "rollout", "horizon": 12, "replicates": 2, "bootstrap": 20,
+        "alpha": 0.1, "documents": {"s": 2, "t": 1},
+        "notes": ["m: strata with a single document (t) contribute no between-document "
+                  "variation, so intervals understate uncertainty; use at least two documents "
+                  "per stratum."]}
+    windows = LagWindows.for_horizon(12)
+    assert out["lags"] == windows.as_dict()
+    for entry, action in zip(out["actions"], "ab", strict=True):
+        assert set(entry) == {"model", "action", "documents", "scalars", "curves", "eos_split",
+                              "bounds"}
+        assert (entry["model"], entry["action"], entry["documents"]) == ("m", action, 3)
+        assert set(entry["curves"]) == {"timing_cdf", "expected_delta", "lag_profile",
+                                        "lag_profile_strict"}
+        assert entry["eos_split"] is not None
+        assert [b["L"] for b in entry["bounds"]] == [2, 10]  # by depth, not as text
+        for b in entry["bounds"]:
+            assert set(b) == {"L", "R_L", "B_L", "lo", "hi", "minimax", "hoeffding_lo",
+                              "hoeffding_hi"}
+            assert b["lo"] == b["R_L"] and b["hi"] == pytest.approx(b["R_L"] + b["B_L"])
+    [c] = out["contrasts"]
+    assert (c["model"], c["a"], c["b"]) == ("m", "a", "b")
+    [e] = out["endpoints"]
+    assert (e["model"], e["name"], e["alpha"]) == ("m", "R(a)", 0.1)  # one endpoint, one model
+    r_a = out["actions"][0]["scalars"]["R"]["estimate"]
+    assert e["estimate"] == pytest.approx(r_a)
+    assert out["eos_contrasts"] and all(x["model"] == "m" for x in out["eos_contrasts"])
+    assert out["strata"] and all(x["model"] == "m" for x in out["strata"])
+    # cohort support: each action's own replicates (cohort tau <= 6 here)
+    for support, action in zip(out["cohort_support"], "ab", strict=True):
+        own = reps[reps["action"] == action]
+        want = cohort_support(own, np.array(["d1", "d2", "d3"]), windows)
+        assert support == {"model": "m", "action": action} | want
+    assert out["cohort_support"][0] != out["cohort_support"][1] | {"action": "a"}
+    assert [x["action"] for x in out["local_agreement"]] == ["a", "b"]
+
+
+def test_endpoints_share_alpha_over_models_and_endpoints():
+    steps, reps = field_records()
+    two = (pd.concat([steps, steps.assign(model="n")]), pd.concat([reps, reps.assign(model="n")]))
+    out = analyze(*two, AnalysisOptions(bootstrap=20, alpha=0.1,
+                                        endpoints=("R(a)", "R(b) - R(a)")))
+    assert [(e["model"], e["name"]) for e in out["endpoints"]] == [
+        ("m", "R(a)"), ("m", "R(b) - R(a)"), ("n", "R(a)"), ("n", "R(b) - R(a)")]
+    assert all(e["alpha"] == pytest.approx(0.1 / 4) for e in out["endpoints"])
+    r = {x["action"]: x["scalars"]["R"]["estimate"] for x in out["actions"][:2]}
+    assert out["endpoints"][1]["estimate"] == pytest.approx(r["b"] - r["a"])
+    with pytest.raises(ValueError, match="^" + re.escape(
+            "endpoint 'R(z) - R(a)' names action 'z', which model 'm' did not run; actions: "
+            "a, b") + "$"):
+        analyze(steps, reps, AnalysisOptions(bootstrap=20, endpoints=("R(z) - R(a)",)))
+
+
+def test_only_documents_finished_for_every_action_count():
+    units = [pattern_unit(*u) for u in FIELD_UNITS if (u[0], u[2]) != ("d1", "b")]
+    out = analyze(*records(units), AnalysisOptions(bootstrap=20))
+    assert [e["documents"] for e in out["actions"]] == [2, 2]
+    assert out["meta"]["documents"] == {"s": 1, "t": 1}
+    one = [pattern_unit(*u) for u in FIELD_UNITS if u[0] == "d2" or (u[0], u[2]) == ("d1", "a")]
+    assert [e["documents"] for e in analyze(*records(one), AnalysisOptions(
+        bootstrap=20))["actions"]] == [1, 1]
+    apart = [pattern_unit(*u) for u in FIELD_UNITS if (u[0] == "d1") == (u[2] == "a")]
+    with pytest.raises(ValueError, match="^no document has finished for every action of this "
+                                         "model yet$"):
+        analyze(*records(apart), AnalysisOptions(bootstrap=20))
+
+
+def test_mixed_horizons_are_refused():
+    steps, reps = field_records()
+    reps.loc[reps["action"] == "b", "horizon"] = 16
+    with pytest.raises(ValueError, match=re.escape("the records mix horizon values ['12', "
+                                                   "'16']; analyse runs with one each")):
+        analyze(steps, reps, AnalysisOptions(bootstrap=20))
+
+
+def test_certified_order_uses_weighted_enclosures_at_alpha_over_actions():
+    """At L = H: action 'good' has bounds [0, 0], 'bad' [u, u] in every document. Enclosures
+    are [0, eps] and [u - eps, u + eps] with eps at alpha / 2 (two actions) and Hoeffding's
+    weighted sum over strata s (18 documents) and t (6): the order is certified iff
+    u > 2 eps."""
+    H = 12
+    docs = [(f"d{i:02d}", "s" if i < 18 else "t") for i in range(24)]
+    units = [pattern_unit(doc, stratum, action, ["." * H] * 2, depths=(H,))
+             for doc, stratum in docs for action in ("good", "bad")]
+    steps, reps = records(units)
+    w = np.array([1 / 36] * 18 + [1 / 12] * 6)
+    eps = math.sqrt(math.log(4 / (0.05 / 2)) * float((w ** 2).sum()) / 2)
+    assert 2 * eps < 1
+    for u, certified in ((2 * eps - 0.002, False), (2 * eps + 0.002, True)):
+        r = reps.copy()
+        r.loc[r["action"] == "bad", f"observed_L{H}"] = u
+        out = analyze(steps, r, AnalysisOptions(bootstrap=20))
+        want = [{"model": "m", "L": H, "better": "good", "worse": "bad"}] if certified else []
+        assert out["certified_order"] == want, u
+        bad = next(e for e in out["actions"] if e["action"] == "bad")["bounds"][0]
+        eps1 = math.sqrt(math.log(4 / 0.05) * float((w ** 2).sum()) / 2)  # the action's own
+        assert bad["hoeffding_lo"] == pytest.approx(u - eps1)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(bootstrap=True), "bootstrap draws must be an integer >= 1; got True"),
+    (dict(bootstrap=1.5), "bootstrap draws must be an integer >= 1; got 1.5"),
+    (dict(bootstrap=0), "bootstrap draws must be an integer >= 1; got 0"),
+    (dict(alpha=0.0), "alpha must be within (0, 1); got 0.0"),
+    (dict(alpha=1.0), "alpha must be within (0, 1); got 1.0"),
+])
+def test_analysis_options_are_checked(kwargs, message):
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+        AnalysisOptions(**kwargs)
+    assert AnalysisOptions(bootstrap=1, alpha=0.999).bootstrap == 1

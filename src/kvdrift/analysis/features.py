@@ -38,6 +38,15 @@ class DocFeatures:
                            {k: v[pos] for k, v in self.columns.items()})
 
 
+
+def single_value(records: pd.DataFrame, column: str) -> object:
+    """The one value ``column`` takes in ``records`` (a study shares its horizon, estimator)."""
+    values = records[column].unique()
+    if len(values) != 1:
+        raise ValueError(f"the records mix {column} values {sorted(map(str, values))}; analyse "
+                         "runs with one each")
+    return values[0]
+
 def eos_categories(x_eos: np.ndarray, y_eos: np.ndarray) -> np.ndarray:
     """Category index per position (``[..., H]``), see :data:`EOS_CATEGORIES`.
 

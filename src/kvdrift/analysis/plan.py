@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from kvdrift.analysis.endpoints import parse_endpoint
+from kvdrift.analysis.features import single_value
 
 PLAN_STATS = {"R": ("risk",), "O": ("occurrence",), "E": ("exposure",), "Pi": ("occupation",),
               "F": ("fixed_risk",), "R_minus_F": ("risk", "fixed_risk"),
@@ -110,15 +111,6 @@ def swrb_evaluations(horizon: int, tau: np.ndarray) -> float:
     return horizon + (float((horizon - diverged).mean()) if diverged.size else 0.0)
 
 
-def _one(reps: pd.DataFrame, column: str):
-    """The one value of ``column`` in a model's development records."""
-    values = reps[column].unique()
-    if len(values) != 1:
-        raise ValueError(f"plan needs one {column} per model in the development run; got "
-                         f"{sorted(map(str, values))}")
-    return values[0]
-
-
 def _values(reps: pd.DataFrame, stat: str, action: str) -> pd.DataFrame:
     cols = PLAN_STATS[stat]
     sub = reps[reps["action"] == action]
@@ -160,7 +152,7 @@ def plan_study(replicates: pd.DataFrame, target: str, halfwidth_target: float,
            "models": []}
     for model, reps in replicates.groupby("model", sort=False):
         actions = list(dict.fromkeys(reps["action"]))
-        measured = str(_one(reps, "estimator"))
+        measured = str(single_value(reps, "estimator"))
         e, values = _target_values(reps, target, actions)
         if measured == "swrb" and any(s in NEEDS_ROLLOUTS for s in (e.stat, *(e.minus or ()))):
             raise ValueError(f"target {e.text!r} needs fixed-history risk F, which SWRB runs do "
@@ -171,7 +163,7 @@ def plan_study(replicates: pd.DataFrame, target: str, halfwidth_target: float,
         per_unit = units.drop_duplicates(["doc_id", "action"])  # setup is per unit
         setup = float(per_unit.groupby("action")["setup_seconds"].mean().sum())
         per_rep = float(units.groupby("action")["replicate_seconds"].mean().sum())
-        H = int(_one(reps, "horizon"))
+        H = int(single_value(reps, "horizon"))
         evals = float(reps["evaluations"].mean())
         if measured == "rollout":
             other = "swrb"

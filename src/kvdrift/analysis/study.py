@@ -19,7 +19,7 @@ from kvdrift.analysis.bootstrap import stratified_counts, stratum_weights, weigh
 from kvdrift.analysis.bounds import hoeffding_enclosure, sharp_interval
 from kvdrift.analysis.endpoints import Endpoint, parse_endpoint
 from kvdrift.analysis.eos import eos_contrast_entries, eos_split_entry
-from kvdrift.analysis.features import DocFeatures, action_features
+from kvdrift.analysis.features import DocFeatures, action_features, single_value
 from kvdrift.analysis.lags import LagWindows
 from kvdrift.analysis.quantities import (
     CONTRAST_TERMS,
@@ -64,7 +64,7 @@ def _common_documents(features: dict[str, DocFeatures]) -> dict[str, DocFeatures
     shared = None
     for f in features.values():
         shared = set(f.doc_ids) if shared is None else shared & set(f.doc_ids)
-    ids = np.array(sorted(shared or ()), dtype=object)
+    ids = np.array(sorted(shared or ()))
     if ids.size == 0:
         raise ValueError("no document has finished for every action of this model yet")
     return {a: f.subset(ids) for a, f in features.items()}
@@ -84,8 +84,8 @@ def analyze(
     """The full study analysis as a JSON-able dict (schema: :mod:`kvdrift.report`)."""
     if replicates.empty:
         raise ValueError("no finished units to analyze")
-    H = int(replicates["horizon"].iloc[0])
-    estimator = str(replicates["estimator"].iloc[0])
+    H = int(single_value(replicates, "horizon"))
+    estimator = str(single_value(replicates, "estimator"))
     windows = LagWindows.for_horizon(H) if estimator == "rollout" else None
     endpoints = [parse_endpoint(t) for t in options.endpoints]
     models = list(dict.fromkeys(replicates["model"]))
