@@ -31,15 +31,17 @@ def test_lag_terms_exact_values():
                       [0, 0, 0, 0, 0, 0.3, 0.2, 0.1]])          # tau = 5 (not in cohort)
     tau = np.array([2, 5])
     no_eos = np.zeros_like(delta, dtype=bool)
-    num, den = lag_terms(delta, tau, no_eos, no_eos, w)
+    num, den = lag_terms(delta, tau, w)
     np.testing.assert_allclose(num, [0.25, 0.3, 0.35, 0.4])  # delta_{3..6} / 2 replicates
     np.testing.assert_allclose(den, [0.5] * 4)
     # Strict: X emits EOS at position 5, so only tau + j < 5, i.e. j = 1, 2, survive.
     x_eos = no_eos.copy()
     x_eos[0, 4:] = True
-    num_s, den_s = lag_terms(delta, tau, x_eos, no_eos, w, strict=True)
+    num_s, den_s = lag_terms(delta, tau, w, (x_eos, no_eos))
     np.testing.assert_allclose(num_s, [0.25, 0.3, 0, 0])
     np.testing.assert_allclose(den_s, [0.5, 0.5, 0, 0])
+    for both in ((no_eos, x_eos), (x_eos, x_eos)):  # Y's EOS cuts alike; the first one counts
+        np.testing.assert_allclose(lag_terms(delta, tau, w, both)[0], num_s)
     assert w.gap(np.array([0.1, 0.2, 0.3, 0.5])) == pytest.approx(0.4)
 
 
@@ -186,6 +188,11 @@ def test_swrb_study_has_no_lag_windows_and_clamps_enclosures_at_one(tmp_path):
     assert out["lags"] is None and out["meta"]["estimator"] == "swrb"
     assert out["local_agreement"] == [] and out["cohort_support"] == []
     [entry] = out["actions"]
+    # P(tau <= t) from the scan's weights: the replicate mean of their running sums
+    w = steps.sort_values(["doc_id", "replicate", "t"])["weight"].to_numpy().reshape(40, 4, 4)
+    np.testing.assert_allclose(entry["curves"]["timing_cdf"]["estimate"],
+                               w.cumsum(axis=2).mean(axis=(0, 1)), rtol=1e-12)
+    assert set(entry["curves"]) == {"timing_cdf"}
     [bound] = entry["bounds"]
     eps = math.sqrt(math.log(4 / 0.05) / (2 * 40))
     assert bound["hoeffding_lo"] == pytest.approx(0.25 - eps)

@@ -385,3 +385,32 @@ def test_analysis_options_are_checked(kwargs, message):
     with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
         AnalysisOptions(**kwargs)
     assert AnalysisOptions(bootstrap=1, alpha=0.999).bootstrap == 1
+
+
+def test_action_features_wire_each_column():
+    from kvdrift.analysis.features import DocFeatures, action_features
+    from kvdrift.analysis.lags import lag_terms
+
+    # H = 16, K = 2: replicate 0 diverges at 2 and X emits EOS at 6; replicate 1 at 3
+    x0, y0 = row(".x..xxxxxxxxxxxx", eos_at=6)
+    x1, y1 = row("..xxxxxxxxxxxxxx")
+    delta = [[0.0, 0.99, 0.995] + [0.5] * 13, [0.0, 0.2, 0.99] + [0.7] * 13]
+    steps, reps = records([unit("d1", "s", "a", [x0, x1], [y0, y1], delta=delta)])
+    f = action_features(steps, reps, W16)
+    d = np.array(delta)[None]
+    tau = np.array([[2, 3]])
+    x_eos = np.array([[t >= 5 for t in range(16)], [False] * 16])[None]
+    no_eos = np.zeros_like(x_eos)
+    plain, strict = lag_terms(d, tau, W16), lag_terms(d, tau, W16, (x_eos, no_eos))
+    np.testing.assert_allclose(f.columns["lag_num"], plain[0])
+    np.testing.assert_allclose(f.columns["lag_num_strict"], strict[0])
+    np.testing.assert_allclose(f.columns["lag_den_strict"], strict[1])
+    assert not np.allclose(plain[1], strict[1])  # EOS at 6 cuts replicate 0's lags 4..8
+    assert f.columns["saturation"][0, 0] == pytest.approx(1 / 32)  # only 0.995 is > 0.99
+    np.testing.assert_allclose(f.columns["timing"][0], [0] + [0.5] + [1] * 14)
+    with pytest.raises(ValueError, match="^some documents are missing for this action$"):
+        f.subset(np.array(["d1", "d2"]))
+    assert isinstance(f.subset(np.array(["d1"])), DocFeatures)
+    with pytest.raises(ValueError, match="^step records are incomplete: every document needs "
+                                         "K x H steps$"):
+        action_features(steps.iloc[:-1], reps, W16)

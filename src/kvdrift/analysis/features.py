@@ -38,7 +38,6 @@ class DocFeatures:
                            {k: v[pos] for k, v in self.columns.items()})
 
 
-
 def single_value(records: pd.DataFrame, column: str) -> object:
     """The one value ``column`` takes in ``records`` (a study shares its horizon, estimator)."""
     values = records[column].unique()
@@ -46,6 +45,7 @@ def single_value(records: pd.DataFrame, column: str) -> object:
         raise ValueError(f"the records mix {column} values {sorted(map(str, values))}; analyse "
                          "runs with one each")
     return values[0]
+
 
 def eos_categories(x_eos: np.ndarray, y_eos: np.ndarray) -> np.ndarray:
     """Category index per position (``[..., H]``), see :data:`EOS_CATEGORIES`.
@@ -73,17 +73,17 @@ def action_features(
     reps = replicates.sort_values(["doc_id", "replicate"])
     keep = [c for c in reps.columns
             if c in REPLICATE_COLUMNS or c.startswith(("observed_L", "capacity_L"))]
-    doc = reps.groupby("doc_id", sort=True)
+    doc = reps.groupby("doc_id")  # sorted by doc_id
     means = doc[keep].mean()
     doc_ids = means.index.to_numpy()
     strata = doc["stratum"].first().loc[doc_ids].to_numpy()
-    cols = {c: means[c].to_numpy(dtype=np.float64)[:, None] for c in keep}
+    cols = {c: means[c].to_numpy()[:, None] for c in keep}
 
     steps = steps.sort_values(["doc_id", "replicate", "t"])
     n, K, H = len(doc_ids), int(reps["replicate"].nunique()), int(steps["t"].max())
     if len(steps) != n * K * H:
         raise ValueError("step records are incomplete: every document needs K x H steps")
-    estimator = str(steps["estimator"].iloc[0])
+    estimator = str(single_value(steps, "estimator"))
     if estimator == "swrb":
         weight = _cube(steps, "weight", n, K, H)
         cols["timing"] = weight.cumsum(axis=-1).mean(axis=1)
@@ -93,20 +93,20 @@ def action_features(
     f = _cube(steps, "f", n, K, H)
     x_eos = _cube(steps, "x_eos", n, K, H).astype(bool)
     y_eos = _cube(steps, "y_eos", n, K, H).astype(bool)
-    tau = _cube(steps, "tau", n, K, H)[..., 0]
+    tau = reps["tau"].to_numpy().reshape(n, K)
     t = np.arange(1, H + 1)
     cols["expected_delta"] = delta.mean(axis=1)
     cols["timing"] = ((tau[..., None] >= 1) & (tau[..., None] <= t)).mean(axis=1)
     cols["saturation"] = (delta > SATURATION).mean(axis=(1, 2))[:, None]
     cat = eos_categories(x_eos, y_eos)
-    cols["eos_R"] = np.stack([np.where(cat == c, delta, 0).sum(-1).mean(-1) / H
+    cols["eos_R"] = np.stack([np.where(cat == c, delta, 0).sum(axis=2).mean(axis=1) / H
                               for c in range(len(EOS_CATEGORIES))], axis=1)
-    cols["eos_F"] = np.stack([np.where(cat == c, f, 0).sum(-1).mean(-1) / H
+    cols["eos_F"] = np.stack([np.where(cat == c, f, 0).sum(axis=2).mean(axis=1) / H
                               for c in range(len(EOS_CATEGORIES))], axis=1)
     if windows is not None:
-        cols["lag_num"], cols["lag_den"] = lag_terms(delta, tau, x_eos, y_eos, windows)
-        cols["lag_num_strict"], cols["lag_den_strict"] = lag_terms(
-            delta, tau, x_eos, y_eos, windows, strict=True)
-        mismatch = _cube(steps, "mismatch", n, K, H).astype(bool)
+        cols["lag_num"], cols["lag_den"] = lag_terms(delta, tau, windows)
+        cols["lag_num_strict"], cols["lag_den_strict"] = lag_terms(delta, tau, windows,
+                                                                   (x_eos, y_eos))
+        mismatch = _cube(steps, "mismatch", n, K, H)
         cols |= agreement_terms(mismatch, tau, x_eos, y_eos, windows)
     return DocFeatures(doc_ids, strata, cols)

@@ -49,22 +49,22 @@ def first_true(flags: np.ndarray, none: int) -> np.ndarray:
 
 
 def lag_terms(
-    delta: np.ndarray, tau: np.ndarray, x_eos: np.ndarray, y_eos: np.ndarray,
-    windows: LagWindows, strict: bool = False,
+    delta: np.ndarray, tau: np.ndarray, windows: LagWindows,
+    eos: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Replicate means of ``delta_{tau+j} 1{cohort}`` and ``1{cohort}`` per lag j.
 
     Inputs are ``[..., K, H]`` (``tau`` is ``[..., K]``, 0 = never); outputs ``[..., lags]``.
-    The ``strict`` pre-EOS variant keeps only ``tau + j < min(EOS_X, EOS_Y)``, the first
-    positions at which each branch emitted EOS.
+    With ``eos = (x_eos, y_eos)``, the strict pre-EOS variant: only ``tau + j <
+    min(EOS_X, EOS_Y)``, the first positions at which each branch emitted EOS.
     """
     H = delta.shape[-1]
     j = np.arange(1, windows.lags + 1)
     cohort = (tau >= 1) & (tau <= windows.max_entry)  # [..., K]
     pos = tau[..., None] + j  # [..., K, lags], 1-based position tau + j (<= H by construction)
     valid = cohort[..., None] & (pos <= H)
-    if strict:
-        eos_at = np.minimum(first_true(x_eos, H + 1), first_true(y_eos, H + 1))
+    if eos is not None:
+        eos_at = np.minimum(first_true(eos[0], H + 1), first_true(eos[1], H + 1))
         valid &= pos < eos_at[..., None]
     idx = np.clip(pos - 1, 0, H - 1)
     values = np.take_along_axis(delta, idx, axis=-1)
