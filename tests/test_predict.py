@@ -390,3 +390,26 @@ def test_cohort_refusals_name_what_differs():
             predict_study(d, e, contrast, window=2, draws=50)
     # exactly as many development documents as folds is enough
     assert predict_study(dev, ev, "a - b", window=2, draws=50)["folds"] == 6
+
+
+def test_document_observations_edges():
+    key = dict(model="m", doc_id="d", stratum="s", action="a")
+    mism = [[1, 1, 0], [0, 0, 1], [1, 1, 1]]  # tau = 1 and 3; replicate 2 has no record
+    steps = pd.DataFrame([key | dict(replicate=k, t=t + 1, mismatch=bool(mism[k][t]),
+                                     x_eos=False, y_eos=k == 1 and t == 0)
+                          for k in range(3) for t in range(3)])
+    reps = pd.DataFrame([key | dict(replicate=k, estimator="rollout", horizon=3, risk=r,
+                                    fixed_risk=0.0, tau=tau)
+                         for k, r, tau in ((0, 2 / 3, 1), (1, 1 / 3, 3))])
+    row = document_observations(steps, reps, window=1).iloc[0]
+    assert row["diverged_W"] == 0.5  # tau = 1 is within a window of 1
+    assert row["eos_y_W"] == 0.5 and row["eos_x_W"] == 0.0
+    assert row["R"] == pytest.approx(0.5) and row["mismatch_W"] == pytest.approx(1 / 6)
+    assert row["flat_W"] == pytest.approx(0.5)
+    with pytest.raises(ValueError, match=r"^window must be an integer within 1\.\.H = 1\.\.3; "
+                                         r"got True$"):
+        document_observations(steps, reps, window=True)
+    with pytest.raises(ValueError, match=r"^prediction needs complete coupled rollouts "
+                                         r"\(estimator = rollout\); this run used rollout, "
+                                         r"swrb$"):
+        document_observations(steps, reps.assign(estimator=["swrb", "rollout"]), window=1)

@@ -52,7 +52,7 @@ def document_observations(
         raise ValueError(f"window must be an integer within 1..H = 1..{H}; got {window!r}")
     keys = ["model", "doc_id", "stratum", "action", "replicate"]
     early = steps[steps["t"] <= window]
-    per_rep = early.groupby(keys, sort=True).agg(
+    per_rep = early.groupby(keys).agg(
         mismatch_sum=("mismatch", "sum"), eos_x_W=("x_eos", "any"), eos_y_W=("y_eos", "any"))
     reps = replicates.set_index(keys)[["risk", "fixed_risk", "tau"]]
     per_rep = per_rep.join(reps, how="inner")
@@ -60,9 +60,9 @@ def document_observations(
         "R": per_rep["risk"],
         "F": per_rep["fixed_risk"],
         "mismatch_W": per_rep["mismatch_sum"] / H,
-        "diverged_W": ((per_rep["tau"] >= 1) & (per_rep["tau"] <= window)).astype(float),
-        "eos_x_W": per_rep["eos_x_W"].astype(float),
-        "eos_y_W": per_rep["eos_y_W"].astype(float),
+        "diverged_W": (per_rep["tau"] >= 1) & (per_rep["tau"] <= window),
+        "eos_x_W": per_rep["eos_x_W"],
+        "eos_y_W": per_rep["eos_y_W"],
         "flat_W": per_rep["mismatch_sum"] / window,
     })
-    return out.groupby(keys[:-1], sort=True).mean().reset_index()
+    return out.groupby(keys[:-1]).mean().reset_index()  # replicate means (bools: fractions)
