@@ -28,7 +28,7 @@ declare -A MODULES=(
   [records]="src/kvdrift/run/records.py|tests/test_run_exact.py"
   [runner]="src/kvdrift/run/runner.py|tests/test_run_exact.py tests/test_runner.py"
   [store]="src/kvdrift/run/store.py|tests/test_run_exact.py tests/test_runner.py"
-  [analysis]="src/kvdrift/analysis/*|tests/test_analysis.py tests/test_analysis_exact.py tests/test_predict.py tests/test_plan.py tests/test_study_analysis.py tests/test_study_breakdowns.py"
+  [analysis]="src/kvdrift/analysis/*|tests/test_analysis_helpers.py tests/test_analysis.py tests/test_analysis_exact.py tests/test_predict.py tests/test_plan.py tests/test_study_analysis.py tests/test_study_breakdowns.py"
   [cache]="src/kvdrift/lm/cache.py|tests/test_lm_cache.py tests/test_lm_pair.py tests/test_shared_attention.py"
   [pair]="src/kvdrift/lm/pair.py|tests/test_lm_pair.py tests/test_lm_presses.py"
 )

@@ -1,0 +1,91 @@
+"""The analysis' small helpers by hand: ridge, stratum weights, bootstrap counts, weighted
+means and percentile intervals, with their refusals."""
+
+import re
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kvdrift.analysis.bootstrap import (
+    percentile_interval,
+    stratified_counts,
+    stratum_weights,
+    weighted_means,
+)
+from kvdrift.analysis.ridge import fit_ridge
+
+
+def test_ridge_with_alpha_zero_is_least_squares():
+    X = np.array([[0, 1], [1, 0], [2, 2], [3, 1], [4, 5]])  # integers are read as floats
+    y = np.array([1.0, 2.0, 2.5, 4.0, 7.0])
+    fit = fit_ridge(X, y, 0.0)
+    A = np.column_stack([np.ones(5), X])
+    beta = np.linalg.lstsq(A, y, rcond=None)[0]
+    X_new = np.array([[1, 1], [5, -2]])
+    np.testing.assert_allclose(fit.predict(X_new), np.column_stack([np.ones(2), X_new]) @ beta,
+                               rtol=1e-10)
+    np.testing.assert_allclose(fit.centre, [2.0, 1.8])
+    np.testing.assert_allclose(fit.scale, X.std(axis=0))
+    const = fit_ridge(np.column_stack([X[:, 0], np.full(5, 3.0)]), y, 1.0)
+    assert const.scale[1] == 1.0 and const.coef[1] == 0.0  # a constant column: scale 1
+
+
+@pytest.mark.parametrize("X, y, alpha, message", [
+    (np.zeros(3), np.zeros(3), 1.0, "ridge needs X [n, p] and y [n] with n >= 1; got (3,), (3,)"),
+    (np.zeros((3, 2)), np.zeros(2), 1.0,
+     "ridge needs X [n, p] and y [n] with n >= 1; got (3, 2), (2,)"),
+    (np.zeros((0, 2)), np.zeros(0), 1.0,
+     "ridge needs X [n, p] and y [n] with n >= 1; got (0, 2), (0,)"),
+    (np.zeros((3, 2)), np.zeros(3), -0.5, "ridge alpha must be >= 0; got -0.5"),
+    (np.zeros((3, 2)), np.zeros(3), float("nan"), "ridge alpha must be >= 0; got nan"),
+])
+def test_ridge_refusals(X, y, alpha, message):
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+        fit_ridge(X, y, alpha)
+
+
+def test_stratum_weights_by_hand():
+    np.testing.assert_allclose(stratum_weights(pd.Series(["a", "a", "b", "a"])),
+                               [1 / 6, 1 / 6, 1 / 2, 1 / 6])
+
+
+def test_stratified_counts_by_seed_and_refusals():
+    strata = np.array(["a", "b", "a", "a"])
+    one = stratified_counts(strata, 1, seed=7)
+    assert one.shape == (1, 4) and one[0, 1] == 1 and one[0, [0, 2, 3]].sum() == 3
+    many = stratified_counts(strata, 500, seed=7)
+    assert np.array_equal(many, stratified_counts(strata, 500, seed=7))
+    assert not np.array_equal(many, stratified_counts(strata, 500, seed=8))
+    # each member of stratum a is drawn 3 x 1/3 = 1 time on average (sd sqrt(2/3) per draw):
+    # 500 draws put the mean within 0.2 of 1 with probability > 1 - 1e-7
+    assert np.abs(many[:, [0, 2, 3]].mean(axis=0) - 1).max() < 0.2
+    for draws in (True, 1.5, 0):
+        with pytest.raises(ValueError, match="^" + re.escape(
+                f"bootstrap draws must be an integer >= 1; got {draws!r}") + "$"):
+            stratified_counts(strata, draws, seed=0)
+
+
+def test_weighted_means_by_hand():
+    cols = {"x": np.array([[1.0], [3.0], [5.0]]), "y": np.array([[2.0], [np.nan], [4.0]])}
+    w = np.array([0.5, 0.25, 0.25])
+    point = weighted_means(cols, w)
+    assert point["x"].shape == (1,) and point["x"][0] == pytest.approx(2.5)
+    assert np.isnan(point["y"][0])  # a feature an estimator does not produce stays NaN
+    counts = np.array([[2.0, 0.0, 1.0], [0.0, 0.0, 3.0]])
+    draws = weighted_means(cols, w, counts)  # weights (1, 0, 0.25) and (0, 0, 0.75)
+    np.testing.assert_allclose(draws["x"], [[(1 + 1.25) / 1.25], [5.0]])
+    assert draws["y"].shape == (2, 1) and np.isnan(draws["y"]).all()
+
+
+def test_percentile_interval_by_hand_and_all_nan_columns():
+    samples = np.column_stack([np.arange(101.0), np.full(101, np.nan)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        lo, hi = percentile_interval(samples, 0.1)
+    assert (lo[0], hi[0]) == (5.0, 95.0) and np.isnan(lo[1]) and np.isnan(hi[1])
+    for alpha in (0.0, 1.0):
+        with pytest.raises(ValueError, match="^" + re.escape(
+                f"alpha must be within (0, 1); got {alpha}") + "$"):
+            percentile_interval(samples, alpha)
