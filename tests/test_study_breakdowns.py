@@ -414,3 +414,34 @@ def test_action_features_wire_each_column():
     with pytest.raises(ValueError, match="^step records are incomplete: every document needs "
                                          "K x H steps$"):
         action_features(steps.iloc[:-1], reps, W16)
+
+
+EDGE_PATTERNS = [
+    "x..x............",  # tau = 1 (in the cohort): agreements 2, 3, relapse at 4
+    ".......x..x.....",  # tau = 8 = max_entry (in the cohort): run of 2, relapse at 11
+    ".x.............x",  # tau = 2, relapse at the last position H = 16
+]
+
+
+def test_agreement_flags_at_the_cohort_and_horizon_edges():
+    xs, ys = zip(*(row(p) for p in EDGE_PATTERNS), strict=True)
+    m = np.array(xs) != np.array(ys)
+    tau = np.array([1, 8, 2])
+    no_eos = np.zeros_like(m)
+    cohort, run, relapse = agreement_flags(m, tau, no_eos, no_eos, W16)
+    assert cohort.tolist() == [True, True, True]
+    assert run.tolist() == [True, True, True] and relapse.tolist() == [True, True, True]
+    # 0/1 integers read as flags; a stack of documents [n, K, H] gives each row's flags
+    as_int = agreement_flags(m.astype(int), tau, no_eos, no_eos, W16)
+    assert [f.tolist() for f in as_int] == [cohort.tolist(), run.tolist(), relapse.tolist()]
+    stacked = agreement_flags(np.stack([m, m[::-1]]), np.stack([tau, tau[::-1]]),
+                              np.stack([no_eos] * 2), np.stack([no_eos] * 2), W16)
+    assert stacked[2].tolist() == [[True] * 3] * 2
+    late = np.array([row(".x.....x.......x")[0]]) != np.array([row(".x.....x.......x")[1]])
+    _, _, only_late = agreement_flags(late[:, :8].repeat(2, 0), np.array([2, 2]),
+                                      np.zeros((2, 8), bool), np.zeros((2, 8), bool),
+                                      LagWindows.for_horizon(8))
+    assert only_late.tolist() == [True, True]  # relapse at t = 8 = H
+    support = cohort_support(pd.DataFrame({"doc_id": ["d1", "d2", "d3"], "tau": [1, 8, 9]}),
+                             np.array(["d1", "d2", "d3"]), W16)
+    assert (support["documents"], support["trajectories"]) == (2, 2)
