@@ -89,3 +89,31 @@ def test_percentile_interval_by_hand_and_all_nan_columns():
         with pytest.raises(ValueError, match="^" + re.escape(
                 f"alpha must be within (0, 1); got {alpha}") + "$"):
             percentile_interval(samples, alpha)
+
+
+def test_endpoint_refusals_whole():
+    from kvdrift.analysis.endpoints import parse_endpoint
+
+    with pytest.raises(ValueError, match="^" + re.escape(
+            "cannot read endpoint 'B snapkv'; write STAT(action) or STAT(action) - "
+            "STAT(action), e.g. 'B(snapkv-90) - B(recent-90)'") + "$"):
+        parse_endpoint("B snapkv")
+    with pytest.raises(ValueError, match="^" + re.escape(
+            "unknown statistic 'Q' in endpoint 'Q(a)'; allowed: p_diverge, mean_entry_time, R, "
+            "O, E, Pi, C, F, R_minus_F, S99, B, B_strict") + "$"):
+        parse_endpoint("Q(a)")
+
+
+def test_interval_edges():
+    from kvdrift.analysis.bounds import Interval, certainly_better, check_depth
+
+    iv = Interval(0.25, 0.5)
+    assert iv.contains(0.25) and iv.contains(0.5) and not iv.contains(0.5625)
+    assert iv.contains(0.5625, tol=0.0625) and iv.contains(0.1875, tol=0.0625)
+    assert not iv.contains(0.125, tol=0.0625)
+    assert not certainly_better(Interval(0.0, 0.5), Interval(0.5, 1.0))  # touching: no order
+    assert certainly_better(Interval(0.0, 0.5), Interval(0.5625, 1.0))
+    with pytest.raises(ValueError, match=r"^depth L must be an integer within 1\.\.H = 1\.\.4; "
+                                         r"got True$"):
+        check_depth(True, 4)
+    assert check_depth(np.int64(4), 4) == 4

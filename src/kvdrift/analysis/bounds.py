@@ -108,7 +108,7 @@ def hoeffding_enclosure(
         raise ValueError("lower and upper must be non-empty 1-D arrays of equal length")
     if not 0 < alpha < 1:
         raise ValueError(f"alpha must be within (0, 1); got {alpha}")
-    w = np.full(lo_v.size, 1.0 / lo_v.size) if weights is None else np.asarray(weights, float)
+    w = np.ones(lo_v.size) if weights is None else np.asarray(weights, float)
     if w.shape != lo_v.shape or (w < 0).any() or w.sum() <= 0:
         raise ValueError("weights must be non-negative, one per document, and not all 0")
     w = w / w.sum()

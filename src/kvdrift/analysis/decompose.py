@@ -61,9 +61,6 @@ class Decomposition:
         """Build from the three moments; ``R`` is their exact sum ``O + Pi``."""
         return cls(R=O + Pi, O=O, E=E, Pi=Pi)
 
-    def as_dict(self) -> dict[str, float]:
-        return {"R": self.R, "O": self.O, "E": self.E, "Pi": self.Pi, "C": self.C}
-
 
 def weighted_mean(values: np.ndarray, weights: np.ndarray | None = None) -> float:
     """Mean of ``values`` with non-negative ``weights`` (plain mean when None)."""
@@ -126,10 +123,3 @@ class Contrast:
     def exposure_share(self) -> float:
         """Share of ``Delta R`` carried by exposure; NaN when ``Delta R = 0``."""
         return self.exposure_term / self.dR if self.dR != 0 else float("nan")
-
-    def as_dict(self) -> dict[str, float]:
-        return {
-            "dR": self.dR, "dO": self.dO, "dE": self.dE, "dC": self.dC,
-            "occurrence_term": self.occurrence_term, "exposure_term": self.exposure_term,
-            "rate_term": self.rate_term, "exposure_share": self.exposure_share,
-        }

@@ -16,7 +16,12 @@ import pandas as pd
 
 from kvdrift.analysis.agreement import cohort_support, local_agreement_entry
 from kvdrift.analysis.bootstrap import stratified_counts, stratum_weights, weighted_means
-from kvdrift.analysis.bounds import hoeffding_enclosure, sharp_interval
+from kvdrift.analysis.bounds import (
+    Interval,
+    certified_order,
+    hoeffding_enclosure,
+    sharp_interval,
+)
 from kvdrift.analysis.endpoints import Endpoint, parse_endpoint
 from kvdrift.analysis.eos import eos_contrast_entries, eos_split_entry
 from kvdrift.analysis.features import DocFeatures, action_features, single_value
@@ -122,7 +127,7 @@ def analyze(
                 f"{model}: strata with a single document ({', '.join(lonely)}) contribute no "
                 "between-document variation, so intervals understate uncertainty; use at "
                 "least two documents per stratum.")
-        enclosures: dict[int, dict[str, object]] = {}
+        enclosures: dict[int, dict[str, Interval]] = {}
         for a, f in feats.items():
             p, b = point[a], boot[a]
             entry = {
@@ -173,9 +178,6 @@ def analyze(
             iv = interval(_endpoint_value(e, point), _endpoint_value(e, boot), level)
             out["endpoints"].append({"model": model, "name": e.text, **iv, "alpha": level})
         for L, encs in sorted(enclosures.items()):
-            for better, ia in encs.items():
-                for worse, ib in encs.items():
-                    if better != worse and ia.hi < ib.lo:
-                        out["certified_order"].append(
-                            {"model": model, "L": L, "better": better, "worse": worse})
+            out["certified_order"] += [{"model": model, "L": L, "better": better, "worse": worse}
+                                       for better, worse in certified_order(encs)]
     return out
