@@ -152,6 +152,18 @@ def test_bootstrap_intervals_are_percentiles_of_document_resamples(study):
     assert lo < entry["scalars"]["R"]["estimate"] < hi
 
 
+def test_eos_total_interval_is_a_percentile_of_document_resamples(study):
+    raw, analysis, _ = study
+    counts = stratified_counts(np.array(STRATA), BOOT, seed=4)
+    entry = next(e for e in analysis["actions"] if e["action"] == "noisy")
+    g = per_doc(raw, "noisy", lambda r, k: (r.delta[k] - r.f[k]).sum().item() / H)
+    w = counts * WEIGHTS[None, :]
+    draws = (w * g[None, :]).sum(axis=1) / w.sum(axis=1)
+    lo, hi = np.percentile(draws, [2.5, 97.5])
+    total = entry["eos_split"]["G_total"]
+    assert (total["estimate"], total["lo"], total["hi"]) == pytest.approx((wmean(g), lo, hi))
+
+
 def test_contrasts_and_endpoints_match_hand_computation(study):
     raw, analysis, _ = study
     a, b = hand(raw, "clean"), hand(raw, "noisy")

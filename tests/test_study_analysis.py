@@ -43,6 +43,17 @@ def test_lag_terms_exact_values():
     for both in ((no_eos, x_eos), (x_eos, x_eos)):  # Y's EOS cuts alike; the first one counts
         np.testing.assert_allclose(lag_terms(delta, tau, w, both)[0], num_s)
     assert w.gap(np.array([0.1, 0.2, 0.3, 0.5])) == pytest.approx(0.4)
+    # wider windows (H = 32: early 1..4, late 13..16), one profile per bootstrap draw
+    w32 = LagWindows.for_horizon(32)
+    profiles = np.stack([np.arange(1.0, 17.0), np.arange(1.0, 17.0) ** 2])
+    np.testing.assert_allclose(w32.gap(profiles), [14.5 - 2.5, np.mean(np.arange(13, 17) ** 2)
+                                                   - np.mean(np.arange(1, 5) ** 2)])
+    # tau = 1 and tau = 4 = max_entry are in the cohort; lags reach position H = 8 (strict too)
+    edge = np.tile(np.arange(1.0, 9.0) / 10, (2, 1))
+    num, den = lag_terms(edge, np.array([1, 4]), w, (no_eos, no_eos))
+    np.testing.assert_allclose(den, [1.0] * 4)
+    np.testing.assert_allclose(num, [(0.2 + 0.5) / 2, (0.3 + 0.6) / 2, (0.4 + 0.7) / 2,
+                                     (0.5 + 0.8) / 2])
 
 
 def test_eos_categories():

@@ -15,6 +15,7 @@ import torch
 
 from kvdrift.analysis.agreement import agreement_flags, cohort_support, run_length
 from kvdrift.analysis.eos import eos_contrast
+from kvdrift.analysis.features import EOS_CATEGORIES
 from kvdrift.analysis.lags import LagWindows
 from kvdrift.analysis.study import AnalysisOptions, analyze
 from kvdrift.estimate.rollout import RolloutResult, first_mismatch
@@ -136,6 +137,10 @@ def test_eos_contrast_by_hand():
     assert c["pre_eos"] == pytest.approx(0.05)
     assert c["eos_share"] == pytest.approx(0.04 / 0.09)
     assert np.isnan(eos_contrast(g_a, g_a)["eos_share"])  # Delta(R - F) = 0: undefined
+    # a negative total keeps its share; draws [B, 4] give one share per draw
+    assert eos_contrast(g_a, g_a - [0.05, 0, 0.05, 0])["eos_share"] == pytest.approx(0.5)
+    draws = eos_contrast(np.stack([g_a, g_a]), np.stack([g_b, g_a]))["eos_share"]
+    assert draws.shape == (2,) and draws[0] == pytest.approx(0.04 / 0.09) and np.isnan(draws[1])
 
 
 def eos_unit(doc, stratum, action, shift):
@@ -289,7 +294,9 @@ def test_analysis_fields_by_hand():
         assert (entry["model"], entry["action"], entry["documents"]) == ("m", action, 3)
         assert set(entry["curves"]) == {"timing_cdf", "expected_delta", "lag_profile",
                                         "lag_profile_strict"}
-        assert entry["eos_split"] is not None
+        split = entry["eos_split"]
+        assert split["categories"] == list(EOS_CATEGORIES)
+        assert split["G_total"]["estimate"] == pytest.approx(sum(split["R_minus_F"]))
         assert [b["L"] for b in entry["bounds"]] == [2, 10]  # by depth, not as text
         for b in entry["bounds"]:
             assert set(b) == {"L", "R_L", "B_L", "lo", "hi", "minimax", "hoeffding_lo",
@@ -302,6 +309,7 @@ def test_analysis_fields_by_hand():
     r_a = out["actions"][0]["scalars"]["R"]["estimate"]
     assert e["estimate"] == pytest.approx(r_a)
     assert out["eos_contrasts"] and all(x["model"] == "m" for x in out["eos_contrasts"])
+    assert all(x["categories"] == list(EOS_CATEGORIES) for x in out["eos_contrasts"])
     assert out["strata"] and all(x["model"] == "m" for x in out["strata"])
     # cohort support: each action's own replicates (cohort tau <= 6 here)
     for support, action in zip(out["cohort_support"], "ab", strict=True):

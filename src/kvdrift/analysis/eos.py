@@ -34,7 +34,7 @@ def eos_contrast(g_a: np.ndarray, g_b: np.ndarray) -> dict[str, np.ndarray]:
     dG = g_b - g_a
     total = dG.sum(axis=-1)
     eos = dG[..., 1:].sum(axis=-1)
-    share = np.where(total != 0, eos / np.where(total != 0, total, 1.0), np.nan)
+    share = np.divide(eos, total, out=np.full(np.shape(total), np.nan), where=total != 0)
     return {"dG": dG, "dR_minus_F": total, "pre_eos": dG[..., 0], "eos_share": share}
 
 

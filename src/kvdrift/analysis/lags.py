@@ -66,7 +66,7 @@ def lag_terms(
     if eos is not None:
         eos_at = np.minimum(first_true(eos[0], H + 1), first_true(eos[1], H + 1))
         valid &= pos < eos_at[..., None]
-    idx = np.clip(pos - 1, 0, H - 1)
+    idx = np.minimum(pos - 1, H - 1)  # past H: masked by valid
     values = np.take_along_axis(delta, idx, axis=-1)
     num = np.where(valid, values, 0.0).mean(axis=-2)
     den = valid.mean(axis=-2)
