@@ -117,3 +117,16 @@ def test_interval_edges():
                                          r"got True$"):
         check_depth(True, 4)
     assert check_depth(np.int64(4), 4) == 4
+
+
+def test_ratio_is_nan_where_undefined_without_warnings():
+    from kvdrift.analysis.quantities import ratio
+
+    num, den = np.array([1.0, 2.0, 3.0]), np.array([2.0, 0.0, -1.0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = ratio(num, den)  # default: defined where den > 0
+        signed = ratio(num, den, den != 0)
+    np.testing.assert_array_equal(got, [0.5, np.nan, np.nan])
+    np.testing.assert_array_equal(signed, [0.5, np.nan, -3.0])
+    assert ratio(np.ones((2, 3)), np.array([1.0, 2.0, 4.0])).tolist() == [[1, 0.5, 0.25]] * 2

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvdrift.analysis.features import EOS_CATEGORIES
-from kvdrift.analysis.quantities import action_pairs, interval, intervals
+from kvdrift.analysis.quantities import action_pairs, interval, intervals, ratio
 
 
 def eos_gaps(means: dict[str, np.ndarray]) -> np.ndarray:
@@ -34,7 +34,7 @@ def eos_contrast(g_a: np.ndarray, g_b: np.ndarray) -> dict[str, np.ndarray]:
     dG = g_b - g_a
     total = dG.sum(axis=-1)
     eos = dG[..., 1:].sum(axis=-1)
-    share = np.divide(eos, total, out=np.full(np.shape(total), np.nan), where=total != 0)
+    share = ratio(eos, total, total != 0)
     return {"dG": dG, "dR_minus_F": total, "pre_eos": dG[..., 0], "eos_share": share}
 
 

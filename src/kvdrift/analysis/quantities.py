@@ -20,10 +20,11 @@ CONTRAST_TERMS = ("dR", "dO", "dE", "dC", "occurrence_term", "exposure_term", "r
                   "exposure_share")
 
 
-def ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
-    """``num / den`` where ``den > 0``, NaN elsewhere (an undefined ratio)."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
+def ratio(num: np.ndarray, den: np.ndarray, defined: np.ndarray | None = None) -> np.ndarray:
+    """``num / den`` where ``defined`` (default: ``den > 0``), NaN elsewhere (undefined)."""
+    num, den = np.asarray(num, dtype=float), np.asarray(den, dtype=float)
+    out = np.full(np.broadcast_shapes(num.shape, den.shape), np.nan)
+    return np.divide(num, den, out=out, where=den > 0 if defined is None else defined)
 
 
 def _nan(shape: tuple[int, ...]) -> np.ndarray:
@@ -66,8 +67,7 @@ def contrast_terms(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[s
     d["occurrence_term"] = d["dO"]
     d["exposure_term"] = d["dE"] * (a["C"] + b["C"]) / 2
     d["rate_term"] = d["dC"] * (a["E"] + b["E"]) / 2
-    dR = np.asarray(d["dR"])
-    d["exposure_share"] = np.where(dR != 0, d["exposure_term"] / np.where(dR != 0, dR, 1), np.nan)
+    d["exposure_share"] = ratio(d["exposure_term"], d["dR"], np.asarray(d["dR"]) != 0)
     return d
 
 
