@@ -453,3 +453,20 @@ def test_agreement_flags_at_the_cohort_and_horizon_edges():
     support = cohort_support(pd.DataFrame({"doc_id": ["d1", "d2", "d3"], "tau": [1, 8, 9]}),
                              np.array(["d1", "d2", "d3"]), W16)
     assert (support["documents"], support["trajectories"]) == (2, 2)
+
+
+def test_run_summary_is_the_analysis_point_estimate():
+    from kvdrift.analysis.summary import summarize
+
+    steps, reps = field_records()
+    two = (pd.concat([steps.assign(model="n"), steps]), pd.concat([reps.assign(model="n"), reps]))
+    rows = summarize(*two)
+    assert [(s.model, s.action) for s in rows] == [("n", "a"), ("n", "b"), ("m", "a"),
+                                                   ("m", "b")]
+    out = analyze(steps, reps, AnalysisOptions(bootstrap=20))
+    for s, entry in zip(rows[2:], out["actions"], strict=True):
+        d = s.as_dict()
+        assert d.pop("model") == "m" and d.pop("action") == entry["action"]
+        assert d.pop("documents") == 3
+        for key, value in d.items():
+            assert value == pytest.approx(entry["scalars"][key]["estimate"]), key
