@@ -94,7 +94,7 @@ def test_join_pads_shorter_rows_and_keeps_order():
     assert both.prompt_live is live
     alone = SharedPromptLayer.join([a], 301)
     assert alone.get_seq_length() == 301 and torch.equal(alone.keys[:, :, :300], ka)
-    with pytest.raises(ValueError, match="only rows that share one prompt can be joined"):
+    with pytest.raises(ValueError, match="^only rows that share one prompt can be joined$"):
         SharedPromptLayer.join([a, SharedPromptLayer(pk.clone(), pv, kb, vb)], 300)
 
 
@@ -128,9 +128,9 @@ def test_cache_empty_take_and_join_layer_by_layer():
 def test_refusals_name_the_shapes():
     pk, pv, live = prompt()
     k, v = gen(2, 3, seed=10)
-    with pytest.raises(ValueError, match="the shared prompt must be a batch of one"):
+    with pytest.raises(ValueError, match="^the shared prompt must be a batch of one$"):
         SharedPromptLayer(pk.expand(2, -1, -1, -1), pv, k, v)
-    with pytest.raises(ValueError, match="the shared prompt must be a batch of one"):
+    with pytest.raises(ValueError, match="^the shared prompt must be a batch of one$"):
         SharedPromptLayer(pk, pv.expand(2, -1, -1, -1), k, v)
     with pytest.raises(ValueError, match=r"prompt_live must have shape \(1, 2, 5\); got "
                                          r"\(1, 2, 4\)"):

@@ -258,9 +258,9 @@ def test_equivalence_at_the_margins(lo, hi, decision):
 
 def test_folds_sort_ids_and_strata_as_text():
     # as text "10" < "9" and stratum "10" < "9": numeric order would differ
-    folds = assign_folds(np.array([9, 10, 100, 7]), np.array([10, 10, 9, 9]), 2)
-    # sorted (stratum, id) as text: (10, 10), (10, 9), (9, 100), (9, 7)
-    np.testing.assert_array_equal(folds, [1, 0, 0, 1])
+    folds = assign_folds(np.array([9, 10, 100, 7]), np.array([10, 10, 9, 9]), 3)
+    # sorted (stratum, id) as text: (10, 10), (10, 9), (9, 100), (9, 7) -> folds 0, 1, 2, 0
+    np.testing.assert_array_equal(folds, [1, 0, 2, 0])
     assert folds.dtype.kind == "i"
 
 
@@ -323,7 +323,7 @@ def test_evaluate_reports_every_field_and_its_supporting_contrasts():
         assert again == out and other["error"] != out["error"]  # the seed drives the bootstrap
 
 
-def _study_inputs(dev_docs=6, ev_strata=("x", "y", "y", "z", "z", "z"), H=32):
+def _study_inputs(dev_docs=6, ev_strata=("x", "w", "y", "y", "z", "z"), H=32):
     dev = _records([(f"d{i}", "xyz"[i % 3]) for i in range(dev_docs)], H=H, seed=1)
     ev = _records([(f"e{i}", s) for i, s in enumerate(ev_strata)], H=H, seed=2)
     return dev, ev
@@ -340,7 +340,7 @@ def test_predict_study_fields_defaults_and_wiring():
     assert calls == [("m", "fixed history (F)"), ("m", "positions 1..32")]
     observations = model.pop("observations")
     assert model == {"model": "m", "development_documents": 6, "evaluation_documents": 6,
-                     "notes": ["evaluation strata with a single document (x) contribute no "
+                     "notes": ["evaluation strata with a single document (w, x) contribute no "
                                "between-document variation, so intervals understate "
                                "uncertainty"]}
     d_obs = document_observations(*dev, 32)

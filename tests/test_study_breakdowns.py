@@ -350,6 +350,18 @@ def test_only_documents_finished_for_every_action_count():
         analyze(*records(apart), AnalysisOptions(bootstrap=20))
 
 
+def test_every_lonely_stratum_is_named():
+    steps, reps = field_records()
+    for frame in (steps, reps):
+        frame.loc[frame["doc_id"] == "d2", "stratum"] = "u"
+    out = analyze(steps, reps, AnalysisOptions(bootstrap=20))
+    assert out["meta"]["notes"] == [
+        "m: strata with a single document (s, t, u) contribute no between-document variation, "
+        "so intervals understate uncertainty; use at least two documents per stratum."]
+    with pytest.raises(ValueError, match="^no finished units to analyze$"):
+        analyze(steps.iloc[:0], reps.iloc[:0], AnalysisOptions(bootstrap=20))
+
+
 def test_mixed_horizons_are_refused():
     steps, reps = field_records()
     reps.loc[reps["action"] == "b", "horizon"] = 16
@@ -365,7 +377,7 @@ def test_certified_order_uses_weighted_enclosures_at_alpha_over_actions():
     u > 2 eps."""
     H = 12
     docs = [(f"d{i:02d}", "s" if i < 18 else "t") for i in range(24)]
-    units = [pattern_unit(doc, stratum, action, ["." * H] * 2, depths=(H,))
+    units = [pattern_unit(doc, stratum, action, ["." * H] * 2, depths=(6, H))
              for doc, stratum in docs for action in ("good", "bad")]
     steps, reps = records(units)
     w = np.array([1 / 36] * 18 + [1 / 12] * 6)
@@ -373,11 +385,14 @@ def test_certified_order_uses_weighted_enclosures_at_alpha_over_actions():
     assert 2 * eps < 1
     for u, certified in ((2 * eps - 0.002, False), (2 * eps + 0.002, True)):
         r = reps.copy()
-        r.loc[r["action"] == "bad", f"observed_L{H}"] = u
+        for L in (6, H):  # no capacity left at either depth: every L certifies alike
+            r.loc[r["action"] == "bad", f"observed_L{L}"] = u
+            r[f"capacity_L{L}"] = 0.0
         out = analyze(steps, r, AnalysisOptions(bootstrap=20))
-        want = [{"model": "m", "L": H, "better": "good", "worse": "bad"}] if certified else []
+        want = [{"model": "m", "L": L, "better": "good", "worse": "bad"}
+                for L in (6, H)] if certified else []
         assert out["certified_order"] == want, u
-        bad = next(e for e in out["actions"] if e["action"] == "bad")["bounds"][0]
+        bad = next(e for e in out["actions"] if e["action"] == "bad")["bounds"][1]
         eps1 = math.sqrt(math.log(4 / 0.05) * float((w ** 2).sum()) / 2)  # the action's own
         assert bad["hoeffding_lo"] == pytest.approx(u - eps1)
 

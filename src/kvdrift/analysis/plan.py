@@ -166,10 +166,9 @@ def plan_study(replicates: pd.DataFrame, target: str, halfwidth_target: float,
         H = int(single_value(reps, "horizon"))
         evals = float(reps["evaluations"].mean())
         if measured == "rollout":
-            other = "swrb"
             other_evals = swrb_evaluations(H, units["tau"].to_numpy())
         else:
-            other, other_evals = "rollout", float(H)
+            other_evals = float(H)
         design = recommend(v, halfwidth_target, setup, per_rep, z)
         notes = []
         if v.between == 0:
@@ -187,7 +186,7 @@ def plan_study(replicates: pd.DataFrame, target: str, halfwidth_target: float,
                         "halfwidth": halfwidth(v, v.documents / v.strata, v.replicates, z)},
             "notes": notes,
         }
-        if other == "swrb" and any(s in NEEDS_ROLLOUTS for s in (e.stat, *(e.minus or ()))):
+        if measured == "rollout" and any(s in NEEDS_ROLLOUTS for s in (e.stat, *(e.minus or ()))):
             entry["comparison"] = {"cheaper": "rollout", "assumption": None,
                                    "reason": "SWRB does not estimate fixed-history risk F"}
         else:

@@ -140,7 +140,7 @@ def analyze(
             }
             if "eos_R" in f.columns:
                 entry["eos_split"] = eos_split_entry(means[a], boot_means[a], options.alpha)
-            if "branch_cohort" in f.columns and windows is not None:
+            if "branch_cohort" in f.columns:  # rollouts with lag windows
                 key = {"model": model, "action": a}
                 out["local_agreement"].append(key | local_agreement_entry(
                     means[a], boot_means[a], windows, options.alpha))
