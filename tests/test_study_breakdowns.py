@@ -96,6 +96,11 @@ def test_agreement_flags_by_hand():
     assert cohort.tolist() == [True, True, True, False, False, True]
     assert run.tolist() == [True, False, False, False, False, False]
     assert relapse.tolist() == [True, True, False, False, False, False]
+    # documents stacked [n, K, H]: each replicate's own history, not its neighbours'
+    stacked = agreement_flags(np.stack([m, m]), np.stack([tau, tau]),
+                              np.stack([np.maximum.accumulate(x == EOS, axis=1)] * 2),
+                              np.stack([np.maximum.accumulate(y == EOS, axis=1)] * 2), W16)
+    assert stacked[2].tolist() == [relapse.tolist()] * 2
 
 
 def test_local_agreement_and_support_in_the_analysis():
@@ -311,6 +316,9 @@ def test_analysis_fields_by_hand():
     assert out["eos_contrasts"] and all(x["model"] == "m" for x in out["eos_contrasts"])
     assert all(x["categories"] == list(EOS_CATEGORIES) for x in out["eos_contrasts"])
     assert out["strata"] and all(x["model"] == "m" for x in out["strata"])
+    s = next(x for x in out["strata"] if x["stratum"] == "s")
+    b_a = s["actions"][0]["scalars"]["B"]
+    assert all(np.isfinite([b_a["estimate"], b_a["lo"], b_a["hi"]]))  # draws have lag windows
     # cohort support: each action's own replicates (cohort tau <= 6 here)
     for support, action in zip(out["cohort_support"], "ab", strict=True):
         own = reps[reps["action"] == action]
@@ -474,10 +482,13 @@ def test_run_summary_is_the_analysis_point_estimate():
     from kvdrift.analysis.summary import summarize
 
     steps, reps = field_records()
-    two = (pd.concat([steps.assign(model="n"), steps]), pd.concat([reps.assign(model="n"), reps]))
+    swap = {"a": "b", "b": "a"}  # model n's a is m's b
+    two = (pd.concat([steps.assign(model="n", action=steps["action"].map(swap)), steps]),
+           pd.concat([reps.assign(model="n", action=reps["action"].map(swap)), reps]))
     rows = summarize(*two)
-    assert [(s.model, s.action) for s in rows] == [("n", "a"), ("n", "b"), ("m", "a"),
+    assert [(s.model, s.action) for s in rows] == [("n", "b"), ("n", "a"), ("m", "a"),
                                                    ("m", "b")]
+    assert rows[0].R == rows[2].R and rows[1].R == rows[3].R and rows[0].R != rows[1].R
     out = analyze(steps, reps, AnalysisOptions(bootstrap=20))
     for s, entry in zip(rows[2:], out["actions"], strict=True):
         d = s.as_dict()
