@@ -496,3 +496,12 @@ def test_run_summary_is_the_analysis_point_estimate():
         assert d.pop("documents") == 3
         for key, value in d.items():
             assert value == pytest.approx(entry["scalars"][key]["estimate"]), key
+
+
+def test_incomplete_replicate_records_are_named():
+    from kvdrift.analysis.features import action_features
+
+    steps, reps = records([pattern_unit(*u) for u in FIELD_UNITS[:2]])
+    with pytest.raises(ValueError, match="^replicate records are incomplete: every document "
+                                         "needs K replicates$"):
+        action_features(steps, reps.iloc[:-1], None)

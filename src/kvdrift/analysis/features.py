@@ -83,6 +83,8 @@ def action_features(
     n, K, H = len(doc_ids), int(reps["replicate"].nunique()), int(steps["t"].max())
     if len(steps) != n * K * H:
         raise ValueError("step records are incomplete: every document needs K x H steps")
+    if len(reps) != n * K:
+        raise ValueError("replicate records are incomplete: every document needs K replicates")
     estimator = str(single_value(steps, "estimator"))
     if estimator == "swrb":
         weight = _cube(steps, "weight", n, K, H)

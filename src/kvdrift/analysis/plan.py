@@ -154,7 +154,8 @@ def plan_study(replicates: pd.DataFrame, target: str, halfwidth_target: float,
         actions = list(dict.fromkeys(reps["action"]))
         measured = str(single_value(reps, "estimator"))
         e, values = _target_values(reps, target, actions)
-        if measured == "swrb" and any(s in NEEDS_ROLLOUTS for s in (e.stat, *(e.minus or ()))):
+        needs_rollouts = any(s in NEEDS_ROLLOUTS for s in (e.stat, *(e.minus or ())))
+        if measured == "swrb" and needs_rollouts:
             raise ValueError(f"target {e.text!r} needs fixed-history risk F, which SWRB runs do "
                              "not measure; plan it from a rollout development run")
         strata = reps.drop_duplicates("doc_id").set_index("doc_id")["stratum"]
@@ -186,7 +187,7 @@ def plan_study(replicates: pd.DataFrame, target: str, halfwidth_target: float,
                         "halfwidth": halfwidth(v, v.documents / v.strata, v.replicates, z)},
             "notes": notes,
         }
-        if measured == "rollout" and any(s in NEEDS_ROLLOUTS for s in (e.stat, *(e.minus or ()))):
+        if needs_rollouts:  # measured by rollouts (SWRB runs were refused above)
             entry["comparison"] = {"cheaper": "rollout", "assumption": None,
                                    "reason": "SWRB does not estimate fixed-history risk F"}
         else:
