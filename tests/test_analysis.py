@@ -90,6 +90,18 @@ def test_window_terms_limits():
         window_terms(MISMATCH, 0)
 
 
+def test_mismatch_given_as_numbers_counts_as_flags():
+    """Records read back from CSV or Parquet may hold 0/1 numbers: they are flags, not values."""
+    as_float = MISMATCH.astype(np.float64)
+    for L in (1, 2, 4):
+        a, b = window_terms(as_float, L), window_terms(MISMATCH, L)
+        assert a.observed.tolist() == b.observed.tolist()
+        assert a.capacity.tolist() == b.capacity.tolist()
+    got, want = trajectory_terms(as_float), trajectory_terms(MISMATCH)
+    assert got.occupation.tolist() == want.occupation.tolist()
+    assert got.exposure.tolist() == want.exposure.tolist()
+
+
 def test_intervals_contrasts_and_ordering():
     a, b, c = sharp_interval(0.1, 0.05), sharp_interval(0.2, 0.1), sharp_interval(0.12, 0.2)
     assert (a.lo, a.hi, a.minimax, a.worst_error) == pytest.approx((0.1, 0.15, 0.125, 0.025))
@@ -121,3 +133,15 @@ def test_hoeffding_enclosure_width_and_coverage():
     assert misses / 2000 < alpha
     with pytest.raises(ValueError, match="alpha"):
         hoeffding_enclosure(lo, lo, 1.5)
+
+
+def test_hoeffding_enclosure_weighs_in_float64():
+    """float32 weights (e.g. from a GPU run's records) are normalised in float64."""
+    rng = np.random.default_rng(3)
+    lower = rng.uniform(0.0, 0.3, 1000)
+    upper = lower + rng.uniform(0.0, 0.2, 1000)
+    w32 = rng.uniform(0.5, 2.0, 1000).astype(np.float32)
+    got = hoeffding_enclosure(lower, upper, 0.05, weights=w32)
+    want = hoeffding_enclosure(lower, upper, 0.05, weights=w32.astype(np.float64))
+    assert 0 < got.lo and got.hi < 1  # not clamped, so every digit is compared
+    assert (got.lo, got.hi) == (want.lo, want.hi)

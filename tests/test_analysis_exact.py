@@ -269,6 +269,12 @@ def test_weighted_mean_hand_values_and_refusals():
     assert weighted_mean([1.0, 3.0], [0.0, 1.0]) == 3.0  # a zero weight is allowed
     assert weighted_mean([1.0, 3.0], [0.25, 0.25]) == 2.0  # weights need not sum to 1
     assert weighted_mean([1, 4], [2, 1]) == 2.0  # integers: (2 + 4) / 3
+    # float32 records (from a GPU run) are summed in float64: float32 would lose the 1 here
+    cancel = np.array([1e8, 1.0, -1e8], dtype=np.float32)
+    assert weighted_mean(cancel) == pytest.approx(1 / 3, rel=1e-12)
+    assert weighted_mean(cancel, np.ones(3, dtype=np.float32)) == pytest.approx(1 / 3, rel=1e-12)
+    heavy = np.array([3e7, 1.0, 3e7], dtype=np.float32)
+    assert weighted_mean([0.0, 1.0, 0.0], heavy) == pytest.approx(1 / 60000001, rel=1e-12, abs=0)
     with pytest.raises(ValueError, match="^cannot average an empty sample$"):
         weighted_mean([])
     message = "^weights must be non-negative, match the values' shape and not all be 0$"
