@@ -130,3 +130,6 @@ def test_ratio_is_nan_where_undefined_without_warnings():
     np.testing.assert_array_equal(got, [0.5, np.nan, np.nan])
     np.testing.assert_array_equal(signed, [0.5, np.nan, -3.0])
     assert ratio(np.ones((2, 3)), np.array([1.0, 2.0, 4.0])).tolist() == [[1, 0.5, 0.25]] * 2
+    # either side may carry the extra axes (a point numerator over bootstrap denominators)
+    assert ratio(np.array([1.0, 2.0]), np.array([[1.0, 2.0], [4.0, 0.0]])).tolist() == [
+        [1.0, 1.0], [0.25, pytest.approx(np.nan, nan_ok=True)]]

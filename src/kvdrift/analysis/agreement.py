@@ -20,7 +20,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from kvdrift.analysis.lags import LagWindows, first_true
+from kvdrift.analysis.decompose import first_true
+from kvdrift.analysis.lags import LagWindows
 from kvdrift.analysis.quantities import interval, ratio
 
 AGREEMENT_COLUMNS = ("branch_cohort", "agree_run", "relapse")

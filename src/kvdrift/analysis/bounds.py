@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvdrift.analysis.decompose import first_true
+
 
 def check_depth(L: int, horizon: int) -> int:
     """Return ``L`` if it is an integer in 1..H, else raise a clear error."""
@@ -35,7 +37,7 @@ def window_terms(mismatch: np.ndarray, L: int) -> WindowTerms:
     H = m.shape[1]
     L = check_depth(L, H)
     diverged = m.any(axis=1)
-    tau = np.where(diverged, m.argmax(axis=1) + 1, H + 1)
+    tau = first_true(m, H + 1)
     t = np.arange(1, H + 1)[None, :]
     window = (t >= tau[:, None]) & (t < tau[:, None] + L)
     capacity = np.where(diverged, np.maximum(H - tau - L + 1, 0), 0) / H

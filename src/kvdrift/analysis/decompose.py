@@ -26,6 +26,11 @@ class TrajectoryTerms:
     mismatch_fraction: np.ndarray
 
 
+def first_true(flags: np.ndarray, none: int) -> np.ndarray:
+    """1-based index of the first True along the last axis; ``none`` where there is none."""
+    return np.where(flags.any(axis=-1), flags.argmax(axis=-1) + 1, none)
+
+
 def trajectory_terms(mismatch: np.ndarray) -> TrajectoryTerms:
     """Terms from a ``[N, H]`` boolean mismatch matrix (one row per trajectory)."""
     m = np.asarray(mismatch, dtype=bool)
@@ -33,7 +38,7 @@ def trajectory_terms(mismatch: np.ndarray) -> TrajectoryTerms:
         raise ValueError(f"mismatch must be a [trajectories, H] array with H >= 1; got {m.shape}")
     H = m.shape[1]
     diverged = m.any(axis=1)
-    tau = np.where(diverged, m.argmax(axis=1) + 1, H + 1)  # H + 1 stands for "never"
+    tau = first_true(m, H + 1)  # H + 1 stands for "never"
     after = np.arange(1, H + 1)[None, :] > tau[:, None]
     return TrajectoryTerms(
         occurrence=diverged / H,

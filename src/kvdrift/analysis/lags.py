@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvdrift.analysis.decompose import first_true
+
 
 @dataclass(frozen=True)
 class LagWindows:
@@ -41,11 +43,6 @@ class LagWindows:
         early = profile[..., self.early[0] - 1:self.early[1]]
         late = profile[..., self.late[0] - 1:self.late[1]]
         return late.mean(axis=-1) - early.mean(axis=-1)
-
-
-def first_true(flags: np.ndarray, none: int) -> np.ndarray:
-    """1-based index of the first True along the last axis; ``none`` where there is none."""
-    return np.where(flags.any(axis=-1), flags.argmax(axis=-1) + 1, none)
 
 
 def lag_terms(
