@@ -490,6 +490,12 @@ def test_run_summary_is_the_analysis_point_estimate():
                                                    ("m", "b")]
     assert rows[0].R == rows[2].R and rows[1].R == rows[3].R and rows[0].R != rows[1].R
     out = analyze(steps, reps, AnalysisOptions(bootstrap=20))
+    # a third model with a third action: each unit reads its own steps, not the others'
+    third = [pd.concat([r.assign(model="o"), r[r.action == "a"].assign(model="o", action="c")])
+             for r in (steps, reps)]
+    rows3 = summarize(*(pd.concat([t, r]) for t, r in zip(two, third, strict=True)))
+    assert [(s.model, s.action) for s in rows3[4:]] == [("o", "a"), ("o", "b"), ("o", "c")]
+    assert [s.R for s in rows3[4:]] == [rows[2].R, rows[3].R, rows[2].R]
     for s, entry in zip(rows[2:], out["actions"], strict=True):
         d = s.as_dict()
         assert d.pop("model") == "m" and d.pop("action") == entry["action"]
