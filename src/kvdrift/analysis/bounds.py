@@ -36,11 +36,10 @@ def window_terms(mismatch: np.ndarray, L: int) -> WindowTerms:
     m = np.asarray(mismatch, dtype=bool)
     H = m.shape[1]
     L = check_depth(L, H)
-    diverged = m.any(axis=1)
-    tau = first_true(m, H + 1)
+    tau = first_true(m, H + 1)  # "never" at H + 1 leaves no capacity
     t = np.arange(1, H + 1)[None, :]
     window = (t >= tau[:, None]) & (t < tau[:, None] + L)
-    capacity = np.where(diverged, np.maximum(H - tau - L + 1, 0), 0) / H
+    capacity = np.maximum(H - tau - L + 1, 0) / H
     return WindowTerms(observed=(m & window).sum(axis=1) / H, capacity=capacity)
 
 
