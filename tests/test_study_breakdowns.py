@@ -462,9 +462,10 @@ def test_agreement_flags_at_the_cohort_and_horizon_edges():
     cohort, run, relapse = agreement_flags(m, tau, no_eos, no_eos, W16)
     assert cohort.tolist() == [True, True, True]
     assert run.tolist() == [True, True, True] and relapse.tolist() == [True, True, True]
-    # 0/1 integers read as flags; a stack of documents [n, K, H] gives each row's flags
-    as_int = agreement_flags(m.astype(int), tau, no_eos, no_eos, W16)
-    assert [f.tolist() for f in as_int] == [cohort.tolist(), run.tolist(), relapse.tolist()]
+    # 0/1 numbers read as flags; a stack of documents [n, K, H] gives each row's flags
+    for numbers in (m.astype(int), m.astype(float)):
+        flags = agreement_flags(numbers, tau, no_eos, no_eos, W16)
+        assert [f.tolist() for f in flags] == [cohort.tolist(), run.tolist(), relapse.tolist()]
     stacked = agreement_flags(np.stack([m, m[::-1]]), np.stack([tau, tau[::-1]]),
                               np.stack([no_eos] * 2), np.stack([no_eos] * 2), W16)
     assert stacked[2].tolist() == [[True] * 3] * 2

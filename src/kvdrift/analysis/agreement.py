@@ -49,8 +49,7 @@ def agreement_flags(
     eos_at = np.minimum(first_true(x_eos, H + 1), first_true(y_eos, H + 1))
     post = cohort[..., None] & (t > tau[..., None]) & (t < eos_at[..., None])
     agree = post & ~m
-    run = np.zeros(m.shape[:-1], dtype=np.int64)
-    longest = np.zeros_like(run)
+    run = longest = np.zeros(m.shape[:-1], dtype=np.int64)
     for i in range(H):
         run = np.where(agree[..., i], run + 1, 0)
         longest = np.maximum(longest, run)
