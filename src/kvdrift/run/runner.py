@@ -115,7 +115,7 @@ def run_estimator(config: RunConfig, pair: KernelPair, seed: int):
         else:
             results.append(swrb(pair, n, config.horizon, config.depths or (config.horizon,),
                                 config.temperature, gen))
-    return results[0] if len(results) == 1 else concat_results(results)
+    return concat_results(results)
 
 
 def unit_key(config: RunConfig, doc: Document, action: str) -> UnitKey:
