@@ -311,7 +311,6 @@ def random_pair(
     for history in _histories(vocab_size, horizon):
         p_row = rng.dirichlet(np.full(vocab_size, float(concentration)))
         a_row = rng.dirichlet(np.full(vocab_size, float(concentration)))
-        p_row, a_row = p_row / p_row.sum(), a_row / a_row.sum()
         if eos_token_id is not None and eos_token_id in history:
             continue  # absorbed: from_tables supplies the point mass
         p_table[history] = p_row
@@ -439,7 +438,7 @@ def exact(pair: FinitePair) -> ExactRisk:
                 children.append((x + (int(a),), y + (int(a),), tau, mass * float(c[a])))
             rp, rq = p - c, q - c
             res = float(rp.sum())
-            if e > 0 and res > 0:
+            if res > 0:  # res = e: the branches can part here
                 branch_tau = tau or t
                 for a in np.flatnonzero(rp):
                     for b in np.flatnonzero(rq):
@@ -522,13 +521,10 @@ def extremal_pair(
     rho_arr = np.asarray(rho, dtype=float)
     if rho_arr.ndim != 2 or rho_arr.shape[0] != H or rho_arr.shape[1] < L:
         raise ValueError(f"rho must have shape [H, >= L] = [{H}, >= {L}]; got {rho_arr.shape}")
-    known = ~np.isnan(rho_arr)
-    if (rho_arr[known] < 0).any() or (rho_arr[known] > 1).any():
+    if (rho_arr < 0).any() or (rho_arr > 1).any():  # nan compares False: allowed here
         raise ValueError(f"rho entries must lie in [0, 1]; got {rho_arr.tolist()}")
     depth = [min(L, H - s + 1) for s in range(1, H + 1)]
-    for s in range(1, H + 1):
-        if p_arr[s - 1] == 0:
-            continue
+    for s in np.flatnonzero(p_arr) + 1:  # only rows with p_s > 0 are used
         used = rho_arr[s - 1, : depth[s - 1]]
         if np.isnan(used).any():
             raise ValueError(f"rho[{s - 1}, :{depth[s - 1]}] is used (p_{s} > 0) and must not "
@@ -537,8 +533,8 @@ def extremal_pair(
             raise ValueError(f"rho_{{s,0}} must be 1 (a mismatch at tau); rho[{s - 1}, 0] = "
                              f"{used[0]}")
     survive = 1.0 - np.concatenate([[0.0], np.cumsum(p_arr)[:-1]])
-    eta = np.where(survive > 0, p_arr / np.where(survive > 0, survive, 1.0), 0.0)
-    eta = np.clip(eta, 0.0, 1.0)
+    eta = np.divide(p_arr, survive, out=np.zeros(H), where=survive > 0)
+    eta = np.minimum(eta, 1.0)  # p_t / Sbar_t can round to 1 + 2^-52
     alpha = float(alpha)
 
     def q(history: History) -> list[float]:
