@@ -122,8 +122,8 @@ class FiniteStudyResult:
 
 
 def _mean_se(values: np.ndarray) -> tuple[float, float]:
-    var = float(values.var(ddof=1)) if values.size > 1 else float("nan")
-    return float(values.mean()), math.sqrt(var / values.size)
+    """Mean and its standard error (``run_finite_study`` ensures at least 2 values)."""
+    return float(values.mean()), float(values.std(ddof=1)) / math.sqrt(values.size)
 
 
 def variance_ratio(naive: np.ndarray, branch: np.ndarray) -> tuple[float, str | None]:
