@@ -1,8 +1,9 @@
-"""The finite-state check's summary when a system is degenerate (its variance ratio undefined)."""
+"""The finite-state check: each system's wiring, the study's defaults and refusals, and its summary
+when a system is degenerate (its variance ratio undefined)."""
 
 import json
-import re
 import math
+import re
 
 import numpy as np
 import pytest
