@@ -30,7 +30,7 @@ declare -A MODULES=(
   [store]="src/kvdrift/run/store.py|tests/test_run_exact.py tests/test_runner.py"
   [analysis]="src/kvdrift/analysis/*|tests/test_analysis_helpers.py tests/test_analysis.py tests/test_analysis_exact.py tests/test_predict.py tests/test_plan.py tests/test_study_analysis.py tests/test_study_breakdowns.py"
   [cache]="src/kvdrift/lm/cache.py|tests/test_lm_cache.py tests/test_lm_pair.py tests/test_shared_attention.py"
-  [pair]="src/kvdrift/lm/pair.py|tests/test_lm_pair.py tests/test_lm_presses.py tests/test_shared_attention.py tests/test_lm_actions.py tests/test_lm_estimators.py"
+  [pair]="src/kvdrift/lm/pair.py|tests/test_lm_pair.py tests/test_lm_pair_inputs.py tests/test_lm_presses.py tests/test_shared_attention.py tests/test_lm_actions.py tests/test_lm_estimators.py"
 )
 # analysis.<file>: one file of analysis/ at a time, against the same tests (a shorter run)
 for f in src/kvdrift/analysis/*.py; do
