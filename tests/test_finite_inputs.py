@@ -76,6 +76,7 @@ def test_join_select_and_truncate_keep_rows_in_order() -> None:
     b = pair.advance(pair.advance(pair.start("q", 1), torch.tensor([1])), torch.tensor([0]))
     joined = pair.join([a, b, a])
     assert joined.side == "q" and joined.histories == ((0,), (1,), (1, 0), (0,), (1,))
+    assert pair.join([b]) == b
     assert pair.select(joined, torch.tensor([2, 0, 2])).histories == ((1, 0), (0,), (1, 0))
     assert pair.truncate(joined, torch.tensor([0, 1, 1, 1, 0])).histories == (
         (), (1,), (1,), (0,), ())
@@ -160,3 +161,13 @@ def test_extremal_edges() -> None:
     assert p_tau[2] / survive > 1.0  # the rounding this guards against
     last = extremal_pair(p_tau, [[1, 0, 0], [1, 0, 0], [1, 0, 0]], 1, 0.0).probs("q", (0, 0))
     assert last.tolist() == [0.0, 1.0]
+    # Sbar_3 = 0 (all mass spent by t = 2): eta_3 is 0, not 0/0, on the unreachable history
+    spent = extremal_pair([0.5, 0.5, 0.0], [[1, 0, 0], [1, 0, 0], [1, 0, 0]], 1, 0.3)
+    assert spent.probs("q", (0, 0)).tolist() == [1.0, 0.0]
+    # the sum of p may exceed 1 by the tolerance 1e-12, not more
+    assert exact(extremal_pair([1 + 1e-12], [[1.0]], 1, 0.0)).R == pytest.approx(1.0)
+
+
+def test_exact_names_what_it_was_given() -> None:
+    with pytest.raises(TypeError, match=whole("exact() needs a FinitePair; got str")):
+        exact("pair")  # type: ignore[arg-type]

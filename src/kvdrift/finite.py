@@ -437,13 +437,11 @@ def exact(pair: FinitePair) -> ExactRisk:
             for a in np.flatnonzero(c):
                 children.append((x + (int(a),), y + (int(a),), tau, mass * float(c[a])))
             rp, rq = p - c, q - c
-            res = float(rp.sum())
-            if res > 0:  # res = e: the branches can part here
-                branch_tau = tau or t
-                for a in np.flatnonzero(rp):
-                    for b in np.flatnonzero(rq):
-                        children.append((x + (int(a),), y + (int(b),), branch_tau,
-                                         mass * float(rp[a]) * float(rq[b]) / res))
+            res = float(rp.sum())  # = e; rp is all 0 (no parting pairs) when res is 0
+            for a in np.flatnonzero(rp):
+                for b in np.flatnonzero(rq):
+                    children.append((x + (int(a),), y + (int(b),), tau or t,
+                                     mass * float(rp[a]) * float(rq[b]) / res))
         level = children
 
     # Fixed-history TV depends on X alone: enumerate the reference marginal.
