@@ -101,6 +101,13 @@ def test_run_finite_study_defaults_progress_and_refusals():
     # the method's protocol (SPEC.md section 6): 24 systems, 512 replicates, H = 3, seed 0
     assert defaults == {"systems": 24, "replicates": 512, "horizon": 3, "seed": 0,
                         "progress": None}
+    calls = []
+    with pytest.MonkeyPatch.context() as mp:  # the defaults as run, without running them
+        mp.setattr(finite_study, "run_system", lambda *args: calls.append(args) or system(
+            args[0], 1.0))
+        protocol = finite_study.run_finite_study()
+    assert calls == [(c, 24, 3, 512, 0) for c in range(1, 25)]
+    assert (protocol.horizon, protocol.replicates, protocol.seed) == (3, 512, 0)
     seen = []
     result = finite_study.run_finite_study(systems=2, replicates=2, horizon=2, seed=4,
                                            progress=seen.append)
