@@ -62,6 +62,7 @@ pytest_add_cli_args_test_selection = [$(IFS=,; echo "${tests[*]}")]
 pytest_add_cli_args = ["-m", "not slow", "-q", "-p", "no:cacheprovider"]
 process_isolation = "forkserver"
 use_git_change_detection = false
+also_copy = ["README.md", "docs"]
 TOML
   echo "== $name: $src against ${tests[*]}"
   (cd "$dir" && HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 nice -n 19 "$MUTMUT" run \
