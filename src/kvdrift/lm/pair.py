@@ -167,7 +167,7 @@ def prefill(model: Any, prompt_ids: torch.Tensor, action: Action | None = None) 
         hidden = _take_hidden_entries(model, len(cache.layers))
     finally:
         _clear_hidden_entries(model)
-    if any(getattr(layer, "is_sliding", False) for layer in cache.layers):
+    if any(layer.is_sliding for layer in cache.layers):  # every cache layer says
         raise NotImplementedError("sliding-window attention layers are not supported by kvdrift")
     keys = tuple(layer.keys for layer in cache.layers)
     values = tuple(layer.values for layer in cache.layers)
