@@ -215,6 +215,14 @@ def test_predict_study_end_to_end_on_synthetic_records():
         assert o["error"]["lo"] <= o["error"]["estimate"] <= o["error"]["hi"]
         assert o["decision"] in ("Equivalent", "Not equivalent", "Unresolved")
         assert 0 <= o["mae"] <= o["rmse"]
+    # the bootstrap seed: 0 by default and passed to every cell (eight documents per
+    # stratum, so the percentile intervals move with it)
+    wide = _records([(f"e{i}", f"s{i % 2}") for i in range(16)], seed=3)
+    default = predict_study(dev, wide, "a - b", window=2, draws=200)
+    assert predict_study(dev, wide, "a - b", window=2, draws=200, seed=0) == default
+    other = predict_study(dev, wide, "a - b", window=2, draws=200, seed=1)
+    assert [o["error"] for o in other["models"][0]["observations"]] != [
+        o["error"] for o in default["models"][0]["observations"]]
 
 
 @pytest.mark.parametrize("change, message", [
