@@ -1,12 +1,12 @@
 """The analysis' small helpers by hand: ridge, stratum weights, bootstrap counts, weighted
 means and percentile intervals, with their refusals."""
 
-import re
 import warnings
 
 import numpy as np
 import pandas as pd
 import pytest
+from messages import whole
 
 from kvdrift.analysis.bootstrap import (
     percentile_interval,
@@ -42,7 +42,7 @@ def test_ridge_with_alpha_zero_is_least_squares():
     (np.zeros((3, 2)), np.zeros(3), float("nan"), "ridge alpha must be >= 0; got nan"),
 ])
 def test_ridge_refusals(X, y, alpha, message):
-    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+    with pytest.raises(ValueError, match=whole(message)):
         fit_ridge(X, y, alpha)
 
 
@@ -62,8 +62,8 @@ def test_stratified_counts_by_seed_and_refusals():
     # 500 draws put the mean within 0.2 of 1 with probability > 1 - 1e-7
     assert np.abs(many[:, [0, 2, 3]].mean(axis=0) - 1).max() < 0.2
     for draws in (True, 1.5, 0):
-        with pytest.raises(ValueError, match="^" + re.escape(
-                f"bootstrap draws must be an integer >= 1; got {draws!r}") + "$"):
+        with pytest.raises(ValueError, match=whole(
+                f"bootstrap draws must be an integer >= 1; got {draws!r}")):
             stratified_counts(strata, draws, seed=0)
 
 
@@ -86,21 +86,21 @@ def test_percentile_interval_by_hand_and_all_nan_columns():
         lo, hi = percentile_interval(samples, 0.1)
     assert (lo[0], hi[0]) == (5.0, 95.0) and np.isnan(lo[1]) and np.isnan(hi[1])
     for alpha in (0.0, 1.0):
-        with pytest.raises(ValueError, match="^" + re.escape(
-                f"alpha must be within (0, 1); got {alpha}") + "$"):
+        with pytest.raises(ValueError, match=whole(
+                f"alpha must be within (0, 1); got {alpha}")):
             percentile_interval(samples, alpha)
 
 
 def test_endpoint_refusals_whole():
     from kvdrift.analysis.endpoints import parse_endpoint
 
-    with pytest.raises(ValueError, match="^" + re.escape(
+    with pytest.raises(ValueError, match=whole(
             "cannot read endpoint 'B snapkv'; write STAT(action) or STAT(action) - "
-            "STAT(action), e.g. 'B(snapkv-90) - B(recent-90)'") + "$"):
+            "STAT(action), e.g. 'B(snapkv-90) - B(recent-90)'")):
         parse_endpoint("B snapkv")
-    with pytest.raises(ValueError, match="^" + re.escape(
+    with pytest.raises(ValueError, match=whole(
             "unknown statistic 'Q' in endpoint 'Q(a)'; allowed: p_diverge, mean_entry_time, R, "
-            "O, E, Pi, C, F, R_minus_F, S99, B, B_strict") + "$"):
+            "O, E, Pi, C, F, R_minus_F, S99, B, B_strict")):
         parse_endpoint("Q(a)")
 
 

@@ -4,18 +4,14 @@ operations, and the paper's system rebuilt from its recipe (SPEC.md section 6)."
 from __future__ import annotations
 
 import itertools
-import re
 import warnings
 
 import numpy as np
 import pytest
 import torch
+from messages import whole
 
 from kvdrift.finite import FinitePair, exact, extremal_pair, paper_system, random_pair
-
-
-def whole(message: str) -> str:
-    return f"^{re.escape(message)}$"
 
 
 def binary_pair(horizon: int = 3, eos: int | None = None) -> FinitePair:

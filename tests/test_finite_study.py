@@ -3,10 +3,10 @@ when a system is degenerate (its variance ratio undefined)."""
 
 import json
 import math
-import re
 
 import numpy as np
 import pytest
+from messages import whole
 from typer.testing import CliRunner
 
 import kvdrift.finite_study as finite_study
@@ -120,7 +120,7 @@ def test_run_finite_study_defaults_progress_and_refusals():
         ({"systems": True}, "systems must be an integer >= 1; got True"),
         ({"replicates": 1}, "replicates must be >= 2 to estimate a variance; got 1"),
     ]:
-        with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        with pytest.raises(ValueError, match=whole(message)):
             finite_study.run_finite_study(**kwargs)
 
 

@@ -3,16 +3,11 @@
 
 from __future__ import annotations
 
-import re
-
 import pytest
 import torch
+from messages import whole
 
 from kvdrift.lm.pair import LMKernelPair, PromptCache
-
-
-def whole(message: str) -> str:
-    return f"^{re.escape(message)}$"
 
 
 def kv(entries: int, heads: int = 2) -> torch.Tensor:
