@@ -37,8 +37,8 @@ def trajectory_terms(mismatch: np.ndarray) -> TrajectoryTerms:
     if m.ndim != 2 or m.shape[1] < 1:
         raise ValueError(f"mismatch must be a [trajectories, H] array with H >= 1; got {m.shape}")
     H = m.shape[1]
-    diverged = m.any(axis=1)
     tau = first_true(m, H + 1)  # H + 1 stands for "never"
+    diverged = tau <= H
     after = np.arange(1, H + 1)[None, :] > tau[:, None]
     return TrajectoryTerms(
         occurrence=diverged / H,
