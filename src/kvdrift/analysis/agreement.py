@@ -20,9 +20,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from kvdrift.analysis.decompose import first_true
 from kvdrift.analysis.lags import LagWindows
 from kvdrift.analysis.quantities import interval, ratio
+from kvdrift.divergence import diverged, first_true
 
 AGREEMENT_COLUMNS = ("branch_cohort", "agree_run", "relapse")
 
@@ -45,7 +45,7 @@ def agreement_flags(
     m = np.asarray(mismatch, dtype=bool)
     H = m.shape[-1]
     t = np.arange(1, H + 1)
-    cohort = (tau >= 1) & (tau <= windows.max_entry)
+    cohort = diverged(tau) & (tau <= windows.max_entry)
     eos_at = np.minimum(first_true(x_eos, H + 1), first_true(y_eos, H + 1))
     post = cohort[..., None] & (t > tau[..., None]) & (t < eos_at[..., None])
     agree = post & ~m
@@ -93,7 +93,7 @@ def cohort_support(replicates: pd.DataFrame, doc_ids: np.ndarray, windows: LagWi
     """
     reps = replicates[replicates["doc_id"].isin(doc_ids)]
     tau = reps["tau"].to_numpy()
-    in_cohort = (tau >= 1) & (tau <= windows.max_entry)
+    in_cohort = diverged(tau) & (tau <= windows.max_entry)
     return {"max_entry": windows.max_entry,
             "documents": int(reps.loc[in_cohort, "doc_id"].nunique()),
             "documents_total": int(reps["doc_id"].nunique()),

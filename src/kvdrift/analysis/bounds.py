@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvdrift.analysis.decompose import first_true
+from kvdrift.divergence import diverged, divergence_time
 
 
 def check_depth(L: int, horizon: int) -> int:
@@ -36,10 +36,11 @@ def window_terms(mismatch: np.ndarray, L: int) -> WindowTerms:
     m = np.asarray(mismatch, dtype=bool)
     H = m.shape[1]
     L = check_depth(L, H)
-    tau = first_true(m, H + 1)  # "never" at H + 1 leaves no capacity
+    tau = divergence_time(m)
+    hit = diverged(tau)
     t = np.arange(1, H + 1)[None, :]
-    window = (t >= tau[:, None]) & (t < tau[:, None] + L)
-    capacity = np.maximum(H - tau - L + 1, 0) / H
+    window = hit[:, None] & (t >= tau[:, None]) & (t < tau[:, None] + L)
+    capacity = np.where(hit, np.maximum(H - tau - L + 1, 0), 0) / H
     return WindowTerms(observed=(m & window).sum(axis=1) / H, capacity=capacity)
 
 

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvdrift.divergence import diverged, divergence_time
+
 
 @dataclass(frozen=True)
 class TrajectoryTerms:
@@ -26,23 +28,18 @@ class TrajectoryTerms:
     mismatch_fraction: np.ndarray
 
 
-def first_true(flags: np.ndarray, none: int) -> np.ndarray:
-    """1-based index of the first True along the last axis; ``none`` where there is none."""
-    return np.where(flags.any(axis=-1), flags.argmax(axis=-1) + 1, none)
-
-
 def trajectory_terms(mismatch: np.ndarray) -> TrajectoryTerms:
     """Terms from a ``[N, H]`` boolean mismatch matrix (one row per trajectory)."""
     m = np.asarray(mismatch, dtype=bool)
     if m.ndim != 2 or m.shape[1] < 1:
         raise ValueError(f"mismatch must be a [trajectories, H] array with H >= 1; got {m.shape}")
     H = m.shape[1]
-    tau = first_true(m, H + 1)  # H + 1 stands for "never"
-    diverged = tau <= H
-    after = np.arange(1, H + 1)[None, :] > tau[:, None]
+    tau = divergence_time(m)
+    hit = diverged(tau)
+    after = hit[:, None] & (np.arange(1, H + 1)[None, :] > tau[:, None])
     return TrajectoryTerms(
-        occurrence=diverged / H,
-        exposure=np.maximum(H - tau, 0) / H,
+        occurrence=hit / H,
+        exposure=np.where(hit, H - tau, 0) / H,
         occupation=(m & after).sum(axis=1) / H,
         mismatch_fraction=m.sum(axis=1) / H,
     )

@@ -14,6 +14,7 @@ import pandas as pd
 
 from kvdrift.analysis.agreement import agreement_terms
 from kvdrift.analysis.lags import LagWindows, lag_terms
+from kvdrift.divergence import diverged
 
 EOS_CATEGORIES = ("pre-EOS", "first EOS", "one absorbed", "both absorbed")
 REPLICATE_COLUMNS = ("risk", "occurrence", "exposure", "occupation", "fixed_risk",
@@ -98,7 +99,7 @@ def action_features(
     tau = reps["tau"].to_numpy().reshape(n, K)
     t = np.arange(1, H + 1)
     cols["expected_delta"] = delta.mean(axis=1)
-    cols["timing"] = ((tau[..., None] >= 1) & (tau[..., None] <= t)).mean(axis=1)
+    cols["timing"] = (diverged(tau)[..., None] & (tau[..., None] <= t)).mean(axis=1)
     cols["saturation"] = (delta > SATURATION).mean(axis=(1, 2))[:, None]
     cat = eos_categories(x_eos, y_eos)
     cols["eos_R"] = np.stack([np.where(cat == c, delta, 0).sum(axis=2).mean(axis=1) / H

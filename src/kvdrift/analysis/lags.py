@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvdrift.analysis.decompose import first_true
+from kvdrift.divergence import diverged, first_true
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ def lag_terms(
     """
     H = delta.shape[-1]
     j = np.arange(1, windows.lags + 1)
-    cohort = (tau >= 1) & (tau <= windows.max_entry)  # [..., K]
+    cohort = diverged(tau) & (tau <= windows.max_entry)  # [..., K]
     pos = tau[..., None] + j  # [..., K, lags], 1-based position tau + j (<= H by construction)
     valid = cohort[..., None] & (pos <= H)
     if eos is not None:

@@ -32,6 +32,7 @@ import pandas as pd
 
 from kvdrift.analysis.endpoints import parse_endpoint
 from kvdrift.analysis.features import single_value
+from kvdrift.divergence import diverged
 
 PLAN_STATS = {"R": ("risk",), "O": ("occurrence",), "E": ("exposure",), "Pi": ("occupation",),
               "F": ("fixed_risk",), "R_minus_F": ("risk", "fixed_risk"),
@@ -107,8 +108,8 @@ def swrb_evaluations(horizon: int, tau: np.ndarray) -> float:
     """Expected SWRB kernel-pair evaluations per replicate, from rollouts' first mismatches
     (``tau`` 0 = none): the full scan plus ``E[H - tau | tau <= H]`` continuation steps."""
     tau = np.asarray(tau)
-    diverged = tau[tau >= 1]
-    return horizon + (float((horizon - diverged).mean()) if diverged.size else 0.0)
+    entered = tau[diverged(tau)]
+    return horizon + (float((horizon - entered).mean()) if entered.size else 0.0)
 
 
 def _values(reps: pd.DataFrame, stat: str, action: str) -> pd.DataFrame:

@@ -19,11 +19,9 @@ from dataclasses import dataclass
 import torch
 
 from kvdrift.coupling import absorb_eos, coupled_draw, tempered_probs, tv_distance
+from kvdrift.divergence import NEVER
 from kvdrift.estimate.common import check_horizon, check_replicates, make_generator
 from kvdrift.kernel import KernelPair
-
-NEVER = 0
-"""Value of ``tau`` for a trajectory that never diverged within the horizon."""
 
 
 @dataclass(frozen=True)
@@ -31,7 +29,8 @@ class RolloutResult:
     """Per replicate and position records of complete coupled rollouts.
 
     Tensors are ``[K, H]`` (positions ``t = 1..H`` in columns ``0..H-1``) unless noted.
-    ``tau`` is the first mismatch position (1-based), ``0`` when there is none.
+    ``tau`` is the first mismatch position (1-based), :data:`~kvdrift.divergence.NEVER` when
+    there is none.
     ``x_eos``/``y_eos`` flag positions at which that branch has emitted EOS (at or before t).
     """
 
@@ -42,7 +41,7 @@ class RolloutResult:
     f: torch.Tensor  # float64, fixed-history TV along X
     x_eos: torch.Tensor  # bool
     y_eos: torch.Tensor  # bool
-    tau: torch.Tensor  # [K] long, 0 = never
+    tau: torch.Tensor  # [K] long, NEVER (0) when the branches never diverged
     evaluations: int  # kernel-pair evaluations (one per replicate and position)
 
     @property
@@ -55,10 +54,10 @@ class RolloutResult:
 
 
 def first_mismatch(mismatch: torch.Tensor) -> torch.Tensor:
-    """``tau`` per row of a ``[K, H]`` bool tensor: 1-based first True, 0 if none."""
+    """``tau`` per row of a ``[K, H]`` bool tensor: 1-based first True, :data:`NEVER` if none."""
     any_ = mismatch.any(dim=-1)
     first = mismatch.to(torch.int8).argmax(dim=-1) + 1
-    return torch.where(any_, first, torch.zeros_like(first))
+    return torch.where(any_, first, torch.full_like(first, NEVER))
 
 
 def coupled_rollouts(

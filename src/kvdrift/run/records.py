@@ -13,6 +13,7 @@ import pyarrow as pa
 
 from kvdrift.analysis.bounds import window_terms
 from kvdrift.analysis.decompose import trajectory_terms
+from kvdrift.divergence import diverged
 from kvdrift.estimate import RolloutResult, SWRBResult
 
 
@@ -69,7 +70,7 @@ def rollout_tables(
         "occupation": terms.occupation,
         "fixed_risk": result.f.numpy().mean(axis=1),
         "evaluations": np.full(K, H, dtype=np.int64),
-        "divergence_mass": (tau > 0).astype(np.float64),
+        "divergence_mass": diverged(tau).astype(np.float64),
         "entry_time_mass": tau.astype(np.float64),
     }
     for L in depths:
