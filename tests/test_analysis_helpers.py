@@ -105,7 +105,8 @@ def test_endpoint_refusals_whole():
 
 
 def test_interval_edges():
-    from kvdrift.analysis.bounds import Interval, certainly_better, check_depth
+    from kvdrift import checks
+    from kvdrift.analysis.bounds import Interval, certainly_better
 
     iv = Interval(0.25, 0.5)
     assert iv.contains(0.25) and iv.contains(0.5) and not iv.contains(0.5625)
@@ -115,8 +116,8 @@ def test_interval_edges():
     assert certainly_better(Interval(0.0, 0.5), Interval(0.5625, 1.0))
     with pytest.raises(ValueError, match=r"^depth L must be an integer within 1\.\.H = 1\.\.4; "
                                          r"got True$"):
-        check_depth(True, 4)
-    assert check_depth(np.int64(4), 4) == 4
+        checks.depth(True, 4)
+    assert checks.depth(np.int64(4), 4) == 4
 
 
 def test_ratio_is_nan_where_undefined_without_warnings():

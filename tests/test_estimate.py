@@ -128,8 +128,8 @@ def test_eos_is_absorbing_in_rollouts():
         (lambda p: coupled_rollouts(p, 0, 3), "replicates K must be an integer >= 1"),
         (lambda p: coupled_rollouts(p, 4, 0), "horizon H must be an integer >= 1"),
         (lambda p: swrb(p, -1, 3), "replicates K must be an integer >= 1"),
-        (lambda p: swrb(p, 4, 3, depths=(0,)), "depth L must be within 1..H"),
-        (lambda p: swrb(p, 4, 3, depths=(4,)), "depth L must be within 1..H"),
+        (lambda p: swrb(p, 4, 3, depths=(0,)), "depth L must be an integer within 1..H"),
+        (lambda p: swrb(p, 4, 3, depths=(4,)), "depth L must be an integer within 1..H"),
     ],
 )
 def test_bad_arguments(call, message):

@@ -133,7 +133,7 @@ def test_stratum_weights_give_strata_equal_weight():
         (dict(actions=()), "at least one action"),
         (dict(actions=("mild", "mild")), "distinct"),
         (dict(temperature=-1.0), "temperature must be >= 0"),
-        (dict(depths=(9,)), "depth L must be within 1..H"),
+        (dict(depths=(9,)), "depth L must be an integer within 1..H"),
         (dict(batch=-1), "batch must be an integer >= 0"),
     ],
 )

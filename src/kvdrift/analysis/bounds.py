@@ -13,14 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvdrift import checks
 from kvdrift.divergence import diverged, divergence_time
-
-
-def check_depth(L: int, horizon: int) -> int:
-    """Return ``L`` if it is an integer in 1..H, else raise a clear error."""
-    if isinstance(L, bool) or not isinstance(L, int | np.integer) or not 1 <= L <= horizon:
-        raise ValueError(f"depth L must be an integer within 1..H = 1..{horizon}; got {L!r}")
-    return int(L)
 
 
 @dataclass(frozen=True)
@@ -35,7 +29,7 @@ def window_terms(mismatch: np.ndarray, L: int) -> WindowTerms:
     """From complete rollouts ``[N, H]``: ``(1/H) sum_{j<l} I_{tau+j}`` and ``(H-tau-L+1)_+/H``."""
     m = np.asarray(mismatch, dtype=bool)
     H = m.shape[1]
-    L = check_depth(L, H)
+    L = checks.depth(L, H)
     tau = divergence_time(m)
     hit = diverged(tau)
     t = np.arange(1, H + 1)[None, :]

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kvdrift import checks
 from kvdrift.data.document import Document
 from kvdrift.data.ruler_tasks import (
     NEEDLE_TYPES,
@@ -82,16 +83,12 @@ class RulerConfig:
             raise ValueError(
                 f"target lengths {list(lengths)} give duplicate stratum labels {bands}"
             )
-        n_docs = self.documents_per_stratum
-        if isinstance(n_docs, bool) or not isinstance(n_docs, int) or n_docs < 1:
-            raise ValueError(f"documents_per_stratum must be an integer >= 1; got {n_docs!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise ValueError(f"seed must be an integer; got {self.seed!r}")
+        checks.integer(self.documents_per_stratum, "documents_per_stratum", 1)
+        checks.integer(self.seed, "seed")
 
 
 def _check_length(length: Any) -> None:
-    if isinstance(length, bool) or not isinstance(length, int):
-        raise ValueError(f"target lengths must be integers; got {length!r}")
+    checks.integer(length, "a target length")
     if length < MIN_TARGET_TOKENS:
         raise ValueError(
             f"target length {length} is too short; the minimum is {MIN_TARGET_TOKENS} tokens"

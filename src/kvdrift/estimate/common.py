@@ -7,28 +7,22 @@ from typing import Any
 
 import torch
 
+from kvdrift import checks
+
 
 def check_horizon(horizon: int) -> int:
     """Return the horizon H if it is an integer >= 1, else raise a clear error."""
-    if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1:
-        raise ValueError(f"horizon H must be an integer >= 1; got {horizon!r}")
-    return horizon
+    return checks.integer(horizon, "horizon H", 1)
 
 
 def check_replicates(replicates: int) -> int:
     """Return the replicate count K if it is an integer >= 1, else raise a clear error."""
-    if isinstance(replicates, bool) or not isinstance(replicates, int) or replicates < 1:
-        raise ValueError(f"replicates K must be an integer >= 1; got {replicates!r}")
-    return replicates
+    return checks.integer(replicates, "replicates K", 1)
 
 
 def check_depths(depths: tuple[int, ...] | list[int], horizon: int) -> tuple[int, ...]:
-    """Return observation depths L as a sorted tuple, each within 1..H."""
-    out = tuple(sorted(set(int(d) for d in depths)))
-    bad = [d for d in out if not 1 <= d <= horizon]
-    if bad:
-        raise ValueError(f"depth L must be within 1..H = 1..{horizon}; got {bad[0]}")
-    return out
+    """Return observation depths L as a sorted tuple, each an integer within 1..H."""
+    return tuple(sorted({checks.depth(d, horizon) for d in depths}))
 
 
 def make_generator(

@@ -1,0 +1,87 @@
+"""Argument checks with one message shape: ``"<what> must be <rule>; got <value>"``.
+
+Every user-facing setting (K, H, depths, budgets, seeds, counts, levels) is checked with
+these, so a mistake reads the same wherever it is made and names the value and what is
+allowed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from numbers import Integral, Real
+from typing import Any
+
+
+def _refuse(what: str, rule: str, value: Any) -> ValueError:
+    return ValueError(f"{what} must be {rule}; got {value!r}")
+
+
+def is_integer(value: Any) -> bool:
+    """True for Python and numpy integers, never for booleans."""
+    return isinstance(value, Integral) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    """True for finite real numbers (integers included), never for booleans."""
+    return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _bounds_rule(kind: str, lo: float | None, hi: float | None) -> str:
+    if lo is not None and hi is not None:
+        return f"{kind} within {lo}..{hi}"
+    if lo is not None:
+        return f"{kind} >= {lo}"
+    if hi is not None:
+        return f"{kind} <= {hi}"
+    return kind
+
+
+def integer(value: Any, what: str, lo: int | None = None, hi: int | None = None,
+            rule: str | None = None) -> int:
+    """``value`` as an int if it is an integer within ``[lo, hi]``; else one clear error.
+
+    ``rule`` replaces the generated rule text (e.g. ``"an integer within 1..H = 1..8"``).
+    """
+    if not is_integer(value) or (lo is not None and value < lo) or (hi is not None and value > hi):
+        raise _refuse(what, rule or _bounds_rule("an integer", lo, hi), value)
+    return int(value)
+
+
+def number(value: Any, what: str, lo: float | None = None, hi: float | None = None, *,
+           open_lo: bool = False, open_hi: bool = False, rule: str | None = None) -> float:
+    """``value`` as a float if it is a finite number within the bounds; else one clear error.
+
+    Bounds are closed unless ``open_lo``/``open_hi`` say otherwise.
+    """
+    ok = is_number(value)
+    if ok and lo is not None:
+        ok = value > lo if open_lo else value >= lo
+    if ok and hi is not None:
+        ok = value < hi if open_hi else value <= hi
+    if not ok:
+        if rule is None:
+            if lo is not None and hi is not None:
+                rule = (f"a number within {'(' if open_lo else '['}{lo}, {hi}"
+                        f"{')' if open_hi else ']'}")
+            elif lo is not None:
+                rule = f"a finite number {'>' if open_lo else '>='} {lo}"
+            elif hi is not None:
+                rule = f"a finite number {'<' if open_hi else '<='} {hi}"
+            else:
+                rule = "a finite number"
+        raise _refuse(what, rule, value)
+    return float(value)
+
+
+def choice(value: Any, what: str, allowed: Iterable[str]) -> str:
+    """``value`` if it is one of ``allowed``; else an error that lists them."""
+    allowed = tuple(allowed)
+    if value not in allowed:
+        raise ValueError(f"unknown {what} {value!r}; allowed: {', '.join(allowed)}")
+    return value
+
+
+def depth(L: Any, horizon: int) -> int:
+    """An observation depth ``L`` within ``1..H``."""
+    return integer(L, "depth L", 1, horizon, rule=f"an integer within 1..H = 1..{horizon}")

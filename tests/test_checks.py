@@ -1,0 +1,41 @@
+"""One message shape for argument checks: "<what> must be <rule>; got <value>"."""
+
+import math
+
+import numpy as np
+import pytest
+
+from kvdrift import checks
+from tests.messages import whole
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda: checks.integer(0, "replicates K", 1), "replicates K must be an integer >= 1; got 0"),
+    (lambda: checks.integer(True, "seed"), "seed must be an integer; got True"),
+    (lambda: checks.integer(2.0, "seed"), "seed must be an integer; got 2.0"),
+    (lambda: checks.integer(9, "folds", 2, 8), "folds must be an integer within 2..8; got 9"),
+    (lambda: checks.integer(-1, "x", hi=-2), "x must be an integer <= -2; got -1"),
+    (lambda: checks.number(math.inf, "margin", 0, open_lo=True),
+     "margin must be a finite number > 0; got inf"),
+    (lambda: checks.number(math.nan, "t"), "t must be a finite number; got nan"),
+    (lambda: checks.number(False, "t"), "t must be a finite number; got False"),
+    (lambda: checks.number(1.0, "alpha", 0, 1, open_lo=True, open_hi=True),
+     "alpha must be a number within (0, 1); got 1.0"),
+    (lambda: checks.number(-0.5, "halfwidth", 0, open_lo=True),
+     "halfwidth must be a finite number > 0; got -0.5"),
+    (lambda: checks.depth(0, 3), "depth L must be an integer within 1..H = 1..3; got 0"),
+    (lambda: checks.choice("gpu", "device", ("cpu", "cuda")),
+     "unknown device 'gpu'; allowed: cpu, cuda"),
+])
+def test_refusals_name_the_value_and_what_is_allowed(call, message):
+    with pytest.raises(ValueError, match=whole(message)):
+        call()
+
+
+def test_accepted_values_come_back_as_plain_python_numbers():
+    assert checks.integer(np.int64(4), "K", 1) == 4 and type(checks.integer(np.int64(4), "K")) is int
+    assert checks.number(np.float32(0.5), "a", 0, 1) == 0.5
+    assert checks.number(3, "t", 0) == 3.0 and type(checks.number(3, "t")) is float
+    assert checks.number(0.0, "t", 0) == 0.0  # closed bound by default
+    assert checks.integer(8, "folds", 2, 8) == 8 and checks.depth(3, 3) == 3
+    assert checks.choice("cpu", "device", ("cpu", "cuda")) == "cpu"
