@@ -112,7 +112,7 @@ def test_intervals_contrasts_and_ordering():
     with pytest.raises(ValueError, match="B_L must be >= 0"):
         sharp_interval(0.1, -0.1)
     with pytest.raises(ValueError, match="lo <= hi"):
-        Interval(1.0, 0.0)
+        Interval(0.5, 1.0, 0.0, 0.95)
 
 
 def test_hoeffding_enclosure_width_and_coverage():

@@ -66,7 +66,7 @@ def study(tmp_path_factory):
     analysis = analyze(pd.concat(steps), pd.concat(reps), options)
     out = tmp_path_factory.mktemp("report")
     write_report(analysis, out)
-    return raw, analysis, json.loads((out / "analysis.json").read_text())
+    return raw, analysis.to_json(), json.loads((out / "analysis.json").read_text())
 
 
 def per_doc(raw, action, fn):
@@ -336,7 +336,7 @@ def test_quantities_helpers_hand_values():
     assert position_blocks(16) == [(2 * i + 1, 2 * i + 2) for i in range(8)]  # 8 by default
     assert position_blocks(3) == [(1, 1), (2, 2), (3, 3)]  # never more blocks than positions
     assert position_blocks(10, 4) == [(1, 2), (3, 5), (6, 8), (9, 10)]  # edges 0 2 5 8 10
-    c = curve(np.array([0.1, 0.2, 0.3]), np.tile([0.1, 0.2, 0.3], (50, 1)), 0.1)
+    c = curve(np.array([0.1, 0.2, 0.3]), np.tile([0.1, 0.2, 0.3], (50, 1)), 0.1).to_json()
     assert c["x"] == [1, 2, 3] and c["estimate"] == [0.1, 0.2, 0.3]
     assert c["lo"] == pytest.approx([0.1, 0.2, 0.3]) and c["hi"] == pytest.approx(c["lo"])
     # dR = 1, 0 and -0.5 in three draws; exposure term dE * (C_a + C_b) / 2.

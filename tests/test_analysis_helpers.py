@@ -95,8 +95,8 @@ def test_endpoint_refusals_whole():
     from kvdrift.analysis.endpoints import parse_endpoint
 
     with pytest.raises(ValueError, match=whole(
-            "cannot read endpoint 'B snapkv'; write STAT(action) or STAT(action) - "
-            "STAT(action), e.g. 'B(snapkv-90) - B(recent-90)'")):
+            "cannot read 'B snapkv'; write STAT(action), STAT(action) - STAT(action), or "
+            "'a - b' for R(a) - R(b), e.g. 'B(snapkv-90) - B(recent-90)'")):
         parse_endpoint("B snapkv")
     with pytest.raises(ValueError, match=whole(
             "unknown statistic 'Q' in endpoint 'Q(a)'; allowed: p_diverge, mean_entry_time, R, "
@@ -108,12 +108,13 @@ def test_interval_edges():
     from kvdrift import checks
     from kvdrift.analysis.bounds import Interval, certainly_better
 
-    iv = Interval(0.25, 0.5)
+    iv = Interval.enclosing(0.25, 0.5)
     assert iv.contains(0.25) and iv.contains(0.5) and not iv.contains(0.5625)
     assert iv.contains(0.5625, tol=0.0625) and iv.contains(0.1875, tol=0.0625)
     assert not iv.contains(0.125, tol=0.0625)
-    assert not certainly_better(Interval(0.0, 0.5), Interval(0.5, 1.0))  # touching: no order
-    assert certainly_better(Interval(0.0, 0.5), Interval(0.5625, 1.0))
+    assert not certainly_better(Interval.enclosing(0.0, 0.5),
+                                Interval.enclosing(0.5, 1.0))  # touching: no order
+    assert certainly_better(Interval.enclosing(0.0, 0.5), Interval.enclosing(0.5625, 1.0))
     with pytest.raises(ValueError, match=r"^depth L must be an integer within 1\.\.H = 1\.\.4; "
                                          r"got True$"):
         checks.depth(True, 4)

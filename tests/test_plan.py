@@ -76,7 +76,7 @@ def test_plan_of_a_paired_contrast_from_records():
     b = np.array([[0.1, 0.2], [0.3, 0.1], [0.0, 0.2]])  # paired per document and replicate
     reps = _replicates(np.array([[0, 1], [1, 1], [0, 0]]) + b, b, ["s"] * 3,
                        setup=(2.0, 1.0), per_rep=(0.5, 0.5))
-    out = plan_study(reps, "R(a) - R(b)", 0.1)
+    out = plan_study(reps, "R(a) - R(b)", 0.1).to_json()
     [m] = out["models"]
     assert m["variance"]["within"] == pytest.approx(1 / 6)
     assert m["variance"]["between"] == pytest.approx(1 / 6)
@@ -97,7 +97,7 @@ def test_break_even_is_the_cost_ratio_when_documents_are_free():
     a = np.stack([rng.permutation(np.linspace(0, 1, 8)) for _ in range(40)])  # equal means
     reps = _replicates(a, a * 0, ["s"] * 40, setup=(0.0, 0.0), per_rep=(1.0, 0.0))
     reps["risk"] = np.where(reps["action"] == "a", reps["risk"], 0.0)
-    out = plan_study(reps, "R(a)", 0.005)
+    out = plan_study(reps, "R(a)", 0.005).to_json()
     cmp = out["models"][0]["comparison"]
     assert out["models"][0]["variance"]["between"] == 0.0
     assert cmp["break_even_variance_ratio"] == pytest.approx(1.5, rel=0.05)
@@ -106,7 +106,7 @@ def test_break_even_is_the_cost_ratio_when_documents_are_free():
 @pytest.mark.parametrize("target, message", [
     ("R(a) - R(z)", "names action 'z', which the development run did not run"),
     ("B(a)", "'B' is not one"),
-    ("R(a", "cannot read endpoint"),
+    ("R(a", "cannot read 'R(a'"),
 ])
 def test_bad_targets_are_named(target, message):
     reps = _replicates(np.zeros((3, 2)), np.zeros((3, 2)), ["s"] * 3)
@@ -138,7 +138,7 @@ def _break_even_by_scan(v: VarianceComponents, swrb_rep: float, rollout_cost: fl
 
 def test_plan_of_a_rollout_run_field_by_field():
     reps = _replicates(PAIRED_A, PAIRED_B, ["s"] * 3, setup=(2.0, 1.0), per_rep=(0.5, 0.5))
-    out = plan_study(reps, "R(a) - R(b)", 0.1)
+    out = plan_study(reps, "R(a) - R(b)", 0.1).to_json()
     [m] = out.pop("models")
     assert out == {"target": "R(a) - R(b)", "halfwidth": 0.1, "alpha": 0.05, "z": Z}
     v = VarianceComponents(1 / 6, 1 / 6, 1, 3, 2)
@@ -178,7 +178,7 @@ def test_plan_of_a_swrb_run_compares_with_rollouts():
     # The same values measured by SWRB (6 evaluations a replicate): rollouts cost 4 / 6 as much.
     reps = _replicates(PAIRED_A, PAIRED_B, ["s"] * 3, setup=(2.0, 1.0), per_rep=(0.75, 0.75))
     reps["estimator"], reps["evaluations"] = "swrb", 6
-    [m] = plan_study(reps, "R(a) - R(b)", 0.1)["models"]
+    [m] = plan_study(reps, "R(a) - R(b)", 0.1).to_json()["models"]
     cmp = m["comparison"]
     assert m["estimator"] == "swrb" and m["replicate_seconds"] == 1.5
     assert cmp["evaluations_per_replicate"] == {"swrb": 6.0, "rollout": 4.0}
@@ -202,7 +202,7 @@ def test_ties_go_to_swrb_and_a_break_even_of_one():
     # No replicate diverges: SWRB's replicate is the scan alone (H evaluations), its plan is the
     # rollouts' plan, and a tie counts for SWRB (its variance is never larger).
     reps = _replicates(PAIRED_A, PAIRED_B, ["s"] * 3, tau=0)
-    cmp = plan_study(reps, "R(a) - R(b)", 0.1)["models"][0]["comparison"]
+    cmp = plan_study(reps, "R(a) - R(b)", 0.1).to_json()["models"][0]["comparison"]
     assert cmp["evaluations_per_replicate"] == {"rollout": 4.0, "swrb": 4.0}
     assert cmp["plans"]["rollout"] == cmp["plans"]["swrb"]
     assert cmp["cheaper"] == "swrb" and cmp["break_even_variance_ratio"] == 1.0
@@ -213,7 +213,7 @@ def test_swrb_never_wins_when_replicates_agree():
     # costs more at any variance ratio.
     same = np.array([[0.1, 0.1], [0.5, 0.5], [0.9, 0.9]])
     reps = _replicates(same, same * 0, ["s"] * 3)
-    [m] = plan_study(reps, "R(a)", 0.1)["models"]
+    [m] = plan_study(reps, "R(a)", 0.1).to_json()["models"]
     assert m["variance"]["within"] == 0.0
     assert m["comparison"]["break_even_variance_ratio"] is None
     assert m["comparison"]["cheaper"] == "rollout"
@@ -225,22 +225,22 @@ def test_fixed_history_targets():
     reps = _replicates(PAIRED_A, PAIRED_B, ["s"] * 3)
     reps["fixed_risk"] = np.where(reps["action"] == "a", reps["risk"] - np.tile([0, 1], 6),
                                   0.0)  # R - F = replicate index: within 1/2, between 0
-    [m] = plan_study(reps, "R_minus_F(a)", 0.1)["models"]
+    [m] = plan_study(reps, "R_minus_F(a)", 0.1).to_json()["models"]
     assert m["variance"]["within"] == pytest.approx(0.5) and m["variance"]["between"] == 0.0
     assert m["comparison"] == {"cheaper": "rollout", "assumption": None,
                                "reason": "SWRB does not estimate fixed-history risk F"}
     assert m["notes"] == ["the between-document variance estimate is 0 (floored): the plan keeps "
                           "the minimum of 2 documents per stratum and leans on replicates; more "
                           "development documents would firm it up"]
-    [f] = plan_study(reps, "R(a) - F(a)", 0.1)["models"]
+    [f] = plan_study(reps, "R(a) - F(a)", 0.1).to_json()["models"]
     assert f["variance"] == m["variance"]
     reps["estimator"] = "swrb"
     for target in ("F(a)", "R(a) - F(b)"):
         with pytest.raises(ValueError, match=r"^target '" + re.escape(target) + "' needs "
                            "fixed-history risk F, which SWRB runs do not measure; plan it from "
                            "a rollout development run$"):
-            plan_study(reps, target, 0.1)
-    assert plan_study(reps, "R(a)", 0.1)["models"][0]["estimator"] == "swrb"
+            plan_study(reps, target, 0.1).to_json()
+    assert plan_study(reps, "R(a)", 0.1).to_json()["models"][0]["estimator"] == "swrb"
 
 
 def test_models_in_record_order_with_their_own_strata_counts():
@@ -250,7 +250,7 @@ def test_models_in_record_order_with_their_own_strata_counts():
     b = np.vstack([PAIRED_B, PAIRED_B])
     zeta = _replicates(a, b, strata).assign(model="zeta")
     alpha = _replicates(a * 0.5, b, strata).assign(model="alpha")
-    models = plan_study(pd.concat([zeta, alpha]), "R(a)", 0.1)["models"]
+    models = plan_study(pd.concat([zeta, alpha]), "R(a)", 0.1).to_json()["models"]
     assert [m["model"] for m in models] == ["zeta", "alpha"]
     v = models[0]["variance"]
     assert (v["strata"], v["documents"]) == (2, 6)
@@ -265,7 +265,7 @@ def test_the_search_limit_is_noted():
     a = np.array([[0, 1], [1, 0], [0, 1]])
     reps = _replicates(a, a * 0, ["s"] * 3, setup=(1.0, 0.0), per_rep=(0.0, 0.0))
     h = math.sqrt(Z * Z * 0.5 / (4096 * 100 - 1))
-    [m] = plan_study(reps, "R(a)", h)["models"]
+    [m] = plan_study(reps, "R(a)", h).to_json()["models"]
     assert m["recommended"]["documents_per_stratum"] == 100
     assert m["recommended"]["replicates"] == 4096
     assert m["notes"][1:] == ["K reached the search limit 4096"]
@@ -274,7 +274,7 @@ def test_the_search_limit_is_noted():
 @pytest.mark.parametrize("kwargs, message", [
     (dict(alpha=0.0), "alpha must be within (0, 1); got 0.0"),
     (dict(alpha=1.0), "alpha must be within (0, 1); got 1.0"),
-    (dict(halfwidth_target=0.0), "the target half-width must be > 0; got 0.0"),
+    (dict(halfwidth_target=0.0), "the target half-width must be a finite number > 0; got 0.0"),
 ])
 def test_bad_plan_settings_are_named(kwargs, message):
     reps = _replicates(PAIRED_A, PAIRED_B, ["s"] * 3)
@@ -287,7 +287,7 @@ def test_refusals_say_what_the_development_run_lacks():
     with pytest.raises(ValueError, match="^" + re.escape(
             "the development run has no wall-time records (it predates them); run it again "
             "with this kvdrift to measure the cost per replicate") + "$"):
-        plan_study(reps.drop(columns=["replicate_seconds"]), "R(a)", 0.1)
+        plan_study(reps.drop(columns=["replicate_seconds"]), "R(a)", 0.1).to_json()
     with pytest.raises(ValueError, match=re.escape(
             "the records mix horizon values ['4', '8']; analyse runs with one each")):
         plan_study(reps.assign(horizon=np.where(reps["action"] == "a", 4, 8)), "R(a)", 0.1)
@@ -302,11 +302,11 @@ def test_refusals_say_what_the_development_run_lacks():
     with pytest.raises(ValueError, match="^" + re.escape(
             "plan sizes document-level means; 'B' is not one; allowed: R, O, E, Pi, F, "
             "R_minus_F, p_diverge") + "$"):
-        plan_study(reps, "R(a) - B(b)", 0.1)
+        plan_study(reps, "R(a) - B(b)", 0.1).to_json()
     with pytest.raises(ValueError, match="^" + re.escape(
             "target 'R(z)' names action 'z', which the development run did not run; actions: "
             "a, b") + "$"):
-        plan_study(reps, "R(z)", 0.1)
+        plan_study(reps, "R(z)", 0.1).to_json()
 
 
 def test_recommend_edges_by_hand():

@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 from rich.console import Console
 
+from kvdrift.analysis.interval import Interval
+from kvdrift.analysis.results import StudyAnalysis, StudyMeta
 from kvdrift.analysis.summary import ActionSummary
 from kvdrift.report import summary_table, write_report
 from kvdrift.report.figures import (
@@ -45,6 +47,15 @@ def curve(x, est, half=0.03):
     est = np.asarray(est, dtype=float)
     return {"x": list(x), "estimate": est.tolist(), "lo": np.clip(est - half, 0, 1).tolist(),
             "hi": np.clip(est + half, 0, 1).tolist()}
+
+
+def typed(analysis: dict) -> StudyAnalysis:
+    """The report reads typed analyses; the fakes here are written as analysis.json."""
+    return StudyAnalysis.from_json(analysis)
+
+
+def iv(data: dict) -> Interval:
+    return Interval.from_json(data, 0.95)
 
 
 def fake_action(model: str, action: str, hazard: float, rng: np.random.Generator) -> dict:
@@ -186,7 +197,7 @@ def swrb_analysis() -> dict:
 def report_dir(tmp_path_factory):
     """The full fake analysis's report, written once for the module (figures take ~2 s)."""
     out = tmp_path_factory.mktemp("report") / "out"
-    write_report(make_analysis(), out)
+    write_report(typed(make_analysis()), out)
     return out
 
 
@@ -243,7 +254,7 @@ def test_analysis_json_is_strict(report_dir):
 def test_headline_formatting(report_dir):
     html = (report_dir / "report.html").read_text(encoding="utf-8")
     p = make_analysis()["actions"][0]["scalars"]["p_diverge"]
-    est, interval = interval_text(p, 100).split(" ", 1)
+    est, interval = interval_text(iv(p), 100).split(" ", 1)
     assert f'<span class="est">{est}</span><br><span class="ci">{interval}</span>' in html
     assert "P(&tau; &le; 32)" in html
     assert "<td class=\"num\">—</td>" in html  # the NaN F of one action
@@ -254,7 +265,7 @@ def test_swrb_report_has_only_timing(swrb_analysis, tmp_path):
     (tmp_path / "figures").mkdir()
     for figure in FIGURES:
         (tmp_path / "figures" / f"{figure.name}.png").write_bytes(PNG_MAGIC)
-    html = write_report(swrb_analysis, tmp_path).read_text(encoding="utf-8")
+    html = write_report(typed(swrb_analysis), tmp_path).read_text(encoding="utf-8")
     assert html.count("data:image/png;base64,") == 1
     assert [p.name for p in (tmp_path / "figures").glob("*.png")] == ["timing.png"]
     assert "No contrasts in this analysis" in html
@@ -262,11 +273,12 @@ def test_swrb_report_has_only_timing(swrb_analysis, tmp_path):
 
 
 def test_figures_skip_missing_curves(swrb_analysis, tmp_path):
+    swrb_analysis = typed(swrb_analysis)
     assert plot_contrasts(swrb_analysis, tmp_path / "c.png") is None
     assert plot_lag_profiles(swrb_analysis, tmp_path / "l.png") is None
     assert plot_expected_delta(swrb_analysis, tmp_path / "e.png") is None
     assert not (tmp_path / "l.png").exists()
-    empty = {"meta": {}, "actions": []}
+    empty = StudyAnalysis(StudyMeta("rollout", H, 8, 200, 0.05))
     assert plot_timing(empty, tmp_path / "x.png") is None
 
 
@@ -276,18 +288,18 @@ def test_lag_figure_with_one_action_missing(analysis, tmp_path):
     for a in only["actions"][:2]:
         del a["curves"]["lag_profile"]
     # the third action of model 2 has no lag curve in the fixture: nothing to draw
-    assert plot_lag_profiles(only, tmp_path / "l.png") is None
+    assert plot_lag_profiles(typed(only), tmp_path / "l.png") is None
 
 
 def test_summary_table_renders(analysis):
     console = Console(record=True, width=200)
-    console.print(summary_table(analysis))
+    console.print(summary_table(typed(analysis)))
     text = console.export_text()
     for name in ACTIONS + MODELS:
         assert name in text
     assert "R−F" in text and "P(τ≤32)" in text and "(pp)" in text
     r = make_analysis()["actions"][0]["scalars"]["R"]
-    est, interval = interval_text(r, 100, digits=1).split(" ", 1)
+    est, interval = interval_text(iv(r), 100, digits=1).split(" ", 1)
     assert est in text and interval in text  # intervals survive (no markup eaten)
     assert "[lo, hi]" in text
 
@@ -301,17 +313,20 @@ def test_json_safe():
 
 
 def test_interval_text():
-    assert interval_text({"estimate": 0.1234, "lo": 0.1, "hi": 0.15}, 100) == "12.34 [10.00, 15.00]"
-    assert interval_text({"estimate": 0.02, "lo": None, "hi": 0.03}, 100, signed=True) == "+2.00"
-    assert interval_text({"estimate": math.nan, "lo": 0, "hi": 1}) == "—"
+    assert interval_text(Interval(0.1234, 0.1, 0.15, 0.95), 100) == "12.34 [10.00, 15.00]"
+    assert interval_text(Interval(0.02, math.nan, 0.03, 0.95), 100, signed=True) == "+2.00"
+    assert interval_text(Interval(math.nan, 0, 1, 0.95)) == "—"
     assert interval_text(None) == "—"
 
 
 def test_empty_analysis(tmp_path):
-    html = write_report({}, tmp_path).read_text(encoding="utf-8")
+    empty = StudyAnalysis(StudyMeta("rollout", H, 8, 200, 0.05))
+    html = write_report(empty, tmp_path).read_text(encoding="utf-8")
     assert "data:image/png;base64," not in html
     assert "No actions in this analysis" in html
-    assert strict_json((tmp_path / "analysis.json").read_text(encoding="utf-8")) == {}
+    data = strict_json((tmp_path / "analysis.json").read_text(encoding="utf-8"))
+    assert data["lags"] is None and data["meta"]["horizon"] == H
+    assert all(data[k] == [] for k in data if k not in ("meta", "lags"))
 
 
 def test_figures_accept_arrays_and_missing_terms(tmp_path):
@@ -322,6 +337,7 @@ def test_figures_accept_arrays_and_missing_terms(tmp_path):
     analysis["actions"][0]["scalars"]["p_diverge"] = None  # legend falls back to the curve
     analysis["contrasts"][0]["rate_term"] = None
     analysis["lags"] = {}
+    analysis = typed(analysis)
     assert plot_timing(analysis, tmp_path / "t.png").read_bytes()[:8] == PNG_MAGIC
     assert plot_contrasts(analysis, tmp_path / "c.png").read_bytes()[:8] == PNG_MAGIC
     assert plot_lag_profiles(analysis, tmp_path / "l.png").read_bytes()[:8] == PNG_MAGIC
@@ -335,19 +351,21 @@ def swrb_rate_above_one() -> dict:
 
 
 def test_swrb_rate_note_in_report_and_raw_value_in_json(tmp_path):
-    html = write_report(swrb_rate_above_one(), tmp_path / "swrb").read_text(encoding="utf-8")
+    html = write_report(typed(swrb_rate_above_one()), tmp_path / "swrb").read_text(
+        encoding="utf-8")
     assert '<span class="est">101.20</span><br><span class="ci">[73.30, 116.30]</span>' in html
     assert "ratio of two unbiased estimates" in html and "[0, 1]" in html
     data = strict_json((tmp_path / "swrb" / "analysis.json").read_text(encoding="utf-8"))
     assert data["actions"][0]["scalars"]["C"] == {"estimate": 1.012, "lo": 0.733, "hi": 1.163}
-    rollout = write_report(make_analysis(), tmp_path / "rollout").read_text(encoding="utf-8")
+    rollout = write_report(typed(make_analysis()), tmp_path / "rollout").read_text(
+        encoding="utf-8")
     assert "ratio of two unbiased estimates" not in rollout  # rollouts keep C_H in [0, 1]
 
 
 def test_swrb_rate_note_under_the_summary_table():
     def render(analysis):
         console = Console(record=True, width=200)
-        console.print(summary_table(analysis))
+        console.print(summary_table(typed(analysis)))
         return console.export_text()
 
     swrb = render(swrb_rate_above_one())
@@ -362,15 +380,15 @@ def test_print_whole_off_a_terminal():
     for a in analysis["actions"]:
         a["model"] = "/data/models/" + a["model"]  # a long local path
     page = io.StringIO()
-    print_whole(Console(file=page, width=80), summary_table(analysis))
+    print_whole(Console(file=page, width=80), summary_table(typed(analysis)))
     text = page.getvalue()
     assert "…" not in text
     for a in analysis["actions"]:
         assert a["model"] in text and f" {a['action']} " in text
         for key in ("R", "E", "C"):
-            assert interval_text(a["scalars"][key], 100, digits=1).split(" ", 1)[0] in text
+            assert interval_text(iv(a["scalars"][key]), 100, digits=1).split(" ", 1)[0] in text
     terminal = Console(file=io.StringIO(), width=80, force_terminal=True, record=True)
-    print_whole(terminal, summary_table(analysis))
+    print_whole(terminal, summary_table(typed(analysis)))
     assert max(len(line) for line in terminal.export_text().splitlines()) == 80  # as it was
 
 

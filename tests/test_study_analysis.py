@@ -102,7 +102,7 @@ def test_contrast_identity_on_every_draw():
 
 @pytest.mark.parametrize("text, message", [
     ("Q(snapkv)", "unknown statistic 'Q'"),
-    ("B snapkv", "cannot read endpoint"),
+    ("B snapkv", "cannot read 'B snapkv'"),
     ("B(a) - Z(b)", "unknown statistic 'Z'"),
 ])
 def test_bad_endpoints(text, message):
@@ -125,7 +125,8 @@ def finite_study(tmp_path_factory):
     pairs = {a: random_pair(3, 6, seed=9, mix=m) for a, m in mix.items()}
     run_units(cfg, docs, lambda d, a: pairs[a], store)
     analysis = analyze(store.read("steps").to_pandas(), store.read("replicates").to_pandas(),
-                       AnalysisOptions(bootstrap=400, endpoints=("R(strong) - R(mild)", "B(mild)")))
+                       AnalysisOptions(bootstrap=400,
+                                       endpoints=("R(strong) - R(mild)", "B(mild)"))).to_json()
     truth = {a: exact(pair) for a, pair in pairs.items()}
     return analysis, truth
 
@@ -195,7 +196,7 @@ def test_swrb_study_has_no_lag_windows_and_clamps_enclosures_at_one(tmp_path):
     first = reps["doc_id"] < "d10"
     reps["observed_L2"] = np.where(first, 1.0, 0.0)
     reps["capacity_L2"] = np.where(first, 0.6, 0.1)
-    out = analyze(steps, reps, AnalysisOptions(bootstrap=50))
+    out = analyze(steps, reps, AnalysisOptions(bootstrap=50)).to_json()
     assert out["lags"] is None and out["meta"]["estimator"] == "swrb"
     assert out["local_agreement"] == [] and out["cohort_support"] == []
     [entry] = out["actions"]

@@ -43,7 +43,7 @@ def records(units):
 
 
 def study(units, bootstrap=300):
-    return analyze(*records(units), AnalysisOptions(bootstrap=bootstrap, seed=1))
+    return analyze(*records(units), AnalysisOptions(bootstrap=bootstrap, seed=1)).to_json()
 
 
 # ------------------------------------------------------------------ local agreement
@@ -125,9 +125,9 @@ def test_local_agreement_and_support_in_the_analysis():
 
 def test_cohort_support_counts_only_given_documents():
     reps = pd.DataFrame({"doc_id": ["d1", "d1", "d2", "d2", "d3"], "tau": [2, 0, 9, 0, 1]})
-    got = cohort_support(reps, np.array(["d1", "d2"]), W16)
-    assert got == {"max_entry": 8, "documents": 1, "documents_total": 2, "trajectories": 1,
-                   "trajectories_total": 4}
+    got = cohort_support("m", "a", reps, np.array(["d1", "d2"]), W16)
+    assert got.to_json() == {"model": "m", "action": "a", "max_entry": 8, "documents": 1,
+                             "documents_total": 2, "trajectories": 1, "trajectories_total": 4}
 
 
 # ------------------------------------------------------------------ EOS contrasts
@@ -284,7 +284,7 @@ def field_records():
 def test_analysis_fields_by_hand():
     steps, reps = field_records()
     options = AnalysisOptions(bootstrap=20, alpha=0.1, endpoints=("R(a)",), seed=0)
-    out = analyze(steps, reps, options, meta={"run": "demo"})
+    out = analyze(steps, reps, options, meta={"run": "demo"}).to_json()
     assert out["meta"] == {
         "run": "demo", "estimator": "rollout", "horizon": 12, "replicates": 2, "bootstrap": 20,
         "alpha": 0.1, "documents": {"s": 2, "t": 1},
@@ -322,8 +322,8 @@ def test_analysis_fields_by_hand():
     # cohort support: each action's own replicates (cohort tau <= 6 here)
     for support, action in zip(out["cohort_support"], "ab", strict=True):
         own = reps[reps["action"] == action]
-        want = cohort_support(own, np.array(["d1", "d2", "d3"]), windows)
-        assert support == {"model": "m", "action": action} | want
+        want = cohort_support("m", action, own, np.array(["d1", "d2", "d3"]), windows)
+        assert support == want.to_json()
     assert out["cohort_support"][0] != out["cohort_support"][1] | {"action": "a"}
     assert [x["action"] for x in out["local_agreement"]] == ["a", "b"]
 
@@ -332,7 +332,7 @@ def test_endpoints_share_alpha_over_models_and_endpoints():
     steps, reps = field_records()
     two = (pd.concat([steps, steps.assign(model="n")]), pd.concat([reps, reps.assign(model="n")]))
     out = analyze(*two, AnalysisOptions(bootstrap=20, alpha=0.1,
-                                        endpoints=("R(a)", "R(b) - R(a)")))
+                                        endpoints=("R(a)", "R(b) - R(a)"))).to_json()
     assert [(e["model"], e["name"]) for e in out["endpoints"]] == [
         ("m", "R(a)"), ("m", "R(b) - R(a)"), ("n", "R(a)"), ("n", "R(b) - R(a)")]
     assert all(e["alpha"] == pytest.approx(0.1 / 4) for e in out["endpoints"])
@@ -341,28 +341,28 @@ def test_endpoints_share_alpha_over_models_and_endpoints():
     with pytest.raises(ValueError, match="^" + re.escape(
             "endpoint 'R(z) - R(a)' names action 'z', which model 'm' did not run; actions: "
             "a, b") + "$"):
-        analyze(steps, reps, AnalysisOptions(bootstrap=20, endpoints=("R(z) - R(a)",)))
+        analyze(steps, reps, AnalysisOptions(bootstrap=20, endpoints=("R(z) - R(a)",))).to_json()
 
 
 def test_only_documents_finished_for_every_action_count():
     units = [pattern_unit(*u) for u in FIELD_UNITS if (u[0], u[2]) != ("d1", "b")]
-    out = analyze(*records(units), AnalysisOptions(bootstrap=20))
+    out = analyze(*records(units), AnalysisOptions(bootstrap=20)).to_json()
     assert [e["documents"] for e in out["actions"]] == [2, 2]
     assert out["meta"]["documents"] == {"s": 1, "t": 1}
     one = [pattern_unit(*u) for u in FIELD_UNITS if u[0] == "d2" or (u[0], u[2]) == ("d1", "a")]
     assert [e["documents"] for e in analyze(*records(one), AnalysisOptions(
-        bootstrap=20))["actions"]] == [1, 1]
+        bootstrap=20)).to_json()["actions"]] == [1, 1]
     apart = [pattern_unit(*u) for u in FIELD_UNITS if (u[0] == "d1") == (u[2] == "a")]
     with pytest.raises(ValueError, match="^no document has finished for every action of this "
                                          "model yet$"):
-        analyze(*records(apart), AnalysisOptions(bootstrap=20))
+        analyze(*records(apart), AnalysisOptions(bootstrap=20)).to_json()
 
 
 def test_every_lonely_stratum_is_named():
     steps, reps = field_records()
     for frame in (steps, reps):
         frame.loc[frame["doc_id"] == "d2", "stratum"] = "u"
-    out = analyze(steps, reps, AnalysisOptions(bootstrap=20))
+    out = analyze(steps, reps, AnalysisOptions(bootstrap=20)).to_json()
     assert out["meta"]["notes"] == [
         "m: strata with a single document (s, t, u) contribute no between-document variation, "
         "so intervals understate uncertainty; use at least two documents per stratum."]
@@ -375,7 +375,7 @@ def test_mixed_horizons_are_refused():
     reps.loc[reps["action"] == "b", "horizon"] = 16
     with pytest.raises(ValueError, match=re.escape("the records mix horizon values ['12', "
                                                    "'16']; analyse runs with one each")):
-        analyze(steps, reps, AnalysisOptions(bootstrap=20))
+        analyze(steps, reps, AnalysisOptions(bootstrap=20)).to_json()
 
 
 def test_certified_order_uses_weighted_enclosures_at_alpha_over_actions():
@@ -396,7 +396,7 @@ def test_certified_order_uses_weighted_enclosures_at_alpha_over_actions():
         for L in (6, H):  # no capacity left at either depth: every L certifies alike
             r.loc[r["action"] == "bad", f"observed_L{L}"] = u
             r[f"capacity_L{L}"] = 0.0
-        out = analyze(steps, r, AnalysisOptions(bootstrap=20))
+        out = analyze(steps, r, AnalysisOptions(bootstrap=20)).to_json()
         want = [{"model": "m", "L": L, "better": "good", "worse": "bad"}
                 for L in (6, H)] if certified else []
         assert out["certified_order"] == want, u
@@ -474,9 +474,10 @@ def test_agreement_flags_at_the_cohort_and_horizon_edges():
                                       np.zeros((2, 8), bool), np.zeros((2, 8), bool),
                                       LagWindows.for_horizon(8))
     assert only_late.tolist() == [True, True]  # relapse at t = 8 = H
-    support = cohort_support(pd.DataFrame({"doc_id": ["d1", "d2", "d3"], "tau": [1, 8, 9]}),
+    support = cohort_support("m", "a", pd.DataFrame({"doc_id": ["d1", "d2", "d3"],
+                                                     "tau": [1, 8, 9]}),
                              np.array(["d1", "d2", "d3"]), W16)
-    assert (support["documents"], support["trajectories"]) == (2, 2)
+    assert (support.documents, support.trajectories) == (2, 2)
 
 
 def test_run_summary_is_the_analysis_point_estimate():
@@ -490,7 +491,7 @@ def test_run_summary_is_the_analysis_point_estimate():
     assert [(s.model, s.action) for s in rows] == [("n", "b"), ("n", "a"), ("m", "a"),
                                                    ("m", "b")]
     assert rows[0].R == rows[2].R and rows[1].R == rows[3].R and rows[0].R != rows[1].R
-    out = analyze(steps, reps, AnalysisOptions(bootstrap=20))
+    out = analyze(steps, reps, AnalysisOptions(bootstrap=20)).to_json()
     # a third model with a third action: each unit reads its own steps, not the others'
     third = [pd.concat([r.assign(model="o"), r[r.action == "a"].assign(model="o", action="c")])
              for r in (steps, reps)]

@@ -245,20 +245,11 @@ def _write_report(
     store_dir: Path, out: Path | None, bootstrap: int | None = None, alpha: float | None = None
 ):
     """Analyse a store with its saved analysis options (``bootstrap``/``alpha`` override)."""
-    from kvdrift.analysis.study import AnalysisOptions, analyze
+    from kvdrift.analysis.directory import analyze_directory
     from kvdrift.report import write_report
-    from kvdrift.run.store import RunStore
 
-    store = RunStore(store_dir)
-    meta = store.metadata
-    saved = dict(meta["config"].get("analysis", {}))  # a plain run saves none: defaults
-    saved["endpoints"] = tuple(saved.get("endpoints", ()))
-    overrides = {k: v for k, v in (("bootstrap", bootstrap), ("alpha", alpha)) if v is not None}
-    options = AnalysisOptions(**(saved | overrides))
     with console.status("analysing (bootstrap over documents)"):
-        analysis = analyze(store.read("steps").to_pandas(), store.read("replicates").to_pandas(),
-                           options, meta={"config": meta["config"], "versions": meta["versions"],
-                                          "temperature": meta["config"].get("temperature")})
+        analysis = analyze_directory(store_dir, bootstrap, alpha)
     with console.status("writing the report"):
         path = write_report(analysis, out or store_dir / "report")
     return analysis, path
@@ -354,20 +345,23 @@ REPLICATE_COLUMNS_PREDICT = ["model", "doc_id", "stratum", "action", "replicate"
 
 
 def _cohort_records(directory: Path, role: str):
-    """(steps, replicates) of a run or study for ``kvdrift predict``; checks its cohort label."""
+    """(steps, replicates) of a run or study for ``kvdrift predict``, and its temperature;
+    checks its cohort label."""
     from kvdrift.run.store import RunStore
 
     store = RunStore(directory)
-    cohort = store.metadata["config"].get("cohort")
+    config = store.metadata["config"]
+    cohort = config.get("cohort")
     if cohort is not None and cohort != role:
         raise ValueError(f"{directory} is the {cohort} cohort ([study] cohort = {cohort!r}); "
                          f"pass a {role} run here")
     return (store.read("steps", STEP_COLUMNS_PREDICT).to_pandas(),
-            store.read("replicates", REPLICATE_COLUMNS_PREDICT).to_pandas())
+            store.read("replicates", REPLICATE_COLUMNS_PREDICT).to_pandas()), \
+        config.get("temperature")
 
 
-def _pp(iv: dict) -> str:
-    return f"{100 * iv['estimate']:+.2f} [{100 * iv['lo']:+.2f}, {100 * iv['hi']:+.2f}]"
+def _pp(iv) -> str:
+    return f"{100 * iv.estimate:+.2f} [{100 * iv.lo:+.2f}, {100 * iv.hi:+.2f}]"
 
 
 @app.command("predict")
@@ -376,7 +370,7 @@ def predict(
     dev_dir: Path = typer.Argument(..., metavar="DEV_DIR", help="Development run or study."),
     eval_dir: Path = typer.Argument(..., metavar="EVAL_DIR", help="Evaluation run or study "
                                     "(same models and actions, other documents)."),
-    contrast: str = typer.Option(..., help="The contrast R(a) - R(b), written 'a - b'."),
+    contrast: str = typer.Option(..., help="The contrast 'R(a) - R(b)', or 'a - b' for short."),
     window: int = typer.Option(32, help="Observed positions 1..W (at most H)."),
     margin: float = typer.Option(0.02, help="Equivalence margin on the error (0.02 = 2 pp)."),
     alpha: float = typer.Option(0.05, help="Family alpha, split over models x observations."),
@@ -389,18 +383,19 @@ def predict(
     from kvdrift.analysis.predict import predict_study
 
     with console.status("reading records"):
-        dev = _cohort_records(dev_dir, "development")
-        ev = _cohort_records(eval_dir, "evaluation")
+        dev, dev_temperature = _cohort_records(dev_dir, "development")
+        ev, eval_temperature = _cohort_records(eval_dir, "evaluation")
     with console.status("cross-validating") as status:
         result = predict_study(dev, ev, contrast, window=window, margin=margin, alpha=alpha,
                                draws=bootstrap, seed=seed,
-                               on_cell=lambda m, o: status.update(f"{m} · {o}"))
+                               on_cell=lambda m, o: status.update(f"{m} · {o}"),
+                               temperatures=(dev_temperature, eval_temperature))
     if as_json:
-        print(_strict_json(result))
+        print(_strict_json(result.to_json()))
         return
-    level = 100 * (1 - result["alpha_adjusted"])
-    table = Table(title=f"Prediction of R({contrast.replace(' - ', ') - R(')}), percentage "
-                        f"points; intervals at {level:.2f}% ({result['cells']} cells), "
+    level = 100 * (1 - result.alpha_adjusted)
+    table = Table(title=f"Prediction of R({result.contrast.replace(' - ', ') - R(')}), "
+                        f"percentage points; intervals at {level:.2f}% ({result.cells} cells), "
                         f"margin +-{100 * margin:g} pp")
     for col in ("model", "observation", "dev/eval docs", "selected", "CV MSE (pp^2)",
                 "error [interval]", "decision", "MAE", "RMSE"):
@@ -408,19 +403,18 @@ def predict(
     support = Table(title="Uncalibrated supporting contrasts on evaluation documents (pp)")
     for col in ("model", "observation", "full-horizon gap", "observed gap", "full minus observed"):
         support.add_column(col, justify="right")
-    for m in result["models"]:
-        docs = f"{m['development_documents']}/{m['evaluation_documents']}"
-        for o in m["observations"]:
-            table.add_row(m["model"], o["label"], docs, o["selected"],
-                          f"{1e4 * o['cv_mse'][o['selected']]:.2f}", _pp(o["error"]),
-                          o["decision"], f"{100 * o['mae']:.2f}", f"{100 * o['rmse']:.2f}")
-            sup = list(o["supporting"].values())
-            support.add_row(m["model"], o["label"], *(_pp(iv) for iv in sup))
+    for m in result.models:
+        docs = f"{m.development_documents}/{m.evaluation_documents}"
+        for o in m.observations:
+            table.add_row(m.model, o.label, docs, o.selected,
+                          f"{1e4 * o.cv_mse[o.selected]:.2f}", _pp(o.error),
+                          o.decision, f"{100 * o.mae:.2f}", f"{100 * o.rmse:.2f}")
+            support.add_row(m.model, o.label, *(_pp(iv) for iv in o.supporting.values()))
     console.print(table)
     console.print(support)
-    for m in result["models"]:
-        for note in m["notes"]:
-            console.print(f"{m['model']}: note: {note}.", highlight=False)
+    for m in result.models:
+        for note in m.notes:
+            console.print(f"{m.model}: note: {note}.", highlight=False)
 
 
 @app.command("plan")
@@ -440,7 +434,7 @@ def plan(
     reps = RunStore(dev_dir).read("replicates").to_pandas()
     result = plan_study(reps, target, halfwidth, alpha)
     if as_json:
-        print(_strict_json(result))
+        print(_strict_json(result.to_json()))
         return
     table = Table(title=f"Plan for {target}: half-width {halfwidth:g} at "
                         f"{100 * (1 - alpha):g}% (documents weighted equally within strata)")
@@ -448,36 +442,36 @@ def plan(
                 "s/replicate", "now: docs/stratum, K -> half-width",
                 "plan: docs/stratum, K -> half-width", "plan cost"):
         table.add_column(col, justify="right")
-    for m in result["models"]:
-        v, now, rec = m["variance"], m["current"], m["recommended"]
-        table.add_row(m["model"], m["estimator"], str(v["strata"]), f"{v['between']:.3g}",
-                      f"{v['within']:.3g}", f"{m['setup_seconds']:.1f}",
-                      f"{m['replicate_seconds']:.1f}",
-                      f"{now['documents_per_stratum']:g}, {now['replicates']} -> "
-                      f"{now['halfwidth']:.4f}",
-                      f"{rec['documents_per_stratum']}, {rec['replicates']} -> "
-                      f"{rec['halfwidth']:.4f}",
-                      f"{rec['seconds'] / 3600:.2f} h")
+    for m in result.models:
+        v, now, rec = m.variance, m.current, m.recommended
+        table.add_row(m.model, m.estimator, str(v.strata), f"{v.between:.3g}",
+                      f"{v.within:.3g}", f"{m.setup_seconds:.1f}",
+                      f"{m.replicate_seconds:.1f}",
+                      f"{now.documents_per_stratum:g}, {now.replicates} -> "
+                      f"{now.halfwidth:.4f}",
+                      f"{rec.documents_per_stratum}, {rec.replicates} -> "
+                      f"{rec.halfwidth:.4f}",
+                      f"{rec.seconds / 3600:.2f} h")
     console.print(table)
-    for m in result["models"]:
-        for note in m["notes"]:
-            console.print(f"{m['model']}: note: {note}.", highlight=False)
-        c = m["comparison"]
-        if c["assumption"] is None:
-            console.print(f"{m['model']}: rollouts ({c['reason']}).")
+    for m in result.models:
+        for note in m.notes:
+            console.print(f"{m.model}: note: {note}.", highlight=False)
+        c = m.comparison
+        if c.assumption is None:
+            console.print(f"{m.model}: rollouts ({c.reason}).")
             continue
-        evals = c["evaluations_per_replicate"]
-        plans = c["plans"]
-        ratio = c["break_even_variance_ratio"]
+        evals = c.evaluations_per_replicate
+        plans = c.plans
+        ratio = c.break_even_variance_ratio
         when = ("even with equal variance" if ratio == 1.0 else
                 f"only if its within-document variance is {ratio:.2f}x smaller or more"
                 if ratio is not None else "at no variance ratio (documents dominate the cost)")
         console.print(
-            f"{m['model']}: {c['cheaper']} is cheaper under equal variance "
-            f"(rollout {plans['rollout']['seconds'] / 3600:.2f} h, "
-            f"SWRB {plans['swrb']['seconds'] / 3600:.2f} h; kernel-pair evaluations per "
+            f"{m.model}: {c.cheaper} is cheaper under equal variance "
+            f"(rollout {plans['rollout'].seconds / 3600:.2f} h, "
+            f"SWRB {plans['swrb'].seconds / 3600:.2f} h; kernel-pair evaluations per "
             f"replicate {evals['rollout']:.1f} vs {evals['swrb']:.1f}); SWRB wins {when}. "
-            f"Assumption: {c['assumption']}.", highlight=False)
+            f"Assumption: {c.assumption}.", highlight=False)
 
 
 def main() -> None:

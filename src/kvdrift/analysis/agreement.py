@@ -22,6 +22,7 @@ import pandas as pd
 
 from kvdrift.analysis.lags import LagWindows
 from kvdrift.analysis.quantities import interval, ratio
+from kvdrift.analysis.results import CohortSupport, LocalAgreement
 from kvdrift.divergence import diverged, first_true
 
 AGREEMENT_COLUMNS = ("branch_cohort", "agree_run", "relapse")
@@ -79,23 +80,25 @@ def local_agreement(means: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {k: ratio(means[k][..., 0], den) for k in ("agree_run", "relapse")}
 
 
-def local_agreement_entry(point: dict, draws: dict, windows: LagWindows, alpha: float) -> dict:
+def local_agreement_result(model: str, action: str, point: dict, draws: dict,
+                           windows: LagWindows, alpha: float) -> LocalAgreement:
     """One action's fractions with intervals (``point``/``draws``: weighted feature means)."""
     pt, bt = local_agreement(point), local_agreement(draws)
-    return {"run_length": run_length(windows), "max_entry": windows.max_entry} | {
-        k: interval(pt[k], bt[k], alpha) for k in pt}
+    return LocalAgreement(model, action, run_length(windows), windows.max_entry,
+                          *(interval(pt[k], bt[k], alpha) for k in ("agree_run", "relapse")))
 
 
-def cohort_support(replicates: pd.DataFrame, doc_ids: np.ndarray, windows: LagWindows) -> dict:
+def cohort_support(model: str, action: str, replicates: pd.DataFrame, doc_ids: np.ndarray,
+                   windows: LagWindows) -> CohortSupport:
     """Documents and trajectories in the branch cohort ``1 <= tau <= max_entry``.
 
-    ``replicates`` are one (model, action)'s replicate records; only ``doc_ids`` count.
+    ``replicates`` are ``(model, action)``'s replicate records; only ``doc_ids`` count.
     """
     reps = replicates[replicates["doc_id"].isin(doc_ids)]
     tau = reps["tau"].to_numpy()
     in_cohort = diverged(tau) & (tau <= windows.max_entry)
-    return {"max_entry": windows.max_entry,
-            "documents": int(reps.loc[in_cohort, "doc_id"].nunique()),
-            "documents_total": int(reps["doc_id"].nunique()),
-            "trajectories": int(in_cohort.sum()),
-            "trajectories_total": int(len(reps))}
+    return CohortSupport(model, action, windows.max_entry,
+                         documents=int(reps.loc[in_cohort, "doc_id"].nunique()),
+                         documents_total=int(reps["doc_id"].nunique()),
+                         trajectories=int(in_cohort.sum()),
+                         trajectories_total=int(len(reps)))

@@ -14,7 +14,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvdrift import checks
+from kvdrift.analysis.interval import Interval
 from kvdrift.divergence import diverged, divergence_time
+
+__all__ = ["Interval", "WindowTerms", "certainly_better", "certified_order",
+           "contrast_interval", "hoeffding_enclosure", "sharp_interval", "window_terms"]
 
 
 @dataclass(frozen=True)
@@ -38,39 +42,23 @@ def window_terms(mismatch: np.ndarray, L: int) -> WindowTerms:
     return WindowTerms(observed=(m & window).sum(axis=1) / H, capacity=capacity)
 
 
-@dataclass(frozen=True)
-class Interval:
-    """A closed interval ``[lo, hi]`` with its midpoint (the minimax point estimate)."""
-
-    lo: float
-    hi: float
-
-    def __post_init__(self) -> None:
-        if not self.lo <= self.hi:
-            raise ValueError(f"interval needs lo <= hi; got [{self.lo}, {self.hi}]")
-
-    @property
-    def minimax(self) -> float:
-        return (self.lo + self.hi) / 2
-
-    @property
-    def worst_error(self) -> float:
-        return (self.hi - self.lo) / 2
-
-    def contains(self, value: float, tol: float = 0.0) -> bool:
-        return self.lo - tol <= value <= self.hi + tol
-
-
 def sharp_interval(R_L: float, B_L: float) -> Interval:
-    """The exact set of full-horizon risks compatible with depth-L observation."""
+    """The exact set of full-horizon risks compatible with depth-L observation.
+
+    Certain (level 1); its estimate is the minimax point ``R_L + B_L / 2``.
+    """
     if B_L < 0:
         raise ValueError(f"unobserved capacity B_L must be >= 0; got {B_L}")
-    return Interval(R_L, R_L + B_L)
+    return Interval.enclosing(R_L, R_L + B_L)
 
 
 def contrast_interval(a: Interval, b: Interval) -> Interval:
-    """Sharp set of ``R_b - R_a`` given each action's interval."""
-    return Interval(b.lo - a.hi, b.hi - a.lo)
+    """Sharp set of ``R_b - R_a`` given each action's interval.
+
+    Both must hold for it to hold: its level is ``a.level + b.level - 1`` (Bonferroni; 1 for
+    two sharp sets).
+    """
+    return Interval.enclosing(b.lo - a.hi, b.hi - a.lo, a.level + b.level - 1)
 
 
 def certainly_better(a: Interval, b: Interval) -> bool:
@@ -98,6 +86,7 @@ def hoeffding_enclosure(
     in ``[max(0, r_- - eps), min(1, r_+ + eps)]``, ``eps = sqrt(log(4/alpha) / (2n))``.
     With ``weights`` (e.g. strata weighted equally) the means are weighted and ``1/n``
     becomes ``sum(w_i^2)`` for weights normalised to sum 1 (Hoeffding for weighted sums).
+    The result's level is ``1 - alpha`` and its estimate the midpoint.
     """
     lo_v, hi_v = np.asarray(lower, dtype=float), np.asarray(upper, dtype=float)
     if lo_v.shape != hi_v.shape or lo_v.ndim != 1 or lo_v.size == 0:
@@ -110,4 +99,4 @@ def hoeffding_enclosure(
     w = w / w.sum()
     eps = math.sqrt(math.log(4 / alpha) * float((w**2).sum()) / 2)
     r_lo, r_hi = float((w * lo_v).sum()), float((w * hi_v).sum())
-    return Interval(max(0.0, r_lo - eps), min(1.0, r_hi + eps))
+    return Interval.enclosing(max(0.0, r_lo - eps), min(1.0, r_hi + eps), 1 - alpha)

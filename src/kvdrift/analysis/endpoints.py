@@ -1,6 +1,9 @@
-"""Prespecified endpoints: named quantities or differences, e.g. ``B(snapkv-90) - B(recent-90)``.
+"""The one grammar for quantities and contrasts: ``STAT(action)`` or ``STAT(a) - STAT(b)``.
 
-Endpoints are fixed before a study runs and get family-adjusted (Bonferroni) intervals.
+``a - b`` (spaces around the minus; action names may contain hyphens) is shorthand for
+``R(a) - R(b)``. Study endpoints (fixed before a study runs; family-adjusted intervals),
+``kvdrift plan --target`` and ``kvdrift predict --contrast`` all read it with
+:func:`parse_endpoint`; a term minus itself (``R(a) - R(a)``, always 0) is refused.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ ENDPOINT_STATS = ("p_diverge", "mean_entry_time", "R", "O", "E", "Pi", "C", "F",
                   "S99", "B", "B_strict")
 _TERM = r"\s*([A-Za-z_0-9]+)\s*\(\s*([^()]+?)\s*\)\s*"
 _PATTERN = re.compile(rf"^{_TERM}(?:-{_TERM})?$")
+_SHORTHAND = re.compile(r"^\s*([^()\s]+)\s+-\s+([^()\s]+)\s*$")  # "a - b": R(a) - R(b)
 
 
 @dataclass(frozen=True)
@@ -29,15 +33,23 @@ class Endpoint:
 
 
 def parse_endpoint(text: str) -> Endpoint:
-    """Parse ``STAT(action)`` or ``STAT(a) - STAT(b)``; STAT is one of :data:`ENDPOINT_STATS`."""
+    """Parse ``STAT(action)``, ``STAT(a) - STAT(b)`` or ``a - b`` (``R(a) - R(b)``); STAT is
+    one of :data:`ENDPOINT_STATS`."""
     match = _PATTERN.match(text)
-    if not match:
-        raise ValueError(f"cannot read endpoint {text!r}; write STAT(action) or "
-                         "STAT(action) - STAT(action), e.g. 'B(snapkv-90) - B(recent-90)'")
-    stat, action, stat2, action2 = match.groups()
+    if match:
+        stat, action, stat2, action2 = match.groups()
+    elif short := _SHORTHAND.match(text):
+        stat, action, stat2, action2 = "R", short[1], "R", short[2]
+    else:
+        raise ValueError(f"cannot read {text!r}; write STAT(action), STAT(action) - "
+                         "STAT(action), or 'a - b' for R(a) - R(b), e.g. "
+                         "'B(snapkv-90) - B(recent-90)'")
     for s in (stat, stat2):
         if s is not None and s not in ENDPOINT_STATS:
             raise ValueError(f"unknown statistic {s!r} in endpoint {text!r}; allowed: "
                              f"{', '.join(ENDPOINT_STATS)}")
     minus = (stat2, action2) if stat2 is not None else None
+    if minus == (stat, action):
+        raise ValueError(f"{text.strip()!r} subtracts {stat}({action}) from itself, which is "
+                         "always 0; name two different actions (or statistics)")
     return Endpoint(text=text.strip(), stat=stat, action=action, minus=minus)

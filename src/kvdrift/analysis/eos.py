@@ -19,6 +19,7 @@ import numpy as np
 
 from kvdrift.analysis.features import EOS_CATEGORIES
 from kvdrift.analysis.quantities import action_pairs, interval, intervals, ratio
+from kvdrift.analysis.results import EosContrast, EosSplit
 
 
 def eos_gaps(means: dict[str, np.ndarray]) -> np.ndarray:
@@ -39,22 +40,22 @@ def eos_contrast(g_a: np.ndarray, g_b: np.ndarray) -> dict[str, np.ndarray]:
 
 
 def eos_split_entry(point: dict[str, np.ndarray], draws: dict[str, np.ndarray],
-                    alpha: float) -> dict:
+                    alpha: float) -> EosSplit:
     """One action's split: the ``R`` and ``F`` parts and ``G_r`` per category (points), ``G_r``
     with intervals (``G``) and ``sum_r G_r`` with its interval (``G_total``).
 
     ``point`` / ``draws``: the action's weighted feature means without / with bootstrap counts.
     """
     g_point, g_draws = eos_gaps(point), eos_gaps(draws)
-    return {"categories": list(EOS_CATEGORIES), "R": point["eos_R"].tolist(),
-            "F": point["eos_F"].tolist(), "R_minus_F": g_point.tolist(),
-            "G": intervals(g_point, g_draws, alpha),
-            "G_total": interval(g_point.sum(), g_draws.sum(axis=-1), alpha)}
+    return EosSplit(tuple(EOS_CATEGORIES), tuple(point["eos_R"].tolist()),
+                    tuple(point["eos_F"].tolist()), tuple(g_point.tolist()),
+                    intervals(g_point, g_draws, alpha),
+                    interval(g_point.sum(), g_draws.sum(axis=-1), alpha))
 
 
 def eos_contrast_entries(
     model: str, point: dict[str, dict], draws: dict[str, dict], alpha: float
-) -> list[dict]:
+) -> list[EosContrast]:
     """Every contrast ``b - a`` of a model's actions, with paired bootstrap intervals.
 
     ``point[a]`` / ``draws[a]`` are action ``a``'s weighted feature means without / with the
@@ -64,8 +65,8 @@ def eos_contrast_entries(
     for a, b in action_pairs(list(point)):
         pt = eos_contrast(eos_gaps(point[a]), eos_gaps(point[b]))
         bt = eos_contrast(eos_gaps(draws[a]), eos_gaps(draws[b]))
-        out.append({"model": model, "a": a, "b": b, "categories": list(EOS_CATEGORIES),
-                    "dG": intervals(pt["dG"], bt["dG"], alpha)}
-                   | {k: interval(pt[k], bt[k], alpha)
-                      for k in ("dR_minus_F", "pre_eos", "eos_share")})
+        out.append(EosContrast(model, a, b, tuple(EOS_CATEGORIES),
+                               intervals(pt["dG"], bt["dG"], alpha),
+                               *(interval(pt[k], bt[k], alpha)
+                                 for k in ("dR_minus_F", "pre_eos", "eos_share"))))
     return out

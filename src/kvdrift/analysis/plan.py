@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from statistics import NormalDist
 
@@ -61,6 +62,95 @@ class Design:
     replicates: int
     halfwidth: float
     seconds: float
+
+
+@dataclass(frozen=True)
+class CurrentDesign:
+    """The development run's own design and the half-width it is expected to give."""
+
+    documents_per_stratum: float
+    replicates: int
+    halfwidth: float
+
+
+@dataclass(frozen=True)
+class EstimatorComparison:
+    """Rollouts against SWRB for a target.
+
+    ``reason`` is set (and the rest None) when only rollouts can measure the target;
+    otherwise ``assumption``, the kernel-pair evaluations per replicate, each estimator's
+    plan under equal variance, and the break-even variance ratio (None: SWRB never wins).
+    """
+
+    cheaper: str
+    assumption: str | None
+    reason: str | None = None
+    evaluations_per_replicate: Mapping[str, float] | None = None
+    plans: Mapping[str, Design] | None = None
+    break_even_variance_ratio: float | None = None
+
+    def to_json(self) -> dict:
+        if self.reason is not None:
+            return {"cheaper": self.cheaper, "assumption": self.assumption,
+                    "reason": self.reason}
+        return {"cheaper": self.cheaper, "assumption": self.assumption,
+                "evaluations_per_replicate": dict(self.evaluations_per_replicate or {}),
+                "plans": {k: asdict(d) for k, d in (self.plans or {}).items()},
+                "break_even_variance_ratio": self.break_even_variance_ratio}
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    """One model's plan: measured variance and cost, the recommended and the current design."""
+
+    model: str
+    estimator: str
+    variance: VarianceComponents
+    setup_seconds: float
+    replicate_seconds: float
+    recommended: Design
+    current: CurrentDesign
+    notes: tuple[str, ...]
+    comparison: EstimatorComparison
+
+    def to_json(self) -> dict:
+        return {"model": self.model, "estimator": self.estimator,
+                "variance": asdict(self.variance), "setup_seconds": self.setup_seconds,
+                "replicate_seconds": self.replicate_seconds,
+                "recommended": asdict(self.recommended), "current": asdict(self.current),
+                "notes": list(self.notes), "comparison": self.comparison.to_json()}
+
+    def row(self) -> dict:
+        v, now, rec = self.variance, self.current, self.recommended
+        return {"model": self.model, "estimator": self.estimator, "strata": v.strata,
+                "between": v.between, "within": v.within,
+                "setup_seconds": self.setup_seconds,
+                "replicate_seconds": self.replicate_seconds,
+                "current_documents_per_stratum": now.documents_per_stratum,
+                "current_replicates": now.replicates, "current_halfwidth": now.halfwidth,
+                "documents_per_stratum": rec.documents_per_stratum,
+                "replicates": rec.replicates, "halfwidth": rec.halfwidth,
+                "seconds": rec.seconds, "cheaper": self.comparison.cheaper}
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    """What :func:`plan_study` returns: the target and one plan per model."""
+
+    target: str
+    halfwidth: float
+    alpha: float
+    z: float
+    models: tuple[ModelPlan, ...]
+
+    def to_json(self) -> dict:
+        """The structure ``kvdrift plan --json`` prints."""
+        return {"target": self.target, "halfwidth": self.halfwidth, "alpha": self.alpha,
+                "z": self.z, "models": [m.to_json() for m in self.models]}
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per model: variance, cost, current and recommended design, cheaper."""
+        return pd.DataFrame([m.row() for m in self.models])
 
 
 def variance_components(values: np.ndarray, strata: np.ndarray) -> VarianceComponents:
@@ -138,19 +228,19 @@ def _target_values(reps: pd.DataFrame, target: str, actions: list[str]):
 
 
 def plan_study(replicates: pd.DataFrame, target: str, halfwidth_target: float,
-               alpha: float = 0.05) -> dict:
-    """Plans for each model of a development run's replicate records (JSON-able)."""
+               alpha: float = 0.05) -> PlanResult:
+    """Plans for each model of a development run's replicate records."""
     if not 0 < alpha < 1:
         raise ValueError(f"alpha must be within (0, 1); got {alpha}")
-    if not halfwidth_target > 0:
-        raise ValueError(f"the target half-width must be > 0; got {halfwidth_target}")
+    if not (math.isfinite(halfwidth_target) and halfwidth_target > 0):
+        raise ValueError("the target half-width must be a finite number > 0; got "
+                         f"{halfwidth_target}")
     missing = [c for c in ("setup_seconds", "replicate_seconds") if c not in replicates]
     if missing:
         raise ValueError("the development run has no wall-time records (it predates them); "
                          "run it again with this kvdrift to measure the cost per replicate")
     z = NormalDist().inv_cdf(1 - alpha / 2)
-    out = {"target": target, "halfwidth": halfwidth_target, "alpha": alpha, "z": z,
-           "models": []}
+    models = []
     for model, reps in replicates.groupby("model", sort=False):
         actions = list(dict.fromkeys(reps["action"]))
         measured = str(single_value(reps, "estimator"))
@@ -179,27 +269,22 @@ def plan_study(replicates: pd.DataFrame, target: str, halfwidth_target: float,
                          "leans on replicates; more development documents would firm it up")
         if design.replicates == MAX_REPLICATES:
             notes.append(f"K reached the search limit {MAX_REPLICATES}")
-        entry = {
-            "model": model, "estimator": measured, "variance": asdict(v),
-            "setup_seconds": setup, "replicate_seconds": per_rep,
-            "recommended": asdict(design),
-            "current": {"documents_per_stratum": v.documents / v.strata,
-                        "replicates": v.replicates,
-                        "halfwidth": halfwidth(v, v.documents / v.strata, v.replicates, z)},
-            "notes": notes,
-        }
         if needs_rollouts:  # measured by rollouts (SWRB runs were refused above)
-            entry["comparison"] = {"cheaper": "rollout", "assumption": None,
-                                   "reason": "SWRB does not estimate fixed-history risk F"}
+            comparison = EstimatorComparison(
+                "rollout", None, reason="SWRB does not estimate fixed-history risk F")
         else:
-            entry["comparison"] = _compare(v, halfwidth_target, setup, per_rep, z, measured,
-                                           evals, other_evals)
-        out["models"].append(entry)
-    return out
+            comparison = _compare(v, halfwidth_target, setup, per_rep, z, measured, evals,
+                                  other_evals)
+        models.append(ModelPlan(
+            str(model), measured, v, setup, per_rep, design,
+            CurrentDesign(v.documents / v.strata, v.replicates,
+                          halfwidth(v, v.documents / v.strata, v.replicates, z)),
+            tuple(notes), comparison))
+    return PlanResult(target, halfwidth_target, alpha, z, tuple(models))
 
 
 def _compare(v: VarianceComponents, target: float, setup: float, per_rep: float, z: float,
-             measured: str, evals: float, other_evals: float) -> dict:
+             measured: str, evals: float, other_evals: float) -> EstimatorComparison:
     """The other estimator's plan under equal variance, and the break-even variance ratio."""
     other = "swrb" if measured == "rollout" else "rollout"
     rep_cost = {measured: per_rep, other: per_rep * other_evals / evals}
@@ -225,12 +310,10 @@ def _compare(v: VarianceComponents, target: float, setup: float, per_rep: float,
             mid = math.sqrt(lo * hi)
             lo, hi = (lo, mid) if swrb_wins(mid) else (mid, hi)
         break_even = hi
-    return {
-        "cheaper": "swrb" if swrb_wins(1.0) else "rollout",
-        "assumption": ("the unmeasured estimator has the measured one's variance (for SWRB "
-                       "an upper bound) and costs in proportion to its kernel-pair "
-                       "evaluations per replicate"),
-        "evaluations_per_replicate": {measured: evals, other: other_evals},
-        "plans": {name: asdict(d) for name, d in same.items()},
-        "break_even_variance_ratio": break_even,
-    }
+    return EstimatorComparison(
+        cheaper="swrb" if swrb_wins(1.0) else "rollout",
+        assumption=("the unmeasured estimator has the measured one's variance (for SWRB "
+                    "an upper bound) and costs in proportion to its kernel-pair "
+                    "evaluations per replicate"),
+        evaluations_per_replicate={measured: evals, other: other_evals},
+        plans=same, break_even_variance_ratio=break_even)

@@ -22,8 +22,8 @@ decision against a margin, and document-level MAE and RMSE.
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,7 +35,10 @@ from kvdrift.analysis.bootstrap import (
     stratum_weights,
     weighted_means,
 )
+from kvdrift.analysis.endpoints import parse_endpoint
+from kvdrift.analysis.interval import Interval
 from kvdrift.analysis.observations import Observation, document_observations, observation_types
+from kvdrift.analysis.results import interval_columns
 from kvdrift.analysis.ridge import fit_ridge
 
 PREDICTORS = ("cell_mean", "flat", "ridge")
@@ -57,12 +60,88 @@ class ActionContrast:
 
 
 def parse_contrast(text: str) -> ActionContrast:
-    """Read ``"a - b"`` (spaces around the minus; action names may contain hyphens)."""
-    parts = re.split(r"\s+-\s+", text.strip())
-    if len(parts) != 2 or not all(parts) or parts[0] == parts[1]:
-        raise ValueError(f"cannot read contrast {text!r}; write 'ACTION - ACTION' with spaces "
-                         "around the minus, e.g. 'snapkv-half - recent-half'")
-    return ActionContrast(parts[0], parts[1])
+    """Read ``"R(a) - R(b)"`` or its shorthand ``"a - b"`` (:func:`parse_endpoint`'s grammar)."""
+    e = parse_endpoint(text)
+    if e.minus is None or (e.stat, e.minus[0]) != ("R", "R"):
+        raise ValueError(f"predict reads a contrast of risks; got {text.strip()!r}; write "
+                         "'R(a) - R(b)' or 'a - b', e.g. 'snapkv-half - recent-half'")
+    return ActionContrast(e.action, e.minus[1])
+
+
+@dataclass(frozen=True)
+class ObservationResult:
+    """One model x observation type: the selected predictor and its evaluation error."""
+
+    observation: str
+    label: str
+    selected: str
+    cv_mse: Mapping[str, float]
+    error: Interval
+    decision: str
+    mae: float
+    rmse: float
+    supporting: Mapping[str, Interval]
+
+    def to_json(self) -> dict:
+        return {"observation": self.observation, "label": self.label,
+                "selected": self.selected, "cv_mse": dict(self.cv_mse),
+                "error": self.error.to_json(), "decision": self.decision, "mae": self.mae,
+                "rmse": self.rmse,
+                "supporting": {k: v.to_json() for k, v in self.supporting.items()}}
+
+
+@dataclass(frozen=True)
+class ModelPrediction:
+    """One model's results, one per observation type, and notes."""
+
+    model: str
+    development_documents: int
+    evaluation_documents: int
+    observations: tuple[ObservationResult, ...]
+    notes: tuple[str, ...] = ()
+
+    def to_json(self) -> dict:
+        return {"model": self.model, "development_documents": self.development_documents,
+                "evaluation_documents": self.evaluation_documents,
+                "observations": [o.to_json() for o in self.observations],
+                "notes": list(self.notes)}
+
+
+@dataclass(frozen=True)
+class PredictionResult:
+    """What :func:`predict_study` returns: settings and one :class:`ModelPrediction` per model."""
+
+    contrast: str
+    window: int
+    margin: float
+    alpha: float
+    alpha_adjusted: float
+    cells: int
+    folds: int
+    ridge_alpha: float
+    bootstrap: int
+    models: tuple[ModelPrediction, ...]
+
+    def to_json(self) -> dict:
+        """The structure ``kvdrift predict --json`` prints."""
+        return {"contrast": self.contrast, "window": self.window, "margin": self.margin,
+                "alpha": self.alpha, "alpha_adjusted": self.alpha_adjusted,
+                "cells": self.cells, "folds": self.folds, "ridge_alpha": self.ridge_alpha,
+                "bootstrap": self.bootstrap, "models": [m.to_json() for m in self.models]}
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per model x observation type: ``model``, ``observation``, ``selected``,
+        ``error`` with ``error_lo``/``error_hi``, ``decision``, ``mae``, ``rmse``, then the
+        supporting contrasts with ``_lo``/``_hi``."""
+        rows = []
+        for m in self.models:
+            for o in m.observations:
+                rows.append({"model": m.model, "observation": o.observation,
+                             "selected": o.selected}
+                            | interval_columns({"error": o.error})
+                            | {"decision": o.decision, "mae": o.mae, "rmse": o.rmse}
+                            | interval_columns(o.supporting))
+        return pd.DataFrame(rows)
 
 
 def equivalence(lo: float, hi: float, margin: float) -> str:
@@ -158,7 +237,7 @@ def _docs(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def _intervals(columns: dict[str, pd.Series], docs: pd.DataFrame, alpha: float, draws: int,
-               seed: int) -> dict[str, dict]:
+               seed: int) -> dict[str, Interval]:
     """Stratum-weighted means of per-document columns with document-bootstrap intervals."""
     cols = {k: v.loc[docs.index].to_numpy(float)[:, None] for k, v in columns.items()}
     weights = stratum_weights(docs["stratum"].reset_index(drop=True))
@@ -167,13 +246,13 @@ def _intervals(columns: dict[str, pd.Series], docs: pd.DataFrame, alpha: float, 
     out = {}
     for k in cols:
         lo, hi = percentile_interval(boot[k][:, 0], alpha)
-        out[k] = {"estimate": float(point[k][0]), "lo": float(lo), "hi": float(hi)}
+        out[k] = Interval(float(point[k][0]), float(lo), float(hi), 1 - alpha)
     return out
 
 
 def evaluate(dev: pd.DataFrame, ev: pd.DataFrame, obs: Observation, c: ActionContrast, *,
              margin: float, alpha: float, draws: int, seed: int,
-             folds: int = FOLDS) -> dict:
+             folds: int = FOLDS) -> ObservationResult:
     """CV selection on ``dev``, then the selected predictor's error on ``ev`` (one model)."""
     mse = cross_validate(dev, obs, c, folds)
     chosen = select(mse)
@@ -185,12 +264,9 @@ def evaluate(dev: pd.DataFrame, ev: pd.DataFrame, obs: Observation, c: ActionCon
     stats = _intervals({"error": error, "full_horizon_gap": actual, gap: observed,
                         minus: actual - observed}, _docs(ev), alpha, draws, seed)
     err = stats.pop("error")
-    return {
-        "observation": obs.name, "label": obs.label, "selected": chosen, "cv_mse": mse,
-        "error": err, "decision": equivalence(err["lo"], err["hi"], margin),
-        "mae": float(error.abs().mean()), "rmse": float(np.sqrt((error ** 2).mean())),
-        "supporting": stats,
-    }
+    return ObservationResult(
+        obs.name, obs.label, chosen, mse, err, equivalence(err.lo, err.hi, margin),
+        float(error.abs().mean()), float(np.sqrt((error ** 2).mean())), stats)
 
 
 def _check_cohorts(dev: pd.DataFrame, ev: pd.DataFrame, c: ActionContrast, folds: int) -> None:
@@ -234,11 +310,20 @@ def predict_study(
     seed: int = 0,
     folds: int = FOLDS,
     on_cell: Callable[[str, str], None] | None = None,
-) -> dict:
-    """The whole prediction analysis as a JSON-able dict; records are (steps, replicates)."""
+    temperatures: tuple[float | None, float | None] = (None, None),
+) -> PredictionResult:
+    """The whole prediction analysis; records are (steps, replicates).
+
+    ``temperatures`` are the development and evaluation runs' sampling temperatures (from
+    their run metadata; None: unknown); cohorts at different temperatures are refused.
+    """
     c = parse_contrast(contrast)
-    if not margin > 0:
-        raise ValueError(f"margin must be > 0; got {margin}")
+    if not (math.isfinite(margin) and margin > 0):
+        raise ValueError(f"margin must be a finite number > 0; got {margin}")
+    if None not in temperatures and temperatures[0] != temperatures[1]:
+        raise ValueError(f"the cohorts were sampled at different temperatures: development "
+                         f"{temperatures[0]:g}, evaluation {temperatures[1]:g}; run both at "
+                         "one temperature")
     if not 0 < alpha < 1:
         raise ValueError(f"alpha must be within (0, 1); got {alpha}")
     dev = _complete(document_observations(*dev_records, window))
@@ -251,25 +336,25 @@ def predict_study(
     obs_types = observation_types(window)
     k = len(models) * len(obs_types)
     level = alpha / k
-    out = {"contrast": c.text, "window": window, "margin": margin, "alpha": alpha,
-           "alpha_adjusted": level, "cells": k, "folds": folds, "ridge_alpha": RIDGE_ALPHA,
-           "bootstrap": draws, "models": []}
+    results = []
     for model in models:
         d, e = dev[dev["model"] == model], ev[ev["model"] == model]
-        entry = {"model": model, "development_documents": int(d["doc_id"].nunique()),
-                 "evaluation_documents": int(e["doc_id"].nunique()), "observations": [],
-                 "notes": []}
         sizes = _docs(e)["stratum"].value_counts()
         lonely = sorted(str(k) for k, v in sizes.items() if v < 2)
+        notes = []
         if lonely:
-            entry["notes"].append(
+            notes.append(
                 f"evaluation strata with a single document ({', '.join(lonely)}) contribute no "
                 "between-document variation, so intervals understate uncertainty")
+        observations = []
         for obs in obs_types:
             if on_cell:
                 on_cell(model, obs.label)
-            entry["observations"].append(
+            observations.append(
                 evaluate(d, e, obs, c, margin=margin, alpha=level, draws=draws, seed=seed,
                          folds=folds))
-        out["models"].append(entry)
-    return out
+        results.append(ModelPrediction(model, int(d["doc_id"].nunique()),
+                                       int(e["doc_id"].nunique()), tuple(observations),
+                                       tuple(notes)))
+    return PredictionResult(c.text, window, margin, alpha, level, k, folds, RIDGE_ALPHA, draws,
+                            tuple(results))

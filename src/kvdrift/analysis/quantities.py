@@ -12,7 +12,9 @@ from __future__ import annotations
 import numpy as np
 
 from kvdrift.analysis.bootstrap import percentile_interval
+from kvdrift.analysis.interval import Interval
 from kvdrift.analysis.lags import LagWindows
+from kvdrift.analysis.results import ContrastResult, Curve
 
 SCALARS = ("p_diverge", "mean_entry_time", "R", "O", "E", "Pi", "C", "F", "R_minus_F", "S99",
            "B", "B_strict")
@@ -88,41 +90,44 @@ def action_pairs(actions: list[str]) -> list[tuple[str, str]]:
     return [(a, b) for i, a in enumerate(actions) for b in actions[i + 1:]]
 
 
-def interval(point: np.ndarray, draws: np.ndarray, alpha: float) -> dict:
-    """``{"estimate", "lo", "hi"}``: the point estimate and the percentile interval of draws."""
+def interval(point: np.ndarray, draws: np.ndarray, alpha: float) -> Interval:
+    """The point estimate and the percentile interval of draws, at level ``1 - alpha``."""
     lo, hi = percentile_interval(draws, alpha)
-    return {"estimate": float(point), "lo": float(lo), "hi": float(hi)}
+    return Interval(float(point), float(lo), float(hi), 1 - alpha)
 
 
-def intervals(point: np.ndarray, draws: np.ndarray, alpha: float) -> list[dict]:
+def intervals(point: np.ndarray, draws: np.ndarray, alpha: float) -> tuple[Interval, ...]:
     """One :func:`interval` per entry of the last axis (``point [k]``, ``draws [B, k]``)."""
-    return [interval(point[i], draws[:, i], alpha) for i in range(point.shape[-1])]
+    return tuple(interval(point[i], draws[:, i], alpha) for i in range(point.shape[-1]))
 
 
-def curve(point: np.ndarray, draws: np.ndarray, alpha: float) -> dict:
+def curve(point: np.ndarray, draws: np.ndarray, alpha: float,
+          blocks: list[tuple[int, int]] | None = None) -> Curve:
     """A curve over ``x = 1..k`` with pointwise percentile bands."""
     lo, hi = percentile_interval(draws, alpha)
-    return {"x": list(range(1, point.shape[-1] + 1)), "estimate": point.tolist(),
-            "lo": lo.tolist(), "hi": hi.tolist()}
+    return Curve(tuple(range(1, point.shape[-1] + 1)), tuple(point.tolist()),
+                 tuple(lo.tolist()), tuple(hi.tolist()), 1 - alpha,
+                 None if blocks is None else tuple((int(s), int(e)) for s, e in blocks))
 
 
-def action_scalars(point: dict, draws: dict, alpha: float) -> dict[str, dict]:
+def action_scalars(point: dict, draws: dict, alpha: float) -> dict[str, Interval]:
     """Every scalar of :data:`SCALARS` with its interval."""
     return {k: interval(point[k], draws[k], alpha) for k in SCALARS}
 
 
-def contrast_entry(
-    point: tuple[dict, dict], draws: tuple[dict, dict], alpha: float, horizon: int
-) -> dict:
+def contrast_result(
+    model: str, names: tuple[str, str], point: tuple[dict, dict], draws: tuple[dict, dict],
+    alpha: float, horizon: int,
+) -> ContrastResult:
     """``b - a`` decomposition terms with intervals, and the block gap when both have curves.
 
-    ``point`` and ``draws`` are the derived dicts of ``(a, b)``; the draws must share their
-    bootstrap counts (paired).
+    ``names`` are ``(a, b)``; ``point`` and ``draws`` their derived dicts; the draws must share
+    their bootstrap counts (paired).
     """
     pt, bt = contrast_terms(*point), contrast_terms(*draws)
-    entry = {k: interval(pt[k], bt[k], alpha) for k in CONTRAST_TERMS}
+    terms = {k: interval(pt[k], bt[k], alpha) for k in CONTRAST_TERMS}
+    gap = None
     if "expected_delta" in point[0] and "expected_delta" in point[1]:
         blocks = position_blocks(horizon)
-        entry["block_gap"] = curve(block_gap(*point, blocks), block_gap(*draws, blocks),
-                                   alpha) | {"blocks": [[int(s), int(e)] for s, e in blocks]}
-    return entry
+        gap = curve(block_gap(*point, blocks), block_gap(*draws, blocks), alpha, blocks)
+    return ContrastResult(model, names[0], names[1], terms, gap)

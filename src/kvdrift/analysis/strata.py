@@ -13,14 +13,15 @@ import numpy as np
 from kvdrift.analysis.bootstrap import weighted_means
 from kvdrift.analysis.features import DocFeatures
 from kvdrift.analysis.lags import LagWindows
-from kvdrift.analysis.quantities import action_pairs, action_scalars, contrast_entry, derive
+from kvdrift.analysis.quantities import action_pairs, action_scalars, contrast_result, derive
+from kvdrift.analysis.results import ActionScalars, StratumResult
 
 
 def stratum_results(
     model: str, features: dict[str, DocFeatures], counts: np.ndarray,
     windows: LagWindows | None, horizon: int, alpha: float,
-) -> list[dict]:
-    """One entry per stratum: each action's scalars and every contrast ``b - a``.
+) -> list[StratumResult]:
+    """One result per stratum: each action's scalars and every contrast ``b - a``.
 
     ``features`` hold the same documents, in the same order, for every action; ``counts``
     (``[draws, n_docs]``) are the study's within-stratum bootstrap counts for those documents.
@@ -36,12 +37,10 @@ def stratum_results(
             columns = {k: v[members] for k, v in f.columns.items()}
             point[action] = derive(weighted_means(columns, weights), windows)
             draws[action] = derive(weighted_means(columns, weights, sub), windows)
-        out.append({
-            "model": model, "stratum": str(label), "documents": int(members.size),
-            "actions": [{"action": a, "scalars": action_scalars(point[a], draws[a], alpha)}
-                        for a in features],
-            "contrasts": [{"a": a, "b": b} | contrast_entry((point[a], point[b]),
-                                                            (draws[a], draws[b]), alpha, horizon)
-                          for a, b in action_pairs(list(features))],
-        })
+        out.append(StratumResult(
+            model, str(label), int(members.size),
+            tuple(ActionScalars(a, action_scalars(point[a], draws[a], alpha)) for a in features),
+            tuple(contrast_result(model, (a, b), (point[a], point[b]), (draws[a], draws[b]),
+                                  alpha, horizon) for a, b in action_pairs(list(features))),
+        ))
     return out

@@ -4,7 +4,8 @@ Documents are the unit and strata weigh equally (:mod:`kvdrift.analysis.summary`
 Intervals come from the document bootstrap, paired across actions
 (:mod:`kvdrift.analysis.bootstrap`): pointwise percentile intervals for exploratory
 quantities, Bonferroni-adjusted ones (alpha / k over the k prespecified endpoints, all
-models together) for endpoints. The result is a JSON-able dict that the report renders.
+models together) for endpoints. The result is a :class:`~kvdrift.analysis.results.StudyAnalysis`
+(its ``to_json()`` is ``analysis.json``), which the report renders.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from kvdrift.analysis.agreement import cohort_support, local_agreement_entry
+from kvdrift.analysis.agreement import cohort_support, local_agreement_result
 from kvdrift.analysis.bootstrap import stratified_counts, stratum_weights, weighted_means
 from kvdrift.analysis.bounds import (
     Interval,
@@ -32,12 +33,20 @@ from kvdrift.analysis.quantities import (
     action_pairs,
     action_scalars,
     block_gap,
-    contrast_entry,
+    contrast_result,
     contrast_terms,
     curve,
     derive,
     interval,
     position_blocks,
+)
+from kvdrift.analysis.results import (
+    ActionResult,
+    Bound,
+    CertifiedOrder,
+    EndpointResult,
+    StudyAnalysis,
+    StudyMeta,
 )
 from kvdrift.analysis.strata import stratum_results
 
@@ -85,8 +94,8 @@ def _endpoint_value(e: Endpoint, derived: dict[str, dict[str, np.ndarray]]) -> n
 def analyze(
     steps: pd.DataFrame, replicates: pd.DataFrame, options: AnalysisOptions,
     meta: dict | None = None,
-) -> dict:
-    """The full study analysis as a JSON-able dict (schema: :mod:`kvdrift.report`)."""
+) -> StudyAnalysis:
+    """The full study analysis; ``meta`` (config, versions, temperature) is kept in its meta."""
     if replicates.empty:
         raise ValueError("no finished units to analyze")
     H = int(single_value(replicates, "horizon"))
@@ -95,15 +104,11 @@ def analyze(
     endpoints = [parse_endpoint(t) for t in options.endpoints]
     models = list(dict.fromkeys(replicates["model"]))
     family = max(1, len(endpoints) * len(models))
-    out: dict = {
-        "meta": (meta or {}) | {
-            "estimator": estimator, "horizon": H,
-            "replicates": int(replicates.groupby(["model", "action", "doc_id"]).size().max()),
-            "bootstrap": options.bootstrap, "alpha": options.alpha},
-        "lags": windows.as_dict() if windows else None,
-        "actions": [], "contrasts": [], "endpoints": [], "certified_order": [],
-        "strata": [], "eos_contrasts": [], "local_agreement": [], "cohort_support": [],
-    }
+    out: dict[str, list] = {k: [] for k in (
+        "actions", "contrasts", "endpoints", "certified_order", "strata", "eos_contrasts",
+        "local_agreement", "cohort_support")}
+    documents: dict[str, int] = {}
+    notes: list[str] = []
     for model in models:
         reps_m = replicates[replicates["model"] == model]
         steps_m = steps[steps["model"] == model]
@@ -120,32 +125,22 @@ def analyze(
         point = {a: derive(m, windows) for a, m in means.items()}
         boot = {a: derive(m, windows) for a, m in boot_means.items()}
         sizes = pd.Series(strata).value_counts().sort_index()
-        out["meta"]["documents"] = {str(k): int(v) for k, v in sizes.items()}
+        documents = {str(k): int(v) for k, v in sizes.items()}  # the last model's counts
         lonely = [str(k) for k, v in sizes.items() if v < 2]
         if lonely:
-            out["meta"].setdefault("notes", []).append(
+            notes.append(
                 f"{model}: strata with a single document ({', '.join(lonely)}) contribute no "
                 "between-document variation, so intervals understate uncertainty; use at "
                 "least two documents per stratum.")
         enclosures: dict[int, dict[str, Interval]] = {}
         for a, f in feats.items():
             p, b = point[a], boot[a]
-            entry = {
-                "model": model, "action": a, "documents": int(len(f.doc_ids)),
-                "scalars": action_scalars(p, b, options.alpha),
-                "curves": {k: curve(p[k], b[k], options.alpha)
-                           for k in ("timing_cdf", "expected_delta", "lag_profile",
-                                     "lag_profile_strict") if k in p},
-                "eos_split": None, "bounds": [],
-            }
-            if "eos_R" in f.columns:
-                entry["eos_split"] = eos_split_entry(means[a], boot_means[a], options.alpha)
+            bounds = []
             if "branch_cohort" in f.columns:  # rollouts with lag windows
-                key = {"model": model, "action": a}
-                out["local_agreement"].append(key | local_agreement_entry(
-                    means[a], boot_means[a], windows, options.alpha))
-                out["cohort_support"].append(key | cohort_support(
-                    reps_m[reps_m["action"] == a], f.doc_ids, windows))
+                out["local_agreement"].append(local_agreement_result(
+                    model, a, means[a], boot_means[a], windows, options.alpha))
+                out["cohort_support"].append(cohort_support(
+                    model, a, reps_m[reps_m["action"] == a], f.doc_ids, windows))
             for key in sorted((k for k in f.columns if k.startswith("observed_L")),
                               key=lambda k: int(k[len("observed_L"):])):
                 L = int(key[len("observed_L"):])
@@ -157,14 +152,19 @@ def analyze(
                 # For ordering, every action's enclosure must hold at once: alpha / actions.
                 enclosures.setdefault(L, {})[a] = hoeffding_enclosure(
                     lower, upper, options.alpha / len(actions), weights)
-                entry["bounds"].append({
-                    "L": L, "R_L": sharp.lo, "B_L": sharp.hi - sharp.lo, "lo": sharp.lo,
-                    "hi": sharp.hi, "minimax": sharp.minimax, "hoeffding_lo": enc.lo,
-                    "hoeffding_hi": enc.hi})
-            out["actions"].append(entry)
+                bounds.append(Bound(L, sharp, enc))
+            out["actions"].append(ActionResult(
+                model, a, int(len(f.doc_ids)), action_scalars(p, b, options.alpha),
+                {k: curve(p[k], b[k], options.alpha)
+                 for k in ("timing_cdf", "expected_delta", "lag_profile",
+                           "lag_profile_strict") if k in p},
+                eos_split_entry(means[a], boot_means[a], options.alpha)
+                if "eos_R" in f.columns else None,
+                tuple(bounds)))
         for a, b_name in action_pairs(actions):
-            out["contrasts"].append({"model": model, "a": a, "b": b_name} | contrast_entry(
-                (point[a], point[b_name]), (boot[a], boot[b_name]), options.alpha, H))
+            out["contrasts"].append(contrast_result(
+                model, (a, b_name), (point[a], point[b_name]), (boot[a], boot[b_name]),
+                options.alpha, H))
         if all("eos_R" in f.columns for f in feats.values()):
             out["eos_contrasts"].extend(
                 eos_contrast_entries(model, means, boot_means, options.alpha))
@@ -176,8 +176,13 @@ def analyze(
                                  f"{model!r} did not run; actions: {', '.join(actions)}")
             level = options.alpha / family
             iv = interval(_endpoint_value(e, point), _endpoint_value(e, boot), level)
-            out["endpoints"].append({"model": model, "name": e.text, **iv, "alpha": level})
+            out["endpoints"].append(EndpointResult(model, e.text, iv, level))
         for L, encs in sorted(enclosures.items()):
-            out["certified_order"] += [{"model": model, "L": L, "better": better, "worse": worse}
+            out["certified_order"] += [CertifiedOrder(model, L, better, worse)
                                        for better, worse in certified_order(encs)]
-    return out
+    study_meta = StudyMeta(
+        estimator=estimator, horizon=H,
+        replicates=int(replicates.groupby(["model", "action", "doc_id"]).size().max()),
+        bootstrap=options.bootstrap, alpha=options.alpha, documents=documents,
+        notes=tuple(notes), run=dict(meta or {}))
+    return StudyAnalysis(study_meta, windows, **{k: tuple(v) for k, v in out.items()})

@@ -1,9 +1,8 @@
 """The study report: figures, a self-contained HTML page, and a terminal summary.
 
-Input is a study analysis, a JSON-able dict::
-
-    {"meta": {...}, "lags": {...}, "actions": [...], "contrasts": [...],
-     "endpoints": [...], "certified_order": [...]}
+Input is a study analysis, a :class:`~kvdrift.analysis.results.StudyAnalysis` (from
+:func:`kvdrift.analysis.study.analyze` or
+:func:`kvdrift.analysis.directory.analyze_directory`); ``analysis.json`` is its ``to_json()``.
 
 Fractions are stored in [0, 1] and shown in percent; differences in percentage points.
 """

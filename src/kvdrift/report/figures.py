@@ -12,13 +12,17 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.patches import Patch
 
 import kvdrift.plots  # noqa: F401  (selects the Agg backend)
-from kvdrift.report.numbers import as_float, interval_values
+from kvdrift.analysis.interval import Interval
+from kvdrift.analysis.results import ActionResult, StudyAnalysis
+
+T = TypeVar("T")
 
 DPI = 130
 BAND_ALPHA = 0.18
@@ -34,43 +38,38 @@ class CurveArrays:
     hi: np.ndarray
 
 
-def curve_arrays(action: dict, name: str) -> CurveArrays | None:
-    """``action["curves"][name]`` as arrays, or None when absent or without a finite estimate."""
-    curve = (action.get("curves") or {}).get(name)
-    if not curve or curve.get("x") is None or len(curve["x"]) == 0:
+def curve_arrays(action: ActionResult, name: str) -> CurveArrays | None:
+    """``action.curves[name]`` as arrays, or None when absent or without a finite estimate."""
+    curve = action.curves.get(name)
+    if curve is None or len(curve.x) == 0:
         return None
-    x = _floats(curve["x"])
-    n = x.size
-
-    def column(key: str) -> np.ndarray:
-        values = curve.get(key)
-        if values is None or len(values) != n:
-            return np.full(n, np.nan)
-        return _floats(values)
-
-    arrays = CurveArrays(x, column("estimate"), column("lo"), column("hi"))
+    arrays = CurveArrays(*(np.asarray(v, dtype=np.float64)
+                           for v in (curve.x, curve.estimate, curve.lo, curve.hi)))
     if not np.isfinite(arrays.estimate).any():
         return None
     return arrays
 
 
-def _floats(values: Sequence) -> np.ndarray:
-    return np.array([as_float(v) for v in values], dtype=np.float64)
-
-
-def action_colors(analysis: dict) -> dict[str, str]:
+def action_colors(analysis: StudyAnalysis) -> dict[str, str]:
     """One colour per action name, in order of first appearance."""
     palette = plt.get_cmap("tab10").colors
-    names = list(dict.fromkeys(a.get("action", "?") for a in analysis.get("actions", [])))
+    names = list(dict.fromkeys(a.action for a in analysis.actions))
     return {name: palette[i % len(palette)] for i, name in enumerate(names)}
 
 
-def by_model(rows: Sequence[dict]) -> dict[str, list[dict]]:
-    """Rows grouped by their ``"model"``, models in order of first appearance."""
-    groups: dict[str, list[dict]] = {}
+def by_model(rows: Sequence[T]) -> dict[str, list[T]]:
+    """Rows (anything with a ``model``) grouped by model, in order of first appearance."""
+    groups: dict[str, list[T]] = {}
     for row in rows:
-        groups.setdefault(str(row.get("model", "?")), []).append(row)
+        groups.setdefault(row.model, []).append(row)
     return groups
+
+
+def _ends(interval: Interval | None) -> tuple[float, float, float]:
+    """``(estimate, lo, hi)``; all NaN for an interval the analysis does not have."""
+    if interval is None:
+        return math.nan, math.nan, math.nan
+    return interval.estimate, interval.lo, interval.hi
 
 
 def _panels(n: int, width: float = 6.2, height: float = 4.4):
@@ -98,23 +97,20 @@ def _save(fig, path: str | Path) -> Path:
     return path
 
 
-def _horizon(analysis: dict) -> float:
-    return as_float((analysis.get("meta") or {}).get("horizon"))
-
-
-def _curve_panels(analysis: dict, name: str) -> dict[str, list[tuple[dict, CurveArrays]]]:
+def _curve_panels(analysis: StudyAnalysis,
+                  name: str) -> dict[str, list[tuple[ActionResult, CurveArrays]]]:
     """Per model, the actions that have curve ``name``; models without any are left out."""
-    panels: dict[str, list[tuple[dict, CurveArrays]]] = {}
-    for model, actions in by_model(analysis.get("actions", [])).items():
+    panels: dict[str, list[tuple[ActionResult, CurveArrays]]] = {}
+    for model, actions in by_model(analysis.actions).items():
         rows = [(a, c) for a in actions if (c := curve_arrays(a, name)) is not None]
         if rows:
             panels[model] = rows
     return panels
 
 
-def _never_diverged(action: dict, cdf: CurveArrays) -> str:
+def _never_diverged(action: ActionResult, cdf: CurveArrays) -> str:
     """``"never diverged 38.9% [35.2, 42.4]"`` from P(tau <= H), or from the curve's last point."""
-    est, lo, hi = interval_values((action.get("scalars") or {}).get("p_diverge"))
+    est, lo, hi = _ends(action.scalars.get("p_diverge"))
     if not math.isfinite(est):
         finite = np.flatnonzero(np.isfinite(cdf.estimate))
         last = finite[-1]
@@ -125,7 +121,7 @@ def _never_diverged(action: dict, cdf: CurveArrays) -> str:
     return text
 
 
-def plot_timing(analysis: dict, path: str | Path) -> Path | None:
+def plot_timing(analysis: StudyAnalysis, path: str | Path) -> Path | None:
     """Divergence timing P(tau <= t) per action, one panel per model, with bootstrap bands.
 
     The legend gives each action's never-diverged mass 1 - P(tau <= H) with its interval.
@@ -134,18 +130,17 @@ def plot_timing(analysis: dict, path: str | Path) -> Path | None:
     if not panels:
         return None
     colors = action_colors(analysis)
-    H = _horizon(analysis)
+    H = analysis.meta.horizon
     fig, axes = _panels(len(panels), height=5.2)
     for ax, (model, rows) in zip(axes, panels.items(), strict=True):
         for action, c in rows:
-            color = colors[action["action"]]
+            color = colors[action.action]
             _band(ax, c, color)
             ax.plot(c.x, c.estimate * 100, color=color, lw=1.8,
                     marker="o" if c.x.size <= 40 else None, ms=2.5,
-                    label=f"{action['action']} — {_never_diverged(action, c)}")
+                    label=f"{action.action} — {_never_diverged(action, c)}")
         ax.set_ylim(0, 100)
-        if math.isfinite(H):
-            ax.set_xlim(1, H)
+        ax.set_xlim(1, H)
         ax.set_xlabel("generated position t (steps)")
         ax.set_ylabel("P(first divergence by step t), % of trajectories")
         ax.set_title(model)
@@ -174,9 +169,9 @@ def _yerr(est: float, lo: float, hi: float, scale: float) -> tuple[float, float]
     return max(below, 0.0), max(above, 0.0)
 
 
-def _share_text(contrast: dict, key: str = "exposure_share", label: str = "exposure share") -> str:
+def _share_text(share: Interval | None, label: str = "exposure share") -> str:
     """``"exposure share 86%\n[81, 94]"`` from a contrast's share interval (in percent)."""
-    est, lo, hi = interval_values(contrast.get(key))
+    est, lo, hi = _ends(share)
     if not math.isfinite(est):
         return f"{label} —"
     text = f"{label} {100 * est:.0f}%"
@@ -185,14 +180,13 @@ def _share_text(contrast: dict, key: str = "exposure_share", label: str = "expos
     return text
 
 
-def plot_contrasts(analysis: dict, path: str | Path) -> Path | None:
+def plot_contrasts(analysis: StudyAnalysis, path: str | Path) -> Path | None:
     """Per contrast (b minus a): occurrence, exposure and rate terms (pp) and the total dR.
 
     Bars are the three terms with their intervals; the black diamond is dR = sum of the terms;
     the tick label gives the exposure share.
     """
-    contrasts = [c for c in analysis.get("contrasts", [])
-                 if math.isfinite(interval_values(c.get("dR"))[0])]
+    contrasts = [c for c in analysis.contrasts if math.isfinite(_ends(c.terms.get("dR"))[0])]
     if not contrasts:
         return None
     groups = by_model(contrasts)
@@ -203,18 +197,19 @@ def plot_contrasts(analysis: dict, path: str | Path) -> Path | None:
     for ax, (model, rows) in zip(axes, groups.items(), strict=True):
         x = np.arange(len(rows))
         for (key, label, color), off in zip(CONTRAST_TERMS, offsets, strict=False):
-            vals = [interval_values(r.get(key)) for r in rows]
+            vals = [_ends(r.terms.get(key)) for r in rows]
             keep = [i for i, v in enumerate(vals) if math.isfinite(v[0])]  # no bar if missing
             est = np.array([vals[i][0] for i in keep]) * 100
             err = np.array([_yerr(*vals[i], scale=100) for i in keep]).reshape(-1, 2).T
             ax.bar(x[keep] + off, est, width, color=color, label=label,
                    yerr=err, capsize=3, error_kw={"lw": 1, "ecolor": "0.25"})
-        vals = [interval_values(r.get("dR")) for r in rows]
+        vals = [_ends(r.terms.get("dR")) for r in rows]
         ax.errorbar(x + offsets[3], np.array([v[0] for v in vals]) * 100,
                     yerr=np.array([_yerr(*v, scale=100) for v in vals]).T, fmt="D", ms=7,
                     color="black", capsize=3, label="ΔR (total)")
         ax.axhline(0, color="0.3", lw=0.8)
-        ax.set_xticks(x, [f"{r.get('b')} − {r.get('a')}\n{_share_text(r)}" for r in rows],
+        ax.set_xticks(x, [f"{r.b} − {r.a}\n{_share_text(r.terms.get('exposure_share'))}"
+                          for r in rows],
                       fontsize=8)
         ax.set_xlim(-0.6, len(rows) - 0.4)
         ax.set_ylabel("contribution to ΔR (pp of positions)")
@@ -226,20 +221,12 @@ def plot_contrasts(analysis: dict, path: str | Path) -> Path | None:
     return _save(fig, path)
 
 
-def _window(analysis: dict, key: str) -> tuple[float, float] | None:
-    window = (analysis.get("lags") or {}).get(key)
-    if not window or len(window) != 2:
-        return None
-    lo, hi = as_float(window[0]), as_float(window[1])
-    return (lo, hi) if math.isfinite(lo) and math.isfinite(hi) else None
-
-
-def _b_text(action: dict, key: str = "B") -> str:
-    est = interval_values((action.get("scalars") or {}).get(key))[0]
+def _b_text(action: ActionResult, key: str = "B") -> str:
+    est = _ends(action.scalars.get(key))[0]
     return f", B = {100 * est:+.2f} pp" if math.isfinite(est) else ""
 
 
-def plot_lag_profiles(analysis: dict, path: str | Path) -> Path | None:
+def plot_lag_profiles(analysis: StudyAnalysis, path: str | Path) -> Path | None:
     """Branch-aligned lag profile b_j = E[delta_{tau+j} | tau <= max_entry] per action.
 
     The early and late windows (inclusive ranges of j) are shaded; B(a) = mean(late) -
@@ -249,9 +236,9 @@ def plot_lag_profiles(analysis: dict, path: str | Path) -> Path | None:
     if not panels:
         return None
     colors = action_colors(analysis)
-    lags = analysis.get("lags") or {}
-    max_entry = lags.get("max_entry", "max entry")
-    early, late = _window(analysis, "early"), _window(analysis, "late")
+    lags = analysis.lags
+    max_entry = lags.max_entry if lags is not None else "max entry"
+    early, late = (lags.early, lags.late) if lags is not None else (None, None)
     fig, axes = _panels(len(panels), height=5.4)
     for ax, (model, rows) in zip(axes, panels.items(), strict=True):
         for window, name, shade in ((early, "early", "#4c72b0"), (late, "late", "#dd8452")):
@@ -259,14 +246,14 @@ def plot_lag_profiles(analysis: dict, path: str | Path) -> Path | None:
                 ax.axvspan(window[0] - 0.5, window[1] + 0.5, color=shade, alpha=0.08,
                            label=f"{name} window j = {window[0]:g}–{window[1]:g}")
         for action, c in rows:
-            color = colors[action["action"]]
+            color = colors[action.action]
             _band(ax, c, color)
             ax.plot(c.x, c.estimate * 100, color=color, lw=1.8,
-                    label=f"{action['action']}{_b_text(action)}")
+                    label=f"{action.action}{_b_text(action)}")
             strict = curve_arrays(action, "lag_profile_strict")
             if strict is not None:
                 ax.plot(strict.x, strict.estimate * 100, color=color, lw=1.3, ls="--",
-                        label=f"{action['action']} strict pre-EOS{_b_text(action, 'B_strict')}")
+                        label=f"{action.action} strict pre-EOS{_b_text(action, 'B_strict')}")
         ax.set_xlabel("lag j after first divergence (steps)")
         ax.set_ylabel(rf"branch TV $E[\delta_{{\tau+j}} \mid \tau \leq {max_entry}]$, %")
         ax.set_title(model)
@@ -278,21 +265,20 @@ def plot_lag_profiles(analysis: dict, path: str | Path) -> Path | None:
     return _save(fig, path)
 
 
-def plot_expected_delta(analysis: dict, path: str | Path) -> Path | None:
+def plot_expected_delta(analysis: StudyAnalysis, path: str | Path) -> Path | None:
     """The generation clock: E[delta_t] by generated position per action, with bands."""
     panels = _curve_panels(analysis, "expected_delta")
     if not panels:
         return None
     colors = action_colors(analysis)
-    H = _horizon(analysis)
+    H = analysis.meta.horizon
     fig, axes = _panels(len(panels))
     for ax, (model, rows) in zip(axes, panels.items(), strict=True):
         for action, c in rows:
-            color = colors[action["action"]]
+            color = colors[action.action]
             _band(ax, c, color)
-            ax.plot(c.x, c.estimate * 100, color=color, lw=1.8, label=action["action"])
-        if math.isfinite(H):
-            ax.set_xlim(1, H)
+            ax.plot(c.x, c.estimate * 100, color=color, lw=1.8, label=action.action)
+        ax.set_xlim(1, H)
         ax.set_ylim(bottom=0)
         ax.set_xlabel("generated position t (steps)")
         ax.set_ylabel(r"$E[\delta_t]$ (branch-aligned TV), %")
@@ -320,35 +306,30 @@ def _stack(ax, x: float, values: Sequence[float], width: float) -> None:
         up, down = (up + v, down) if v > 0 else (up, down + v)
 
 
-def plot_eos_split(analysis: dict, path: str | Path) -> Path | None:
+def plot_eos_split(analysis: StudyAnalysis, path: str | Path) -> Path | None:
     """R - F split by EOS category: stacked G_r per action, stacked Delta G_r per contrast.
 
     Black diamonds are the totals (R - F, or Delta(R - F)) with their bootstrap intervals; a
     contrast's tick label gives its EOS share.
     """
-    actions = [a for a in analysis.get("actions", [])
-               if (a.get("eos_split") or {}).get("R_minus_F")]
+    actions = [a for a in analysis.actions if a.eos_split is not None and a.eos_split.R_minus_F]
     if not actions:
         return None
-    contrasts = by_model(analysis.get("eos_contrasts") or [])
+    contrasts = by_model(analysis.eos_contrasts)
     groups = by_model(actions)
     widest = max(len(rows) + len(contrasts.get(m, [])) for m, rows in groups.items())
     fig, axes = _panels(len(groups), width=max(5.5, 1.5 * widest + 2.0), height=5.0)
-    categories = [str(c) for c in actions[0]["eos_split"].get("categories", [])]
+    categories = list(actions[0].eos_split.categories)
     for ax, (model, rows) in zip(axes, groups.items(), strict=True):
         bars: list[tuple[str, list[float], tuple[float, float, float]]] = []
         for a in rows:
-            split = a["eos_split"]
-            total = split.get("G_total") or {"estimate": sum(
-                v for v in map(as_float, split["R_minus_F"]) if math.isfinite(v))}
-            bars.append((str(a.get("action", "?")), [as_float(v) for v in split["R_minus_F"]],
-                         interval_values(total)))
+            split = a.eos_split
+            bars.append((a.action, list(split.R_minus_F), _ends(split.G_total)))
         n_actions = len(bars)
         for c in contrasts.get(model, []):
-            share = _share_text(c, "eos_share", "EOS share")
-            bars.append((f"{c.get('b')} − {c.get('a')}\n{share}",
-                         [interval_values(g)[0] for g in c.get("dG") or []],
-                         interval_values(c.get("dR_minus_F"))))
+            share = _share_text(c.eos_share, "EOS share")
+            bars.append((f"{c.b} − {c.a}\n{share}", [g.estimate for g in c.dG],
+                         _ends(c.dR_minus_F)))
         for i, (_, values, _) in enumerate(bars):
             _stack(ax, i, [100 * v for v in values], 0.6)
         totals = [t for _, _, t in bars]
@@ -376,7 +357,7 @@ class Figure:
     """A report figure: file stem, drawing function, and a one-sentence caption."""
 
     name: str
-    draw: Callable[[dict, str | Path], Path | None]
+    draw: Callable[[StudyAnalysis, str | Path], Path | None]
     caption: str
 
 

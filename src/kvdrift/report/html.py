@@ -16,14 +16,14 @@ from html import escape
 from pathlib import Path
 from string import Template
 
+from kvdrift.analysis.interval import Interval
+from kvdrift.analysis.results import ContrastResult, StudyAnalysis
 from kvdrift.report.figures import FIGURES, by_model
 from kvdrift.report.numbers import (
     B_STRICT,
     HEADLINE,
     MISSING,
     Quantity,
-    as_float,
-    interval_values,
     number_text,
     to_json_safe,
 )
@@ -126,14 +126,15 @@ GLOSSARY = (
 )
 
 
-def write_report(analysis: dict, out_dir: str | Path, *, title: str = DEFAULT_TITLE) -> Path:
+def write_report(analysis: StudyAnalysis, out_dir: str | Path, *,
+                 title: str = DEFAULT_TITLE) -> Path:
     """Write ``report.html``, ``analysis.json`` and ``figures/*.png`` into ``out_dir``.
 
     Parameters
     ----------
-    analysis : dict
-        A study analysis (see the module docs of :mod:`kvdrift.report`); NaN/None mark
-        quantities that were not measured.
+    analysis : StudyAnalysis
+        A study analysis; NaN marks quantities that were not measured. ``analysis.json`` is
+        its ``to_json()``, with NaN written as null.
     out_dir : path
         Created if needed. Figures of an earlier report that this analysis cannot draw are
         removed, so ``figures/`` always matches the HTML.
@@ -142,15 +143,16 @@ def write_report(analysis: dict, out_dir: str | Path, *, title: str = DEFAULT_TI
     -------
     Path of ``report.html``.
     """
-    if not isinstance(analysis, dict):
-        raise TypeError("analysis must be a dict (the study analysis), "
-                        f"got {type(analysis).__name__}")
+    if not isinstance(analysis, StudyAnalysis):
+        raise TypeError("analysis must be a StudyAnalysis (from kvdrift.analysis.study."
+                        f"analyze), got {type(analysis).__name__}")
     out_dir = Path(out_dir)
     fig_dir = out_dir / "figures"
     fig_dir.mkdir(parents=True, exist_ok=True)
 
     (out_dir / "analysis.json").write_text(
-        json.dumps(to_json_safe(analysis), indent=1, allow_nan=False) + "\n", encoding="utf-8")
+        json.dumps(to_json_safe(analysis.to_json()), indent=1, allow_nan=False) + "\n",
+        encoding="utf-8")
 
     figures = []
     for figure in FIGURES:
@@ -180,12 +182,12 @@ def write_report(analysis: dict, out_dir: str | Path, *, title: str = DEFAULT_TI
 # ---------------------------------------------------------------- building blocks
 
 
-def _interval_cell(interval, scale: float = 100.0, digits: int = 2, signed: bool = False,
-                   unit: str = "") -> str:
+def _interval_cell(interval: Interval | None, scale: float = 100.0, digits: int = 2,
+                   signed: bool = False, unit: str = "") -> str:
     """The estimate, and under it the interval in small muted type (keeps wide tables narrow)."""
-    est, lo, hi = interval_values(interval)
-    if not math.isfinite(est):
+    if interval is None or not interval.defined:
         return MISSING
+    est, lo, hi = interval.estimate, interval.lo, interval.hi
     cell = f'<span class="est">{number_text(est, scale, digits, signed)}{unit}</span>'
     if math.isfinite(lo) and math.isfinite(hi):
         cell += (f'<br><span class="ci">[{number_text(lo, scale, digits, signed)}, '
@@ -193,7 +195,7 @@ def _interval_cell(interval, scale: float = 100.0, digits: int = 2, signed: bool
     return cell
 
 
-def _quantity_cell(q: Quantity, interval) -> str:
+def _quantity_cell(q: Quantity, interval: Interval | None) -> str:
     return _interval_cell(interval, q.scale, q.digits, signed=q.unit == "pp")
 
 
@@ -230,59 +232,58 @@ def _meta_value(value, digits: int | None = None) -> str:
     return escape(str(value))
 
 
-def _what_was_run(analysis: dict) -> str:
-    meta = analysis.get("meta") or {}
-    actions = analysis.get("actions", [])
-    docs = meta.get("documents") or {}
+def _what_was_run(analysis: StudyAnalysis) -> str:
+    meta = analysis.meta
+    actions = analysis.actions
+    docs = meta.documents
     if docs:
-        total = sum(int(as_float(n)) for n in docs.values() if math.isfinite(as_float(n)))
+        total = sum(docs.values())
         doc_text = ", ".join(f"{escape(str(k))}: {_meta_value(v)}" for k, v in docs.items())
         doc_text += f" (total {total}; strata weigh equally)"
     else:
         doc_text = MISSING
-    temperature = meta.get("temperature")
+    temperature = meta.temperature
     temp_text = _meta_value(temperature)
-    if as_float(temperature) == 0:
+    if temperature == 0:
         temp_text += " (greedy)"
-    versions = meta.get("versions") or {}
-    version_text = ", ".join(f"{escape(str(k))} {escape(str(v))}" for k, v in versions.items())
-    estimator = str(meta.get("estimator", MISSING))
+    version_text = ", ".join(f"{escape(str(k))} {escape(str(v))}"
+                             for k, v in meta.versions.items())
+    estimator = meta.estimator
     estimator_text = {
         "rollout": "complete coupled rollouts",
         "swrb": "survival-weighted residual branching (SWRB)",
     }.get(estimator, estimator)
     items = [
-        ("Models", escape(", ".join(_unique(a.get("model", "?") for a in actions))) or MISSING),
-        ("Actions", escape(", ".join(_unique(a.get("action", "?") for a in actions))) or MISSING),
+        ("Models", escape(", ".join(_unique(a.model for a in actions))) or MISSING),
+        ("Actions", escape(", ".join(_unique(a.action for a in actions))) or MISSING),
         ("Documents per stratum", doc_text),
-        ("Replicates K", _meta_value(meta.get("replicates"))),
-        ("Horizon H", f"{_meta_value(meta.get('horizon'))} generated positions"),
+        ("Replicates K", _meta_value(meta.replicates)),
+        ("Horizon H", f"{_meta_value(meta.horizon)} generated positions"),
         ("Temperature", temp_text),
         ("Estimator", escape(estimator_text)),
-        ("Bootstrap draws", f"{_meta_value(meta.get('bootstrap'))} (documents resampled within "
+        ("Bootstrap draws", f"{_meta_value(meta.bootstrap)} (documents resampled within "
                             "strata, paired across actions)"),
-        ("&alpha;", f"{_meta_value(meta.get('alpha'))} (intervals at level 1 &minus; &alpha; "
+        ("&alpha;", f"{_meta_value(meta.alpha)} (intervals at level 1 &minus; &alpha; "
                     "unless stated)"),
         ("Package versions", version_text or MISSING),
     ]
     rows = "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in items)
-    config = meta.get("config")
+    config = meta.config
     details = ""
     if config:
         text = json.dumps(to_json_safe(config), indent=2, sort_keys=True)
         details = ("<details><summary>Study configuration</summary>"
                    f"<pre>{escape(text)}</pre></details>")
-    notes = "".join(f"<li>{escape(str(n))}</li>" for n in meta.get("notes") or ())
+    notes = "".join(f"<li>{escape(n)}</li>" for n in meta.notes)
     notes = f'<p><strong>Notes</strong></p><ul class="notes">{notes}</ul>' if notes else ""
     return _section("What was run", "run", f'<dl class="meta">{rows}</dl>\n{notes}{details}')
 
 
-def _headline(analysis: dict) -> str:
-    meta = analysis.get("meta") or {}
-    H = meta.get("horizon", "H")
-    actions = analysis.get("actions", [])
+def _headline(analysis: StudyAnalysis) -> str:
+    H = analysis.meta.horizon
+    actions = analysis.actions
     quantities = list(HEADLINE)
-    if any(math.isfinite(interval_values((a.get("scalars") or {}).get("B_strict"))[0])
+    if any(a.scalars.get("B_strict") is not None and a.scalars["B_strict"].defined
            for a in actions):
         quantities.append(B_STRICT)
     headers = ["action", "documents"] + [
@@ -293,7 +294,7 @@ def _headline(analysis: dict) -> str:
              "percentages of generated positions, P(&tau; &le; H) of trajectories, "
              "C<sub>H</sub> of post-divergence positions; R &minus; F and B(a) are percentage "
              "points; mean entry time is E[&tau; | &tau; &le; H] in steps.</p>"]
-    if meta.get("estimator") == "swrb":
+    if analysis.meta.estimator == "swrb":
         parts.append('<p class="note">Under SWRB, C<sub>H</sub> = &Pi;<sub>H</sub>/E<sub>H</sub> '
                      "is a ratio of two unbiased estimates, so it and its interval can leave "
                      "[0, 1] (e.g. above 100%) in a finite sample; this is sampling noise, not a "
@@ -303,9 +304,8 @@ def _headline(analysis: dict) -> str:
     for model, rows in by_model(actions).items():
         body = []
         for a in rows:
-            scalars = a.get("scalars") or {}
-            body.append([escape(str(a.get("action", "?"))), _meta_value(a.get("documents"))]
-                        + [_quantity_cell(q, scalars.get(q.key)) for q in quantities])
+            body.append([escape(a.action), _meta_value(a.documents)]
+                        + [_quantity_cell(q, a.scalars.get(q.key)) for q in quantities])
         parts.append(f"<h3>{escape(model)}</h3>")
         parts.append(_table(headers, body))
     return _section("Headline numbers", "headline", "\n".join(parts))
@@ -316,68 +316,67 @@ CONTRAST_HEADERS = ["&Delta;R (pp)", "occurrence &Delta;O (pp)",
                     "exposure share (%)"]
 
 
-def _contrast_name(c: dict) -> str:
-    return f"{escape(str(c.get('b', '?')))} &minus; {escape(str(c.get('a', '?')))}"
+def _contrast_name(c) -> str:
+    """``b &minus; a`` of a contrast (:class:`ContrastResult` or an EOS contrast)."""
+    return f"{escape(c.b)} &minus; {escape(c.a)}"
 
 
-def _contrast_cells(c: dict) -> list[str]:
+def _contrast_cells(c: ContrastResult) -> list[str]:
     """The decomposition's cells of one contrast, in the order of :data:`CONTRAST_HEADERS`."""
-    return [_interval_cell(c.get("dR"), signed=True),
-            _interval_cell(c.get("occurrence_term"), signed=True),
-            _interval_cell(c.get("exposure_term"), signed=True),
-            _interval_cell(c.get("rate_term"), signed=True),
-            _interval_cell(c.get("exposure_share"), digits=1)]
+    t = c.terms
+    return [_interval_cell(t.get("dR"), signed=True),
+            _interval_cell(t.get("occurrence_term"), signed=True),
+            _interval_cell(t.get("exposure_term"), signed=True),
+            _interval_cell(t.get("rate_term"), signed=True),
+            _interval_cell(t.get("exposure_share"), digits=1)]
 
 
-def _contrasts(analysis: dict) -> str:
-    contrasts = analysis.get("contrasts", [])
+def _contrasts(analysis: StudyAnalysis) -> str:
+    contrasts = analysis.contrasts
     if not contrasts:
         return _section("Contrasts", "contrasts", "<p>No contrasts in this analysis.</p>")
     headers = ["model", "contrast (b &minus; a)"] + CONTRAST_HEADERS
-    rows = [[escape(str(c.get("model", "?"))), _contrast_name(c)] + _contrast_cells(c)
-            for c in contrasts]
+    rows = [[escape(c.model), _contrast_name(c)] + _contrast_cells(c) for c in contrasts]
     note = ('<p class="note">&Delta;R = R<sub>b</sub> &minus; R<sub>a</sub> splits exactly into '
             "&Delta;O + &Delta;E&middot;C&#772; + &Delta;C&middot;E&#772;, where C&#772; and "
             "E&#772; are the midpoints of the two actions' values; exposure share = "
             "&Delta;E&middot;C&#772; / &Delta;R, "
             "the part of the gap due to diverging earlier rather than disagreeing more "
             "after divergence.</p>")
-    labelled = [(escape(str(c.get("model", "?"))), c) for c in contrasts]
+    labelled = [(escape(c.model), c) for c in contrasts]
     return _section("Contrasts", "contrasts", note + _table(headers, rows, numeric_from=2)
                     + _block_gaps(labelled, "model"))
 
 
-def _block_gaps(labelled: list[tuple[str, dict]], label: str) -> str:
+def _block_gaps(labelled: list[tuple[str, ContrastResult]], label: str) -> str:
     """The generation clock: where in the generation each contrast's gap in E[delta_t] sits.
 
     ``labelled`` pairs each contrast with its first cell (already-escaped HTML) headed ``label``.
     """
-    with_gaps = [(name, c) for name, c in labelled if c.get("block_gap")]
+    with_gaps = [(name, c) for name, c in labelled if c.block_gap is not None]
     if not with_gaps:
         return ""
-    blocks = with_gaps[0][1]["block_gap"].get("blocks") or []
+    blocks = with_gaps[0][1].block_gap.blocks or ()
     headers = [label, "contrast (b &minus; a)"] + [f"t {lo}&ndash;{hi} (pp)" for lo, hi in blocks]
     rows = []
     for name, c in with_gaps:
-        g = c["block_gap"]
-        cells = [_interval_cell({"estimate": e, "lo": lo, "hi": hi}, signed=True)
-                 for e, lo, hi in zip(g["estimate"], g["lo"], g["hi"], strict=False)]
+        g = c.block_gap
+        cells = [_interval_cell(Interval(e, lo, hi, g.level), signed=True)
+                 for e, lo, hi in zip(g.estimate, g.lo, g.hi, strict=True)]
         rows.append([name, _contrast_name(c)] + cells)
     note = ('<p class="note">Generation clock: the gap in mean branch TV E[&delta;<sub>t</sub>] '
             "between the two actions, averaged over blocks of generated positions.</p>")
     return note + _table(headers, rows, numeric_from=2)
 
 
-def _endpoints(analysis: dict) -> str:
-    endpoints = analysis.get("endpoints", [])
+def _endpoints(analysis: StudyAnalysis) -> str:
+    endpoints = analysis.endpoints
     if not endpoints:
         return _section("Prespecified endpoints", "endpoints",
                         "<p>No prespecified endpoints in this analysis.</p>")
-    alpha = as_float((analysis.get("meta") or {}).get("alpha"))
+    alpha = analysis.meta.alpha
     k = len(endpoints)
-    per = [as_float(e.get("alpha")) for e in endpoints]
-    if math.isfinite(alpha) and all(math.isfinite(p) and math.isclose(p, alpha / k, rel_tol=1e-6)
-                                    for p in per):
+    if all(math.isclose(e.alpha, alpha / k, rel_tol=1e-6) for e in endpoints):
         note = (f"Intervals are family-adjusted (Bonferroni): each of the k = {k} endpoints uses "
                 f"&alpha;/k = {alpha:g}/{k} = {alpha / k:.5g}, so all {k} intervals hold jointly "
                 f"with probability at least {1 - alpha:g}.")
@@ -387,11 +386,11 @@ def _endpoints(analysis: dict) -> str:
                 f"(the family's &alpha; divided by the number of endpoints, k = {k}).")
     rows = []
     for e in endpoints:
-        name = str(e.get("name", "?"))
+        name = e.name
         unit = "pp" if name.startswith("B") or "−" in name or " - " in name else "%"
-        rows.append([escape(str(e.get("model", "?"))), escape(name),
-                     _interval_cell(e, signed=unit == "pp", unit=f" {unit}"),
-                     number_text(e.get("alpha"), digits=5)])
+        rows.append([escape(e.model), escape(name),
+                     _interval_cell(e.interval, signed=unit == "pp", unit=f" {unit}"),
+                     number_text(e.alpha, digits=5)])
     headers = ["model", "endpoint", "estimate [family-adjusted interval]",
                "&alpha;<sub>endpoint</sub>"]
     return _section("Prespecified endpoints", "endpoints",
@@ -400,24 +399,23 @@ def _endpoints(analysis: dict) -> str:
                     + _table(headers, rows, numeric_from=2))
 
 
-def _bounds(analysis: dict) -> str:
+def _bounds(analysis: StudyAnalysis) -> str:
     headers = ["model", "action", "depth L", "R<sub>L</sub> (%)", "B<sub>L</sub> (%)",
                "sharp interval [R<sub>L</sub>, R<sub>L</sub> + B<sub>L</sub>] (%)",
                "minimax R<sub>L</sub> + B<sub>L</sub>/2 (%)", "Hoeffding enclosure (%)"]
     rows, starts = [], set()
-    for a in analysis.get("actions", []):
-        bounds = a.get("bounds") or []
-        for i, b in enumerate(sorted(bounds, key=lambda b: as_float(b.get("L")))):
+    for a in analysis.actions:
+        for i, b in enumerate(sorted(a.bounds, key=lambda b: b.L)):
             if i == 0:
                 starts.add(len(rows))
-            rows.append([escape(str(a.get("model", "?"))) if i == 0 else "",
-                         escape(str(a.get("action", "?"))) if i == 0 else "",
-                         _meta_value(b.get("L")),
-                         number_text(b.get("R_L"), 100),
-                         number_text(b.get("B_L"), 100),
-                         _pair(b.get("lo"), b.get("hi")),
-                         number_text(b.get("minimax"), 100),
-                         _pair(b.get("hoeffding_lo"), b.get("hoeffding_hi"))])
+            rows.append([escape(a.model) if i == 0 else "",
+                         escape(a.action) if i == 0 else "",
+                         _meta_value(b.L),
+                         number_text(b.R_L, 100),
+                         number_text(b.B_L, 100),
+                         _pair(b.sharp.lo, b.sharp.hi),
+                         number_text(b.sharp.minimax, 100),
+                         _pair(b.hoeffding.lo, b.hoeffding.hi)])
     if not rows:
         table = "<p>No finite-window bounds in this analysis.</p>"
     else:
@@ -431,15 +429,15 @@ def _bounds(analysis: dict) -> str:
                     note + table + "\n<h3>Certified orderings</h3>\n" + _orders(analysis))
 
 
-def _pair(lo, hi) -> str:
+def _pair(lo: float, hi: float) -> str:
     lo_text, hi_text = number_text(lo, 100), number_text(hi, 100)
     if lo_text == MISSING and hi_text == MISSING:
         return MISSING
     return f"[{lo_text}, {hi_text}]"
 
 
-def _orders(analysis: dict) -> str:
-    orders = analysis.get("certified_order", [])
+def _orders(analysis: StudyAnalysis) -> str:
+    orders = analysis.certified_order
     intro = ('<p class="note"><em>a</em> is certainly better than <em>b</em> at depth L when the '
              "upper end of a's sharp interval is below the lower end of b's: then every kernel "
              "pair consistent with the observed window gives a lower risk to a.</p>")
@@ -447,33 +445,33 @@ def _orders(analysis: dict) -> str:
         return intro + "<p>No ordering is certified at any observed depth.</p>"
     items = []
     for model, rows in by_model(orders).items():
-        for o in sorted(rows, key=lambda o: as_float(o.get("L"))):
-            items.append(f"<li>{escape(model)}, L = {_meta_value(o.get('L'))}: "
-                         f"<strong>{escape(str(o.get('better', '?')))}</strong> certainly better "
-                         f"than <strong>{escape(str(o.get('worse', '?')))}</strong></li>")
+        for o in sorted(rows, key=lambda o: o.L):
+            items.append(f"<li>{escape(model)}, L = {_meta_value(o.L)}: "
+                         f"<strong>{escape(o.better)}</strong> certainly better "
+                         f"than <strong>{escape(o.worse)}</strong></li>")
     return intro + f'<ul class="orders">{"".join(items)}</ul>'
 
 
-def _eos_split(analysis: dict) -> str:
+def _eos_split(analysis: StudyAnalysis) -> str:
     rows, starts, categories = [], set(), None
-    for a in analysis.get("actions", []):
-        split = a.get("eos_split")
-        if not split:
+    for a in analysis.actions:
+        split = a.eos_split
+        if split is None:
             continue
-        cats = [str(c) for c in split.get("categories", [])]
+        cats = list(split.categories)
         categories = categories or cats  # the schema fixes the four categories; first wins
         starts.add(len(rows))
         for i, (key, label) in enumerate((("R", "R"), ("F", "F"), ("R_minus_F", "R &minus; F"))):
-            values = [as_float(v) for v in split.get(key) or []]
+            values = getattr(split, key)
             finite = [v for v in values if math.isfinite(v)]
             total = sum(finite) if finite else math.nan
             cells = [number_text(v, 100) for v in values] + [MISSING] * (len(cats) - len(values))
             total_cell = number_text(total, 100)
-            if key == "R_minus_F" and split.get("G"):  # G_r = (R - F)_r with intervals
-                cells = [_interval_cell(g, signed=True) for g in split["G"]]
-                total_cell = _interval_cell(split.get("G_total"), signed=True)
-            rows.append([escape(str(a.get("model", "?"))) if i == 0 else "",
-                         escape(str(a.get("action", "?"))) if i == 0 else "",
+            if key == "R_minus_F" and split.G:  # G_r = (R - F)_r with intervals
+                cells = [_interval_cell(g, signed=True) for g in split.G]
+                total_cell = _interval_cell(split.G_total, signed=True)
+            rows.append([escape(a.model) if i == 0 else "",
+                         escape(a.action) if i == 0 else "",
                          label] + cells + [total_cell])
     if not rows:
         return _section("EOS split", "eos",
@@ -491,17 +489,17 @@ def _eos_split(analysis: dict) -> str:
                     + _eos_contrasts(analysis, categories))
 
 
-def _eos_contrasts(analysis: dict, categories: list[str]) -> str:
-    contrasts = analysis.get("eos_contrasts") or []
+def _eos_contrasts(analysis: StudyAnalysis, categories: list[str]) -> str:
+    contrasts = analysis.eos_contrasts
     if not contrasts:
         return ""
     headers = (["model", "contrast (b &minus; a)"]
                + [f"&Delta;G<sub>{r}</sub> {escape(c)} (pp)" for r, c in enumerate(categories)]
                + ["&Delta;(R &minus; F) (pp)", "EOS share (%)"])
-    rows = [[escape(str(c.get("model", "?"))), _contrast_name(c)]
-            + [_interval_cell(g, signed=True) for g in c.get("dG") or []]
-            + [_interval_cell(c.get("dR_minus_F"), signed=True),
-               _interval_cell(c.get("eos_share"), digits=1)]
+    rows = [[escape(c.model), _contrast_name(c)]
+            + [_interval_cell(g, signed=True) for g in c.dG]
+            + [_interval_cell(c.dR_minus_F, signed=True),
+               _interval_cell(c.eos_share, digits=1)]
             for c in contrasts]
     note = ('<h3>EOS contrasts</h3><p class="note">&Delta;(R &minus; F) = &sum;<sub>r</sub> '
             "&Delta;G<sub>r</sub> between two actions (b &minus; a); &Delta;G<sub>0</sub> is the "
@@ -511,26 +509,25 @@ def _eos_contrasts(analysis: dict, categories: list[str]) -> str:
     return note + _table(headers, rows, numeric_from=2)
 
 
-def _local_agreement(analysis: dict) -> str:
-    entries = analysis.get("local_agreement") or []
-    support = {(str(s.get("model")), str(s.get("action"))): s
-               for s in analysis.get("cohort_support") or []}
+def _local_agreement(analysis: StudyAnalysis) -> str:
+    entries = analysis.local_agreement
+    support = {(s.model, s.action): s for s in analysis.cohort_support}
     if not entries and not support:
         return _section("Local agreement within branches", "agreement",
                         "<p>No local agreement in this analysis (it needs complete rollouts "
                         "and H &ge; 4).</p>")
-    first = entries[0] if entries else next(iter(support.values()))
-    max_entry, run = first.get("max_entry", "?"), first.get("run_length", "?")
+    max_entry = (entries[0] if entries else next(iter(support.values()))).max_entry
+    run = entries[0].run_length if entries else "?"
     headers = ["model", "action", "cohort documents", "cohort trajectories",
                f"&ge; {run} consecutive agreements (%)",
                "mismatch after an agreement (%)"]
     rows = []
     for e in entries:
-        s = support.get((str(e.get("model")), str(e.get("action")))) or {}
-        rows.append([escape(str(e.get("model", "?"))), escape(str(e.get("action", "?"))),
+        s = support.get((e.model, e.action))
+        rows.append([escape(e.model), escape(e.action),
                      _of(s, "documents"), _of(s, "trajectories"),
-                     _interval_cell(e.get("agree_run"), digits=1),
-                     _interval_cell(e.get("relapse"), digits=1)])
+                     _interval_cell(e.agree_run, digits=1),
+                     _interval_cell(e.relapse, digits=1)])
     note = (f'<p class="note">Branch cohort: trajectories that diverged by step {max_entry} '
             f"(&tau; &le; {max_entry}, the lag profile's cohort). Among them, the share "
             f"with at least {run} consecutive agreements X<sub>t</sub> = Y<sub>t</sub> after "
@@ -542,31 +539,29 @@ def _local_agreement(analysis: dict) -> str:
                     note + _table(headers, rows, numeric_from=2))
 
 
-def _of(support: dict, key: str) -> str:
-    """``"n of total"`` from a cohort-support entry."""
-    return f"{_meta_value(support.get(key))} of {_meta_value(support.get(key + '_total'))}"
+def _of(support, key: str) -> str:
+    """``"n of total"`` from a cohort-support result (None: no support recorded)."""
+    if support is None:
+        return f"{MISSING} of {MISSING}"
+    return f"{getattr(support, key)} of {getattr(support, key + '_total')}"
 
 
-def _excludes_zero(interval) -> bool:
-    _, lo, hi = interval_values(interval)
-    return lo > 0 or hi < 0  # False when an end is missing (NaN)
-
-
-def _stratum_tally(contrasts: list[dict]) -> str:
+def _stratum_tally(contrasts: list[ContrastResult]) -> str:
     """How many stratum contrasts have an exposure majority, and a &Delta;R interval off 0."""
-    shares = [interval_values(c.get("exposure_share"))[0] for c in contrasts]
+    shares = [c.terms["exposure_share"].estimate for c in contrasts
+              if "exposure_share" in c.terms]
     majority = sum(1 for x in shares if math.isfinite(x) and x > 0.5)
-    separated = sum(1 for c in contrasts if _excludes_zero(c.get("dR")))
+    separated = sum(1 for c in contrasts if "dR" in c.terms and c.terms["dR"].excludes_zero())
     n = len(contrasts)
     return (f'<p class="note">Exposure share above 50% in {majority} of {n} stratum contrasts; '
             f"&Delta;R interval excludes 0 in {separated} of {n}.</p>")
 
 
-def _strata(analysis: dict) -> str:
-    strata = analysis.get("strata") or []
+def _strata(analysis: StudyAnalysis) -> str:
+    strata = analysis.strata
     if not strata:
         return _section("Per stratum", "strata", "<p>No per-stratum results.</p>")
-    H = (analysis.get("meta") or {}).get("horizon", "H")
+    H = analysis.meta.horizon
     parts = ['<p class="note">Every headline quantity and contrast within each stratum: '
              "documents weigh equally, and intervals come from the bootstrap within that "
              "stratum (paired across actions).</p>"]
@@ -576,14 +571,13 @@ def _strata(analysis: dict) -> str:
                    + [f"{q.html.format(H=H)} ({q.unit})" for q in quantities])
         body, starts, contrast_rows, labelled = [], set(), [], []
         for st in rows:
-            name = escape(str(st.get("stratum", "?")))
+            name = escape(st.stratum)
             starts.add(len(body))
-            for i, a in enumerate(st.get("actions") or []):
-                scalars = a.get("scalars") or {}
-                body.append([name if i == 0 else "", escape(str(a.get("action", "?"))),
-                             _meta_value(st.get("documents")) if i == 0 else ""]
-                            + [_quantity_cell(q, scalars.get(q.key)) for q in quantities])
-            for c in st.get("contrasts") or []:
+            for i, a in enumerate(st.actions):
+                body.append([name if i == 0 else "", escape(a.action),
+                             _meta_value(st.documents) if i == 0 else ""]
+                            + [_quantity_cell(q, a.scalars.get(q.key)) for q in quantities])
+            for c in st.contrasts:
                 contrast_rows.append([name, _contrast_name(c)] + _contrast_cells(c))
                 labelled.append((name, c))
         parts.append(f"<h3>{escape(model)}</h3>")

@@ -1,6 +1,6 @@
 """How the report turns analysis values into text and into strict JSON.
 
-The analysis dict stores every fraction in [0, 1]; the report multiplies by 100 only when it
+The analysis stores every fraction in [0, 1]; the report multiplies by 100 only when it
 displays a value. Differences of fractions are shown in percentage points (pp).
 """
 
@@ -14,50 +14,35 @@ from pathlib import Path
 
 import numpy as np
 
+from kvdrift.analysis.interval import Interval
+
 MISSING = "—"
 
 
-def as_float(value) -> float:
-    """``value`` as a float; None, strings and anything not a number become NaN."""
-    if value is None or isinstance(value, bool | str):
-        return math.nan
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return math.nan
-
-
-def interval_values(interval) -> tuple[float, float, float]:
-    """``(estimate, lo, hi)`` of an interval dict (any of them NaN when absent)."""
-    if not isinstance(interval, Mapping):
-        return math.nan, math.nan, math.nan
-    return (as_float(interval.get("estimate")), as_float(interval.get("lo")),
-            as_float(interval.get("hi")))
-
-
-def number_text(value, scale: float = 1.0, digits: int = 2, signed: bool = False) -> str:
-    """One number, scaled and rounded; :data:`MISSING` when it is not finite."""
-    x = as_float(value)
-    if not math.isfinite(x):
+def number_text(value: float | None, scale: float = 1.0, digits: int = 2,
+                signed: bool = False) -> str:
+    """One number, scaled and rounded; :data:`MISSING` when it is None or not finite."""
+    if value is None or not math.isfinite(value):
         return MISSING
-    return f"{x * scale:{'+' if signed else ''}.{digits}f}"
+    return f"{value * scale:{'+' if signed else ''}.{digits}f}"
 
 
-def interval_text(interval, scale: float = 1.0, digits: int = 2, signed: bool = False) -> str:
+def interval_text(interval: Interval | None, scale: float = 1.0, digits: int = 2,
+                  signed: bool = False) -> str:
     """``"estimate [lo, hi]"``; the bracket is left off when either end is missing."""
-    est, lo, hi = interval_values(interval)
-    if not math.isfinite(est):
+    if interval is None or not interval.defined:
         return MISSING
-    text = number_text(est, scale, digits, signed)
-    if math.isfinite(lo) and math.isfinite(hi):
-        ends = (number_text(v, scale, digits, signed) for v in (lo, hi))
+    text = number_text(interval.estimate, scale, digits, signed)
+    if math.isfinite(interval.lo) and math.isfinite(interval.hi):
+        ends = (number_text(v, scale, digits, signed) for v in (interval.lo, interval.hi))
         text += " [{}, {}]".format(*ends)
     return text
 
 
 @dataclass(frozen=True)
 class Quantity:
-    """A scalar of ``action["scalars"]`` as the report shows it.
+    """A scalar of :attr:`ActionResult.scalars <kvdrift.analysis.results.ActionResult.scalars>`
+    as the report shows it.
 
     ``unit`` is ``"%"`` (a fraction of positions or of trajectories), ``"pp"`` (a difference of
     fractions) or ``"steps"``; the first two are multiplied by 100 for display.
@@ -73,7 +58,7 @@ class Quantity:
     def scale(self) -> float:
         return 100.0 if self.unit in ("%", "pp") else 1.0
 
-    def format(self, interval, digits: int | None = None) -> str:
+    def format(self, interval: Interval | None, digits: int | None = None) -> str:
         return interval_text(interval, self.scale, self.digits if digits is None else digits,
                              signed=self.unit == "pp")
 

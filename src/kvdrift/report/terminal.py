@@ -11,9 +11,11 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from kvdrift.report.numbers import HEADLINE, MISSING, Quantity, interval_values, number_text
+from kvdrift.report.numbers import HEADLINE, MISSING, Quantity, number_text
 
 if TYPE_CHECKING:
+    from kvdrift.analysis.interval import Interval
+    from kvdrift.analysis.results import StudyAnalysis
     from kvdrift.analysis.summary import ActionSummary
 
 #: The terminal table's quantities, a subset of the HTML headline table.
@@ -71,28 +73,27 @@ def run_table(summaries: Sequence[ActionSummary], estimator: str = "rollout") ->
     return table
 
 
-def _cell(q: Quantity, interval) -> Text:
+def _cell(q: Quantity, interval: Interval | None) -> Text:
     """The estimate, and below it the interval (dim): two short lines keep the table narrow."""
-    est, lo, hi = interval_values(interval)
-    if not math.isfinite(est):
+    if interval is None or not interval.defined:
         return Text(MISSING)
-    text = Text(number_text(est, q.scale, 1))
+    text = Text(number_text(interval.estimate, q.scale, 1))
+    lo, hi = interval.lo, interval.hi
     if math.isfinite(lo) and math.isfinite(hi):
         text.append(f"\n[{number_text(lo, q.scale, 1)}, {number_text(hi, q.scale, 1)}]",
                     style="dim")
     return text
 
 
-def summary_table(analysis: dict) -> Table:
+def summary_table(analysis: StudyAnalysis) -> Table:
     """One row per (model, action): P(tau<=H), R, E_H, C_H, R-F, B(a) with their intervals.
 
     Percent for fractions, pp for differences, one decimal. Each cell is the estimate over its
     ``[lo, hi]``; cells are plain :class:`rich.text.Text`, so brackets are never read as markup.
     """
-    meta = analysis.get("meta") or {}
-    H = meta.get("horizon", "H")
+    H = analysis.meta.horizon
     quantities: list[Quantity] = [q for key in SUMMARY_KEYS for q in HEADLINE if q.key == key]
-    estimator = meta.get("estimator")
+    estimator = analysis.meta.estimator
     caption = ("estimate over [lo, hi]; %: of positions (P(τ≤H): of trajectories); "
                "pp: percentage points")
     if estimator == "swrb":
@@ -107,12 +108,11 @@ def summary_table(analysis: dict) -> Table:
     for q in quantities:
         table.add_column(f"{q.text.format(H=H)}\n({q.unit})", justify="right")
     previous = None
-    for a in analysis.get("actions", []):
-        model = str(a.get("model", "?"))
+    for a in analysis.actions:
+        model = a.model
         if previous is not None and model != previous:
             table.add_section()
-        scalars = a.get("scalars") or {}
-        table.add_row(Text(model if model != previous else ""), Text(str(a.get("action", "?"))),
-                      *(_cell(q, scalars.get(q.key)) for q in quantities))
+        table.add_row(Text(model if model != previous else ""), Text(a.action),
+                      *(_cell(q, a.scalars.get(q.key)) for q in quantities))
         previous = model
     return table
