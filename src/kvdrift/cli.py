@@ -338,28 +338,6 @@ def study(
     console.print(f"report: {path}")
 
 
-STEP_COLUMNS_PREDICT = ["model", "doc_id", "stratum", "action", "replicate", "t", "mismatch",
-                        "x_eos", "y_eos"]
-REPLICATE_COLUMNS_PREDICT = ["model", "doc_id", "stratum", "action", "replicate", "estimator",
-                             "horizon", "risk", "fixed_risk", "tau"]
-
-
-def _cohort_records(directory: Path, role: str):
-    """(steps, replicates) of a run or study for ``kvdrift predict``, and its temperature;
-    checks its cohort label."""
-    from kvdrift.run.store import RunStore
-
-    store = RunStore(directory)
-    config = store.metadata["config"]
-    cohort = config.get("cohort")
-    if cohort is not None and cohort != role:
-        raise ValueError(f"{directory} is the {cohort} cohort ([study] cohort = {cohort!r}); "
-                         f"pass a {role} run here")
-    return (store.read("steps", STEP_COLUMNS_PREDICT).to_pandas(),
-            store.read("replicates", REPLICATE_COLUMNS_PREDICT).to_pandas()), \
-        config.get("temperature")
-
-
 def _pp(iv) -> str:
     return f"{100 * iv.estimate:+.2f} [{100 * iv.lo:+.2f}, {100 * iv.hi:+.2f}]"
 
@@ -380,16 +358,12 @@ def predict(
 ) -> None:
     """Predict a full-horizon contrast from short observations, calibrated on development
     documents and checked on evaluation documents."""
-    from kvdrift.analysis.predict import predict_study
+    from kvdrift.analysis.directory import predict_directories
 
-    with console.status("reading records"):
-        dev, dev_temperature = _cohort_records(dev_dir, "development")
-        ev, eval_temperature = _cohort_records(eval_dir, "evaluation")
-    with console.status("cross-validating") as status:
-        result = predict_study(dev, ev, contrast, window=window, margin=margin, alpha=alpha,
-                               draws=bootstrap, seed=seed,
-                               on_cell=lambda m, o: status.update(f"{m} · {o}"),
-                               temperatures=(dev_temperature, eval_temperature))
+    with console.status("reading records") as status:
+        result = predict_directories(dev_dir, eval_dir, contrast, window=window, margin=margin,
+                                     alpha=alpha, draws=bootstrap, seed=seed,
+                                     on_cell=lambda m, o: status.update(f"{m} · {o}"))
     if as_json:
         print(_strict_json(result.to_json()))
         return
@@ -428,11 +402,9 @@ def plan(
 ) -> None:
     """Recommend documents per stratum and K for a target half-width, from a development
     run's measured variance and cost, and say whether rollouts or SWRB is cheaper."""
-    from kvdrift.analysis.plan import plan_study
-    from kvdrift.run.store import RunStore
+    from kvdrift.analysis.directory import plan_directory
 
-    reps = RunStore(dev_dir).read("replicates").to_pandas()
-    result = plan_study(reps, target, halfwidth, alpha)
+    result = plan_directory(dev_dir, target, halfwidth, alpha)
     if as_json:
         print(_strict_json(result.to_json()))
         return

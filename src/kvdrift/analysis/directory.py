@@ -1,9 +1,16 @@
-"""Analyse a run or study directory with the analysis options saved in it."""
+"""Analyses of run and study directories: the study analysis with its saved options,
+the records as DataFrames, and ``predict``/``plan`` on directories."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
+
+from kvdrift.analysis.plan import PlanResult, plan_study
+from kvdrift.analysis.predict import PredictionResult, predict_study
 from kvdrift.analysis.results import StudyAnalysis
 from kvdrift.analysis.study import AnalysisOptions, analyze
 from kvdrift.run.store import RunStore
@@ -41,3 +48,64 @@ def analyze_directory(path: str | Path, bootstrap: int | None = None,
                    saved_options(config, bootstrap, alpha),
                    meta={"config": config, "versions": meta["versions"],
                          "temperature": config.get("temperature")})
+
+
+@dataclass(frozen=True)
+class Records:
+    """A run or study directory's records as pandas DataFrames, with its configuration.
+
+    ``steps``: one row per (model, document, action, replicate, position t);
+    ``replicates``: one row per (model, document, action, replicate). Column meanings are
+    listed in the README ("Records").
+    """
+
+    steps: pd.DataFrame
+    replicates: pd.DataFrame
+    config: dict
+    versions: dict
+
+
+def load_records(path: str | Path, steps: list[str] | None = None,
+                 replicates: list[str] | None = None) -> Records:
+    """Every finished unit's records of a run or study directory (optionally some columns)."""
+    store = RunStore(Path(path))
+    meta = store.metadata
+    return Records(steps=store.read("steps", steps).to_pandas(),
+                   replicates=store.read("replicates", replicates).to_pandas(),
+                   config=meta["config"], versions=meta["versions"])
+
+
+PREDICT_STEP_COLUMNS = ["model", "doc_id", "stratum", "action", "replicate", "t", "mismatch",
+                        "x_eos", "y_eos"]
+PREDICT_REPLICATE_COLUMNS = ["model", "doc_id", "stratum", "action", "replicate", "estimator",
+                             "horizon", "risk", "fixed_risk", "tau"]
+
+
+def cohort_records(path: str | Path, role: str) -> Records:
+    """The records ``predict`` reads from a cohort; refuses a run labelled the other cohort."""
+    records = load_records(path, PREDICT_STEP_COLUMNS, PREDICT_REPLICATE_COLUMNS)
+    cohort = records.config.get("cohort")
+    if cohort is not None and cohort != role:
+        raise ValueError(f"{path} is the {cohort} cohort ([study] cohort = {cohort!r}); "
+                         f"pass a {role} run here")
+    return records
+
+
+def predict_directories(dev: str | Path, evaluation: str | Path, contrast: str, *,
+                        window: int = 32, margin: float = 0.02, alpha: float = 0.05,
+                        draws: int = 2000, seed: int = 0,
+                        on_cell: Callable[[str, str], None] | None = None) -> PredictionResult:
+    """:func:`~kvdrift.analysis.predict.predict_study` on a development and an evaluation
+    directory (their temperatures are read from their configurations and must agree)."""
+    d, e = cohort_records(dev, "development"), cohort_records(evaluation, "evaluation")
+    return predict_study((d.steps, d.replicates), (e.steps, e.replicates), contrast,
+                         window=window, margin=margin, alpha=alpha, draws=draws, seed=seed,
+                         on_cell=on_cell, temperatures=(d.config.get("temperature"),
+                                                        e.config.get("temperature")))
+
+
+def plan_directory(dev: str | Path, target: str, halfwidth: float,
+                   alpha: float = 0.05) -> PlanResult:
+    """:func:`~kvdrift.analysis.plan.plan_study` on a development directory's records."""
+    return plan_study(RunStore(Path(dev)).read("replicates").to_pandas(), target, halfwidth,
+                      alpha)
