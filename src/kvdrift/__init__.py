@@ -1,3 +1,29 @@
-"""kvdrift: measure how KV-cache eviction changes what a language model generates."""
+"""kvdrift: measure how KV-cache compression changes what a language model generates.
+
+The Python API (:mod:`kvdrift.api`) is importable from here; its names load their modules
+on first use, so ``import kvdrift`` stays fast::
+
+    import kvdrift
+    analysis = kvdrift.analyze("runs/demo")
+    analysis.to_frame()  # one row per model x action, quantities with _lo/_hi columns
+"""
+
+from __future__ import annotations
 
 __version__ = "0.1.0"
+
+_API = ("analyze", "finite_state", "load_records", "load_study", "plan", "predict",
+        "run_study", "shipped_config", "study_from_arguments")
+__all__ = [*_API, "__version__"]
+
+
+def __getattr__(name: str):
+    if name in _API:
+        from kvdrift import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'kvdrift' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_API))

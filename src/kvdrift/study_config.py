@@ -186,8 +186,9 @@ def parse_study(data: dict, source: str | None = None) -> StudyConfig:
     )
 
 
-def load_study(path: str | Path) -> StudyConfig:
-    """Read and validate a study TOML file."""
+def load_study(path: str | Path, overrides: dict[str, Any] | None = None) -> StudyConfig:
+    """Read and validate a study TOML file; ``overrides`` replace keys of its [study] table
+    (e.g. ``{"replicates": 2, "horizon": 8}``) and are checked like the file's own keys."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"study config {path} does not exist")
@@ -195,4 +196,27 @@ def load_study(path: str | Path) -> StudyConfig:
         data = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"{path} is not valid TOML: {exc}") from None
+    if overrides:
+        data["study"] = dict(data.get("study", {})) | dict(overrides)
     return parse_study(data, source=str(path))
+
+
+DEFAULT_DOCUMENTS = {"source": "ruler", "families": ["niah_single", "vt", "cwe"],
+                     "lengths": [512], "per_stratum": 2, "seed": 0}
+"""What ``kvdrift run`` measures without ``--docs``: six generated 512-token tasks."""
+
+
+def single_model_study(
+    model: str, actions: tuple[str, ...], docs: str | Path | None, *, replicates: int,
+    horizon: int, temperature: float, estimator: str, depths: tuple[int, ...], seed: int,
+    batch: int, device: str, dtype: str, chat_template: bool, name: str = "run",
+) -> StudyConfig:
+    """The one-model study that ``kvdrift run`` builds from its arguments: the same checks
+    and the same pipeline as a study from a TOML file."""
+    source = {"source": "jsonl", "path": str(docs)} if docs is not None else DEFAULT_DOCUMENTS
+    return parse_study({
+        "study": {"name": name, "models": [model], "actions": list(actions),
+                  "replicates": replicates, "horizon": horizon, "temperature": temperature,
+                  "estimator": estimator, "depths": list(depths), "seed": seed, "batch": batch,
+                  "device": device, "dtype": dtype, "chat_template": chat_template},
+        "documents": [dict(source)]})

@@ -1,0 +1,131 @@
+"""The Python API: what the command line offers, as functions that return typed results.
+
+Each function here is also a top-level name of :mod:`kvdrift` (``kvdrift.analyze(...)``).
+Results are frozen dataclasses with ``to_json()`` and ``to_frame()`` (pandas); records come
+back as pandas DataFrames. See the README section "From Python".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvdrift.analysis.directory import Records
+    from kvdrift.analysis.plan import PlanResult
+    from kvdrift.analysis.predict import PredictionResult
+    from kvdrift.analysis.results import StudyAnalysis
+    from kvdrift.finite.check import FiniteStudyResult
+    from kvdrift.run.records import UnitKey
+    from kvdrift.study_config import StudyConfig
+
+
+def shipped_config(name: str) -> Path:
+    """The path of a study config shipped with kvdrift (``"cpu-demo"``, ``"cpu-dev"``, ...)."""
+    from importlib import resources
+
+    names = sorted(p.name.removesuffix(".toml")
+                   for p in resources.files("kvdrift.configs").iterdir()
+                   if p.name.endswith(".toml"))
+    if name not in names:
+        raise ValueError(f"unknown shipped config {name!r}; allowed: {', '.join(names)}")
+    return Path(str(resources.files("kvdrift.configs") / f"{name}.toml"))
+
+
+def load_study(path: str | Path, **study: object) -> StudyConfig:
+    """A study configuration from a TOML file, validated before any model is loaded;
+    keyword arguments replace keys of its [study] table (``replicates=2, horizon=8``)."""
+    from kvdrift.study_config import load_study as load
+
+    return load(path, study)
+
+
+def study_from_arguments(
+    model: str = "smollm2",
+    actions: Sequence[str] = ("snapkv-half", "recent-half"),
+    docs: str | Path | None = None,
+    *,
+    replicates: int = 8,
+    horizon: int = 32,
+    temperature: float = 1.0,
+    estimator: str = "rollout",
+    depths: Sequence[int] = (),
+    seed: int = 0,
+    batch: int = 0,
+    device: str = "auto",
+    dtype: str = "float32",
+    chat_template: bool = True,
+    name: str = "run",
+) -> StudyConfig:
+    """The one-model study that ``kvdrift run`` runs: ``docs`` is a JSONL file, or None for
+    the six generated 512-token RULER-style tasks."""
+    from kvdrift.study_config import single_model_study
+
+    return single_model_study(
+        model=model, actions=tuple(actions), docs=docs, replicates=replicates,
+        horizon=horizon, temperature=temperature, estimator=estimator, depths=tuple(depths),
+        seed=seed, batch=batch, device=device, dtype=dtype, chat_template=chat_template,
+        name=name)
+
+
+def run_study(
+    config: StudyConfig | str | Path,
+    out: str | Path | None = None,
+    *,
+    on_unit: Callable[[UnitKey, bool], None] | None = None,
+) -> Path:
+    """Run every unit of a study (a :class:`StudyConfig` or a TOML path) into ``out``
+    (default ``runs/<name>``); resumable: finished units are kept. Returns the directory."""
+    from kvdrift.study import run_study as run
+
+    if not hasattr(config, "models"):
+        config = load_study(config)
+    out = Path(out) if out is not None else Path("runs") / config.name
+    run(config, out, on_unit=on_unit)
+    return out
+
+
+def load_records(directory: str | Path) -> Records:
+    """A run or study directory's step and replicate records as pandas DataFrames."""
+    from kvdrift.analysis.directory import load_records as load
+
+    return load(directory)
+
+
+def analyze(directory: str | Path, bootstrap: int | None = None,
+            alpha: float | None = None) -> StudyAnalysis:
+    """The study analysis of a run or study directory (its saved options, or these)."""
+    from kvdrift.analysis.directory import analyze_directory
+
+    return analyze_directory(directory, bootstrap, alpha)
+
+
+def finite_state(systems: int = 24, replicates: int = 512, horizon: int = 3,
+                 seed: int = 0) -> FiniteStudyResult:
+    """The paper's finite-state check: naive rollouts and SWRB against exact risk."""
+    from kvdrift.finite.check import run_finite_study
+
+    return run_finite_study(systems, replicates, horizon, seed)
+
+
+def predict(dev: str | Path, evaluation: str | Path, contrast: str, *, window: int = 32,
+            margin: float = 0.02, alpha: float = 0.05, bootstrap: int = 2000,
+            seed: int = 0) -> PredictionResult:
+    """Predict a full-horizon contrast (``"R(a) - R(b)"``) from positions 1..window,
+    calibrated on the development directory and checked on the evaluation one."""
+    from kvdrift.analysis.directory import predict_directories
+
+    return predict_directories(dev, evaluation, contrast, window=window, margin=margin,
+                               alpha=alpha, draws=bootstrap, seed=seed)
+
+
+def plan(dev: str | Path, target: str, halfwidth: float, alpha: float = 0.05) -> PlanResult:
+    """Documents per stratum and K for a target half-width, from a development directory."""
+    from kvdrift.analysis.directory import plan_directory
+
+    return plan_directory(dev, target, halfwidth, alpha)
+
+
+__all__ = ["analyze", "finite_state", "load_records", "load_study", "plan", "predict",
+           "run_study", "shipped_config", "study_from_arguments"]
