@@ -2,7 +2,7 @@
 
 For each seed, builds the 24 systems of the finite-state check (or a variant of the
 system generator), enumerates both estimators' exact per-replicate laws
-(:mod:`kvdrift.finite_variance`), and prints the exact summary (median of the per-system
+(:mod:`kvdrift.finite.variance`), and prints the exact summary (median of the per-system
 variance ratios, variance-cost advantage) beside one simulated 512-replicate draw of the
 summary that ``kvdrift finite-state`` prints. See docs/finite-state.md.
 
@@ -16,7 +16,7 @@ import argparse
 import numpy as np
 
 from kvdrift.finite import FinitePair, paper_system
-from kvdrift.finite_variance import Law, estimator_laws
+from kvdrift.finite.variance import Law, estimator_laws
 
 PAPER_MEDIAN, PAPER_ADVANTAGE = 52.7, 20.0
 

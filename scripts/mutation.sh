@@ -4,6 +4,7 @@
 #   bash scripts/mutation.sh                  # every core module, one after another
 #   bash scripts/mutation.sh coupling records # only these modules (names from the table below)
 #   bash scripts/mutation.sh analysis.plan    # one file of analysis/
+#   bash scripts/mutation.sh finite.check     # one named file of a package (see the table)
 #
 # For each module the script copies the working tree (tracked and untracked, not ignored
 # files) to $MUTATION_DIR/<module> (default /tmp/kvdrift-mutation), mutates that one module
@@ -19,25 +20,25 @@ MUTMUT="$(dirname "$PYTHON")/mutmut"
 WORK=${MUTATION_DIR:-/tmp/kvdrift-mutation}
 MAX_CHILDREN=${MAX_CHILDREN:-2}
 
-# module -> "source file|fast test files" (the tests that exercise it without loading a model)
+# module -> "source files|fast test files" (the tests that exercise it without loading a model)
 declare -A MODULES=(
   [coupling]="src/kvdrift/coupling.py|tests/test_coupling.py tests/test_coupling_exact.py"
   [estimate]="src/kvdrift/estimate/*|tests/test_estimate.py tests/test_estimate_exact.py"
-  [finite]="src/kvdrift/finite.py|tests/test_finite.py tests/test_finite_inputs.py tests/test_finite_variance.py"
-  [finite_study]="src/kvdrift/finite_study.py|tests/test_finite_study.py tests/test_cli.py"
+  [finite]="src/kvdrift/finite/pair.py src/kvdrift/finite/systems.py src/kvdrift/finite/exact.py|tests/test_finite.py tests/test_finite_inputs.py tests/test_finite_variance.py"
+  [finite.check]="src/kvdrift/finite/check.py|tests/test_finite_study.py tests/test_cli.py"
   [records]="src/kvdrift/run/records.py|tests/test_run_exact.py"
   [runner]="src/kvdrift/run/runner.py|tests/test_run_exact.py tests/test_runner.py"
   [store]="src/kvdrift/run/store.py|tests/test_run_exact.py tests/test_runner.py"
   [analysis]="src/kvdrift/analysis/*|tests/test_analysis_helpers.py tests/test_analysis.py tests/test_analysis_exact.py tests/test_predict.py tests/test_plan.py tests/test_study_analysis.py tests/test_study_breakdowns.py"
   [cache]="src/kvdrift/lm/cache.py|tests/test_lm_cache.py tests/test_lm_pair.py tests/test_shared_attention.py"
-  [pair]="src/kvdrift/lm/pair.py|tests/test_lm_pair.py tests/test_lm_pair_inputs.py tests/test_lm_presses.py tests/test_shared_attention.py tests/test_lm_actions.py tests/test_lm_estimators.py"
+  [pair]="src/kvdrift/lm/pair.py src/kvdrift/lm/prefill.py|tests/test_lm_pair.py tests/test_lm_pair_inputs.py tests/test_lm_presses.py tests/test_shared_attention.py tests/test_lm_actions.py tests/test_lm_estimators.py"
 )
 # analysis.<file>: one file of analysis/ at a time, against the same tests (a shorter run)
 for f in src/kvdrift/analysis/*.py; do
   stem=$(basename "$f" .py)
   [ "$stem" = "__init__" ] || MODULES[analysis.$stem]="$f|${MODULES[analysis]#*|}"
 done
-ORDER=(coupling estimate finite finite_study records runner store analysis cache pair)
+ORDER=(coupling estimate finite finite.check records runner store analysis cache pair)
 [ $# -gt 0 ] && ORDER=("$@")
 
 for name in "${ORDER[@]}"; do
@@ -57,7 +58,7 @@ for name in "${ORDER[@]}"; do
 
 [tool.mutmut]
 source_paths = ["src/kvdrift"]
-only_mutate = ["$src"]
+only_mutate = [$(set -f; printf '"%s",' $src)]
 pytest_add_cli_args_test_selection = [$(IFS=,; echo "${tests[*]}")]
 pytest_add_cli_args = ["-m", "not slow", "-q", "-p", "no:cacheprovider"]
 process_isolation = "forkserver"

@@ -20,7 +20,7 @@ from kvdrift.finite import (
     paper_system,
     random_pair,
 )
-from kvdrift.finite_variance import estimator_laws
+from kvdrift.finite.variance import estimator_laws
 from kvdrift.kernel import KernelPair
 
 TOL = 1e-12

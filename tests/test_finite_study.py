@@ -9,9 +9,9 @@ import pytest
 from messages import whole
 from typer.testing import CliRunner
 
-import kvdrift.finite_study as finite_study
+import kvdrift.finite.check as finite_study
 from kvdrift.cli import app
-from kvdrift.finite_study import FiniteStudyResult, SystemResult, run_system, variance_ratio
+from kvdrift.finite.check import FiniteStudyResult, SystemResult, run_system, variance_ratio
 
 
 def system(c: int, ratio: float, undefined: str | None = None) -> SystemResult:

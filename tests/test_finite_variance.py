@@ -10,7 +10,7 @@ import pytest
 
 from kvdrift.estimate import coupled_rollouts, swrb
 from kvdrift.finite import exact, paper_system, random_pair
-from kvdrift.finite_variance import Law, estimator_laws
+from kvdrift.finite.variance import Law, estimator_laws
 
 
 def test_law_moments_by_hand():

@@ -13,7 +13,8 @@ import torch
 
 from kvdrift.kernel import KernelPair
 from kvdrift.lm.actions import parse_action
-from kvdrift.lm.pair import LMKernelPair, prefill
+from kvdrift.lm.pair import LMKernelPair
+from kvdrift.lm.prefill import prefill
 from kvdrift.lm.presses import scorer_classes
 
 TOL = 5e-5  # float32 forward passes in different batch layouts (logits are O(10))

@@ -7,7 +7,8 @@ import pytest
 import torch
 from messages import whole
 
-from kvdrift.lm.pair import LMKernelPair, PromptCache
+from kvdrift.lm.pair import LMKernelPair
+from kvdrift.lm.prefill import PromptCache
 
 
 def kv(entries: int, heads: int = 2) -> torch.Tensor:

@@ -345,7 +345,7 @@ def test_join_and_select_keep_each_rows_compressions(tiny_llama):
 def test_random_presses_are_reproducible_and_leave_callers_randomness(tiny_llama):
     # LeverageScorePress sketches keys with torch.randn: kvdrift fixes its seed, so two prefills
     # keep the same entries whatever the caller's random state, which it leaves as it was
-    from kvdrift.lm.pair import prefill
+    from kvdrift.lm.prefill import prefill
 
     ids = prompt(N_TINY)
     action = parse_action("leverage:ratio=0.5")

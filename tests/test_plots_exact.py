@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-import kvdrift.plots.finite as plots
-from kvdrift.finite_study import run_finite_study
+import kvdrift.report.figures as plots
+from kvdrift.finite.check import run_finite_study
 
 
 def test_finite_state_figure_plots_the_results(tmp_path, monkeypatch):

@@ -21,7 +21,7 @@ from kvdrift.data import Document, write_jsonl
 from kvdrift.finite import random_pair
 from kvdrift.run import UnitFailed
 from kvdrift.run.executors import ExecutorConfig
-from kvdrift.run.ray_executor import RayExecutor
+from kvdrift.run.executors.ray import RayExecutor
 from kvdrift.run.records import UnitKey
 from kvdrift.run.runner import TIMING_COLUMNS, RunConfig, run_units
 from kvdrift.run.store import KINDS, RunStore

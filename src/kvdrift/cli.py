@@ -71,8 +71,8 @@ def finite_state(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
 ) -> None:
     """Reproduce the paper's finite-state check: naive rollouts vs SWRB against exact risk."""
-    from kvdrift.finite_study import PAPER, run_finite_study
-    from kvdrift.plots.finite import plot_finite_study
+    from kvdrift.finite.check import PAPER, run_finite_study
+    from kvdrift.report.figures import plot_finite_study
     from kvdrift.report.terminal import print_whole
 
     if as_json:

@@ -4,6 +4,7 @@
   ``encode_prompt``;
 - :mod:`kvdrift.lm.actions`: ``Action`` / ``parse_action`` (chained kvpress presses, named);
 - :mod:`kvdrift.lm.presses`: the offered kvpress presses as stages with exact kept counts;
+- :mod:`kvdrift.lm.prefill`: ``prefill`` into a ``PromptCache`` (full, or compressed by an action);
 - :mod:`kvdrift.lm.pair`: ``LMKernelPair`` (full versus evicted prompt cache, batched states);
 - :mod:`kvdrift.lm.cache`: the shared-prompt KV cache used by path states;
 - :mod:`kvdrift.lm.shared_attention`: exact attention over shared prompt + own entries, masks;

@@ -17,7 +17,8 @@ from typing import Any
 
 from kvdrift.data.document import Document
 from kvdrift.lm.model import LoadedModel, encode_prompt, load_model, load_tokenizer
-from kvdrift.lm.pair import LMKernelPair, PromptCache, prefill
+from kvdrift.lm.pair import LMKernelPair
+from kvdrift.lm.prefill import PromptCache, prefill
 
 
 class LMPairFactory:

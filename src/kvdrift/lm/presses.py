@@ -1,7 +1,9 @@
 """The kvpress presses kvdrift offers, as *stages* with exact kept counts.
 
 A stage is one kvpress press and kvdrift's budget rule for it. Scorer presses (SnapKV, Knorm,
-...) choose entries by score; *families* wrap a scorer into a different shape of kept set:
+...) choose entries by score; *families* wrap a scorer into a different shape of kept set. Each
+family is one :class:`Family` subclass (what it keeps, how its counts are checked, how its press
+is built); a :class:`Stage` asks its family:
 
 ==============  ==========================  =====================================================
 family          kvpress press               what it keeps (n prompt entries, r = ratio kept)
@@ -35,7 +37,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from fractions import Fraction
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, ClassVar
 
 import kvpress
 import torch
@@ -88,32 +90,240 @@ NOT_OFFERED: dict[str, str] = {
 }
 
 
+PYRAMIDKV = "PyramidKVPress"
+
+
 @dataclass(frozen=True)
 class Family:
-    """A way of turning a scorer into a kept set (one row of the module's table)."""
+    """A way of turning a scorer into a kept set (one row of the module's table).
+
+    This base class keeps ``floor(r n)`` (or ``min(B, n)``) entries in every layer and KV head,
+    with the scorer wrapped in ``press`` when there is one (``criticalkv``, ``block``,
+    ``rerotate``). Each other family is a subclass that overrides what it keeps, how its kept
+    counts are checked and how its kvpress press is built; :class:`Stage` asks its family.
+    """
 
     name: str  # spec prefix ("adakv" in "adakv-snapkv"); "" for a plain scorer
     press: str | None  # kvpress class wrapping the scorer (None: the scorer itself)
     keeps: str  # what it keeps, for the README table and ``--actions help``
     fields: tuple[tuple[str, str], ...] = ()  # spec field -> kvpress field of the wrapper
-    budget: str = "ratio"  # "ratio" (ratio= or budget=), "ratio-only", "ratios", "target"
-    head_adaptive: bool = False
+
+    budgets: ClassVar[tuple[str, ...]] = ("ratio", "budget")  # exactly one of these is given
+    head_adaptive: ClassVar[bool] = False  # kept entries differ per KV head (masked, not cut)
+    uniform: ClassVar[bool] = True  # every layer and KV head keeps one count that depends on n
+    is_decoding: ClassVar[bool] = False  # evicts during decoding, not at prefill
 
     @property
     def field_map(self) -> dict[str, str]:
         return dict(self.fields)
 
+    def check_budget(self, stage: Stage, given: list[str]) -> None:
+        """Raise ValueError unless ``given`` (the budget fields set) is one this family takes."""
+        if len(given) != 1 or given[0] not in self.budgets:
+            options = " or ".join(f"{w}=" for w in self.budgets)
+            raise ValueError(f"{stage.label}: give exactly one of {options} (ratio: fraction of "
+                             f"entries kept, in (0, 1]; budget: entries kept, >= 1; ratios: one "
+                             f"kept fraction per layer, r_0/r_1/...)")
+
+    def kept(self, stage: Stage, n: int) -> int:
+        """Entries kept per KV head (on average over heads for head-adaptive presses)."""
+        return _ratio_or_budget(stage, n)
+
+    def is_noop(self, stage: Stage, n: int) -> bool:
+        return self.kept(stage, n) >= n
+
+    def expected_counts(self, stage: Stage, n: int, n_layers: int, config: Any
+                        ) -> list[int] | None:
+        return [self.kept(stage, n)] * n_layers
+
+    def check_counts(self, stage: Stage, n: int, counts: Any, config: Any) -> None:
+        expected = self.expected_counts(stage, n, counts.shape[0], config)
+        for i, (row, want) in enumerate(zip(counts.tolist(), expected, strict=True)):
+            if any(c != want for c in row):
+                raise RuntimeError(f"{stage.label}: layer {i} keeps {row} entries per KV head, "
+                                   f"expected {want}")
+
+    def compression_ratio(self, stage: Stage, n: int) -> float:
+        """The scorer's kvpress ``compression_ratio`` for a prompt of ``n`` entries."""
+        return mid_ratio(self.kept(stage, n), n)
+
+    def build(self, stage: Stage, n: int) -> Any:
+        scorer = stage.clamped_scorer(n, self.compression_ratio(stage, n))
+        if self.press is None:
+            return scorer
+        return getattr(kvpress, self.press)(press=scorer, **self.wrapper_kwargs(stage))
+
+    def wrapper_kwargs(self, stage: Stage) -> dict[str, Any]:
+        """The wrapper press's fields, by their kvpress names."""
+        return {self.field_map[k]: v for k, v in stage.kwargs if k in self.field_map}
+
+    def table_row(self) -> tuple[str, str, str]:
+        """(spec form, kvpress press, what it keeps) for :func:`family_table`."""
+        forms = {"ratio": "ratio=R", "budget": "budget=B", "ratios": "ratios=R0/R1/..."}
+        budget = " | ".join(forms[b] for b in self.budgets)
+        return f"{self.name}-<scorer>:{budget}", self.press, self.keeps
+
+
+class Plain(Family):
+    """The scorer alone."""
+
+    def table_row(self) -> tuple[str, str, str]:
+        return "<scorer>:ratio=R | budget=B", "the scorer (see below)", self.keeps
+
+
+class HeadAdaptive(Family):
+    """``kv_heads x floor(r n)`` entries per layer, split across KV heads (adakv,
+    criticaladakv): every entry stays stored and the hidden ones are masked."""
+
+    head_adaptive = True
+    uniform = False
+
+    def expected_counts(self, stage: Stage, n: int, n_layers: int, config: Any) -> None:
+        return None
+
+    def check_counts(self, stage: Stage, n: int, counts: Any, config: Any) -> None:
+        kv = counts.shape[1]
+        want = kv * self.kept(stage, n)
+        for i, row in enumerate(counts.tolist()):
+            if sum(row) != want:
+                raise RuntimeError(f"{stage.label}: layer {i} keeps {sum(row)} entries over "
+                                   f"its {kv} KV heads, expected {want}")
+
+
+class Chunk(Family):
+    """``floor(r len)`` (at least 1) of every chunk of ``chunk_length`` entries."""
+
+    budgets = ("ratio",)
+
+    def kept(self, stage: Stage, n: int) -> int:
+        return sum(max(1, _exact_floor(stage.ratio, c)) for c in stage.chunks(n))
+
+    def compression_ratio(self, stage: Stage, n: int) -> float:
+        # int(len * (1 - r)) must be floor(ratio * len) for every chunk length
+        return 1.0 - stage.ratio - 1e-9 if stage.ratio < 1.0 else 0.0
+
+
+class Varying(Family):
+    """A family whose kept count is not one number per KV head (see its check_counts)."""
+
+    uniform = False
+
+    def kept(self, stage: Stage, n: int) -> int:
+        raise ValueError(f"{stage.label} keeps no single count per KV head (see check_counts)")
+
+
+class ChunkKV(Varying):
+    """``floor(r c)`` (at least 1) whole chunks of the ``c`` chunks, in every layer."""
+
+    budgets = ("ratio",)
+
+    def chunks_kept(self, stage: Stage, n: int) -> int:
+        return max(1, _exact_floor(stage.ratio, len(stage.chunks(n))))
+
+    def is_noop(self, stage: Stage, n: int) -> bool:
+        return self.chunks_kept(stage, n) >= len(stage.chunks(n))
+
+    def check_counts(self, stage: Stage, n: int, counts: Any, config: Any) -> None:
+        k, chunks = self.chunks_kept(stage, n), stage.chunks(n)
+        allowed = {k * chunks[0], (k - 1) * chunks[0] + chunks[-1]}
+        for i, row in enumerate(counts.tolist()):
+            if len(set(row)) != 1 or row[0] not in allowed:
+                raise RuntimeError(f"{stage.label}: layer {i} keeps {row} entries per KV head, "
+                                   f"expected {k} whole chunks ({sorted(allowed)} entries)")
+
+    def compression_ratio(self, stage: Stage, n: int) -> float:
+        return mid_ratio(self.chunks_kept(stage, n), len(stage.chunks(n)))
+
+
+class PyramidKV(Varying):
+    """PyramidKV's per-layer budgets, ``layers x floor(r n)`` (or ``min(B, n)``) in total."""
+
+    def mean(self, stage: Stage, n: int) -> int:
+        """PyramidKV's mean layer budget: floor(r n) or min(B, n)."""
+        return _ratio_or_budget(stage, n)
+
+    def is_noop(self, stage: Stage, n: int) -> bool:
+        return stage.ratio == 1.0 or (stage.budget is not None and stage.budget >= n)
+
+    def expected_counts(self, stage: Stage, n: int, n_layers: int, config: Any) -> list[int]:
+        press = stage.build(n)
+        return [press.get_layer_budget(SimpleNamespace(layer_idx=i, config=config), n)
+                for i in range(n_layers)]
+
+    def check_counts(self, stage: Stage, n: int, counts: Any, config: Any) -> None:
+        n_layers = counts.shape[0]
+        expected = self.expected_counts(stage, n, n_layers, config)
+        if sum(expected) != n_layers * self.mean(stage, n):
+            raise RuntimeError(f"{stage.label}: PyramidKV's layer budgets {expected} do not add "
+                               f"up to {n_layers} x {self.mean(stage, n)}")
+        super().check_counts(stage, n, counts, config)
+
+    def compression_ratio(self, stage: Stage, n: int) -> float:
+        return 1.0 - self.mean(stage, n) / n
+
+    def table_row(self) -> tuple[str, str, str]:
+        return "pyramidkv:ratio=R | budget=B", PYRAMIDKV, self.keeps
+
+
+class PerLayer(Varying):
+    """``floor(r_l n)`` entries in layer ``l``, every KV head (``ratios=r_0/r_1/...``)."""
+
+    budgets = ("ratios",)
+
+    def is_noop(self, stage: Stage, n: int) -> bool:
+        return all(_exact_floor(r, n) >= n for r in stage.ratios or ())
+
+    def expected_counts(self, stage: Stage, n: int, n_layers: int, config: Any) -> list[int]:
+        if len(stage.ratios) != n_layers:
+            raise ValueError(f"{stage.label}: ratios has {len(stage.ratios)} values; the model "
+                             f"has {n_layers} layers (give one kept fraction per layer)")
+        return [min(n, max(1, _exact_floor(r, n))) for r in stage.ratios]
+
+    def build(self, stage: Stage, n: int) -> Any:
+        ratios = [mid_ratio(min(n, max(1, _exact_floor(r, n))), n) for r in stage.ratios]
+        return kvpress.PerLayerCompressionPress(press=stage.clamped_scorer(n, 0.0),
+                                                compression_ratios=ratios)
+
+
+class Decoding(Family):
+    """Prefill untouched; every ``interval`` generated tokens the cache is cut to ``target``
+    (the rule itself is :mod:`kvdrift.lm.decoding`)."""
+
+    budgets = ()
+    uniform = False
+    is_decoding = True
+
+    def check_budget(self, stage: Stage, given: list[str]) -> None:
+        if given:
+            raise ValueError(f"{stage.label}: a decoding press takes target= (entries kept per "
+                             f"layer and KV head) and interval=, not {given[0]}=")
+        if "target" not in dict(stage.kwargs):
+            raise ValueError(f"{stage.label}: give target=T (entries kept after each "
+                             f"decoding-time compression, >= 1) and interval=I (generated tokens "
+                             f"between compressions)")
+
+    def kept(self, stage: Stage, n: int) -> int:
+        return n  # at prefill
+
+    def is_noop(self, stage: Stage, n: int) -> bool:
+        return True
+
+    def build(self, stage: Stage, n: int) -> Any:
+        return kvpress.DecodingPress(base_press=stage.scorer_press(), **self.wrapper_kwargs(stage))
+
+    def table_row(self) -> tuple[str, str, str]:
+        return f"{self.name}-<scorer>:interval=I,target=T", self.press, self.keeps
+
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
-    Family("", None, "floor(r n) (or min(B, n)) entries in every layer and KV head"),
-    Family("adakv", "AdaKVPress", "kv_heads x floor(r n) entries per layer, split across KV "
-           "heads by score (each head keeps at least alpha_safeguard of floor(r n))",
-           (("alpha_safeguard", "alpha_safeguard"),), head_adaptive=True),
-    Family("criticaladakv", "CriticalAdaKVPress", "as adakv, with scores weighted by the "
-           "output-projected value norm", (("alpha_safeguard", "alpha_safeguard"),
-                                           ("epsilon", "epsilon"),
-                                           ("first_stage_ratio", "first_stage_ratio")),
-           head_adaptive=True),
+    Plain("", None, "floor(r n) (or min(B, n)) entries in every layer and KV head"),
+    HeadAdaptive("adakv", "AdaKVPress", "kv_heads x floor(r n) entries per layer, split across "
+                 "KV heads by score (each head keeps at least alpha_safeguard of floor(r n))",
+                 (("alpha_safeguard", "alpha_safeguard"),)),
+    HeadAdaptive("criticaladakv", "CriticalAdaKVPress", "as adakv, with scores weighted by the "
+                 "output-projected value norm", (("alpha_safeguard", "alpha_safeguard"),
+                                                 ("epsilon", "epsilon"),
+                                                 ("first_stage_ratio", "first_stage_ratio"))),
     Family("criticalkv", "CriticalKVPress", "floor(r n) in every layer and KV head, scores "
            "weighted by the output-projected value norm",
            (("epsilon", "epsilon"), ("first_stage_ratio", "first_stage_ratio"))),
@@ -121,25 +331,21 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            (("block_size", "block_size"),)),
     Family("rerotate", "KeyRerotationPress", "floor(r n) in every layer and KV head; kept keys "
            "are re-rotated to positions 0..kept-1"),
-    Family("chunk", "ChunkPress", "floor(r len) (at least 1) of every chunk of chunk_length "
-           "entries, in every layer and KV head", (("chunk_length", "chunk_length"),),
-           budget="ratio-only"),
-    Family("chunkkv", "ChunkKVPress", "floor(r c) (at least 1) whole chunks of the c chunks of "
-           "chunk_length entries, the same in every layer and KV head",
-           (("chunk_length", "chunk_length"),), budget="ratio-only"),
-    Family("pyramidkv", None, "PyramidKV's per-layer budgets (more in lower layers), "
-           "layers x floor(r n) in total; SnapKV scores"),
-    Family("perlayer", "PerLayerCompressionPress", "floor(r_l n) entries in layer l, every KV "
-           "head (ratios=r_0/r_1/... one per layer)", budget="ratios"),
-    Family("decoding", "DecodingPress", "prompt untouched at prefill; after every `interval` "
-           "generated tokens the row's cache (prompt + generated) is cut to `target` entries "
-           "per layer and KV head", (("interval", "compression_interval"),
-                                     ("target", "target_size"),
-                                     ("buffer", "hidden_states_buffer_size")),
-           budget="target"),
+    Chunk("chunk", "ChunkPress", "floor(r len) (at least 1) of every chunk of chunk_length "
+          "entries, in every layer and KV head", (("chunk_length", "chunk_length"),)),
+    ChunkKV("chunkkv", "ChunkKVPress", "floor(r c) (at least 1) whole chunks of the c chunks of "
+            "chunk_length entries, the same in every layer and KV head",
+            (("chunk_length", "chunk_length"),)),
+    PyramidKV("pyramidkv", None, "PyramidKV's per-layer budgets (more in lower layers), "
+              "layers x floor(r n) in total; SnapKV scores"),
+    PerLayer("perlayer", "PerLayerCompressionPress", "floor(r_l n) entries in layer l, every KV "
+             "head (ratios=r_0/r_1/... one per layer)"),
+    Decoding("decoding", "DecodingPress", "prompt untouched at prefill; after every `interval` "
+             "generated tokens the row's cache (prompt + generated) is cut to `target` entries "
+             "per layer and KV head", (("interval", "compression_interval"),
+                                       ("target", "target_size"),
+                                       ("buffer", "hidden_states_buffer_size"))),
 )}
-
-PYRAMIDKV = "PyramidKVPress"
 
 
 def scorer_classes() -> dict[str, type]:
@@ -177,6 +383,13 @@ def resolve_scorer(name: str) -> str:
 def _exact_floor(ratio: float, n: int) -> int:
     """floor(ratio * n) in exact decimal arithmetic (floor(0.9 * 10) must be 9)."""
     return math.floor(Fraction(repr(ratio)) * n)
+
+
+def _ratio_or_budget(stage: Stage, n: int) -> int:
+    """``min(B, n)`` for a budget, else ``floor(r n)`` (at least 1)."""
+    if stage.budget is not None:
+        return min(stage.budget, n)
+    return min(n, max(1, _exact_floor(stage.ratio, n)))
 
 
 def mid_ratio(kept: int, n: int) -> float:
@@ -244,24 +457,10 @@ class Stage:
         if fam is None:
             raise ValueError(f"unknown press family {self.family!r}; allowed: "
                              f"{', '.join(repr(f) for f in FAMILIES)}")
-        label = f"{self.family}-{self.scorer}" if self.family else self.scorer
+        label = self.label
         given = [k for k, v in (("ratio", self.ratio), ("budget", self.budget),
                                 ("ratios", self.ratios)) if v is not None]
-        wanted = {"ratio": ["ratio", "budget"], "ratio-only": ["ratio"], "ratios": ["ratios"],
-                  "target": []}[fam.budget]
-        if fam.budget == "target":
-            if given:
-                raise ValueError(f"{label}: a decoding press takes target= (entries kept per "
-                                 f"layer and KV head) and interval=, not {given[0]}=")
-            if "target" not in dict(self.kwargs):
-                raise ValueError(f"{label}: give target=T (entries kept after each decoding-time "
-                                 f"compression, >= 1) and interval=I (generated tokens between "
-                                 f"compressions)")
-        elif len(given) != 1 or given[0] not in wanted:
-            options = " or ".join(f"{w}=" for w in wanted)
-            raise ValueError(f"{label}: give exactly one of {options} (ratio: fraction of entries "
-                             f"kept, in (0, 1]; budget: entries kept, >= 1; ratios: one kept "
-                             f"fraction per layer, r_0/r_1/...)")
+        fam.check_budget(self, given)
         if self.ratio is not None:
             ratio = float(self.ratio)
             if not 0.0 < ratio <= 1.0:
@@ -293,18 +492,23 @@ class Stage:
                                  f"integer >= 0; got {value!r}")
         object.__setattr__(self, "kwargs", tuple(sorted(self.kwargs)))
 
-    # --- what it keeps ------------------------------------------------------------------
+    # --- what it keeps (the family decides) ---------------------------------------------
     @property
     def label(self) -> str:
         return f"{self.family}-{self.scorer}" if self.family else self.scorer
 
     @property
+    def kind(self) -> Family:
+        """The stage's family (a :class:`Family`, which says what the stage keeps)."""
+        return FAMILIES[self.family]
+
+    @property
     def is_decoding(self) -> bool:
-        return self.family == "decoding"
+        return self.kind.is_decoding
 
     @property
     def head_adaptive(self) -> bool:
-        return FAMILIES[self.family].head_adaptive
+        return self.kind.head_adaptive
 
     @property
     def needs_attention_weights(self) -> bool:
@@ -315,7 +519,7 @@ class Stage:
         given = dict(self.kwargs)
         if name in given:
             return given[name]
-        fam = FAMILIES[self.family]
+        fam = self.kind
         if name in fam.field_map:
             cls = getattr(kvpress, fam.press)
             for f in dataclasses.fields(cls):
@@ -330,21 +534,11 @@ class Stage:
     @property
     def uniform(self) -> bool:
         """Whether every layer and KV head keeps one count that depends only on n."""
-        return not self.head_adaptive and self.family not in ("perlayer", "pyramidkv",
-                                                                "chunkkv", "decoding")
+        return self.kind.uniform
 
     def kept(self, n: int) -> int:
         """Entries kept per KV head (on average over heads for head-adaptive presses)."""
-        if self.family in ("perlayer", "pyramidkv", "chunkkv"):
-            raise ValueError(f"{self.label} keeps no single count per KV head (see "
-                             f"check_counts)")
-        if self.family == "chunk":
-            return sum(max(1, _exact_floor(self.ratio, c)) for c in self.chunks(n))
-        if self.budget is not None:
-            return min(self.budget, n)
-        if self.ratio is not None:
-            return min(n, max(1, _exact_floor(self.ratio, n)))
-        return n  # decoding and perlayer: see their own rules
+        return self.kind.kept(self, n)
 
     def chunks(self, n: int) -> list[int]:
         """Lengths of the chunks of ``chunk_length`` a prompt of ``n`` entries falls into."""
@@ -353,72 +547,20 @@ class Stage:
 
     def is_noop(self, n: int) -> bool:
         """Whether nothing is evicted at prefill for a prompt of ``n`` entries."""
-        if self.is_decoding:
-            return True
-        if self.family == "perlayer":
-            return all(_exact_floor(r, n) >= n for r in self.ratios or ())
-        if self.family == "chunkkv":
-            return self._chunks_kept(n) >= len(self.chunks(n))
-        if self.family == "pyramidkv":
-            return self.ratio == 1.0 or (self.budget is not None and self.budget >= n)
-        return self.kept(n) >= n
-
-    def _pyramid_mean(self, n: int) -> int:
-        """PyramidKV's mean layer budget: floor(r n) or min(B, n)."""
-        if self.budget is not None:
-            return min(self.budget, n)
-        return min(n, max(1, _exact_floor(self.ratio, n)))
-
-    def _chunks_kept(self, n: int) -> int:
-        return max(1, _exact_floor(self.ratio, len(self.chunks(n))))
+        return self.kind.is_noop(self, n)
 
     def expected_counts(self, n: int, n_layers: int, config: Any) -> list[int] | None:
         """Entries each KV head of each layer keeps after prefill (None: head-adaptive)."""
-        if self.head_adaptive:
-            return None
-        if self.family == "perlayer":
-            if len(self.ratios) != n_layers:
-                raise ValueError(f"{self.label}: ratios has {len(self.ratios)} values; the model "
-                                 f"has {n_layers} layers (give one kept fraction per layer)")
-            return [min(n, max(1, _exact_floor(r, n))) for r in self.ratios]
-        if self.family == "pyramidkv":
-            press = self.build(n)
-            return [press.get_layer_budget(SimpleNamespace(layer_idx=i, config=config), n)
-                    for i in range(n_layers)]
-        return [self.kept(n)] * n_layers  # chunkkv is checked by check_counts
+        return self.kind.expected_counts(self, n, n_layers, config)
 
     def check_counts(self, n: int, counts: Any, config: Any) -> None:
         """Raise RuntimeError unless ``counts`` ``[layers, kv_heads]`` is what this promises."""
-        n_layers, kv = counts.shape
-        rows = counts.tolist()
-        if self.head_adaptive:
-            want = kv * self.kept(n)
-            for i, row in enumerate(rows):
-                if sum(row) != want:
-                    raise RuntimeError(f"{self.label}: layer {i} keeps {sum(row)} entries over "
-                                       f"its {kv} KV heads, expected {want}")
-            return
-        if self.family == "chunkkv":
-            k, chunks = self._chunks_kept(n), self.chunks(n)
-            allowed = {k * chunks[0], (k - 1) * chunks[0] + chunks[-1]}
-            for i, row in enumerate(rows):
-                if len(set(row)) != 1 or row[0] not in allowed:
-                    raise RuntimeError(f"{self.label}: layer {i} keeps {row} entries per KV head, "
-                                       f"expected {k} whole chunks ({sorted(allowed)} entries)")
-            return
-        expected = self.expected_counts(n, n_layers, config)
-        if self.family == "pyramidkv" and sum(expected) != n_layers * self._pyramid_mean(n):
-            raise RuntimeError(f"{self.label}: PyramidKV's layer budgets {expected} do not add "
-                               f"up to {n_layers} x {self._pyramid_mean(n)}")
-        for i, (row, want) in enumerate(zip(rows, expected, strict=True)):
-            if any(c != want for c in row):
-                raise RuntimeError(f"{self.label}: layer {i} keeps {row} entries per KV head, "
-                                   f"expected {want}")
+        self.kind.check_counts(self, n, counts, config)
 
     # --- the kvpress press --------------------------------------------------------------
     def scorer_press(self, compression_ratio: float = 0.0) -> Any:
         """A fresh scorer press with this stage's scorer fields."""
-        fam = FAMILIES[self.family]
+        fam = self.kind
         fields = scorer_fields(self.scorer)
         kwargs = {k: v for k, v in self.kwargs if k not in fam.field_map and k in fields}
         return getattr(kvpress, self.scorer)(compression_ratio=compression_ratio, **kwargs)
@@ -426,29 +568,8 @@ class Stage:
     def build(self, n: int) -> Any:
         """A fresh kvpress press for a prompt of ``n`` entries (fields that kvpress requires
         below the prompt length, such as SnapKV's ``window_size``, are clamped to ``n - 1``)."""
-        fam = FAMILIES[self.family]
-        wrapper_kwargs = {fam.field_map[k]: v for k, v in self.kwargs if k in fam.field_map}
         with _quiet_kvpress():
-            if self.family == "pyramidkv":
-                return self.clamped_scorer(n, 1.0 - self._pyramid_mean(n) / n)
-            if self.family == "perlayer":
-                ratios = [mid_ratio(min(n, max(1, _exact_floor(r, n))), n) for r in self.ratios]
-                return kvpress.PerLayerCompressionPress(press=self.clamped_scorer(n, 0.0),
-                                                        compression_ratios=ratios)
-            if self.family == "decoding":
-                return kvpress.DecodingPress(base_press=self.scorer_press(), **wrapper_kwargs)
-            if self.family == "chunkkv":
-                chunks = len(self.chunks(n))
-                ratio = mid_ratio(self._chunks_kept(n), chunks)
-            elif self.family == "chunk":
-                # int(len * (1 - r)) must be floor(ratio * len) for every chunk length
-                ratio = 1.0 - self.ratio - 1e-9 if self.ratio < 1.0 else 0.0
-            else:
-                ratio = mid_ratio(self.kept(n), n)
-            scorer = self.clamped_scorer(n, ratio)
-            if fam.press is None:
-                return scorer
-            return getattr(kvpress, fam.press)(press=scorer, **wrapper_kwargs)
+            return self.kind.build(self, n)
 
     def clamped_scorer(self, n: int, compression_ratio: float) -> Any:
         """A fresh scorer press for ``n`` entries, with ``window_size`` and ``n_sink`` clamped
@@ -464,17 +585,4 @@ class Stage:
 
 def family_table() -> list[tuple[str, str, str]]:
     """(spec form, kvpress press, what it keeps) for every offered family."""
-    rows = []
-    for fam in FAMILIES.values():
-        if fam.name == "":
-            rows.append(("<scorer>:ratio=R | budget=B", "the scorer (see below)", fam.keeps))
-        elif fam.name == "pyramidkv":
-            rows.append(("pyramidkv:ratio=R | budget=B", PYRAMIDKV, fam.keeps))
-        elif fam.budget == "ratios":
-            rows.append((f"{fam.name}-<scorer>:ratios=R0/R1/...", fam.press, fam.keeps))
-        elif fam.budget == "target":
-            rows.append((f"{fam.name}-<scorer>:interval=I,target=T", fam.press, fam.keeps))
-        else:
-            budget = "ratio=R" if fam.budget == "ratio-only" else "ratio=R | budget=B"
-            rows.append((f"{fam.name}-<scorer>:{budget}", fam.press, fam.keeps))
-    return rows
+    return [fam.table_row() for fam in FAMILIES.values()]

@@ -1,6 +1,9 @@
-"""The study report's figures: each function draws one figure to a PNG and returns its path.
+"""kvdrift's figures (matplotlib, Agg backend): each function draws one figure to a PNG.
 
-Every function returns None, and writes nothing, when the analysis lacks what it needs (a study
+The study report's figures (:data:`FIGURES`, drawn by :mod:`kvdrift.report.html`) and the
+finite-state check's (:func:`plot_finite_study`, drawn by ``kvdrift finite-state``).
+
+Every study figure returns None, and writes nothing, when the analysis lacks what it needs (a study
 run with the SWRB estimator has only ``timing_cdf`` curves). Fractions are drawn in percent,
 differences of fractions in percentage points. One panel per model; an action keeps its colour
 across panels and figures.
@@ -12,15 +15,21 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-import matplotlib.pyplot as plt
+import matplotlib
 import numpy as np
-from matplotlib.patches import Patch
 
-import kvdrift.plots  # noqa: F401  (selects the Agg backend)
-from kvdrift.analysis.interval import Interval
-from kvdrift.analysis.results import ActionResult, StudyAnalysis
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
+from matplotlib.patches import Patch  # noqa: E402
+
+from kvdrift.analysis.interval import Interval  # noqa: E402
+from kvdrift.analysis.results import ActionResult, StudyAnalysis  # noqa: E402
+
+if TYPE_CHECKING:
+    from kvdrift.finite.check import FiniteStudyResult
 
 T = TypeVar("T")
 
@@ -387,3 +396,43 @@ FIGURES = (
            "EOS share (first EOS, one or both absorbed) under its name. Diamonds: totals with "
            "bootstrap intervals."),
 )
+
+
+# The finite-state check (kvdrift finite-state) ----------------------------------------
+
+
+def plot_finite_study(result: FiniteStudyResult, path: str | Path) -> Path:
+    """Left: both estimators (mean +- 2 SE) against exact risk. Right: sorted variance ratios."""
+    path = Path(path)
+    exact = np.array([s.exact for s in result.systems])
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.2))
+    lim = [0, max(exact.max(), max(s.naive_mean for s in result.systems)) * 1.1 + 1e-3]
+    left.plot(lim, lim, color="0.6", lw=1, ls="--", label="estimate = exact")
+    left.errorbar(exact, [s.naive_mean for s in result.systems],
+                  yerr=[2 * s.naive_se for s in result.systems], fmt="o", ms=4, capsize=2,
+                  label="complete coupled rollouts (naive)", color="tab:orange")
+    left.errorbar(exact, [s.swrb_mean for s in result.systems],
+                  yerr=[2 * s.swrb_se for s in result.systems], fmt="s", ms=4, capsize=2,
+                  label="SWRB", color="tab:blue")
+    left.set_xlabel("exact risk R (enumeration)")
+    left.set_ylabel("estimated risk (mean ± 2 SE)")
+    left.set_title(f"{len(result.systems)} binary systems, H = {result.horizon}, "
+                   f"{result.replicates} replicates")
+    left.legend(fontsize=8, loc="upper left")
+
+    ratios = np.sort(result.var_ratios)
+    right.bar(np.arange(1, ratios.size + 1), ratios, color="tab:blue")
+    right.axhline(result.median_var_ratio, color="k", lw=1,
+                  label=f"median {result.median_var_ratio:.1f}")
+    right.set_yscale("log")
+    undefined = len(result.systems) - ratios.size
+    right.set_xlabel("system (sorted by variance ratio)" + (
+        f"; {undefined} undefined (left out)" if undefined else ""))
+    right.set_ylabel("variance ratio naive / SWRB (log scale)")
+    right.set_title(f"cost ×{result.cost_ratio:.2f}, variance-cost advantage "
+                    f"{result.advantage:.1f}")
+    right.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return path

@@ -15,7 +15,8 @@ import numpy as np
 
 from kvdrift.estimate import coupled_rollouts, swrb
 from kvdrift.estimate.common import check_horizon, check_replicates
-from kvdrift.finite import exact, paper_system
+from kvdrift.finite.exact import exact
+from kvdrift.finite.systems import paper_system
 
 PAPER = {"min_var_ratio": 11.1, "median_var_ratio": 52.7, "max_var_ratio": 289.0,
          "cost_ratio": 1.37, "advantage": 20.0}

@@ -1,11 +1,5 @@
-"""Executors: where a run's units are computed. The driver stays the only writer of the store.
-
-``local`` computes every unit in this process, one after another (:func:`run_units`).
-``ray`` computes them on Ray actors that each build their pair factory (load the model) once
-and return records to the driver (:mod:`kvdrift.run.ray_executor`). Unit seeds depend only on
-the run seed and the document id, so both write the same records, and a run started with one
-executor resumes with the other.
-"""
+"""What every executor shares: its settings (:class:`ExecutorConfig`), the :class:`Executor`
+protocol and the :data:`PairBuilder` each worker process calls once."""
 
 from __future__ import annotations
 
@@ -16,7 +10,7 @@ from typing import Protocol
 
 from kvdrift.data.document import Document
 from kvdrift.run.records import UnitKey
-from kvdrift.run.runner import PairFactory, RunConfig, run_units
+from kvdrift.run.runner import PairFactory, RunConfig
 from kvdrift.run.store import RunStore
 
 EXECUTORS = ("local", "ray")
@@ -90,29 +84,3 @@ class Executor(Protocol):
     def __enter__(self) -> Executor: ...
 
     def __exit__(self, *exc: object) -> None: ...
-
-
-class LocalExecutor:
-    """Every unit in this process, one after another (document by document)."""
-
-    in_process = True
-
-    def run(self, config: RunConfig, documents: Sequence[Document], build: PairBuilder,
-            store: RunStore, on_unit: Callable[[UnitKey, bool], None] | None = None) -> int:
-        return run_units(config, documents, build(), store, on_unit=on_unit)
-
-    def __enter__(self) -> LocalExecutor:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
-def open_executor(settings: ExecutorConfig,
-                  on_workers: Callable[[int], None] | None = None) -> Executor:
-    """The executor that ``settings`` names; ``on_workers(n)`` hears the live worker count."""
-    if settings.kind == "local":
-        return LocalExecutor()
-    from kvdrift.run.ray_executor import RayExecutor
-
-    return RayExecutor(settings, on_workers=on_workers)

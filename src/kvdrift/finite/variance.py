@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvdrift.finite import FinitePair, History
+from kvdrift.finite.pair import FinitePair, History
 
 
 @dataclass(frozen=True)

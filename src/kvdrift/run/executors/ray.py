@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from kvdrift.data.document import Document
 from kvdrift.run import UnitFailed
-from kvdrift.run.executors import ExecutorConfig, PairBuilder
+from kvdrift.run.executors.base import ExecutorConfig, PairBuilder
 from kvdrift.run.records import UnitKey
 from kvdrift.run.runner import RunConfig, unit_key, unit_records
 from kvdrift.run.store import RunStore
