@@ -226,7 +226,7 @@ def test_a_damaged_run_json_is_one_line(tiny_model_dir, docs_file, tmp_path):
     assert error_line(result).startswith(f"error: {out / 'run.json'} is damaged: not a JSON object")
 
 
-def test_a_non_utf8_jsonl_names_the_file_and_line(tmp_path):
+def test_a_non_utf8_jsonl_names_the_file_and_line(tiny_model_dir, tmp_path):
     path = tmp_path / "docs.jsonl"
     path.write_bytes(b'{"id": "a", "prompt": "fine"}\n{"id": "b", "prompt": "caf\xe9"}\n')
     with pytest.raises(ValueError) as info:
@@ -234,7 +234,7 @@ def test_a_non_utf8_jsonl_names_the_file_and_line(tmp_path):
     assert str(info.value) == (f"{path}:2: not UTF-8 text (byte 27 of the line); JSONL files "
                                "must be UTF-8")
     result = runner.invoke(app, ["run", "--docs", str(path), "--out", str(tmp_path / "r"),
-                                 "--model", "no-such-model"])
+                                 "--model", str(tiny_model_dir)])
     assert result.exit_code == 2 and f"{path}:2: not UTF-8 text" in one_line(result)
 
 

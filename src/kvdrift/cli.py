@@ -209,6 +209,9 @@ def run(
                                         "that is not in the local Hugging Face cache."),
 ) -> None:
     """Measure the given actions on one model over a set of documents."""
+    from kvdrift.lm.loading import check_model_name
+
+    check_model_name(model, allow_download)  # at once: before torch and kvpress are imported
     from kvdrift.analysis.summary import summarize
     from kvdrift.data import RulerConfig, generate, load_jsonl, token_counter
     from kvdrift.lm.actions import actions_help, parse_action, split_actions
@@ -331,6 +334,7 @@ def study(
     """Run a study from a TOML configuration (resumable), then write its report."""
     from dataclasses import replace
 
+    from kvdrift.lm.loading import check_model_name
     from kvdrift.report import summary_table
     from kvdrift.report.terminal import print_whole
     from kvdrift.study import run_study
@@ -338,6 +342,8 @@ def study(
 
     config = load_study(config_path)
     config = replace(config, executor=config.executor.overridden(executor, ray_address))
+    for name in config.models:
+        check_model_name(name, allow_download)
     out = out or Path("runs") / config.name
     try:
         with _progress() as progress:

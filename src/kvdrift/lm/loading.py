@@ -19,6 +19,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+EMBEDDED_MODEL = "smollm2"
 DOWNLOAD_ENV = "HF_HUB_OFFLINE"
 _FALSE = ("0", "false", "no", "off")
 
@@ -84,6 +85,13 @@ def pretrained_options(name_or_path: str | Path, allow_download: bool = False) -
     if config_file is not None:
         refuse_custom_code(str(name_or_path), config_file)
     return {"trust_remote_code": False, "local_files_only": local or not online}
+
+
+def check_model_name(name: str, allow_download: bool = False) -> None:
+    """Refuse, before anything heavy is imported, a model that cannot load without the network
+    or that needs its own code (``"smollm2"``, the embedded model, always loads)."""
+    if name and name != EMBEDDED_MODEL:
+        pretrained_options(name, allow_download)
 
 
 def unloadable_model_message(name_or_path: str, exc: Exception) -> str:
