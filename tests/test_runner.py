@@ -132,7 +132,10 @@ def test_stratum_weights_give_strata_equal_weight():
         (dict(estimator="magic"), "unknown estimator 'magic'; allowed: rollout, swrb"),
         (dict(actions=()), "at least one action"),
         (dict(actions=("mild", "mild")), "distinct"),
-        (dict(temperature=-1.0), "temperature must be >= 0"),
+        (dict(temperature=-1.0), "temperature must be a finite number >= 0"),
+        (dict(temperature=float("inf")), r"temperature must be a finite number >= 0 \(0 = "
+                                         r"greedy\); got inf"),
+        (dict(temperature=float("nan")), "temperature must be a finite number >= 0"),
         (dict(depths=(9,)), "depth L must be an integer within 1..H"),
         (dict(batch=-1), "batch must be an integer >= 0"),
     ],

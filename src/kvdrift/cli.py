@@ -16,6 +16,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import typer  # noqa: E402
 from rich.console import Console  # noqa: E402
+from rich.markup import escape  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from kvdrift.run import UnitFailed  # noqa: E402
@@ -31,23 +32,34 @@ def root() -> None:
     """Measure how KV-cache eviction changes what a language model generates."""
 
 
-def user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn a user's mistake (ValueError, missing file) or a unit whose workers kept dying
-    into one clear line and exit code 2.
+def _os_error_line(exc: OSError) -> str:
+    """One line for a file-system error (read-only or full disk, no permission, ...)."""
+    where = " -> ".join(str(f) for f in (exc.filename, exc.filename2) if f is not None)
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    code = f" (errno {exc.errno})" if exc.errno else ""
+    return f"{where}: {reason}{code}" if where else f"{reason}{code}"
 
-    Set ``KVDRIFT_DEBUG=1`` to see the traceback instead.
+
+def user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn a user's mistake (ValueError, missing file), a file-system error (read-only or
+    full disk) or a unit whose workers kept dying into one clear line and exit code 2.
+
+    The message is printed literally (user text such as ``[study]`` or a document id is never
+    read as console markup). Set ``KVDRIFT_DEBUG=1`` to see the traceback instead.
     """
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return func(*args, **kwargs)
-        except (ValueError, FileNotFoundError, KeyError, UnitFailed) as exc:
+        except (ValueError, OSError, KeyError, UnitFailed) as exc:
             if os.environ.get("KVDRIFT_DEBUG"):
                 raise
             message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-            err_console.print(f"[bold red]error:[/] {message}", highlight=False, markup=True,
-                              soft_wrap=True)
+            if isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError):
+                message = _os_error_line(exc)
+            err_console.print(f"[bold red]error:[/] {escape(str(message))}", highlight=False,
+                              markup=True, soft_wrap=True)
             raise typer.Exit(2) from None
 
     return wrapper
@@ -113,7 +125,7 @@ def finite_state(
         if not s.informative:
             console.print(f"* system {s.system}: variance ratio undefined: "
                           f"{s.var_ratio_undefined}; left out of min / median / max.")
-    console.print(f"figure: {path}")
+    console.print(f"figure: {escape(str(path))}")
 
 
 DEFAULT_DOCS = dict(families=("niah_single", "vt", "cwe"), target_lengths=(512,),
@@ -139,9 +151,18 @@ def _workers_label(n: int) -> str:
     return f"{n} worker{'' if n == 1 else 's'} · "
 
 
+def _unit_label(*parts: str) -> str:
+    """A progress description naming a unit, printed literally (ids are user text)."""
+    return escape(" · ".join(parts))
+
+
+def _notice(message: str) -> None:
+    err_console.print(f"[yellow]note:[/] {escape(message)}", highlight=False, soft_wrap=True)
+
+
 def _interrupted(store_dir: Path) -> typer.Exit:
-    err_console.print(f"[yellow]interrupted:[/] finished units are saved in {store_dir}; "
-                      "run the same command again to resume.")
+    err_console.print(f"[yellow]interrupted:[/] finished units are saved in "
+                      f"{escape(str(store_dir))}; run the same command again to resume.")
     return typer.Exit(130)
 
 
@@ -182,8 +203,15 @@ def run(
     ray_address: str | None = typer.Option(None, help="Join this Ray cluster ('auto' or "
                                            "HOST:PORT; implies --executor ray)."),
     as_json: bool = typer.Option(False, "--json", help="Print the table as JSON."),
+    recompute: bool = typer.Option(False, "--recompute", help="Recompute finished units "
+                                   "stored under other settings instead of refusing them."),
+    allow_download: bool = typer.Option(False, "--allow-download", help="Download a hub id "
+                                        "that is not in the local Hugging Face cache."),
 ) -> None:
     """Measure the given actions on one model over a set of documents."""
+    from kvdrift.lm.loading import check_model_name
+
+    check_model_name(model, allow_download)  # at once: before torch and kvpress are imported
     from kvdrift.analysis.summary import summarize
     from kvdrift.data import RulerConfig, generate, load_jsonl, token_counter
     from kvdrift.lm.actions import actions_help, parse_action, split_actions
@@ -191,6 +219,7 @@ def run(
     from kvdrift.lm.model import resolve_device, resolve_dtype
     from kvdrift.report.terminal import print_whole, run_table
     from kvdrift.run.executors import ExecutorConfig, open_executor
+    from kvdrift.run.lock import StoreLock
     from kvdrift.run.runner import RunConfig
     from kvdrift.run.store import RunStore
 
@@ -215,20 +244,20 @@ def run(
     try:
         with open_executor(settings, on_workers=lambda n: workers.update(
                 label=_workers_label(n))) as pool:
-            with console.status(f"loading {model}"):
-                source = LMPairSource(model, device, dtype, chat_template)
+            with console.status(f"loading {escape(model)}"):
+                source = LMPairSource(model, device, dtype, chat_template, allow_download)
                 side = driver_side(source, pool.in_process)
-            # opened after loading: a model typo leaves no store behind
-            store = RunStore.open(out, config.as_dict())
             if documents is None:
                 documents = generate(RulerConfig(**DEFAULT_DOCS), token_counter(side.tokenizer))
             check_fits(documents, horizon, side, chat_template)
-            with _progress() as progress:
+            # locked and opened after loading: a model typo leaves no store behind
+            with StoreLock(out), _progress() as progress:
+                store = RunStore.open(out, config.as_dict(), recompute, _notice)
                 task = progress.add_task("units", total=len(documents) * len(action_list))
 
                 def on_unit(key, skipped):
-                    progress.update(task, advance=1, description=f"{workers['label']}"
-                                    f"{key.doc_id[:24]} · {key.action}")
+                    progress.update(task, advance=1, description=workers["label"]
+                                    + _unit_label(key.doc_id[:24], key.action))
 
                 pool.run(config, documents, side.build, store, on_unit=on_unit)
     except KeyboardInterrupt:
@@ -238,7 +267,8 @@ def run(
         print(_strict_json([s.as_dict() for s in summaries]))
         return
     print_whole(console, run_table(summaries, estimator))
-    console.print(f"records: {out}/steps, {out}/replicates (Parquet)")
+    console.print(f"records: {escape(str(out))}/steps, {escape(str(out))}/replicates (Parquet)",
+                  highlight=False)
 
 
 def _write_report(
@@ -273,7 +303,7 @@ def report(
         print((path.parent / "analysis.json").read_text())
         return
     print_whole(console, summary_table(analysis))
-    console.print(f"report: {path}")
+    console.print(f"report: {escape(str(path))}", highlight=False)
 
 
 @app.command("study")
@@ -287,10 +317,15 @@ def study(
                                         "[study] executor, else local)."),
     ray_address: str | None = typer.Option(None, help="Join this Ray cluster ('auto' or "
                                            "HOST:PORT; implies --executor ray)."),
+    recompute: bool = typer.Option(False, "--recompute", help="Recompute finished units "
+                                   "stored under other settings instead of refusing them."),
+    allow_download: bool = typer.Option(False, "--allow-download", help="Download hub ids "
+                                        "that are not in the local Hugging Face cache."),
 ) -> None:
     """Run a study from a TOML configuration (resumable), then write its report."""
     from dataclasses import replace
 
+    from kvdrift.lm.loading import check_model_name
     from kvdrift.report import summary_table
     from kvdrift.report.terminal import print_whole
     from kvdrift.study import run_study
@@ -298,6 +333,8 @@ def study(
 
     config = load_study(config_path)
     config = replace(config, executor=config.executor.overridden(executor, ray_address))
+    for name in config.models:
+        check_model_name(name, allow_download)
     out = out or Path("runs") / config.name
     try:
         with _progress() as progress:
@@ -308,11 +345,11 @@ def study(
                 progress.update(task, description=shown["workers"] + shown["unit"])
 
             def on_model(name, units):
-                shown["unit"] = name
-                progress.reset(task, total=units, description=shown["workers"] + name)
+                shown["unit"] = escape(name)
+                progress.reset(task, total=units, description=shown["workers"] + shown["unit"])
 
             def on_unit(key, skipped):
-                shown["unit"] = f"{key.model} · {key.doc_id[:24]} · {key.action}"
+                shown["unit"] = _unit_label(key.model, key.doc_id[:24], key.action)
                 progress.update(task, advance=1)
                 show()
 
@@ -323,11 +360,13 @@ def study(
             def load(name):
                 from kvdrift.lm.model import load_model
 
-                progress.update(task, description=f"loading {name}")
-                return load_model(name, config.device, config.dtype)
+                progress.update(task, description=f"loading {escape(name)}")
+                return load_model(name, config.device, config.dtype,
+                                  allow_download=allow_download)
 
             run_study(config, out, load=load, on_unit=on_unit, on_model=on_model,
-                      on_workers=on_workers)
+                      on_workers=on_workers, recompute=recompute,
+                      allow_download=allow_download, notice=_notice)
     except KeyboardInterrupt:
         raise _interrupted(out) from None
     if not report_after:
@@ -335,7 +374,7 @@ def study(
         return
     analysis, path = _write_report(out, None)
     print_whole(console, summary_table(analysis))
-    console.print(f"report: {path}")
+    console.print(f"report: {escape(str(path))}", highlight=False)
 
 
 def _pp(iv) -> str:

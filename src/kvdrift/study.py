@@ -9,6 +9,7 @@ from pathlib import Path
 from kvdrift.data import generate, load_hf_dataset, load_jsonl, token_counter
 from kvdrift.data.document import Document
 from kvdrift.run.executors import open_executor
+from kvdrift.run.lock import StoreLock
 from kvdrift.run.records import UnitKey
 from kvdrift.run.store import RunStore
 from kvdrift.study_config import StudyConfig, ruler_config
@@ -54,29 +55,40 @@ def run_study(
     on_unit: Callable[[UnitKey, bool], None] | None = None,
     on_model: Callable[[str, int], None] | None = None,
     on_workers: Callable[[int], None] | None = None,
+    recompute: bool = False,
+    allow_download: bool = False,
+    notice: Callable[[str], None] | None = None,
 ) -> RunStore:
     """Run every unit of the study into ``out`` (resumable) with its executor; returns the store.
 
     ``load(model_name)`` returns a :class:`~kvdrift.lm.model.LoadedModel` for the local
     executor (default: load it with the study's device and dtype; the Ray executor loads
-    models in its workers and only the tokenizer here); ``on_model(name, units)``,
-    ``on_unit(key, skipped)`` and ``on_workers(live_workers)`` report progress.
+    models in its workers and only the tokenizer and config here); ``on_model(name, units)``,
+    ``on_unit(key, skipped)`` and ``on_workers(live_workers)`` report progress, ``notice``
+    hears which damaged units are recomputed. The store's lock is held throughout (one
+    writer per store); ``recompute`` recomputes units stored under other settings instead of
+    refusing them; ``allow_download`` lets a hub id missing from the local cache download.
     """
     from kvdrift.lm.factory import LMPairSource, check_fits, driver_side
 
     fixed = fixed_documents(config)
     if not fixed and not any(s["source"] == "ruler" for s in config.documents):
         raise ValueError("the study's document sources produced no documents")
-    store = RunStore.open(out, config.as_dict())
-    settings = config.executor.for_device(config.device)
-    with open_executor(settings, on_workers=on_workers) as executor:
-        for name in config.models:
-            source = LMPairSource(name, config.device, config.dtype, config.chat_template)
-            side = driver_side(source, executor.in_process,
-                               functools.partial(load, name) if load else None)
-            docs = model_documents(config, fixed, side.tokenizer)
-            check_fits(docs, config.run.horizon, side, config.chat_template)
-            if on_model:
-                on_model(name, len(docs) * len(config.run.actions))
-            executor.run(config.for_model(name), docs, side.build, store, on_unit=on_unit)
+    lock = StoreLock(out).acquire()
+    try:
+        store = RunStore.open(out, config.as_dict(), recompute=recompute, notice=notice)
+        settings = config.executor.for_device(config.device)
+        with open_executor(settings, on_workers=on_workers) as executor:
+            for name in config.models:
+                source = LMPairSource(name, config.device, config.dtype, config.chat_template,
+                                      allow_download)
+                side = driver_side(source, executor.in_process,
+                                   functools.partial(load, name) if load else None)
+                docs = model_documents(config, fixed, side.tokenizer)
+                check_fits(docs, config.run.horizon, side, config.chat_template)
+                if on_model:
+                    on_model(name, len(docs) * len(config.run.actions))
+                executor.run(config.for_model(name), docs, side.build, store, on_unit=on_unit)
+    finally:
+        lock.release()
     return store

@@ -13,6 +13,7 @@ See ``configs/`` for shipped examples. Layout::
 
 from __future__ import annotations
 
+import re
 import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -40,9 +41,14 @@ SOURCE_KEYS = {
 }
 REQUIRED_SOURCE_KEYS = {"ruler": (), "jsonl": ("path",), "hf": ("name", "split", "prompt_field")}
 ANALYSIS_KEYS = {"bootstrap": int, "alpha": float, "endpoints": list, "seed": int}
+#: What the items of each list-valued key must be.
+LIST_ITEMS = {"models": str, "actions": str, "depths": int, "families": str,
+              "needle_types": str, "lengths": int, "endpoints": str}
 TOP_KEYS = ("study", "documents", "analysis")
 _KIND_NAMES = {int: "an integer", str: "a string", list: "a list", bool: "true or false",
                float: "a number"}
+_ITEM_NAMES = {int: "integers", str: "strings"}
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9 ._+=@,-]*")
 
 
 @dataclass(frozen=True)
@@ -62,7 +68,9 @@ class StudyConfig:
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)  # not part of as_dict
 
     def for_model(self, model: str) -> RunConfig:
-        return RunConfig(**(asdict(self.run) | {"model": model}))
+        """The run settings of one model (with the dtype and prompt format its units record)."""
+        extra = {"dtype": self.dtype, "chat_template": self.chat_template}
+        return RunConfig(**(asdict(self.run) | {"model": model, "extra": extra}))
 
     def as_dict(self) -> dict:
         """The configuration that a study directory records and checks on resume.
@@ -95,7 +103,20 @@ def _check_table(table: Any, allowed: dict, where: str) -> dict:
         if not ok:
             want = _KIND_NAMES.get(kinds, "a number")
             raise ValueError(f"{where}.{key} must be {want}; got {value!r}")
+        item = LIST_ITEMS.get(key) if kinds is list else None
+        if item is not None and not all(
+                isinstance(v, item) and not isinstance(v, bool) for v in value):
+            raise ValueError(f"{where}.{key} must be a list of {_ITEM_NAMES[item]}; "
+                             f"got {value!r}")
     return table
+
+
+def check_study_name(name: str) -> str:
+    """A study name is a plain directory name (it becomes ``runs/<name>``): no path."""
+    if not _PLAIN_NAME.fullmatch(name) or ".." in name:
+        raise ValueError(f"[study].name must be a plain name (letters, digits, and . _ - + = @ , "
+                         f"or spaces; no '/', '..' or leading '.'); got {name!r}")
+    return name
 
 
 def _check_source(i: int, source: dict) -> dict:
@@ -137,6 +158,9 @@ def parse_study(data: dict, source: str | None = None) -> StudyConfig:
     for key in ("models", "actions"):
         if key not in study or not study[key]:
             raise ValueError(f"[study] is missing the key {key!r} (a non-empty list)")
+        twice = next((v for i, v in enumerate(study[key]) if v in study[key][:i]), None)
+        if twice is not None:
+            raise ValueError(f"[study].{key} lists {twice!r} twice; each must appear once")
     docs = data.get("documents")
     if not docs:
         raise ValueError("the config needs at least one [[documents]] table "
@@ -175,7 +199,7 @@ def parse_study(data: dict, source: str | None = None) -> StudyConfig:
 
     resolve_dtype(study.get("dtype", "float32"))
     return StudyConfig(
-        name=study.get("name", Path(source).stem if source else "study"),
+        name=check_study_name(study.get("name", Path(source).stem if source else "study")),
         models=tuple(str(m) for m in study["models"]), run=run, documents=sources,
         analysis=options, device=study.get("device", "auto"), dtype=study.get("dtype", "float32"),
         chat_template=study.get("chat_template", True), cohort=cohort, source=source,
@@ -193,7 +217,10 @@ def load_study(path: str | Path, overrides: dict[str, Any] | None = None) -> Stu
     if not path.is_file():
         raise FileNotFoundError(f"study config {path} does not exist")
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path} is not UTF-8 text (byte {exc.start + 1}); TOML files must be "
+                         "UTF-8") from None
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"{path} is not valid TOML: {exc}") from None
     if overrides:

@@ -51,11 +51,16 @@ def load_jsonl(path: str | os.PathLike[str]) -> list[Document]:
     path = Path(path)
     docs: list[Document] = []
     first_line: dict[str, int] = {}
-    with path.open(encoding="utf-8") as handle:
-        for lineno, line in enumerate(handle, start=1):
+    with path.open("rb") as handle:
+        for lineno, raw in enumerate(handle, start=1):
+            where = f"{path}:{lineno}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise ValueError(f"{where}: not UTF-8 text (byte {err.start + 1} of the line); "
+                                 "JSONL files must be UTF-8") from None
             if not line.strip():
                 continue
-            where = f"{path}:{lineno}"
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as err:

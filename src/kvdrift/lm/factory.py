@@ -16,7 +16,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvdrift.data.document import Document
-from kvdrift.lm.model import LoadedModel, encode_prompt, load_model, load_tokenizer
+from kvdrift.lm.model import (
+    LoadedModel,
+    context_window,
+    encode_prompt,
+    load_model,
+    load_tokenizer,
+)
 from kvdrift.lm.pair import LMKernelPair
 from kvdrift.lm.prefill import PromptCache, prefill
 
@@ -52,9 +58,11 @@ class LMPairSource:
     device: str = "auto"
     dtype: str = "float32"
     chat_template: bool = True
+    allow_download: bool = False  # fetch a hub id that is not in the local cache
 
     def load(self) -> LoadedModel:
-        return load_model(self.model, self.device, self.dtype)
+        return load_model(self.model, self.device, self.dtype,
+                          allow_download=self.allow_download)
 
     def __call__(self) -> LMPairFactory:
         return LMPairFactory(self.load(), self.chat_template)
@@ -78,10 +86,12 @@ def driver_side(
 
     An in-process executor shares the driver's model (``load()``, default ``source.load()``);
     any other gets ``source`` itself and loads the model in each worker, so the driver loads
-    only the tokenizer (and each worker's pair checks the context window).
+    only the tokenizer and the config (for the context window that :func:`check_fits` checks
+    before any unit runs).
     """
     if not in_process:
-        return DriverSide(source.model, load_tokenizer(source.model), source, None)
+        return DriverSide(source.model, load_tokenizer(source.model, source.allow_download),
+                          source, context_window(source.model, source.allow_download))
     loaded = load() if load else source.load()
     window = getattr(loaded.model.config, "max_position_embeddings", None)
     return DriverSide(source.model, loaded.tokenizer,

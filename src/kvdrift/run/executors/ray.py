@@ -26,7 +26,7 @@ from kvdrift.data.document import Document
 from kvdrift.run import UnitFailed
 from kvdrift.run.executors.base import ExecutorConfig, PairBuilder
 from kvdrift.run.records import UnitKey
-from kvdrift.run.runner import RunConfig, unit_key, unit_records
+from kvdrift.run.runner import RunConfig, finished_units, store_unit, unit_key, unit_records
 from kvdrift.run.store import RunStore
 
 CONNECT_TIMEOUT_S = 5.0
@@ -161,10 +161,11 @@ class RayExecutor:
         if not documents:
             raise ValueError("no documents to run")
         queue: deque[_Work] = deque()
+        done = finished_units(config, documents, store)
         for doc in documents:
             todo = []
             for action in config.actions:
-                if store.is_done(unit_key(config, doc, action)):
+                if unit_key(config, doc, action) in done:
                     if on_unit:
                         on_unit(unit_key(config, doc, action), True)
                 else:
@@ -216,8 +217,7 @@ class _Dispatch:
         self._live_changed()
 
     def _store(self, slot: _Slot, action: str, tables: tuple[pa.Table, pa.Table]) -> None:
-        key = unit_key(self.config, slot.work.doc, action)
-        self.store.write_unit(key, *tables)
+        key = store_unit(self.store, self.config, slot.work.doc, action, tables)
         slot.work.actions.remove(action)
         self.ran += 1
         if self.on_unit:

@@ -1,0 +1,107 @@
+"""Where a model's files come from, and the options every ``from_pretrained`` call gets.
+
+Two rules hold for every model, tokenizer and config that kvdrift loads:
+
+- **No model's own Python runs.** Every call passes ``trust_remote_code=False``: a model
+  directory (or hub repository) whose ``config.json`` points at its own code (``auto_map``)
+  for an architecture transformers does not implement is refused, never executed, and never
+  prompts on stdin.
+- **No network unless asked for.** A name is looked up as a local directory, then in the
+  local Hugging Face cache, without a request; a name found in neither is refused in one line.
+  Downloading is an explicit opt-in: ``--allow-download`` on the command line, or the
+  environment variable ``HF_HUB_OFFLINE=0``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+EMBEDDED_MODEL = "smollm2"
+DOWNLOAD_ENV = "HF_HUB_OFFLINE"
+_FALSE = ("0", "false", "no", "off")
+
+ALLOWED = ("allowed: 'smollm2' (embedded), a local model directory, or a Hugging Face hub id "
+           "already in the local cache (runs are offline; --allow-download or HF_HUB_OFFLINE=0 "
+           "to download)")
+
+
+def downloads_allowed(allow_download: bool = False) -> bool:
+    """Whether a hub id may be downloaded: only when asked (``allow_download`` or
+    ``HF_HUB_OFFLINE=0``); unset, ``HF_HUB_OFFLINE`` means offline."""
+    return allow_download or os.environ.get(DOWNLOAD_ENV, "").strip().lower() in _FALSE
+
+
+def cached_config(repo_id: str) -> Path | None:
+    """The local Hugging Face cache's ``config.json`` of ``repo_id``, if any (no request)."""
+    from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub.errors import HFValidationError
+
+    try:
+        found = try_to_load_from_cache(repo_id, "config.json")
+    except (HFValidationError, ValueError):
+        return None
+    return Path(found) if isinstance(found, str) else None
+
+
+def in_local_cache(repo_id: str) -> bool:
+    """Whether the local Hugging Face cache holds ``repo_id``'s ``config.json`` (no request)."""
+    return cached_config(repo_id) is not None
+
+
+def custom_code_message(name_or_path: str) -> str:
+    return (f"cannot load model {name_or_path!r}: it needs its own Python code (auto_map in "
+            "config.json), which kvdrift never runs (trust_remote_code=False); allowed: "
+            "models whose architecture transformers implements")
+
+
+def refuse_custom_code(name_or_path: str, config_file: Path) -> None:
+    """Refuse, in one line, a model whose ``config.json`` asks for its own code (``auto_map``)
+    for an architecture transformers does not implement; reads the JSON only."""
+    from transformers import CONFIG_MAPPING
+
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # transformers names what is wrong with it
+    if not isinstance(config, dict) or not config.get("auto_map"):
+        return
+    if config.get("model_type") not in CONFIG_MAPPING:
+        raise ValueError(custom_code_message(name_or_path))
+
+
+def pretrained_options(name_or_path: str | Path, allow_download: bool = False) -> dict[str, Any]:
+    """Keyword arguments for ``from_pretrained``: never remote code, local files only unless a
+    download was asked for. Raises ``ValueError`` (one line) for a name that is neither a local
+    directory nor in the local cache when downloads are not allowed."""
+    local = Path(name_or_path).is_dir()
+    online = downloads_allowed(allow_download)
+    config_file = Path(name_or_path) / "config.json" if local else cached_config(str(name_or_path))
+    if config_file is None and not local and not online:
+        raise ValueError(f"cannot load model {str(name_or_path)!r}: not a local model directory, "
+                         f"and no hub id of that name is in the local cache; {ALLOWED}")
+    if config_file is not None:
+        refuse_custom_code(str(name_or_path), config_file)
+    return {"trust_remote_code": False, "local_files_only": local or not online}
+
+
+def check_model_name(name: str, allow_download: bool = False) -> None:
+    """Refuse, before anything heavy is imported, a model that cannot load without the network
+    or that needs its own code (``"smollm2"``, the embedded model, always loads)."""
+    if name and name != EMBEDDED_MODEL:
+        pretrained_options(name, allow_download)
+
+
+def unloadable_model_message(name_or_path: str, exc: Exception) -> str:
+    """One line for a model that ``from_pretrained`` could not load, naming what is allowed."""
+    text = str(exc)
+    if "trust_remote_code" in text or "custom code" in text:
+        return custom_code_message(name_or_path)
+    if isinstance(exc, OSError) and not Path(name_or_path).exists():
+        return (f"cannot load model {name_or_path!r}: not a local model directory, and no hub id "
+                f"of that name is in the local cache; {ALLOWED}")
+    reason = next((line.strip() for line in text.splitlines() if line.strip()),
+                  type(exc).__name__)
+    return f"cannot load model {name_or_path!r}: {reason}; {ALLOWED}"

@@ -1,0 +1,82 @@
+"""A unit's fingerprint: the settings that shaped its records, stored with them.
+
+A stored unit is found again by (model, document, action), but its records also depend on the
+run's settings: the horizon, the number of replicates, the temperature, the estimator and
+its depths, the seed, the replicate batch, the dtype and prompt format, the document's text
+and the kvdrift version. Each unit's Parquet files carry these settings (key-value metadata
+``kvdrift.fingerprint``), and a resumed run checks them before any unit runs, so records made
+under other settings are never mixed in, whatever happened to ``run.json``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from importlib import metadata
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kvdrift.data.document import Document
+    from kvdrift.run.runner import RunConfig
+
+METADATA_KEY = b"kvdrift.fingerprint"
+
+#: How each setting is named in a refusal (in the order they are compared).
+LABELS = {
+    "model": "model", "dtype": "dtype", "estimator": "estimator", "replicates": "replicates K",
+    "horizon": "horizon H", "temperature": "temperature", "depths": "depths",
+    "seed": "seed", "batch": "batch", "chat_template": "chat_template",
+    "prompt_sha256": "the document's prompt text", "kvdrift": "kvdrift version",
+}
+
+
+def kvdrift_version() -> str:
+    try:
+        return metadata.version("kvdrift")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def unit_fingerprint(config: RunConfig, doc: Document) -> dict[str, Any]:
+    """The settings that shape the records of ``doc``'s units under ``config`` (JSON-ready)."""
+    extra = config.extra or {}
+    return {
+        "model": config.model, "dtype": extra.get("dtype"), "estimator": config.estimator,
+        "replicates": config.replicates, "horizon": config.horizon,
+        "temperature": float(config.temperature), "depths": list(config.depths),
+        "seed": config.seed, "batch": config.batch,
+        "chat_template": extra.get("chat_template"),
+        "prompt_sha256": hashlib.sha256(doc.prompt.encode("utf-8", "surrogatepass")).hexdigest(),
+        "kvdrift": kvdrift_version(),
+    }
+
+
+def encode(fingerprint: Mapping[str, Any]) -> bytes:
+    return json.dumps(dict(fingerprint), sort_keys=True).encode()
+
+
+def decode(schema_metadata: Mapping[bytes, bytes] | None) -> dict[str, Any] | None:
+    """The fingerprint in a Parquet file's key-value metadata, or ``None`` if it has none."""
+    raw = (schema_metadata or {}).get(METADATA_KEY)
+    if raw is None:
+        return None
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def first_difference(stored: Mapping[str, Any] | None, wanted: Mapping[str, Any]) -> str | None:
+    """How ``stored`` differs from ``wanted`` (one phrase naming the first setting), or None."""
+    if stored is None:
+        return "it was stored without the settings that made it (an older kvdrift)"
+    for key in list(LABELS) + sorted(set(wanted) - set(LABELS)):
+        if stored.get(key) != wanted.get(key):
+            label = LABELS.get(key, key)
+            if key == "prompt_sha256":
+                return "the document's prompt text has changed since it was stored"
+            return (f"it was computed with {label} = {stored.get(key)!r}, this run has "
+                    f"{label} = {wanted.get(key)!r}")
+    return None

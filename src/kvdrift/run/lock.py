@@ -1,0 +1,65 @@
+"""One writer per store: an exclusive lock on ``<store>/.lock`` held for a whole run.
+
+The lock is an ``fcntl.flock`` on a file in the store directory, so it is released by the
+kernel when its holder exits, however it exits (a killed process leaves no stale lock); the
+file holds the holder's process id, so a second process can say who holds it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+
+LOCK_FILE = ".lock"
+
+
+class StoreBusy(ValueError):
+    """Another process holds the store's lock."""
+
+
+class StoreLock:
+    """An exclusive, non-blocking lock on a store directory; a context manager.
+
+    Raises :class:`StoreBusy` (one line naming the holder's PID) when another process (or
+    another lock in this process) holds it.
+    """
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+        self._fd: int | None = None
+
+    @property
+    def path(self) -> Path:
+        return self.root / LOCK_FILE
+
+    def acquire(self) -> StoreLock:
+        self.root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 64).decode("ascii", "replace").strip() or "unknown"
+            os.close(fd)
+            raise StoreBusy(f"{self.root} is being written by another kvdrift process (PID "
+                            f"{holder}); wait for it to finish, or use another output "
+                            "directory") from None
+        except BaseException:
+            os.close(fd)
+            raise
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    def __enter__(self) -> StoreLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
