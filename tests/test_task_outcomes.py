@@ -216,3 +216,21 @@ def test_se_coupled_agrees_with_the_bootstrap_spread():
     assert counts.shape == (4000, n)
     halfwidth = (s["diff"].hi - s["diff"].lo) / (2 * 1.96)  # percentile interval ~ normal
     assert s["se_coupled"].estimate == pytest.approx(halfwidth, rel=0.15)
+
+
+def test_report_has_task_table_and_figure(tmp_path):
+    from kvdrift.report.html import write_report
+
+    steps, reps = run(tmp_path / "run", DOCS + [FREE], Factory())
+    page = write_report(analyze(steps, reps, AnalysisOptions(bootstrap=50)),
+                        tmp_path / "report").read_text()
+    assert '<section id="task">' in page and "SE uncoupled (pp)" in page
+    assert (tmp_path / "report" / "figures" / "task_by_divergence.png").exists()
+    assert 'id="fig-task_by_divergence"' in page
+    data = json.loads((tmp_path / "report" / "analysis.json").read_text())
+    assert [e["action"] for e in data["task"]] == ["mild", "same"]
+    steps, reps = run(tmp_path / "swrb", DOCS, Factory(), estimator="swrb")
+    page = write_report(analyze(steps, reps, AnalysisOptions(bootstrap=50)),
+                        tmp_path / "swrb_report").read_text()
+    assert "No task outcomes in this analysis: SWRB does not sample both" in page
+    assert not (tmp_path / "swrb_report" / "figures" / "task_by_divergence.png").exists()
