@@ -85,3 +85,16 @@ def test_ruler_families_use_string_match_all(family):
     assert metric_name(doc) == "string_match_all" and len(answers) > 1
     assert score_text(doc, " ".join(answers).upper()) == 1.0
     assert score_text(doc, answers[0]) == pytest.approx(1 / len(answers))
+
+
+def test_jsonl_documents_name_their_metric(tmp_path):
+    from kvdrift.data.loaders import load_jsonl
+
+    path = tmp_path / "docs.jsonl"
+    path.write_text('{"id": 1, "prompt": "p", "answer": "x", "metric": "string_match_part", '
+                    '"answers": ["x", "y"]}\n')
+    doc = load_jsonl(path)[0]
+    assert metric_name(doc) == "string_match_part" and score_text(doc, "Y.") == 1.0
+    path.write_text('{"id": 1, "prompt": "p", "answer": "x", "metric": "f1"}\n')
+    with pytest.raises(ValueError, match=r"docs.jsonl:1: unknown metric 'f1'; allowed: string"):
+        load_jsonl(path)
