@@ -35,11 +35,11 @@ def study(smollm2, tmp_path_factory):
     factory = LMPairFactory(smollm2)
     run_units(cfg, docs, factory, store)
     steps, reps = store.read("steps").to_pandas(), store.read("replicates").to_pandas()
-    return docs, factory, reps, analyze(steps, reps, AnalysisOptions(bootstrap=200))
+    return docs, factory, steps, reps, analyze(steps, reps, AnalysisOptions(bootstrap=200))
 
 
-def generate_score(loaded, factory, doc) -> float:
-    """Greedy ``generate`` on the factory's prompt ids, decoded as the runner does, scored."""
+def generate_greedy(loaded, factory, doc) -> list[int]:
+    """Greedy ``generate`` on the factory's prompt ids: the tokens before the first EOS."""
     ids = factory.prompt_ids(doc)
     with torch.no_grad():
         out = loaded.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
@@ -47,14 +47,12 @@ def generate_score(loaded, factory, doc) -> float:
     new = out[0, ids.shape[1]:].tolist()
     eos = loaded.model.generation_config.eos_token_id
     eos = eos[0] if isinstance(eos, list) else eos
-    if eos in new:
-        new = new[:new.index(eos)]
-    return score_text(doc, factory.decode(new))
+    return new[:new.index(eos)] if eos in new else new
 
 
 @pytest.mark.slow
 def test_full_has_equal_scores_and_no_flips(study):
-    _, _, reps, result = study
+    _, _, _, reps, result = study
     full = reps[reps.action == "full"]
     assert full.score_x.notna().all() and (full.score_x == full.score_y).all()
     entry = {t.action: t for t in result.task}["full"].stats
@@ -68,11 +66,16 @@ def test_full_has_equal_scores_and_no_flips(study):
 
 @pytest.mark.slow
 def test_accuracy_under_p_is_greedy_generate_then_score(smollm2, study):
-    docs, factory, reps, result = study
-    want = {doc.id: generate_score(smollm2, factory, doc) for doc in docs}
+    docs, factory, steps, reps, result = study
+    tokens = {doc.id: generate_greedy(smollm2, factory, doc) for doc in docs}
+    want = {doc.id: score_text(doc, factory.decode(tokens[doc.id])) for doc in docs}
+    eos = factory.loaded.tokenizer.convert_tokens_to_ids("<|im_end|>")
     for action in ("full", "snapkv-half"):
         mine = reps[reps.action == action]
         for doc_id, score in want.items():
+            x = steps[(steps.action == action) & (steps.doc_id == doc_id)
+                      & (steps.replicate == 0)].sort_values("t")["x_token"].tolist()
+            assert (x[:x.index(eos)] if eos in x else x) == tokens[doc_id]  # X is greedy P
             # greedy: every replicate of a document is the same text
             assert mine.loc[mine.doc_id == doc_id, "score_x"].tolist() == [score, score]
         acc_p = {t.action: t for t in result.task}[action].stats["acc_p"].estimate
