@@ -32,7 +32,8 @@ ACTIONS = ("snapkv-512", "snapkv-half", "recent-half")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TABLE_HEADINGS = ("What was run", "Headline numbers", "Contrasts", "Prespecified endpoints",
                   "Finite-window bounds", "Certified orderings", "EOS split", "EOS contrasts",
-                  "Local agreement within branches", "Per stratum", "Figures", "Glossary")
+                  "Local agreement within branches", "Task outcomes", "Per stratum", "Figures",
+                  "Glossary")
 
 
 def interval(est, half=0.02):
@@ -166,6 +167,15 @@ def make_analysis() -> dict:
         "cohort_support": [{"model": m, "action": a, "max_entry": 16, "documents": 57,
                             "documents_total": 60, "trajectories": 301,
                             "trajectories_total": 480} for m in MODELS for a in ACTIONS],
+        "task": [{"model": m, "action": a, "documents": 60, "acc_p": fraction(0.8),
+                  "acc_q": fraction(0.7), "diff": {"estimate": -0.1, "lo": -0.13, "hi": -0.07},
+                  "flips_lost": fraction(0.15), "flips_gained": fraction(0.05),
+                  "se_coupled": fraction(0.015), "se_uncoupled": fraction(0.03)}
+                 for m in MODELS for a in ACTIONS],
+        "task_by_divergence": [{"model": m, "action": a, "x": list(range(1, H + 1)),
+                                "estimate": [-0.2] * H, "lo": [-0.3] * H, "hi": [-0.1] * H,
+                                "p_diverged": np.linspace(0.05, 0.6, H).tolist()}
+                               for m in MODELS for a in ACTIONS],
     }
 
 
@@ -175,6 +185,7 @@ def make_swrb_analysis() -> dict:
     out["meta"]["estimator"] = "swrb"
     out["contrasts"], out["endpoints"], out["certified_order"] = [], [], []
     out["eos_contrasts"], out["local_agreement"], out["cohort_support"] = [], [], []
+    out["task"], out["task_by_divergence"] = [], []
     for s in out["strata"]:
         s["contrasts"] = []
     for a in out["actions"]:

@@ -213,11 +213,13 @@ class StratumResult:
     documents: int
     actions: tuple[ActionScalars, ...]
     contrasts: tuple[ContrastResult, ...]
+    task: tuple[TaskResult, ...] = ()  # task outcomes of the stratum's scored documents
 
     def to_json(self) -> dict:
         return {"model": self.model, "stratum": self.stratum, "documents": self.documents,
                 "actions": [a.to_json() for a in self.actions],
-                "contrasts": [c.to_json(with_model=False) for c in self.contrasts]}
+                "contrasts": [c.to_json(with_model=False) for c in self.contrasts],
+                "task": [t.to_json() for t in self.task]}
 
     def rows(self) -> list[dict]:
         return [{"model": self.model, "stratum": self.stratum, "documents": self.documents,
@@ -239,7 +241,8 @@ class StratumResult:
                                        _intervals_from_json(a["scalars"], a["scalars"], level))
                          for a in data.get("actions") or ()),
                    tuple(ContrastResult.from_json(c, level, model)
-                         for c in data.get("contrasts") or ()))
+                         for c in data.get("contrasts") or ()),
+                   tuple(TaskResult.from_json(t, level) for t in data.get("task") or ()))
 
 
 @dataclass(frozen=True)
@@ -355,6 +358,65 @@ class CohortSupport:
                 "trajectories_total": self.trajectories_total}
 
 
+TASK_STATS = ("acc_p", "acc_q", "diff", "flips_lost", "flips_gained", "se_coupled",
+              "se_uncoupled")
+"""Task-outcome quantities of one action (:mod:`kvdrift.analysis.task`)."""
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    """Task outcomes of one model x action (x stratum) over its ``documents`` scored documents.
+
+    ``stats`` holds every name of :data:`TASK_STATS` as an interval: accuracy under P and Q,
+    ``diff = acc_q - acc_p``, the flip rates (``flips_lost``: P right and Q wrong), and the
+    standard error of ``diff`` as measured (coupled) and as two independent sets of K samples
+    per document would give it (uncoupled).
+    """
+
+    model: str
+    action: str
+    documents: int
+    stats: Mapping[str, Interval]
+
+    def to_json(self) -> dict:
+        return {"model": self.model, "action": self.action, "documents": self.documents} | {
+            k: self.stats[k].to_json() for k in TASK_STATS}
+
+    def row(self) -> dict:
+        return ({"model": self.model, "action": self.action, "documents": self.documents}
+                | interval_columns(self.stats))
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row: ``model``, ``action``, ``documents`` and every stat with ``_lo``/``_hi``."""
+        return pd.DataFrame([self.row()])
+
+    @classmethod
+    def from_json(cls, data: Mapping, level: float) -> TaskResult:
+        return cls(str(data["model"]), str(data["action"]), int(data["documents"]),
+                   {k: Interval.from_json(data[k] or {}, level) for k in TASK_STATS})
+
+
+@dataclass(frozen=True)
+class TaskDivergence:
+    """Accuracy difference by divergence time: ``E[s_Y - s_X | tau <= t]`` over ``t = 1..H``
+    (``curve``) and ``P(tau <= t)`` (``p_diverged``). Branches that never diverge within H
+    generate the same text, so their difference is exactly 0."""
+
+    model: str
+    action: str
+    curve: Curve
+    p_diverged: tuple[float, ...]
+
+    def to_json(self) -> dict:
+        return ({"model": self.model, "action": self.action} | self.curve.to_json()
+                | {"p_diverged": list(self.p_diverged)})
+
+    @classmethod
+    def from_json(cls, data: Mapping, level: float) -> TaskDivergence:
+        return cls(str(data["model"]), str(data["action"]), Curve.from_json(data, level),
+                   tuple(numbers(data["p_diverged"])))
+
+
 @dataclass(frozen=True)
 class StudyMeta:
     """What was analysed: the caller's context (``run``: config, versions, temperature) and
@@ -405,8 +467,8 @@ class StudyAnalysis:
 
     ``to_frame()`` is the headline table; ``contrasts_frame()``, ``strata_frame()``,
     ``stratum_contrasts_frame()``, ``endpoints_frame()``, ``bounds_frame()``,
-    ``eos_contrasts_frame()``, ``local_agreement_frame()`` and ``cohort_support_frame()`` the
-    others.
+    ``eos_contrasts_frame()``, ``local_agreement_frame()``, ``cohort_support_frame()``,
+    ``task_frame()`` and ``stratum_task_frame()`` the others.
     """
 
     meta: StudyMeta
@@ -419,6 +481,8 @@ class StudyAnalysis:
     eos_contrasts: tuple[EosContrast, ...] = ()
     local_agreement: tuple[LocalAgreement, ...] = ()
     cohort_support: tuple[CohortSupport, ...] = ()
+    task: tuple[TaskResult, ...] = ()
+    task_by_divergence: tuple[TaskDivergence, ...] = ()
 
     @property
     def models(self) -> list[str]:
@@ -450,7 +514,9 @@ class StudyAnalysis:
                 "strata": [s.to_json() for s in self.strata],
                 "eos_contrasts": [c.to_json() for c in self.eos_contrasts],
                 "local_agreement": [x.to_json() for x in self.local_agreement],
-                "cohort_support": [x.to_json() for x in self.cohort_support]}
+                "cohort_support": [x.to_json() for x in self.cohort_support],
+                "task": [x.to_json() for x in self.task],
+                "task_by_divergence": [x.to_json() for x in self.task_by_divergence]}
 
     def to_frame(self) -> pd.DataFrame:
         """One row per model x action: ``model``, ``action``, each scalar with ``_lo``/``_hi``."""
@@ -496,6 +562,15 @@ class StudyAnalysis:
         """One row per model x action: documents and trajectories in the branch cohort."""
         return _frame((x.to_json() for x in self.cohort_support), ["model", "action"])
 
+    def task_frame(self) -> pd.DataFrame:
+        """One row per model x action: scored ``documents`` and every task stat."""
+        return _frame((x.row() for x in self.task), ["model", "action", "documents"])
+
+    def stratum_task_frame(self) -> pd.DataFrame:
+        """One row per model x stratum x action: task stats within the stratum."""
+        return _frame(({"stratum": s.stratum} | t.row() for s in self.strata for t in s.task),
+                      ["stratum", "model", "action", "documents"])
+
     @classmethod
     def from_json(cls, data: Mapping) -> StudyAnalysis:
         """Read the structure :meth:`to_json` writes (an ``analysis.json``; null: NaN)."""
@@ -515,4 +590,7 @@ class StudyAnalysis:
             tuple(EosContrast.from_json(c, level) for c in data.get("eos_contrasts") or ()),
             tuple(LocalAgreement.from_json(x, level) for x in data.get("local_agreement") or ()),
             tuple(CohortSupport(**x) for x in data.get("cohort_support") or ()),
+            tuple(TaskResult.from_json(x, level) for x in data.get("task") or ()),
+            tuple(TaskDivergence.from_json(x, level)
+                  for x in data.get("task_by_divergence") or ()),
         )

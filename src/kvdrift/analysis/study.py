@@ -49,6 +49,7 @@ from kvdrift.analysis.results import (
     StudyMeta,
 )
 from kvdrift.analysis.strata import stratum_results
+from kvdrift.analysis.task import SWRB_REASON, task_outcomes
 
 # Moved to kvdrift.analysis.quantities; re-exported for callers that import them from here.
 __all__ = ["CONTRAST_TERMS", "SCALARS", "AnalysisOptions", "analyze", "block_gap",
@@ -106,7 +107,7 @@ def analyze(
     family = max(1, len(endpoints) * len(models))
     out: dict[str, list] = {k: [] for k in (
         "actions", "contrasts", "endpoints", "certified_order", "strata", "eos_contrasts",
-        "local_agreement", "cohort_support")}
+        "local_agreement", "cohort_support", "task", "task_by_divergence")}
     documents: dict[str, int] = {}
     notes: list[str] = []
     for model in models:
@@ -168,7 +169,16 @@ def analyze(
         if all("eos_R" in f.columns for f in feats.values()):
             out["eos_contrasts"].extend(
                 eos_contrast_entries(model, means, boot_means, options.alpha))
-        out["strata"].extend(stratum_results(model, feats, counts, windows, H, options.alpha))
+        doc_ids = next(iter(feats.values())).doc_ids
+        task = task_outcomes(model, reps_m, actions, doc_ids, H, options.bootstrap,
+                             options.alpha, options.seed)
+        out["task"] += task.actions
+        out["task_by_divergence"] += task.by_divergence
+        if 0 < task.documents < doc_ids.size:
+            notes.append(f"{model}: task outcomes are over the {task.documents} of "
+                         f"{doc_ids.size} documents that have an expected answer.")
+        out["strata"].extend(task.attach(
+            stratum_results(model, feats, counts, windows, H, options.alpha)))
         for e in endpoints:
             missing = [x for x in e.actions if x not in point]
             if missing:
@@ -180,6 +190,8 @@ def analyze(
         for L, encs in sorted(enclosures.items()):
             out["certified_order"] += [CertifiedOrder(model, L, better, worse)
                                        for better, worse in certified_order(encs)]
+    if estimator == "swrb":
+        notes.append(SWRB_REASON[0].upper() + SWRB_REASON[1:] + ".")
     study_meta = StudyMeta(
         estimator=estimator, horizon=H,
         replicates=int(replicates.groupby(["model", "action", "doc_id"]).size().max()),

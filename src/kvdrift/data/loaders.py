@@ -2,7 +2,9 @@
 
 A JSONL line is an object with ``id`` (string or integer) and ``prompt`` (non-empty string),
 optionally ``stratum`` (string), ``answer`` (string or null) and ``meta`` (object); any other
-keys are kept in ``meta``. Mistakes are reported with the file, line number and key.
+keys are kept in ``meta`` (e.g. ``metric``, the task metric that scores the answer: see
+:mod:`kvdrift.data.scoring`; ``answers``, a list of expected answers). Mistakes are
+reported with the file, line number and key.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from kvdrift.data.document import Document
+from kvdrift.data.scoring import METRICS
 
 _KNOWN_KEYS = ("id", "prompt", "stratum", "answer", "meta")
 
@@ -41,6 +44,9 @@ def _document_from_record(record: Any, where: str) -> Document:
     if not isinstance(meta, dict):
         raise ValueError(f"{where}: key 'meta' must be an object; got {meta!r}")
     extra = {k: v for k, v in record.items() if k not in _KNOWN_KEYS}
+    metric = extra.get("metric", meta.get("metric"))
+    if metric is not None and metric not in METRICS:
+        raise ValueError(f"{where}: unknown metric {metric!r}; allowed: {', '.join(METRICS)}")
     return Document(
         id=str(doc_id), prompt=prompt, stratum=stratum, answer=answer, meta={**extra, **meta}
     )

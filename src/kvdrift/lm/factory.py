@@ -41,6 +41,10 @@ class LMPairFactory:
         """Token ids ``[1, n]`` of a document's prompt (chat template applied if enabled)."""
         return encode_prompt(self.loaded.tokenizer, doc.prompt, self.chat_template)
 
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """Text of generated token ids (special tokens dropped): what task scores read."""
+        return self.loaded.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+
     def __call__(self, doc: Document, action: str) -> LMKernelPair:
         if doc.id != self._doc_id:
             self._doc_id, self._reference = None, None  # never reuse a stale prefill

@@ -361,6 +361,33 @@ def plot_eos_split(analysis: StudyAnalysis, path: str | Path) -> Path | None:
     return _save(fig, path)
 
 
+def plot_task_by_divergence(analysis: StudyAnalysis, path: str | Path) -> Path | None:
+    """Accuracy difference Q - P among replicates diverged by t, per action, with bands."""
+    groups = by_model(analysis.task_by_divergence)
+    if not groups:
+        return None
+    colors = action_colors(analysis)
+    fig, axes = _panels(len(groups))
+    for ax, (model, rows) in zip(axes, groups.items(), strict=True):
+        for row in rows:
+            c = CurveArrays(*(np.asarray(v, dtype=np.float64) for v in (
+                row.curve.x, row.curve.estimate, row.curve.lo, row.curve.hi)))
+            color = colors.get(row.action, "black")
+            _band(ax, c, color)
+            ax.plot(c.x, c.estimate * 100, color=color, lw=1.8, marker=".",
+                    label=f"{row.action} (diverged by H: {100 * row.p_diverged[-1]:.0f}%)")
+        ax.axhline(0, color="0.3", lw=0.8)
+        ax.set_xlim(1, analysis.meta.horizon)
+        ax.set_xlabel("divergence by step t")
+        ax.set_ylabel("accuracy Q − P given τ ≤ t (pp)")
+        ax.set_title(model)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="best")
+    fig.suptitle("Task accuracy difference by divergence time")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
 @dataclass(frozen=True)
 class Figure:
     """A report figure: file stem, drawing function, and a one-sentence caption."""
@@ -395,6 +422,11 @@ FIGURES = (
            "(G_r); right of it, each contrast's Δ(R − F) stacked the same way (ΔG_r), with the "
            "EOS share (first EOS, one or both absorbed) under its name. Diamonds: totals with "
            "bootstrap intervals."),
+    Figure("task_by_divergence", plot_task_by_divergence,
+           "Each curve is the task-score difference Q − P (percentage points) among the "
+           "replicates whose branches diverged by step t (bands: bootstrap intervals); "
+           "replicates that never diverge score alike, so a curve below 0 that starts early "
+           "means early divergences cost the answer."),
 )
 
 

@@ -170,6 +170,7 @@ def write_report(analysis: StudyAnalysis, out_dir: str | Path, *,
         _bounds(analysis),
         _eos_split(analysis),
         _local_agreement(analysis),
+        _task_outcomes(analysis),
         _strata(analysis),
         _figures(figures),
         _glossary(),
@@ -537,6 +538,50 @@ def _local_agreement(analysis: StudyAnalysis) -> str:
             "trajectories, out of all.</p>")
     return _section("Local agreement within branches", "agreement",
                     note + _table(headers, rows, numeric_from=2))
+
+
+TASK_HEADERS = ["scored documents", "accuracy P (%)", "accuracy Q (%)",
+                "Q &minus; P (pp)", "lost: P right, Q wrong (%)", "gained: P wrong, Q right (%)",
+                "SE coupled (pp)", "SE uncoupled (pp)", "variance gain"]
+
+
+def _task_cells(t) -> list[str]:
+    s = t.stats
+    c, u = s["se_coupled"].estimate, s["se_uncoupled"].estimate
+    gain = f"{(u / c) ** 2:.1f}&times;" if c > 0 and math.isfinite(u) else MISSING
+    return ([_meta_value(t.documents)]
+            + [_interval_cell(s[k], digits=1) for k in ("acc_p", "acc_q")]
+            + [_interval_cell(s["diff"], digits=1, signed=True)]
+            + [_interval_cell(s[k], digits=1) for k in ("flips_lost", "flips_gained",
+                                                         "se_coupled", "se_uncoupled")]
+            + [gain])
+
+
+def _task_outcomes(analysis: StudyAnalysis) -> str:
+    title, anchor = "Task outcomes", "task"
+    if not analysis.task:
+        why = ("SWRB does not sample both complete texts from the start; run rollouts for them"
+               if analysis.meta.estimator == "swrb" else
+               "no document has an expected answer, or the run could not decode text")
+        return _section(title, anchor, f"<p>No task outcomes in this analysis: {why}.</p>")
+    rows = [[escape(t.model), escape(t.action)] + _task_cells(t) for t in analysis.task]
+    note = ('<p class="note">Each replicate\'s X (full cache, P) and Y (compressed, Q), decoded '
+            "up to EOS, scored with the task's metric (RULER's string_match_all, or "
+            "string_match_part for QA); documents without an expected answer are left out. "
+            "Flips: P right and Q wrong, and the reverse (for graded scores, the positive "
+            "parts of s<sub>X</sub> &minus; s<sub>Y</sub> and s<sub>Y</sub> &minus; "
+            "s<sub>X</sub>), so Q &minus; P = gained &minus; lost. SE coupled: the standard "
+            "error of Q &minus; P as measured; SE uncoupled: what two independent sets of K "
+            "samples per document would give; variance gain: their squared ratio. Intervals: "
+            "paired document bootstrap.</p>")
+    parts = [note, _table(["model", "action"] + TASK_HEADERS, rows, numeric_from=2)]
+    strata = [(st, t) for st in analysis.strata for t in st.task]
+    if strata:
+        parts.append("<h3>Per stratum</h3>")
+        parts.append(_table(["model", "stratum", "action"] + TASK_HEADERS,
+                            [[escape(st.model), escape(st.stratum), escape(t.action)]
+                             + _task_cells(t) for st, t in strata], numeric_from=3))
+    return _section(title, anchor, "\n".join(parts))
 
 
 def _of(support, key: str) -> str:

@@ -29,6 +29,7 @@ from kvdrift.estimate.common import (
 )
 from kvdrift.kernel import KernelPair
 from kvdrift.run.fingerprint import unit_fingerprint
+from kvdrift.run.outcomes import with_scores
 from kvdrift.run.records import UnitKey, rollout_tables, swrb_tables
 from kvdrift.run.store import RunStore
 
@@ -133,7 +134,9 @@ def unit_records(
     """Step and replicate tables of one unit: what every executor computes and stores.
 
     The replicate table carries the unit's measured cost (:func:`with_timing`), the only
-    columns that differ between two runs of the same configuration and seed.
+    columns that differ between two runs of the same configuration and seed, and, for
+    rollouts of a document with an expected answer whose factory can decode text, the task
+    scores of X and Y (:mod:`kvdrift.run.outcomes`).
     """
     key = unit_key(config, doc, action)
     started = time.perf_counter()
@@ -143,6 +146,7 @@ def unit_records(
     finished = time.perf_counter()
     if config.estimator == "rollout":
         steps, reps = rollout_tables(key, result, config.depths)
+        reps = with_scores(reps, doc, result.x, result.y, pair.eos_token_id, make_pair)
     else:
         steps, reps = swrb_tables(key, result)
     return steps, with_timing(reps, built - started, finished - built)

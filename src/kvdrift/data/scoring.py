@@ -1,0 +1,88 @@
+"""Task metrics: how a generated text is scored against a document's expected answers.
+
+The two metrics are RULER's (Hsieh et al., 2024, https://arxiv.org/abs/2404.06654,
+``scripts/eval/synthetic/constants.py``), per output rather than as a percentage over a set:
+
+- ``string_match_all``: the fraction of expected answers that occur in the output
+  (``ref.lower() in pred.lower()``, a plain case-insensitive substring test: no tokenization,
+  no punctuation stripping). RULER uses it for the needle (``niah_*``), variable-tracking
+  (``vt``), common-words (``cwe``) and frequent-words (``fwe``) families.
+- ``string_match_part``: 1 if any expected answer occurs in the output, else 0. RULER uses it
+  for question answering (``qa_*``).
+
+Before matching, an output is cleaned as RULER's ``postprocess_pred`` does: control characters
+become newlines and surrounding whitespace is dropped (neither changes a substring match of a
+printable answer). A document's expected answers are ``meta["answers"]`` where present (the
+RULER-style generator and Hugging Face list answers set it), else its ``answer``. Its metric is
+``meta["metric"]`` where a document names one (e.g. a JSONL key ``"metric"``), else RULER's
+choice for its ``meta["family"]`` (``qa`` families: ``string_match_part``), else
+``string_match_all``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+
+from kvdrift.data.document import Document
+
+Metric = Callable[[str, Sequence[str]], float]
+
+_CONTROL = re.compile(r"[\x00-\x1f]")
+
+
+def postprocess(prediction: str) -> str:
+    """RULER's ``postprocess_pred``: control characters to newlines, then strip."""
+    return _CONTROL.sub("\n", prediction).strip()
+
+
+def _found(prediction: str, references: Sequence[str]) -> list[float]:
+    if not references:
+        raise ValueError("a task metric needs at least one expected answer")
+    pred = postprocess(prediction).lower()
+    return [1.0 if ref.lower() in pred else 0.0 for ref in references]
+
+
+def string_match_all(prediction: str, references: Sequence[str]) -> float:
+    """Fraction of ``references`` found in ``prediction`` (case-insensitive substrings)."""
+    found = _found(prediction, references)
+    return sum(found) / len(found)
+
+
+def string_match_part(prediction: str, references: Sequence[str]) -> float:
+    """1.0 if any of ``references`` is found in ``prediction`` (case-insensitive), else 0.0."""
+    return max(_found(prediction, references))
+
+
+METRICS: dict[str, Metric] = {
+    "string_match_all": string_match_all,
+    "string_match_part": string_match_part,
+}
+
+
+def expected_answers(doc: Document) -> tuple[str, ...] | None:
+    """The answers ``doc``'s output is scored against; None for a free-form document."""
+    listed = doc.meta.get("answers")
+    if isinstance(listed, list | tuple) and listed:
+        return tuple(str(a) for a in listed)
+    return None if doc.answer is None else (doc.answer,)
+
+
+def metric_name(doc: Document) -> str:
+    """The metric that scores ``doc`` (see the module docstring for the rule)."""
+    named = doc.meta.get("metric")
+    if named is not None:
+        if named not in METRICS:
+            raise ValueError(f"document {doc.id!r} names unknown metric {named!r}; allowed: "
+                             f"{', '.join(METRICS)}")
+        return str(named)
+    family = str(doc.meta.get("family") or "")
+    return "string_match_part" if family.startswith("qa") else "string_match_all"
+
+
+def score_text(doc: Document, text: str) -> float:
+    """``doc``'s metric on one generated text, in [0, 1]; NaN for a free-form document."""
+    answers = expected_answers(doc)
+    if answers is None:
+        return float("nan")
+    return METRICS[metric_name(doc)](text, answers)
