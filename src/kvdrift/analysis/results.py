@@ -20,6 +20,7 @@ import pandas as pd
 
 from kvdrift.analysis.interval import Interval, numbers
 from kvdrift.analysis.lags import LagWindows
+from kvdrift.analysis.readings import SpeculativeResult, TeacherForcedResult
 
 
 def interval_columns(intervals: Mapping[str, Interval]) -> dict[str, float]:
@@ -405,8 +406,10 @@ class StudyAnalysis:
 
     ``to_frame()`` is the headline table; ``contrasts_frame()``, ``strata_frame()``,
     ``stratum_contrasts_frame()``, ``endpoints_frame()``, ``bounds_frame()``,
-    ``eos_contrasts_frame()``, ``local_agreement_frame()`` and ``cohort_support_frame()`` the
-    others.
+    ``eos_contrasts_frame()``, ``local_agreement_frame()``, ``cohort_support_frame()``,
+    ``teacher_forced_frame()`` and ``speculative_frame()`` the others. ``teacher_forced`` and
+    ``speculative`` (:mod:`kvdrift.analysis.readings`) hold one entry per model x action, their
+    ``*_contrasts`` one per contrast ``b - a``; all are empty under SWRB (see ``meta.notes``).
     """
 
     meta: StudyMeta
@@ -419,6 +422,10 @@ class StudyAnalysis:
     eos_contrasts: tuple[EosContrast, ...] = ()
     local_agreement: tuple[LocalAgreement, ...] = ()
     cohort_support: tuple[CohortSupport, ...] = ()
+    teacher_forced: tuple[TeacherForcedResult, ...] = ()
+    speculative: tuple[SpeculativeResult, ...] = ()
+    teacher_forced_contrasts: tuple[TeacherForcedResult, ...] = ()
+    speculative_contrasts: tuple[SpeculativeResult, ...] = ()
 
     @property
     def models(self) -> list[str]:
@@ -450,7 +457,11 @@ class StudyAnalysis:
                 "strata": [s.to_json() for s in self.strata],
                 "eos_contrasts": [c.to_json() for c in self.eos_contrasts],
                 "local_agreement": [x.to_json() for x in self.local_agreement],
-                "cohort_support": [x.to_json() for x in self.cohort_support]}
+                "cohort_support": [x.to_json() for x in self.cohort_support],
+                "teacher_forced": [x.to_json() for x in self.teacher_forced],
+                "speculative": [x.to_json() for x in self.speculative],
+                "teacher_forced_contrasts": [x.to_json() for x in self.teacher_forced_contrasts],
+                "speculative_contrasts": [x.to_json() for x in self.speculative_contrasts]}
 
     def to_frame(self) -> pd.DataFrame:
         """One row per model x action: ``model``, ``action``, each scalar with ``_lo``/``_hi``."""
@@ -496,6 +507,15 @@ class StudyAnalysis:
         """One row per model x action: documents and trajectories in the branch cohort."""
         return _frame((x.to_json() for x in self.cohort_support), ["model", "action"])
 
+    def teacher_forced_frame(self) -> pd.DataFrame:
+        """One row per model x action: ``kl``, ``top1``, ``dp``, ``ppl_ratio`` with intervals."""
+        return _frame((x.row() for x in self.teacher_forced), ["model", "action"])
+
+    def speculative_frame(self) -> pd.DataFrame:
+        """One row per model x action: ``acceptance``, ``tokens_per_round_<gamma>`` and
+        ``first_round_<k>`` with intervals."""
+        return _frame((x.row() for x in self.speculative), ["model", "action"])
+
     @classmethod
     def from_json(cls, data: Mapping) -> StudyAnalysis:
         """Read the structure :meth:`to_json` writes (an ``analysis.json``; null: NaN)."""
@@ -515,4 +535,9 @@ class StudyAnalysis:
             tuple(EosContrast.from_json(c, level) for c in data.get("eos_contrasts") or ()),
             tuple(LocalAgreement.from_json(x, level) for x in data.get("local_agreement") or ()),
             tuple(CohortSupport(**x) for x in data.get("cohort_support") or ()),
+            *(tuple(kind.from_json(x, level) for x in data.get(key) or ())
+              for key, kind in (("teacher_forced", TeacherForcedResult),
+                                ("speculative", SpeculativeResult),
+                                ("teacher_forced_contrasts", TeacherForcedResult),
+                                ("speculative_contrasts", SpeculativeResult))),
         )

@@ -40,6 +40,7 @@ from kvdrift.analysis.quantities import (
     interval,
     position_blocks,
 )
+from kvdrift.analysis.readings import reading_entries, reading_notes
 from kvdrift.analysis.results import (
     ActionResult,
     Bound,
@@ -106,9 +107,11 @@ def analyze(
     family = max(1, len(endpoints) * len(models))
     out: dict[str, list] = {k: [] for k in (
         "actions", "contrasts", "endpoints", "certified_order", "strata", "eos_contrasts",
-        "local_agreement", "cohort_support")}
+        "local_agreement", "cohort_support", "teacher_forced", "speculative",
+        "teacher_forced_contrasts", "speculative_contrasts")}
     documents: dict[str, int] = {}
     notes: list[str] = []
+    unforced: list[str] = []  # rollout models whose records lack the teacher-forced columns
     for model in models:
         reps_m = replicates[replicates["model"] == model]
         steps_m = steps[steps["model"] == model]
@@ -169,6 +172,11 @@ def analyze(
             out["eos_contrasts"].extend(
                 eos_contrast_entries(model, means, boot_means, options.alpha))
         out["strata"].extend(stratum_results(model, feats, counts, windows, H, options.alpha))
+        for key, entries in reading_entries(model, feats, weights, counts,
+                                            options.alpha).items():
+            out[key].extend(entries)
+        if estimator == "rollout" and not any(f.model == model for f in out["teacher_forced"]):
+            unforced.append(model)
         for e in endpoints:
             missing = [x for x in e.actions if x not in point]
             if missing:
@@ -180,6 +188,7 @@ def analyze(
         for L, encs in sorted(enclosures.items()):
             out["certified_order"] += [CertifiedOrder(model, L, better, worse)
                                        for better, worse in certified_order(encs)]
+    notes += reading_notes(estimator, unforced)
     study_meta = StudyMeta(
         estimator=estimator, horizon=H,
         replicates=int(replicates.groupby(["model", "action", "doc_id"]).size().max()),
