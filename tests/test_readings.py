@@ -357,3 +357,132 @@ def test_lm_per_step_numbers_match_transformers_and_kvpress(tiny_llama):
             assert torch.allclose(got[live], want[live], atol=1e-5, rtol=0)
         top1 = (full.argmax(-1) == torch.cat([first, rest]).argmax(-1)).double()
         assert torch.equal(r.top1[i][live], top1[live])
+
+
+# ------------------------------------------------------------------ SmolLM2 (slow)
+
+
+class _Decoder:
+    """One model with its own cache, fed one token at a time (real positions for RoPE)."""
+
+    def __init__(self, model, ids, press=None):
+        import contextlib
+
+        from transformers import DynamicCache
+
+        self.model, self.n = model, ids.shape[1]
+        self.cache = DynamicCache()
+        with torch.no_grad(), (press(model) if press is not None else contextlib.nullcontext()):
+            self.logits = model(ids, past_key_values=self.cache, use_cache=True).logits[0, -1]
+        self.fed = 0
+
+    def fresh(self) -> _Decoder:
+        """A copy right after the prompt (its own cache), for the next independent run."""
+        import copy
+
+        assert self.fed == 0
+        out = copy.copy(self)  # shares the model
+        out.cache = copy.deepcopy(self.cache)
+        return out
+
+    def feed(self, token: int) -> None:
+        phys = self.cache.get_seq_length()
+        with torch.no_grad():
+            out = self.model(torch.tensor([[token]]), past_key_values=self.cache, use_cache=True,
+                             position_ids=torch.tensor([[self.n + self.fed]]),
+                             cache_position=torch.tensor([phys]))
+        self.fed += 1
+        self.logits = out.logits[0, -1]
+
+
+def speculative_run(prefilled, gamma, horizon, eos, gen) -> dict[str, int]:
+    """Leviathan et al. 2023, Algorithm 1: target = full cache, drafter = the action's cache
+    plus its own entries for the accepted tokens; temperature 1.
+
+    Drafts are drawn and verified one at a time (a draft after a rejection is never looked at,
+    so the outcomes are exactly the algorithm's; only the target's batched verification is
+    unrolled). The generation stops after EOS or at ``horizon`` tokens. ``prefilled``: the
+    target's and the drafter's decoders right after the prompt (copied, not consumed).
+    """
+    target, drafter = (d.fresh() for d in prefilled)
+    out = {"tokens": 0, "rounds": 0, "accepted": 0, "evaluated": 0}
+    done = False
+
+    def emit(token: int) -> bool:
+        out["tokens"] += 1
+        target.feed(token)
+        drafter.feed(token)
+        return token == eos or out["tokens"] == horizon
+
+    def draw(probs: torch.Tensor) -> int:
+        return int(torch.multinomial(probs, 1, generator=gen))
+
+    while not done:
+        out["rounds"] += 1
+        for _ in range(gamma):
+            p = torch.softmax(target.logits.double(), -1)
+            q = torch.softmax(drafter.logits.double(), -1)
+            d = draw(q)
+            out["evaluated"] += 1
+            u = float(torch.rand(1, generator=gen, dtype=torch.float64))
+            if u < min(1.0, float(p[d] / q[d])):
+                out["accepted"] += 1
+                done = emit(d)
+                if done:
+                    break
+            else:
+                done = emit(draw((p - q).clamp_min(0.0)))
+                break
+        else:  # all gamma drafts accepted: the bonus token from the target
+            done = emit(draw(torch.softmax(target.logits.double(), -1)))
+    return out
+
+
+def ratio_and_se(num: np.ndarray, den: np.ndarray) -> tuple[float, float]:
+    """``mean(num) / mean(den)`` and its delta-method standard error."""
+    num, den = np.asarray(num, float), np.asarray(den, float)
+    r = num.mean() / den.mean()
+    return r, float(np.std(num - r * den, ddof=1) / (np.sqrt(num.size) * den.mean()))
+
+
+SPEC_Z = 3.89  # two-sided false alarm 1e-4 per comparison, three comparisons
+
+
+@pytest.mark.slow
+def test_smollm2_speculative_sampler_agrees_with_predictions():
+    from kvdrift.lm.model import encode_prompt, load_model
+    from kvdrift.lm.pair import LMKernelPair
+
+    lm = load_model("smollm2")
+    text = ("The printing press spread across Europe within decades. Printers moved from city "
+            "to city, carrying type, presses and skills; books became cheaper and more "
+            "plentiful, and readers multiplied. ") * 5
+    ids = encode_prompt(lm.tokenizer, text + "Summarise the text above in two sentences.")
+    steps, runs = 16, 40
+    pair = LMKernelPair(lm, ids, "snapkv-half")
+    r = coupled_rollouts(pair, 64, steps, seed=1)
+    N = generated_lengths(r.x_eos.numpy())
+    live = np.arange(1, steps + 1) <= N[:, None]
+    a = acceptance_probs(r.logp_x.numpy(), r.logq_x.numpy())
+    rejections = np.where(live, r.f.numpy(), 0).sum(1)
+    predicted = {"acceptance": ratio_and_se(N - rejections, N)}
+    press = pair.action.make_press(ids.shape[1])
+    prefilled = (_Decoder(lm.model, ids), _Decoder(lm.model, ids, press))
+    assert prefilled[1].cache.get_seq_length() == ids.shape[1] // 2
+    gen = torch.Generator().manual_seed(2)
+    measured = {}
+    for gamma in (4, steps):
+        predicted[gamma] = ratio_and_se(N, expected_rounds(a, N, gamma))
+        res = [speculative_run(prefilled, gamma, steps, pair.eos_token_id, gen)
+               for _ in range(runs)]
+        tokens = np.array([x["tokens"] for x in res])
+        measured[gamma] = ratio_and_se(tokens, np.array([x["rounds"] for x in res]))
+        if gamma >= steps:  # every position is a draft: acceptance per evaluated draft
+            assert all(x["evaluated"] == x["tokens"] for x in res)
+            measured["acceptance"] = ratio_and_se(np.array([x["accepted"] for x in res]),
+                                                  tokens)
+    print({k: (round(predicted[k][0], 4), round(measured[k][0], 4)) for k in predicted})
+    for key in predicted:
+        (p, sp), (m, sm) = predicted[key], measured[key]
+        assert abs(p - m) < SPEC_Z * np.hypot(sp, sm), (key, p, m, sp, sm)
+    assert predicted[4][0] > 1.5  # the drafter is useful: more than 1.5 tokens per round

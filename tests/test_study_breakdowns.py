@@ -500,10 +500,13 @@ def test_run_summary_is_the_analysis_point_estimate():
     rows3 = summarize(*(pd.concat([t, r]) for t, r in zip(two, third, strict=True)))
     assert [(s.model, s.action) for s in rows3[4:]] == [("o", "a"), ("o", "b"), ("o", "c")]
     assert [s.R for s in rows3[4:]] == [rows[2].R, rows[3].R, rows[2].R]
-    for s, entry in zip(rows[2:], out["actions"], strict=True):
+    for s, entry, spec in zip(rows[2:], out["actions"], out["speculative"], strict=True):
         d = s.as_dict()
         assert d.pop("model") == "m" and d.pop("action") == entry["action"]
         assert d.pop("documents") == 3
+        assert d.pop("acceptance") == pytest.approx(spec["acceptance"]["estimate"])
+        # these records have no teacher-forced columns: no KL, no tokens per round
+        assert math.isnan(d.pop("kl")) and math.isnan(d.pop("tokens_per_round"))
         for key, value in d.items():
             assert value == pytest.approx(entry["scalars"][key]["estimate"]), key
 
