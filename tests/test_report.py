@@ -32,8 +32,8 @@ ACTIONS = ("snapkv-512", "snapkv-half", "recent-half")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TABLE_HEADINGS = ("What was run", "Headline numbers", "Contrasts", "Prespecified endpoints",
                   "Finite-window bounds", "Certified orderings", "EOS split", "EOS contrasts",
-                  "Local agreement within branches", "Task outcomes", "Per stratum", "Figures",
-                  "Glossary")
+                  "Local agreement within branches", "Task outcomes",
+                  "Teacher-forced and speculative readings", "Per stratum", "Figures", "Glossary")
 
 
 def interval(est, half=0.02):
@@ -176,6 +176,18 @@ def make_analysis() -> dict:
                                 "estimate": [-0.2] * H, "lo": [-0.3] * H, "hi": [-0.1] * H,
                                 "p_diverged": np.linspace(0.05, 0.6, H).tolist()}
                                for m in MODELS for a in ACTIONS],
+        "teacher_forced": [{"model": m, "action": a, "documents": 60, "kl": interval(0.1 * i),
+                            "top1": fraction(0.9 - 0.1 * i), "dp": interval(-0.01 * i),
+                            "ppl_ratio": interval(1 + 0.05 * i), "strata": []}
+                           for m in MODELS for i, a in enumerate(ACTIONS)],
+        "speculative": [{"model": m, "action": a, "documents": 60,
+                         "acceptance": fraction(0.9 - 0.1 * i),
+                         "tokens_per_round": {str(g): interval((1 - (0.9 - 0.1 * i) ** (g + 1))
+                                                               / (0.1 + 0.1 * i), 0.1)
+                                              for g in (1, 2, 4, 8, 16)},
+                         "first_round": {str(k): fraction((0.9 - 0.1 * i) ** k)
+                                         for k in range(1, 17)}, "strata": []}
+                        for m in MODELS for i, a in enumerate(ACTIONS)],
     }
 
 
@@ -186,6 +198,7 @@ def make_swrb_analysis() -> dict:
     out["contrasts"], out["endpoints"], out["certified_order"] = [], [], []
     out["eos_contrasts"], out["local_agreement"], out["cohort_support"] = [], [], []
     out["task"], out["task_by_divergence"] = [], []
+    out["teacher_forced"], out["speculative"] = [], []
     for s in out["strata"]:
         s["contrasts"] = []
     for a in out["actions"]:
@@ -420,10 +433,12 @@ def test_run_table_marks_unmeasured_quantities():
         line = next(line for line in text.splitlines() if f" {action} " in line)
         return [c.strip() for c in line.split("│")[1:-1]]
 
-    # F of SWRB is not measured; there is no entry time without divergence
+    # F and the readings along X (KL, acceptance, tokens per round) of SWRB are not measured;
+    # there is no entry time without divergence
     assert cells("snapkv-half") == ["m", "snapkv-half", "3", "50.0%", "4.5", "10.00%", "2.00%",
-                                    "40.00%", "8.00%", "101.2%", "—"]
-    assert cells("full")[4:] == ["—", "0.00%", "0.00%", "0.00%", "0.00%", "0.0%", "—"]
+                                    "40.00%", "8.00%", "101.2%", "—", "—", "—", "—"]
+    assert cells("full")[4:] == ["—", "0.00%", "0.00%", "0.00%", "0.00%", "0.0%", "—", "—",
+                                 "—", "—"]
     assert "ratio" in text and "[0, 1]" in text
     console = Console(record=True, width=200)
     console.print(run_table(rows[:1], estimator="rollout"))

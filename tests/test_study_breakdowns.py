@@ -17,6 +17,7 @@ from kvdrift.analysis.agreement import agreement_flags, cohort_support, run_leng
 from kvdrift.analysis.eos import eos_contrast
 from kvdrift.analysis.features import EOS_CATEGORIES
 from kvdrift.analysis.lags import LagWindows
+from kvdrift.analysis.readings import NOT_RECORDED
 from kvdrift.analysis.study import AnalysisOptions, analyze
 from kvdrift.estimate.rollout import RolloutResult, first_mismatch
 from kvdrift.run.records import UnitKey, rollout_tables
@@ -290,7 +291,8 @@ def test_analysis_fields_by_hand():
         "alpha": 0.1, "documents": {"s": 2, "t": 1},
         "notes": ["m: strata with a single document (t) contribute no between-document "
                   "variation, so intervals understate uncertainty; use at least two documents "
-                  "per stratum."]}
+                  "per stratum.",
+                  NOT_RECORDED.format(model="m")]}  # these records have no logp_x, ... columns
     windows = LagWindows.for_horizon(12)
     assert out["lags"] == windows.as_dict()
     for entry, action in zip(out["actions"], "ab", strict=True):
@@ -363,7 +365,7 @@ def test_every_lonely_stratum_is_named():
     for frame in (steps, reps):
         frame.loc[frame["doc_id"] == "d2", "stratum"] = "u"
     out = analyze(steps, reps, AnalysisOptions(bootstrap=20)).to_json()
-    assert out["meta"]["notes"] == [
+    assert out["meta"]["notes"][:1] == [  # then: no teacher-forced columns in these records
         "m: strata with a single document (s, t, u) contribute no between-document variation, "
         "so intervals understate uncertainty; use at least two documents per stratum."]
     with pytest.raises(ValueError, match="^no finished units to analyze$"):
@@ -498,10 +500,13 @@ def test_run_summary_is_the_analysis_point_estimate():
     rows3 = summarize(*(pd.concat([t, r]) for t, r in zip(two, third, strict=True)))
     assert [(s.model, s.action) for s in rows3[4:]] == [("o", "a"), ("o", "b"), ("o", "c")]
     assert [s.R for s in rows3[4:]] == [rows[2].R, rows[3].R, rows[2].R]
-    for s, entry in zip(rows[2:], out["actions"], strict=True):
+    for s, entry, spec in zip(rows[2:], out["actions"], out["speculative"], strict=True):
         d = s.as_dict()
         assert d.pop("model") == "m" and d.pop("action") == entry["action"]
         assert d.pop("documents") == 3
+        assert d.pop("acceptance") == pytest.approx(spec["acceptance"]["estimate"])
+        # these records have no teacher-forced columns: no KL, no tokens per round
+        assert math.isnan(d.pop("kl")) and math.isnan(d.pop("tokens_per_round"))
         for key, value in d.items():
             assert value == pytest.approx(entry["scalars"][key]["estimate"]), key
 

@@ -14,6 +14,7 @@ import pandas as pd
 
 from kvdrift.analysis.agreement import agreement_terms
 from kvdrift.analysis.lags import LagWindows, lag_terms
+from kvdrift.analysis.readings import reading_features
 from kvdrift.divergence import diverged
 
 EOS_CATEGORIES = ("pre-EOS", "first EOS", "one absorbed", "both absorbed")
@@ -104,6 +105,12 @@ def action_features(
     cat = eos_categories(x_eos, y_eos)
     cols["eos_R"] = np.stack([np.where(cat == c, delta, 0).sum(axis=2).mean(axis=1) / H
                               for c in range(len(EOS_CATEGORIES))], axis=1)
+    forced = None
+    if {"logp_x", "logq_x", "kl", "top1"} <= set(steps.columns) \
+            and steps["logp_x"].notna().any():
+        forced = {k: _cube(steps, k, n, K, H).astype(np.float64)
+                  for k in ("logp_x", "logq_x", "kl", "top1")}
+    cols |= reading_features(x_eos, f, tau, forced)
     cols["eos_F"] = np.stack([np.where(cat == c, f, 0).sum(axis=2).mean(axis=1) / H
                               for c in range(len(EOS_CATEGORIES))], axis=1)
     if windows is not None:

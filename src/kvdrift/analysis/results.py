@@ -20,6 +20,7 @@ import pandas as pd
 
 from kvdrift.analysis.interval import Interval, numbers
 from kvdrift.analysis.lags import LagWindows
+from kvdrift.analysis.readings import SpeculativeResult, TeacherForcedResult
 
 
 def interval_columns(intervals: Mapping[str, Interval]) -> dict[str, float]:
@@ -468,7 +469,10 @@ class StudyAnalysis:
     ``to_frame()`` is the headline table; ``contrasts_frame()``, ``strata_frame()``,
     ``stratum_contrasts_frame()``, ``endpoints_frame()``, ``bounds_frame()``,
     ``eos_contrasts_frame()``, ``local_agreement_frame()``, ``cohort_support_frame()``,
-    ``task_frame()`` and ``stratum_task_frame()`` the others.
+    ``task_frame()``, ``stratum_task_frame()``, ``teacher_forced_frame()`` and
+    ``speculative_frame()`` the others. ``teacher_forced`` and ``speculative``
+    (:mod:`kvdrift.analysis.readings`) hold one entry per model x action, their
+    ``*_contrasts`` one per contrast ``b - a``; all are empty under SWRB (see ``meta.notes``).
     """
 
     meta: StudyMeta
@@ -483,6 +487,10 @@ class StudyAnalysis:
     cohort_support: tuple[CohortSupport, ...] = ()
     task: tuple[TaskResult, ...] = ()
     task_by_divergence: tuple[TaskDivergence, ...] = ()
+    teacher_forced: tuple[TeacherForcedResult, ...] = ()
+    speculative: tuple[SpeculativeResult, ...] = ()
+    teacher_forced_contrasts: tuple[TeacherForcedResult, ...] = ()
+    speculative_contrasts: tuple[SpeculativeResult, ...] = ()
 
     @property
     def models(self) -> list[str]:
@@ -516,7 +524,11 @@ class StudyAnalysis:
                 "local_agreement": [x.to_json() for x in self.local_agreement],
                 "cohort_support": [x.to_json() for x in self.cohort_support],
                 "task": [x.to_json() for x in self.task],
-                "task_by_divergence": [x.to_json() for x in self.task_by_divergence]}
+                "task_by_divergence": [x.to_json() for x in self.task_by_divergence],
+                "teacher_forced": [x.to_json() for x in self.teacher_forced],
+                "speculative": [x.to_json() for x in self.speculative],
+                "teacher_forced_contrasts": [x.to_json() for x in self.teacher_forced_contrasts],
+                "speculative_contrasts": [x.to_json() for x in self.speculative_contrasts]}
 
     def to_frame(self) -> pd.DataFrame:
         """One row per model x action: ``model``, ``action``, each scalar with ``_lo``/``_hi``."""
@@ -571,6 +583,15 @@ class StudyAnalysis:
         return _frame(({"stratum": s.stratum} | t.row() for s in self.strata for t in s.task),
                       ["stratum", "model", "action", "documents"])
 
+    def teacher_forced_frame(self) -> pd.DataFrame:
+        """One row per model x action: ``kl``, ``top1``, ``dp``, ``ppl_ratio`` with intervals."""
+        return _frame((x.row() for x in self.teacher_forced), ["model", "action"])
+
+    def speculative_frame(self) -> pd.DataFrame:
+        """One row per model x action: ``acceptance``, ``tokens_per_round_<gamma>`` and
+        ``first_round_<k>`` with intervals."""
+        return _frame((x.row() for x in self.speculative), ["model", "action"])
+
     @classmethod
     def from_json(cls, data: Mapping) -> StudyAnalysis:
         """Read the structure :meth:`to_json` writes (an ``analysis.json``; null: NaN)."""
@@ -593,4 +614,9 @@ class StudyAnalysis:
             tuple(TaskResult.from_json(x, level) for x in data.get("task") or ()),
             tuple(TaskDivergence.from_json(x, level)
                   for x in data.get("task_by_divergence") or ()),
+            *(tuple(kind.from_json(x, level) for x in data.get(key) or ())
+              for key, kind in (("teacher_forced", TeacherForcedResult),
+                                ("speculative", SpeculativeResult),
+                                ("teacher_forced_contrasts", TeacherForcedResult),
+                                ("speculative_contrasts", SpeculativeResult))),
         )

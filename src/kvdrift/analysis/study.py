@@ -40,6 +40,7 @@ from kvdrift.analysis.quantities import (
     interval,
     position_blocks,
 )
+from kvdrift.analysis.readings import reading_entries, reading_notes
 from kvdrift.analysis.results import (
     ActionResult,
     Bound,
@@ -107,9 +108,11 @@ def analyze(
     family = max(1, len(endpoints) * len(models))
     out: dict[str, list] = {k: [] for k in (
         "actions", "contrasts", "endpoints", "certified_order", "strata", "eos_contrasts",
-        "local_agreement", "cohort_support", "task", "task_by_divergence")}
+        "local_agreement", "cohort_support", "task", "task_by_divergence", "teacher_forced",
+        "speculative", "teacher_forced_contrasts", "speculative_contrasts")}
     documents: dict[str, int] = {}
     notes: list[str] = []
+    unforced: list[str] = []  # rollout models whose records lack the teacher-forced columns
     for model in models:
         reps_m = replicates[replicates["model"] == model]
         steps_m = steps[steps["model"] == model]
@@ -179,6 +182,11 @@ def analyze(
                          f"{doc_ids.size} documents that have an expected answer.")
         out["strata"].extend(task.attach(
             stratum_results(model, feats, counts, windows, H, options.alpha)))
+        for key, entries in reading_entries(model, feats, weights, counts,
+                                            options.alpha).items():
+            out[key].extend(entries)
+        if estimator == "rollout" and not any(f.model == model for f in out["teacher_forced"]):
+            unforced.append(model)
         for e in endpoints:
             missing = [x for x in e.actions if x not in point]
             if missing:
@@ -192,6 +200,7 @@ def analyze(
                                        for better, worse in certified_order(encs)]
     if estimator == "swrb":
         notes.append(SWRB_REASON[0].upper() + SWRB_REASON[1:] + ".")
+    notes += reading_notes(estimator, unforced)
     study_meta = StudyMeta(
         estimator=estimator, horizon=H,
         replicates=int(replicates.groupby(["model", "action", "doc_id"]).size().max()),

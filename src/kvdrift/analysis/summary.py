@@ -16,6 +16,8 @@ import pandas as pd
 from kvdrift.analysis.bootstrap import stratum_weights, weighted_means
 from kvdrift.analysis.features import action_features
 from kvdrift.analysis.quantities import derive
+from kvdrift.analysis.readings import derive_readings
+from kvdrift.analysis.speculative import GAMMAS
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,10 @@ class ActionSummary:
     C: float
     F: float  # NaN for SWRB, which does not follow the fixed-history path
     R_minus_F: float
+    # Readings along X (NaN under SWRB, or without the teacher-forced records):
+    kl: float = float("nan")  # mean KL(P || Q) per token, nats
+    acceptance: float = float("nan")  # speculative per-token acceptance
+    tokens_per_round: float = float("nan")  # expected tokens per round, draft length 4
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -46,8 +52,13 @@ def summarize(steps: pd.DataFrame, replicates: pd.DataFrame) -> list[ActionSumma
         reps = replicates[(replicates.model == model) & (replicates.action == action)]
         unit_steps = steps[(steps.model == model) & (steps.action == action)]
         f = action_features(unit_steps, reps, None)
-        d = derive(weighted_means(f.columns, stratum_weights(pd.Series(f.strata))), None)
+        means = weighted_means(f.columns, stratum_weights(pd.Series(f.strata)))
+        d = derive(means, None)
         values = {k: float(d[k]) for k in ("p_diverge", "mean_entry_time", "R", "O", "E", "Pi",
                                            "C", "F", "R_minus_F")}
+        if "spec_rejections" in means:
+            r = derive_readings(means)
+            values |= {"kl": float(r["kl"]), "acceptance": float(r["acceptance"]),
+                       "tokens_per_round": float(r["tokens_per_round"][GAMMAS.index(4)])}
         out.append(ActionSummary(model=model, action=action, documents=len(f.doc_ids), **values))
     return out

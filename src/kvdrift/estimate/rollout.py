@@ -21,6 +21,7 @@ import torch
 from kvdrift.coupling import absorb_eos, coupled_draw, tempered_probs, tv_distance
 from kvdrift.divergence import NEVER
 from kvdrift.estimate.common import check_horizon, check_replicates, make_generator
+from kvdrift.estimate.forced import forced_step
 from kvdrift.kernel import KernelPair
 
 
@@ -43,6 +44,11 @@ class RolloutResult:
     y_eos: torch.Tensor  # bool
     tau: torch.Tensor  # [K] long, NEVER (0) when the branches never diverged
     evaluations: int  # kernel-pair evaluations (one per replicate and position)
+    # Teacher-forced along X (kvdrift.estimate.forced), float64, NaN after X's EOS:
+    logp_x: torch.Tensor | None = None  # log P(X_t | X_<t) at the run's temperature
+    logq_x: torch.Tensor | None = None  # log Q(X_t | X_<t)
+    kl: torch.Tensor | None = None  # KL(P || Q) over the vocabulary
+    top1: torch.Tensor | None = None  # 1.0 where the arg-maxes agree
 
     @property
     def replicates(self) -> int:
@@ -77,18 +83,24 @@ def coupled_rollouts(
     forced = None  # Q forced along X, diverged rows only (rows `forced_rows`, in that order)
     forced_rows = torch.empty(0, dtype=torch.long, device=pair.device)
 
-    cols: dict[str, list[torch.Tensor]] = {k: [] for k in ("x", "y", "m", "d", "f", "xe", "ye")}
+    cols: dict[str, list[torch.Tensor]] = {
+        k: [] for k in ("x", "y", "m", "d", "f", "xe", "ye", "lp", "lq", "kl", "top1")}
     x_done = torch.zeros(K, dtype=torch.bool, device=pair.device)
     y_done = torch.zeros(K, dtype=torch.bool, device=pair.device)
     diverged = torch.zeros(K, dtype=torch.bool, device=pair.device)
     for t in range(H):
-        p = absorb_eos(tempered_probs(pair.logprobs(p_state), temperature), x_done, eos)
-        q = absorb_eos(tempered_probs(pair.logprobs(q_state), temperature), y_done, eos)
-        q_on_x = q  # equal histories (and EOS flags) before divergence
+        p_lp, q_lp = pair.logprobs(p_state), pair.logprobs(q_state)
+        p = absorb_eos(tempered_probs(p_lp, temperature), x_done, eos)
+        q = absorb_eos(tempered_probs(q_lp, temperature), y_done, eos)
+        q_on_x, q_lp_on_x = q, q_lp  # equal histories (and EOS flags) before divergence
         if forced is not None:
+            forced_lp = pair.logprobs(forced)
+            q_lp_on_x = q_lp.index_copy(0, forced_rows, forced_lp)
             q_on_x = q.index_copy(0, forced_rows, absorb_eos(
-                tempered_probs(pair.logprobs(forced), temperature), x_done[forced_rows], eos))
+                tempered_probs(forced_lp, temperature), x_done[forced_rows], eos))
+        x_ended = x_done.clone()  # X emitted EOS before t
         draw = coupled_draw(p, q, gen)
+        step = forced_step(p_lp, q_lp_on_x, draw.x, temperature, x_ended)
         if eos is not None:
             x_done = x_done | (draw.x == eos)
             y_done = y_done | (draw.y == eos)
@@ -100,6 +112,10 @@ def coupled_rollouts(
         cols["f"].append(tv_distance(p, q_on_x))
         cols["xe"].append(x_done.clone())
         cols["ye"].append(y_done.clone())
+        cols["lp"].append(step.logp_x)
+        cols["lq"].append(step.logq_x)
+        cols["kl"].append(step.kl)
+        cols["top1"].append(step.top1)
         if t + 1 < H:
             new = torch.nonzero(mismatch & ~diverged).squeeze(-1)
             if new.numel() > 0:  # fork Y at its divergence, before it appends its own token
@@ -119,4 +135,5 @@ def coupled_rollouts(
     return RolloutResult(
         x=stack("x"), y=stack("y"), mismatch=mismatch, delta=stack("d"), f=stack("f"),
         x_eos=stack("xe"), y_eos=stack("ye"), tau=first_mismatch(mismatch), evaluations=K * H,
+        logp_x=stack("lp"), logq_x=stack("lq"), kl=stack("kl"), top1=stack("top1"),
     )

@@ -388,6 +388,35 @@ def plot_task_by_divergence(analysis: StudyAnalysis, path: str | Path) -> Path |
     return _save(fig, path)
 
 
+def plot_tokens_per_round(analysis: StudyAnalysis, path: str | Path) -> Path | None:
+    """Self-speculative decoding: expected tokens per verification round against draft length."""
+    groups = by_model([s for s in analysis.speculative
+                       if any(v.defined for v in s.numbers.tokens_per_round.values())])
+    if not groups:
+        return None
+    colors = action_colors(analysis)
+    fig, axes = _panels(len(groups))
+    for ax, (model, rows) in zip(axes, groups.items(), strict=True):
+        for s in rows:
+            gammas = sorted(s.numbers.tokens_per_round)
+            ends = np.array([_ends(s.numbers.tokens_per_round[g]) for g in gammas])
+            color = colors.get(s.action, None)
+            ax.fill_between(gammas, ends[:, 1], ends[:, 2], color=color, alpha=BAND_ALPHA,
+                            lw=0)
+            ax.plot(gammas, ends[:, 0], "o-", color=color, lw=1.8,
+                    label=f"{s.action} (acceptance {100 * s.numbers.acceptance.estimate:.1f}%)")
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(gammas, [str(g) for g in gammas])
+        ax.set_xlabel("draft length γ (tokens drafted per round)")
+        ax.set_ylabel("expected tokens per verification round")
+        ax.set_title(model)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="best")
+    fig.suptitle("Self-speculative decoding with the compressed cache as drafter")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
 @dataclass(frozen=True)
 class Figure:
     """A report figure: file stem, drawing function, and a one-sentence caption."""
@@ -427,6 +456,11 @@ FIGURES = (
            "replicates whose branches diverged by step t (bands: bootstrap intervals); "
            "replicates that never diverge score alike, so a curve below 0 that starts early "
            "means early divergences cost the answer."),
+    Figure("tokens_per_round", plot_tokens_per_round,
+           "Expected tokens per verification round when the action's cache drafts for the "
+           "full cache (Leviathan et al.'s speculative sampling at the run's temperature), "
+           "computed exactly from the acceptance probabilities along the reference path "
+           "(bands: bootstrap intervals); 1 is no gain, gamma + 1 the ceiling."),
 )
 
 

@@ -171,6 +171,7 @@ def write_report(analysis: StudyAnalysis, out_dir: str | Path, *,
         _eos_split(analysis),
         _local_agreement(analysis),
         _task_outcomes(analysis),
+        _readings(analysis),
         _strata(analysis),
         _figures(figures),
         _glossary(),
@@ -582,6 +583,57 @@ def _task_outcomes(analysis: StudyAnalysis) -> str:
                             [[escape(st.model), escape(st.stratum), escape(t.action)]
                              + _task_cells(t) for st, t in strata], numeric_from=3))
     return _section(title, anchor, "\n".join(parts))
+
+
+def _readings(analysis: StudyAnalysis) -> str:
+    """Teacher-forced and speculative numbers per action, then their contrasts b - a."""
+    title, anchor = "Teacher-forced and speculative readings", "readings"
+    if not analysis.speculative:
+        return _section(title, anchor, "<p>No readings along X in this analysis (they need "
+                                       "complete rollouts).</p>")
+    tf = {(x.model, x.action): x.numbers for x in analysis.teacher_forced}
+    gammas = sorted(analysis.speculative[0].numbers.tokens_per_round)
+    headers = (["model", "action", "mean KL (nats)", "top-1 agreement (%)", "mean &Delta;p (pp)",
+                "PPL ratio", "acceptance (%)"]
+               + [f"tokens / round, &gamma; = {g}" for g in gammas])
+    rows = []
+    for s in analysis.speculative:
+        t = tf.get((s.model, s.action))
+        rows.append([escape(s.model), escape(s.action),
+                     _interval_cell(t.kl if t else None, 1.0, 4),
+                     _interval_cell(t.top1 if t else None, digits=1),
+                     _interval_cell(t.dp if t else None, signed=True),
+                     _interval_cell(t.ppl_ratio if t else None, 1.0, 4),
+                     _interval_cell(s.numbers.acceptance, digits=1)]
+                    + [_interval_cell(s.numbers.tokens_per_round[g], 1.0, 2) for g in gammas])
+    contrast_rows = []
+    tfc = {(x.model, x.a, x.b): x.numbers for x in analysis.teacher_forced_contrasts}
+    for c in analysis.speculative_contrasts:
+        t = tfc.get((c.model, c.a, c.b))
+        contrast_rows.append([escape(c.model), f"{escape(c.b)} &minus; {escape(c.a)}",
+                              _interval_cell(t.kl if t else None, 1.0, 4, signed=True),
+                              _interval_cell(t.top1 if t else None, digits=1, signed=True),
+                              _interval_cell(t.dp if t else None, signed=True),
+                              _interval_cell(t.ppl_ratio if t else None, 1.0, 4, signed=True),
+                              _interval_cell(c.numbers.acceptance, digits=1, signed=True)]
+                             + [_interval_cell(c.numbers.tokens_per_round[g], 1.0, 2,
+                                               signed=True) for g in gammas])
+    note = ('<p class="note">Along the reference path X, over positions up to X\'s first EOS: '
+            "teacher-forced numbers as llama.cpp's <code>perplexity --kl-divergence</code> "
+            "defines them (mean KL(P&nbsp;||&nbsp;Q), share of positions whose arg-maxes agree, "
+            "mean q(X<sub>t</sub>) &minus; p(X<sub>t</sub>), PPL ratio exp(mean(log p &minus; "
+            "log q))), and self-speculative decoding with the action's cache drafting for the "
+            "full cache: per-token acceptance (1 &minus; F per generated token) and expected "
+            "tokens per verification round for draft length &gamma;, exact given the "
+            "acceptance probabilities along X. Per-stratum values and the first round's "
+            "accepted-length distribution are in <code>analysis.json</code> "
+            "(<code>teacher_forced</code>, <code>speculative</code>).</p>")
+    body = note + _table(headers, rows, numeric_from=2)
+    if contrast_rows:
+        body += ('<h3>Contrasts (b &minus; a)</h3>'
+                 + _table(["model", "contrast (b &minus; a)"] + headers[2:], contrast_rows,
+                          numeric_from=2))
+    return _section(title, anchor, body)
 
 
 def _of(support, key: str) -> str:

@@ -2,6 +2,9 @@
 
 Both estimators produce the same step columns (the ones the issue names) so that
 stores and analyses read either; columns that an estimator cannot fill hold NaN or -1.
+The teacher-forced columns :data:`FORCED_COLUMNS` (``logp_x``, ``logq_x``, ``kl``, ``top1``;
+see :mod:`kvdrift.estimate.forced`) are null (NaN when read into pandas) after X's EOS and
+throughout SWRB records.
 """
 
 from __future__ import annotations
@@ -15,6 +18,18 @@ from kvdrift.analysis.bounds import window_terms
 from kvdrift.analysis.decompose import trajectory_terms
 from kvdrift.divergence import diverged
 from kvdrift.estimate import RolloutResult, SWRBResult
+
+FORCED_COLUMNS = ("logp_x", "logq_x", "kl", "top1")
+
+
+def _forced_columns(result: RolloutResult | None, n: int) -> dict[str, pa.Array]:
+    """The teacher-forced step columns, float64, null where not computed (read back as NaN)."""
+    out = {}
+    for name in FORCED_COLUMNS:
+        value = None if result is None else getattr(result, name)
+        values = np.full(n, np.nan) if value is None else value.numpy().ravel()
+        out[name] = pa.array(values.astype(np.float64), pa.float64(), from_pandas=True)
+    return out
 
 
 @dataclass(frozen=True)
@@ -56,7 +71,7 @@ def rollout_tables(
         "tau": np.repeat(tau, H).astype(np.int32),
         "x_eos": result.x_eos.numpy().ravel(),
         "y_eos": result.y_eos.numpy().ravel(),
-    })
+    } | _forced_columns(result, K * H))
     m = result.mismatch.numpy()
     terms = trajectory_terms(m)
     cols = _key_columns(key, K) | {
@@ -106,7 +121,7 @@ def swrb_tables(key: UnitKey, result: SWRBResult) -> tuple[pa.Table, pa.Table]:
         "shared_token": result.shared.numpy().ravel().astype(np.int64),
         "scan_tv": result.overlap_tv.numpy().ravel(),
         "weight": result.weights.numpy().ravel(),
-    })
+    } | _forced_columns(None, n))
     w = result.weights.numpy()
     s = np.arange(1, H + 1)
     cols = _key_columns(key, K) | {
