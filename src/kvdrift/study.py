@@ -58,6 +58,7 @@ def run_study(
     recompute: bool = False,
     allow_download: bool = False,
     notice: Callable[[str], None] | None = None,
+    fixed: list[Document] | None = None,
 ) -> RunStore:
     """Run every unit of the study into ``out`` (resumable) with its executor; returns the store.
 
@@ -65,13 +66,15 @@ def run_study(
     executor (default: load it with the study's device and dtype; the Ray executor loads
     models in its workers and only the tokenizer and config here); ``on_model(name, units)``,
     ``on_unit(key, skipped)`` and ``on_workers(live_workers)`` report progress, ``notice``
-    hears which damaged units are recomputed. The store's lock is held throughout (one
-    writer per store); ``recompute`` recomputes units stored under other settings instead of
-    refusing them; ``allow_download`` lets a hub id missing from the local cache download.
+    hears which damaged units are recomputed; ``fixed`` are the study's
+    :func:`fixed_documents` when the caller has read them already. The store's lock is held
+    throughout (one writer per store); ``recompute`` recomputes units stored under other
+    settings instead of refusing them; ``allow_download`` lets a hub id missing from the local
+    cache download.
     """
     from kvdrift.lm.factory import LMPairSource, check_fits, driver_side
 
-    fixed = fixed_documents(config)
+    fixed = fixed_documents(config) if fixed is None else fixed
     if not fixed and not any(s["source"] == "ruler" for s in config.documents):
         raise ValueError("the study's document sources produced no documents")
     lock = StoreLock(out).acquire()

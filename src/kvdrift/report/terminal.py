@@ -1,4 +1,6 @@
-"""Terminal tables (rich): a run's per-action table, a study's summary, and how to print them."""
+"""Terminal tables (rich): a run's per-action table, a study's summary, the finite-state
+check, predict and plan, and how to print them. User text goes in as plain Text, never
+as console markup."""
 
 from __future__ import annotations
 
@@ -15,8 +17,11 @@ from kvdrift.report.numbers import HEADLINE, MISSING, Quantity, number_text
 
 if TYPE_CHECKING:
     from kvdrift.analysis.interval import Interval
+    from kvdrift.analysis.plan import PlanResult
+    from kvdrift.analysis.predict import PredictionResult
     from kvdrift.analysis.results import StudyAnalysis
     from kvdrift.analysis.summary import ActionSummary
+    from kvdrift.finite.check import FiniteStudyResult
 
 #: The terminal table's quantities, a subset of the HTML headline table.
 SUMMARY_KEYS = ("p_diverge", "R", "E", "C", "R_minus_F", "B")
@@ -118,3 +123,100 @@ def summary_table(analysis: StudyAnalysis) -> Table:
                       *(_cell(q, a.scalars.get(q.key)) for q in quantities))
         previous = model
     return table
+
+
+def _right_table(title: str, columns: Sequence[str]) -> Table:
+    table = Table(title=Text(title))
+    for col in columns:
+        table.add_column(col, justify="right")
+    return table
+
+
+def finite_state_tables(result: FiniteStudyResult) -> tuple[Table, Table, list[str]]:
+    """The finite-state check: per-system table, summary beside the paper, footnotes."""
+    from kvdrift.finite.check import PAPER
+
+    horizon, replicates = result.horizon, result.replicates
+    table = _right_table(f"Finite-state check: H = {horizon}, {replicates} replicates per "
+                         "estimator", ("system", "exact R", "naive mean", "naive SE",
+                                       "SWRB mean", "SWRB SE", "var ratio"))
+    for s in result.systems:
+        table.add_row(str(s.system), f"{s.exact:.4f}", f"{s.naive_mean:.4f}", f"{s.naive_se:.4f}",
+                      f"{s.swrb_mean:.4f}", f"{s.swrb_se:.4f}",
+                      f"{s.var_ratio:.1f}" if s.informative else "undefined*")
+    summary = _right_table("Summary beside the paper", ("", "kvdrift", "paper"))
+    summary.add_row("informative systems", f"{result.informative} of {len(result.systems)}",
+                    "24 of 24")
+    for label, ours, key, fmt in (
+            ("min variance ratio", result.min_var_ratio, "min_var_ratio", "{:.1f}"),
+            ("median variance ratio", result.median_var_ratio, "median_var_ratio", "{:.1f}"),
+            ("max variance ratio", result.max_var_ratio, "max_var_ratio", "{:.1f}"),
+            ("kernel-pair evaluations", result.cost_ratio, "cost_ratio", "x{:.2f}"),
+            ("variance-cost advantage", result.advantage, "advantage", "{:.1f}")):
+        summary.add_row(label, fmt.format(ours), fmt.format(PAPER[key]))
+    notes = [f"* system {s.system}: variance ratio undefined: {s.var_ratio_undefined}; left out "
+             "of min / median / max." for s in result.systems if not s.informative]
+    return table, summary, notes
+
+
+def _pp(iv: Interval) -> str:
+    return f"{100 * iv.estimate:+.2f} [{100 * iv.lo:+.2f}, {100 * iv.hi:+.2f}]"
+
+
+def prediction_tables(result: PredictionResult, margin: float) -> tuple[Table, Table, list[str]]:
+    """``kvdrift predict``: the calibrated error per observation, the supporting contrasts,
+    and the notes (model names and labels are printed literally)."""
+    level = 100 * (1 - result.alpha_adjusted)
+    table = _right_table(
+        f"Prediction of R({result.contrast.replace(' - ', ') - R(')}), percentage points; "
+        f"intervals at {level:.2f}% ({result.cells} cells), margin +-{100 * margin:g} pp",
+        ("model", "observation", "dev/eval docs", "selected", "CV MSE (pp^2)",
+         "error [interval]", "decision", "MAE", "RMSE"))
+    support = _right_table("Uncalibrated supporting contrasts on evaluation documents (pp)",
+                           ("model", "observation", "full-horizon gap", "observed gap",
+                            "full minus observed"))
+    for m in result.models:
+        docs = f"{m.development_documents}/{m.evaluation_documents}"
+        for o in m.observations:
+            table.add_row(Text(m.model), Text(o.label), docs, Text(o.selected),
+                          f"{1e4 * o.cv_mse[o.selected]:.2f}", _pp(o.error), Text(o.decision),
+                          f"{100 * o.mae:.2f}", f"{100 * o.rmse:.2f}")
+            support.add_row(Text(m.model), Text(o.label),
+                            *(_pp(iv) for iv in o.supporting.values()))
+    notes = [f"{m.model}: note: {note}." for m in result.models for note in m.notes]
+    return table, support, notes
+
+
+def plan_table(result: PlanResult, target: str, halfwidth: float,
+               alpha: float) -> tuple[Table, list[str]]:
+    """``kvdrift plan``: the plan per model, then notes and the rollout-vs-SWRB verdicts."""
+    table = _right_table(
+        f"Plan for {target}: half-width {halfwidth:g} at {100 * (1 - alpha):g}% (documents "
+        "weighted equally within strata)",
+        ("model", "estimator", "strata", "between var", "within var", "s/doc", "s/replicate",
+         "now: docs/stratum, K -> half-width", "plan: docs/stratum, K -> half-width",
+         "plan cost"))
+    lines = []
+    for m in result.models:
+        v, now, rec = m.variance, m.current, m.recommended
+        table.add_row(Text(m.model), m.estimator, str(v.strata), f"{v.between:.3g}",
+                      f"{v.within:.3g}", f"{m.setup_seconds:.1f}", f"{m.replicate_seconds:.1f}",
+                      f"{now.documents_per_stratum:g}, {now.replicates} -> {now.halfwidth:.4f}",
+                      f"{rec.documents_per_stratum}, {rec.replicates} -> {rec.halfwidth:.4f}",
+                      f"{rec.seconds / 3600:.2f} h")
+        lines += [f"{m.model}: note: {note}." for note in m.notes]
+        c = m.comparison
+        if c.assumption is None:
+            lines.append(f"{m.model}: rollouts ({c.reason}).")
+            continue
+        evals, plans, ratio = c.evaluations_per_replicate, c.plans, c.break_even_variance_ratio
+        when = ("even with equal variance" if ratio == 1.0 else
+                f"only if its within-document variance is {ratio:.2f}x smaller or more"
+                if ratio is not None else "at no variance ratio (documents dominate the cost)")
+        lines.append(
+            f"{m.model}: {c.cheaper} is cheaper under equal variance "
+            f"(rollout {plans['rollout'].seconds / 3600:.2f} h, "
+            f"SWRB {plans['swrb'].seconds / 3600:.2f} h; kernel-pair evaluations per "
+            f"replicate {evals['rollout']:.1f} vs {evals['swrb']:.1f}); SWRB wins {when}. "
+            f"Assumption: {c.assumption}.")
+    return table, lines

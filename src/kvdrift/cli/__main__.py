@@ -1,0 +1,5 @@
+"""``python -m kvdrift.cli``."""
+
+from kvdrift.cli import main
+
+main()

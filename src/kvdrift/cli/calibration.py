@@ -1,0 +1,65 @@
+"""``kvdrift predict`` and ``kvdrift plan``: calibrate short observations, size studies."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.markup import escape
+
+from kvdrift.cli.common import console, say, strict_json, user_errors
+
+
+@user_errors
+def predict(
+    dev_dir: Path = typer.Argument(..., metavar="DEV_DIR", help="Development run or study."),
+    eval_dir: Path = typer.Argument(..., metavar="EVAL_DIR", help="Evaluation run or study "
+                                    "(same models and actions, other documents)."),
+    contrast: str = typer.Option(..., help="The contrast 'R(a) - R(b)', or 'a - b' for short."),
+    window: int = typer.Option(32, help="Observed positions 1..W (at most H)."),
+    margin: float = typer.Option(0.02, help="Equivalence margin on the error (0.02 = 2 pp)."),
+    alpha: float = typer.Option(0.05, help="Family alpha, split over models x observations."),
+    bootstrap: int = typer.Option(2000, help="Document bootstrap draws."),
+    seed: int = typer.Option(0, help="Seed of the bootstrap."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Predict a full-horizon contrast from short observations, calibrated on development
+    documents and checked on evaluation documents."""
+    from kvdrift.analysis.directory import predict_directories
+    from kvdrift.report.terminal import prediction_tables, print_whole
+
+    with console.status("reading records") as status:
+        result = predict_directories(
+            dev_dir, eval_dir, contrast, window=window, margin=margin, alpha=alpha,
+            draws=bootstrap, seed=seed, on_cell=lambda m, o: status.update(escape(f"{m} · {o}")))
+    if as_json:
+        print(strict_json(result.to_json()))
+        return
+    table, support, notes = prediction_tables(result, margin)
+    print_whole(console, table)
+    print_whole(console, support)
+    for line in notes:
+        say(line)
+
+
+@user_errors
+def plan(
+    dev_dir: Path = typer.Argument(..., metavar="DEV_DIR", help="Development run or study."),
+    target: str = typer.Option(..., help="Quantity or contrast, e.g. 'R(a) - R(b)'."),
+    halfwidth: float = typer.Option(..., help="Target interval half-width (0.01 = 1 pp)."),
+    alpha: float = typer.Option(0.05, help="Interval level alpha."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Recommend documents per stratum and K for a target half-width, from a development
+    run's measured variance and cost, and say whether rollouts or SWRB is cheaper."""
+    from kvdrift.analysis.directory import plan_directory
+    from kvdrift.report.terminal import plan_table, print_whole
+
+    result = plan_directory(dev_dir, target, halfwidth, alpha)
+    if as_json:
+        print(strict_json(result.to_json()))
+        return
+    table, lines = plan_table(result, target, halfwidth, alpha)
+    print_whole(console, table)
+    for line in lines:
+        say(line)

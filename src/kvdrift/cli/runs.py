@@ -1,0 +1,172 @@
+"""``kvdrift run`` and ``kvdrift study``: one pipeline; ``run`` is a one-model study."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import typer
+from rich.markup import escape
+
+from kvdrift.cli.common import (
+    console,
+    interrupted,
+    notice,
+    progress_bar,
+    say,
+    split_list,
+    strict_json,
+    user_errors,
+)
+
+RECOMPUTE_HELP = "Recompute finished units stored under other settings instead of refusing them."
+DOWNLOAD_HELP = "Download a hub id that is not in the local Hugging Face cache."
+RAY_ADDRESS_HELP = "Join this Ray cluster ('auto' or HOST:PORT; implies --executor ray)."
+
+
+def _workers_label(n: int) -> str:
+    return f"{n} worker{'' if n == 1 else 's'} · "
+
+
+def _unit_label(*parts: str) -> str:
+    """A progress description naming a unit, printed literally (ids are user text)."""
+    return escape(" · ".join(parts))
+
+
+def run_with_progress(config, out: Path, recompute: bool, allow_download: bool) -> None:
+    """Run every unit of a study into ``out`` with a progress bar; Ctrl-C keeps finished units."""
+    from kvdrift.lm.loading import check_model_name
+    from kvdrift.study import fixed_documents, run_study
+
+    for name in config.models:  # at once: before torch and kvpress are imported
+        check_model_name(name, allow_download)
+    fixed = fixed_documents(config)  # a bad document file fails before the progress bar
+    try:
+        with progress_bar() as progress:
+            task = progress.add_task("units", total=None)
+            shown = {"workers": "", "unit": ""}  # workers: "N workers · " on the Ray executor
+
+            def show():
+                progress.update(task, description=shown["workers"] + shown["unit"])
+
+            def on_model(name, units):
+                shown["unit"] = escape(name)
+                progress.reset(task, total=units, description=shown["workers"] + shown["unit"])
+
+            def on_unit(key, skipped):
+                model = (key.model,) if len(config.models) > 1 else ()  # one model: said once
+                shown["unit"] = _unit_label(*model, key.doc_id[:24], key.action)
+                progress.update(task, advance=1)
+                show()
+
+            def on_workers(n):
+                shown["workers"] = _workers_label(n)
+                show()
+
+            def load(name):
+                from kvdrift.lm.model import load_model
+
+                progress.update(task, description=f"loading {escape(name)}")
+                return load_model(name, config.device, config.dtype,
+                                  allow_download=allow_download)
+
+            run_study(config, out, load=load, on_unit=on_unit, on_model=on_model,
+                      on_workers=on_workers, recompute=recompute,
+                      allow_download=allow_download, notice=notice, fixed=fixed)
+    except KeyboardInterrupt:
+        raise interrupted(out) from None
+
+
+def _depths(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(d) for d in split_list(text))
+    except ValueError:
+        raise ValueError(f"--depths must be a comma list of integers (e.g. 4,8); got {text!r}"
+                         ) from None
+
+
+@user_errors
+def run(
+    model: str = typer.Option("smollm2", help="'smollm2' (embedded) or a Hugging Face id/path."),
+    actions: str = typer.Option("snapkv-half,recent-half",
+                                help="Comma list of actions, e.g. snapkv-half,knorm:ratio=0.5,"
+                                "adakv-snapkv:ratio=0.5; 'help' lists every action."),
+    docs: Path | None = typer.Option(None, help="JSONL file of {id, prompt, stratum?} objects "
+                                     "(default: six generated 512-token RULER-style tasks)."),
+    replicates: int = typer.Option(8, help="Replicates K per document and action."),
+    horizon: int = typer.Option(32, help="Generated positions H."),
+    temperature: float = typer.Option(1.0, help="Sampling temperature (0 = greedy)."),
+    estimator: str = typer.Option("rollout", help="rollout (complete coupled rollouts) or swrb."),
+    depths: str = typer.Option("", help="Observation depths L for window bounds, e.g. 4,8."),
+    seed: int = typer.Option(0, help="Seed of the run (each document derives its own)."),
+    batch: int = typer.Option(0, help="Most replicates per forward batch (0 = all); lower it "
+                              "when long prompts do not fit in memory."),
+    out: Path = typer.Option(Path("runs/run"), help="Output directory (resumable)."),
+    device: str = typer.Option("auto", help="auto, cpu or cuda."),
+    dtype: str = typer.Option("float32", help="float32, bfloat16 or float16."),
+    chat_template: bool = typer.Option(True, help="Wrap prompts in the model's chat template."),
+    executor: str | None = typer.Option(None, help="local (default: this process) or ray."),
+    ray_address: str | None = typer.Option(None, help=RAY_ADDRESS_HELP),
+    as_json: bool = typer.Option(False, "--json", help="Print the table as JSON."),
+    recompute: bool = typer.Option(False, "--recompute", help=RECOMPUTE_HELP),
+    allow_download: bool = typer.Option(False, "--allow-download", help=DOWNLOAD_HELP),
+) -> None:
+    """Measure the given actions on one model over a set of documents (a one-model study)."""
+    from kvdrift.lm.loading import check_model_name
+
+    if actions.strip() == "help":
+        from kvdrift.lm.actions import actions_help
+
+        print(actions_help())
+        return
+    check_model_name(model, allow_download)  # at once: before torch and kvpress are imported
+    from kvdrift.analysis.directory import load_records
+    from kvdrift.analysis.summary import summarize
+    from kvdrift.lm.actions import split_actions
+    from kvdrift.lm.model import resolve_device
+    from kvdrift.report.terminal import print_whole, run_table
+    from kvdrift.study_config import single_model_study
+
+    config = single_model_study(
+        model, split_actions(actions), docs, replicates=replicates, horizon=horizon,
+        temperature=temperature, estimator=estimator, depths=_depths(depths), seed=seed,
+        batch=batch, device=device, dtype=dtype, chat_template=chat_template,
+        name=out.name or "run")
+    config = replace(config, executor=config.executor.overridden(executor, ray_address))
+    if config.executor.kind == "local":  # Ray workers check the device where the model goes
+        resolve_device(device)
+    run_with_progress(config, out, recompute, allow_download)
+    records = load_records(out)
+    summaries = summarize(records.steps, records.replicates)
+    if as_json:
+        print(strict_json([s.as_dict() for s in summaries]))
+        return
+    print_whole(console, run_table(summaries, estimator))
+    say(f"records: {out}/steps, {out}/replicates (Parquet)")
+
+
+@user_errors
+def study(
+    config_path: Path = typer.Argument(..., metavar="CONFIG.toml", help="Study configuration."),
+    out: Path | None = typer.Option(None, help="Study directory (default: runs/<name>)."),
+    report_after: bool = typer.Option(True, "--report/--no-report",
+                                      help="Write the report when the runs finish."),
+    executor: str | None = typer.Option(None, help="local or ray (default: the config's "
+                                        "[study] executor, else local)."),
+    ray_address: str | None = typer.Option(None, help=RAY_ADDRESS_HELP),
+    recompute: bool = typer.Option(False, "--recompute", help=RECOMPUTE_HELP),
+    allow_download: bool = typer.Option(False, "--allow-download", help=DOWNLOAD_HELP),
+) -> None:
+    """Run a study from a TOML configuration (resumable), then write its report."""
+    from kvdrift.cli.reports import write_and_summarize
+    from kvdrift.study_config import load_study
+
+    config = load_study(config_path)
+    config = replace(config, executor=config.executor.overridden(executor, ray_address))
+    out = out or Path("runs") / config.name
+    run_with_progress(config, out, recompute, allow_download)
+    if not report_after:
+        say(f"records: {out}")
+        return
+    write_and_summarize(out, None)
+
