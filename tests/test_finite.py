@@ -188,9 +188,9 @@ def test_exact_result_is_frozen() -> None:
 @pytest.mark.parametrize("L", [0, 3, -1, 1.0, True])
 def test_bad_depth(L) -> None:
     ex = exact(hand_pair())
-    with pytest.raises(ValueError, match=r"observation depth L must be an integer in 1\.\.2"):
+    with pytest.raises(ValueError, match=r"depth L must be an integer within 1\.\.H = 1\.\.2"):
         ex.R_L(L)
-    with pytest.raises(ValueError, match="observation depth L"):
+    with pytest.raises(ValueError, match="depth L must be an integer"):
         ex.B_L(L)
 
 
@@ -470,8 +470,8 @@ def test_extremal_round_trip_brackets_truth() -> None:
     ("p_tau", "rho", "L", "alpha", "match"),
     [([0.5, -0.1], [[1, 0], [1, 0]], 1, 0.5, "p_tau must be finite, non-negative"),
      ([0.7, 0.6], [[1, 0], [1, 0]], 1, 0.5, "sum to at most 1"),
-     ([0.5, 0.2], [[1, 0], [1, 0]], 3, 0.5, r"observation depth L must be an integer in 1\.\.2"),
-     ([0.5, 0.2], [[1, 0], [1, 0]], 0, 0.5, "observation depth L"),
+     ([0.5, 0.2], [[1, 0], [1, 0]], 3, 0.5, r"depth L must be an integer within 1\.\.H = 1\.\.2"),
+     ([0.5, 0.2], [[1, 0], [1, 0]], 0, 0.5, "depth L must be an integer"),
      ([0.5, 0.2], [[1, 0], [1, 0]], 1, 1.5, r"alpha must be in \[0, 1\]"),
      ([0.5, 0.2], [[1, 1.5], [1, 0]], 2, 0.5, r"rho entries must lie in \[0, 1\]"),
      ([0.5, 0.2], [[0.9, 0.5], [1, 0]], 2, 0.5, "must be 1"),

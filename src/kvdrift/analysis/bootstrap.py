@@ -12,6 +12,8 @@ import warnings
 import numpy as np
 import pandas as pd
 
+from kvdrift import checks
+
 
 def stratum_weights(strata: pd.Series) -> np.ndarray:
     """Weights that give each stratum equal total weight and each document within it too."""
@@ -22,8 +24,7 @@ def stratum_weights(strata: pd.Series) -> np.ndarray:
 
 def stratified_counts(strata: np.ndarray, draws: int, seed: int) -> np.ndarray:
     """``[draws, n]`` resampling counts: within each stratum, as many documents as it has."""
-    if isinstance(draws, bool) or not isinstance(draws, int) or draws < 1:
-        raise ValueError(f"bootstrap draws must be an integer >= 1; got {draws!r}")
+    checks.integer(draws, "bootstrap draws", 1)
     strata = np.asarray(strata)
     rng = np.random.default_rng(seed)
     counts = np.zeros((draws, strata.size), dtype=np.float64)

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from kvdrift import checks
 from kvdrift.data.document import Document
 from kvdrift.data.scoring import METRICS
 
@@ -130,8 +131,8 @@ def load_hf_dataset(
 
     if stratum_field is not None and stratum is not None:
         raise ValueError("give stratum_field or stratum, not both")
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise ValueError(f"limit must be an integer >= 1 or None; got {limit!r}")
+    if limit is not None:
+        checks.integer(limit, "limit", 1, rule="an integer >= 1 or None")
     if _is_saved_dataset(Path(name)):
         table = datasets.load_from_disk(name)
         if isinstance(table, datasets.DatasetDict):

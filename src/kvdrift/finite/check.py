@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from kvdrift import checks
 from kvdrift.estimate import coupled_rollouts, swrb
 from kvdrift.estimate.common import check_horizon, check_replicates
 from kvdrift.finite.exact import exact
@@ -171,8 +172,7 @@ def run_finite_study(
     """Run the finite-state check on systems ``c = 1..systems``."""
     check_replicates(replicates)
     check_horizon(horizon)
-    if isinstance(systems, bool) or not isinstance(systems, int) or systems < 1:
-        raise ValueError(f"systems must be an integer >= 1; got {systems!r}")
+    checks.integer(systems, "systems", 1)
     if replicates < 2:
         raise ValueError(f"replicates must be >= 2 to estimate a variance; got {replicates}")
     results = []

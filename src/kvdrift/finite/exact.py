@@ -8,11 +8,11 @@ against exact values rather than against other estimators.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
-from kvdrift.finite.pair import FinitePair, History, check_int
+from kvdrift import checks
+from kvdrift.finite.pair import FinitePair, History
 from kvdrift.kernel import Side
 
 
@@ -28,10 +28,6 @@ def _effective(pair: FinitePair, side: Side, history: History) -> np.ndarray:
 
 def _tv(p: np.ndarray, q: np.ndarray) -> float:
     return min(1.0, 0.5 * float(np.abs(p - q).sum()))
-
-
-def _check_depth(L: Any, horizon: int) -> int:
-    return check_int(L, "observation depth L", 1, horizon)
 
 
 @dataclass(frozen=True, eq=False)
@@ -68,12 +64,12 @@ class ExactRisk:
 
     def R_L(self, L: int) -> float:
         """Observed contribution ``R_L = (1/H) sum_s sum_{j < l_s} P(tau=s, I_{s+j}=1)``."""
-        L = _check_depth(L, self.horizon)
+        L = checks.depth(L, self.horizon)
         return float(self.tau_mismatch[:, :L].sum() / self.horizon)
 
     def B_L(self, L: int) -> float:
         """Unobserved capacity ``B_L = (1/H) sum_s p_s (H - s - L + 1)_+``."""
-        L = _check_depth(L, self.horizon)
+        L = checks.depth(L, self.horizon)
         H = self.horizon
         s = np.arange(1, H + 1)
         return float((self.p_tau * np.maximum(H - s - L + 1, 0)).sum() / H)

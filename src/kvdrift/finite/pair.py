@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from kvdrift import checks
 from kvdrift.coupling import check_probs
 from kvdrift.kernel import Side, check_side
 
@@ -24,11 +25,7 @@ ProbFn = Callable[[History], Sequence[float] | np.ndarray | torch.Tensor]
 def check_int(value: Any, name: str, low: int, high: int | None = None) -> int:
     """Return ``value`` as an int if it is an integer in ``[low, high]``, else raise."""
     allowed = f">= {low}" if high is None else f"in {low}..{high}"
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise ValueError(f"{name} must be an integer {allowed}; got {value!r}")
-    if value < low or (high is not None and value > high):
-        raise ValueError(f"{name} must be an integer {allowed}; got {value}")
-    return int(value)
+    return checks.integer(value, name, low, high, rule=f"an integer {allowed}")
 
 
 

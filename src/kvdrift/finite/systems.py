@@ -13,6 +13,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from kvdrift import checks
 from kvdrift.finite.pair import FinitePair, History, check_int
 
 
@@ -135,7 +136,7 @@ def extremal_pair(
     if not np.isfinite(p_arr).all() or (p_arr < 0).any() or p_arr.sum() > 1 + tol:
         raise ValueError(f"p_tau must be finite, non-negative and sum to at most 1; got "
                          f"{p_arr.tolist()} (sum {p_arr.sum():.6g})")
-    L = check_int(L, "observation depth L", 1, H)
+    L = checks.depth(L, H)
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"alpha must be in [0, 1]; got {alpha}")
     rho_arr = np.asarray(rho, dtype=float)

@@ -11,13 +11,13 @@ random numbers make contrasts between actions less noisy).
 from __future__ import annotations
 
 import hashlib
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 import pyarrow as pa
 
+from kvdrift import checks
 from kvdrift.data.document import Document
 from kvdrift.estimate import coupled_rollouts, swrb
 from kvdrift.estimate.common import (
@@ -63,13 +63,9 @@ class RunConfig:
         if self.estimator not in ESTIMATORS:
             raise ValueError(
                 f"unknown estimator {self.estimator!r}; allowed: {', '.join(ESTIMATORS)}")
-        if isinstance(self.batch, bool) or not isinstance(self.batch, int) or self.batch < 0:
-            raise ValueError(f"batch must be an integer >= 0 (0 = all replicates at once); "
-                             f"got {self.batch!r}")
-        if isinstance(self.temperature, bool) or not isinstance(self.temperature, int | float) \
-                or not (self.temperature >= 0 and math.isfinite(self.temperature)):
-            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy); "
-                             f"got {self.temperature!r}")
+        checks.integer(self.batch, "batch", 0,
+                       rule="an integer >= 0 (0 = all replicates at once)")
+        checks.number(self.temperature, "temperature", 0, rule="a finite number >= 0 (0 = greedy)")
 
     def as_dict(self) -> dict:
         out = asdict(self)

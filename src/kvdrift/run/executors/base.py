@@ -3,11 +3,11 @@ protocol and the :data:`PairBuilder` each worker process calls once."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+from kvdrift import checks
 from kvdrift.data.document import Document
 from kvdrift.run.records import UnitKey
 from kvdrift.run.runner import PairFactory, RunConfig
@@ -15,10 +15,6 @@ from kvdrift.run.store import RunStore
 
 EXECUTORS = ("local", "ray")
 PairBuilder = Callable[[], PairFactory]  # called once per process that computes units
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass(frozen=True)
@@ -43,14 +39,11 @@ class ExecutorConfig:
         if self.ray_address is not None and (
                 not isinstance(self.ray_address, str) or not self.ray_address.strip()):
             raise ValueError(f"ray_address must be 'auto' or HOST:PORT; got {self.ray_address!r}")
-        if self.gpus_per_worker is not None and not (
-                _is_number(self.gpus_per_worker) and self.gpus_per_worker >= 0):
-            raise ValueError(f"gpus_per_worker must be a number >= 0; got {self.gpus_per_worker!r}")
-        if not (_is_number(self.cpus_per_worker) and self.cpus_per_worker > 0):
-            raise ValueError(f"cpus_per_worker must be a number > 0; got {self.cpus_per_worker!r}")
-        if isinstance(self.max_retries, bool) or not isinstance(self.max_retries, int) \
-                or self.max_retries < 0:
-            raise ValueError(f"max_retries must be an integer >= 0; got {self.max_retries!r}")
+        if self.gpus_per_worker is not None:
+            checks.number(self.gpus_per_worker, "gpus_per_worker", 0, rule="a number >= 0")
+        checks.number(self.cpus_per_worker, "cpus_per_worker", 0, open_lo=True,
+                      rule="a number > 0")
+        checks.integer(self.max_retries, "max_retries", 0)
 
     def overridden(self, kind: str | None = None, ray_address: str | None = None
                    ) -> ExecutorConfig:
