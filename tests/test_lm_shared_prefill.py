@@ -21,7 +21,20 @@ from kvdrift.lm.actions import parse_action
 from kvdrift.lm.factory import LMPairFactory
 from kvdrift.lm.pair import LMKernelPair
 from kvdrift.lm.prefill import PromptCache, own_prefill_reason, prefill, prefill_shared
-from tests.test_lm_presses import DECODING, FAMILIES_TINY, N_TINY, PLAIN, greedy_pair, prompt
+from kvdrift.lm.presses import PRESS_SEED
+from tests.test_lm_presses import (
+    DECODING,
+    FAMILIES_TINY,
+    LOGPROB_TOL,
+    N_TINY,
+    PLAIN,
+    SMOLLM2,
+    greedy_generate,
+    greedy_pair,
+    prompt,
+)
+from tests.test_lm_presses import smollm2 as smollm2  # noqa: F401  (fixture)
+from tests.test_lm_presses import smollm2_ids as smollm2_ids  # noqa: F401  (fixture)
 
 ALL = PLAIN + FAMILIES_TINY + DECODING + [
     "snapkv:ratio=0.9+knorm:ratio=0.8+random:ratio=0.5,seed=1",
@@ -169,3 +182,36 @@ def test_resumed_runner_prepares_only_unfinished_units(tiny_llama, tmp_path):
                                             TinyFactory.prepare(resumed, doc, actions))
     assert run_units(config, docs, resumed, store) == 2
     assert plans == [["recent-half", "full"]] and resumed.prefills == 1
+
+
+# --- SmolLM2 -------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def smollm2_shared(smollm2, smollm2_ids):  # noqa: F811
+    """Every SmolLM2 table action's cache from one shared prefill of the fjord prompt."""
+    actions = [parse_action(s) for s in SMOLLM2 if own_prefill_reason(parse_action(s)) is None]
+    return prefill_shared(smollm2, smollm2_ids, actions)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", [s for s in SMOLLM2 + ["snapkv-half", "recent-half",
+                                                        "snapkv-512"]
+                                  if own_prefill_reason(parse_action(s)) is None])
+def test_shared_caches_on_smollm2_equal_own_prefill_and_generate(
+        smollm2, smollm2_ids, smollm2_shared, spec):  # noqa: F811
+    action = parse_action(spec)
+    n = smollm2_ids.shape[1]
+    if spec not in smollm2_shared.compressed:
+        shared = prefill_shared(smollm2, smollm2_ids, [action])
+    else:
+        shared = smollm2_shared
+    want = prefill(smollm2, smollm2_ids, action) if not action.prefill_is_noop(n) \
+        else shared.reference
+    assert_same_cache(shared.compressed[spec], want, spec)
+    pair = LMKernelPair(smollm2, smollm2_ids, action, reference=shared.reference,
+                        compressed=shared.compressed[spec])
+    tokens, lps = greedy_pair(pair, 8)
+    torch.manual_seed(PRESS_SEED)
+    gen, gen_lps = greedy_generate(smollm2, smollm2_ids, action.make_press(n), 8, False)
+    assert tokens == gen, spec
+    assert float((lps - gen_lps).abs().max()) < LOGPROB_TOL, spec
