@@ -215,3 +215,18 @@ def test_shared_caches_on_smollm2_equal_own_prefill_and_generate(
     gen, gen_lps = greedy_generate(smollm2, smollm2_ids, action.make_press(n), 8, False)
     assert tokens == gen, spec
     assert float((lps - gen_lps).abs().max()) < LOGPROB_TOL, spec
+
+
+def test_ray_worker_prepares_each_document_once_with_its_pending_actions(tiny_llama):
+    from kvdrift.run.executors.ray import UnitWorker
+    from kvdrift.run.runner import RunConfig
+
+    factory = TinyFactory(tiny_llama)
+    worker = UnitWorker(lambda: factory)
+    config = RunConfig(model="tiny", actions=("snapkv-half", "recent-half", "full"),
+                       replicates=2, horizon=3)
+    doc = Document(id="a", prompt="x" * 30)
+    pending = ("recent-half", "full")  # snapkv-half was stored before an interruption
+    for action in pending:
+        worker.run(config, doc, action, pending)
+    assert factory.prefills == 1 and not factory._waiting

@@ -92,8 +92,8 @@ def with_timing(replicates: pa.Table, setup: float, estimator: float) -> pa.Tabl
 
     ``setup_seconds``: wall time to build the unit's kernel pair (prefill and eviction),
     repeated on each replicate row; a factory that shares a document's prefill between its
-    units counts it on the unit that ran it (the document's first); ``replicate_seconds``: the estimator's wall time
-    divided by the number of replicates.
+    units counts it on the unit that ran it (the document's first); ``replicate_seconds``:
+    the estimator's wall time divided by the number of replicates.
     """
     n = replicates.num_rows
     return (replicates
