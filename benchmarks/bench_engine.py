@@ -11,9 +11,13 @@ Prints:
    variances of both estimators of R, and SWRB's variance-per-time advantage over rollouts.
 4. the peak resident memory of ``kvdrift run --replicates 64 --horizon 16`` on one
    4,096-token document with snapkv-half (a separate process, so only that run counts).
+5. the setup of a three-action document (snapkv-half, recent-half, snapkv-512: the pair
+   factory builds all three pairs, P's cache and each Q's, from one prefill forward) against
+   one full-cache prefill of the same ~2,000-token document, and the same for the former path
+   (P's prefill plus one prefill per action inside its press), twice each.
 
 Run: ``python benchmarks/bench_engine.py`` (about 10 minutes on 2 CPU cores);
-``--quick`` uses smaller sizes to try the script.
+``--quick`` uses smaller sizes to try the script, ``--setup`` runs only item 5.
 """
 
 from __future__ import annotations
@@ -35,9 +39,14 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the kvdrift command se
 import torch  # noqa: E402
 from transformers import DynamicCache, StoppingCriteria, StoppingCriteriaList  # noqa: E402
 
+from kvdrift.data.document import Document  # noqa: E402
 from kvdrift.estimate import coupled_rollouts, swrb  # noqa: E402
+from kvdrift.lm.factory import LMPairFactory  # noqa: E402
 from kvdrift.lm.model import LoadedModel, encode_prompt, load_model  # noqa: E402
 from kvdrift.lm.pair import LMKernelPair  # noqa: E402
+from kvdrift.lm.prefill import prefill  # noqa: E402
+
+SETUP_ACTIONS = ("snapkv-half", "recent-half", "snapkv-512")
 
 PARAGRAPH = (
     "The river town grew around a ferry crossing. Merchants built warehouses along the bank, "
@@ -137,11 +146,59 @@ def peak_rss_of_run(text: str, k: int, h: int) -> float:
     return after / 2**20  # ru_maxrss is in KiB on Linux
 
 
+def setup_against_one_prefill(lm: LoadedModel, text: str) -> dict:
+    """Seconds for one full-cache prefill, for the factory's setup of a three-action document
+    (one shared prefill) and for the former setup (P's prefill plus one per action)."""
+    ids = encode_prompt(lm.tokenizer, text)
+
+    def one() -> float:
+        t = time.perf_counter()
+        prefill(lm.model, ids)
+        return time.perf_counter() - t
+
+    def shared() -> float:
+        t = time.perf_counter()
+        factory = LMPairFactory(lm)
+        doc = Document(id="bench", prompt=text)
+        factory.prepare(doc, SETUP_ACTIONS)
+        for action in SETUP_ACTIONS:
+            factory(doc, action)
+        return time.perf_counter() - t
+
+    def separate() -> float:
+        t = time.perf_counter()
+        reference = prefill(lm.model, ids)
+        for action in SETUP_ACTIONS:
+            LMKernelPair(lm, ids, action, reference=reference)
+        return time.perf_counter() - t
+
+    one()  # warm-up
+    runs = []
+    for _ in range(2):
+        first, s, old, last = one(), shared(), separate(), one()
+        runs.append({"n": ids.shape[1], "prefill": (first + last) / 2, "shared": s,
+                     "separate": old})
+    return runs
+
+
+def print_setup(lm: LoadedModel, n_tokens: int) -> None:
+    for i, r in enumerate(setup_against_one_prefill(lm, prompt_text(lm.tokenizer, n_tokens))):
+        print(f"setup of a three-action document ({', '.join(SETUP_ACTIONS)}), n = {r['n']}, "
+              f"run {i + 1}: one prefill {r['prefill']:.2f} s; shared {r['shared']:.2f} s, "
+              f"ratio {r['shared'] / r['prefill']:.2f}; former (a prefill per action) "
+              f"{r['separate']:.2f} s, ratio {r['separate'] / r['prefill']:.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, to try the script")
+    parser.add_argument("--setup", action="store_true", help="only the three-action setup")
     args = parser.parse_args()
     q = args.quick
+    setup_n = 500 if q else 2000
+    if args.setup:
+        print_setup(load_model("smollm2"), setup_n)
+        return
     k, h = (4, 4) if q else (16, 16)
     lengths = (200, 400) if q else (1000, 4000)
     swrb_k, swrb_h, swrb_n = (8, 8, 300) if q else (64, 16, 626)
@@ -183,6 +240,7 @@ def main() -> None:
     gib = peak_rss_of_run(text, rss_k, rss_h)
     print(f"peak resident memory of `kvdrift run --replicates {rss_k} --horizon {rss_h}` on one "
           f"{n}-token document (snapkv-half): {gib:.2f} GiB")
+    print_setup(lm, setup_n)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,11 @@
 """Kernel pairs for a stream of (document, action) units on one loaded model.
 
-Actions of a document share one full-cache prefill: the factory keeps the last
-document's prompt ids and reference cache, so a run that loops actions inside
-documents prefills each prompt once for P plus once per evicting action.
+A document's actions share one prefill forward: told the actions about to be asked for
+(:meth:`LMPairFactory.prepare`), the factory computes P's cache and every such action's
+compressed cache in one forward (:func:`~kvdrift.lm.prefill.prefill_shared`) and hands each
+out when its pair is asked for. Actions that change the prefill computation (eager attention
+weights) run their own prefill. Only the last document is kept, so a stale cache is never
+reused, and an interrupted document recomputes its prefill once.
 
 An :class:`LMPairSource` names a model instead of holding one, so that a process that
 computes units elsewhere (a Ray worker) can build its own factory from it.
@@ -16,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvdrift.data.document import Document
+from kvdrift.lm.actions import Action, parse_action
 from kvdrift.lm.model import (
     LoadedModel,
     context_window,
@@ -24,18 +28,32 @@ from kvdrift.lm.model import (
     load_tokenizer,
 )
 from kvdrift.lm.pair import LMKernelPair
-from kvdrift.lm.prefill import PromptCache, prefill
+from kvdrift.lm.prefill import PromptCache, own_prefill_reason, prefill_shared
+
+SHARED_CACHE_FRACTION = 2.0
+"""Most kept entries one shared prefill holds for actions not yet served, as a multiple of P's
+cache (the method's three actions on a 2K prompt hold 1.26); more actions take more forwards."""
 
 
 class LMPairFactory:
-    """Callable ``(document, action) -> LMKernelPair`` for the runner."""
+    """Callable ``(document, action) -> LMKernelPair`` for the runner.
 
-    def __init__(self, loaded: LoadedModel, chat_template: bool = True):
+    ``prepare(document, actions)`` announces the actions of a document about to be asked for,
+    in order, so that one prefill forward serves them all (module docstring); without it each
+    pair still gets P's and its own cache from one forward.
+    """
+
+    def __init__(self, loaded: LoadedModel, chat_template: bool = True,
+                 cache_fraction: float = SHARED_CACHE_FRACTION):
         self.loaded = loaded
         self.chat_template = chat_template
+        self.cache_fraction = cache_fraction
         self._doc_id: str | None = None
         self._ids = None
         self._reference: PromptCache | None = None
+        self._waiting: dict[str, PromptCache] = {}  # computed, not yet served
+        self._planned: list[str] = []
+        self.prefills = 0  # prefill forwards run so far (for benchmarks and tests)
 
     def prompt_ids(self, doc: Document):
         """Token ids ``[1, n]`` of a document's prompt (chat template applied if enabled)."""
@@ -45,13 +63,62 @@ class LMPairFactory:
         """Text of generated token ids (special tokens dropped): what task scores read."""
         return self.loaded.tokenizer.decode(list(token_ids), skip_special_tokens=True)
 
-    def __call__(self, doc: Document, action: str) -> LMKernelPair:
+    def prepare(self, doc: Document, actions: Sequence[str]) -> None:
+        """The actions of ``doc`` about to be asked for, in order (replaces an earlier plan)."""
+        self._document(doc)
+        self._planned = [str(a).strip() for a in actions]
+
+    def _document(self, doc: Document) -> None:
         if doc.id != self._doc_id:
-            self._doc_id, self._reference = None, None  # never reuse a stale prefill
-            self._ids = self.prompt_ids(doc)
-            self._reference = prefill(self.loaded.model, self._ids)
+            self._doc_id, self._reference, self._waiting, self._planned = None, None, {}, []
+            self._ids = self.prompt_ids(doc)  # never reuse a stale prefill
             self._doc_id = doc.id
-        return LMKernelPair(self.loaded.model, self._ids, action, reference=self._reference)
+
+    def __call__(self, doc: Document, action: str) -> LMKernelPair:
+        self._document(doc)
+        parsed = parse_action(action)
+        shared = own_prefill_reason(parsed) is None
+        if self._reference is None or (shared and parsed.name not in self._waiting):
+            self._prefill(parsed if shared else None)
+        compressed = self._waiting.pop(parsed.name, None)
+        self._planned = [a for a in self._planned if a != parsed.name]
+        if not shared:
+            self.prefills += 1  # the pair runs the action's own prefill
+        return LMKernelPair(self.loaded.model, self._ids, parsed, reference=self._reference,
+                            compressed=compressed)
+
+    def _prefill(self, first: Action | None) -> None:
+        """One forward: P's cache (if not yet computed), ``first``'s and as many planned
+        actions' as fit :attr:`cache_fraction`."""
+        n = int(self._ids.shape[-1])
+        group = [first] if first is not None else []
+        held = _held_fraction(first, n) if first is not None else 0.0
+        for name in self._planned:
+            action = parse_action(name)
+            if (action.name in self._waiting or any(a.name == action.name for a in group)
+                    or own_prefill_reason(action) is not None):
+                continue
+            more = _held_fraction(action, n)
+            if held + more > self.cache_fraction:
+                continue
+            group.append(action)
+            held += more
+        result = prefill_shared(self.loaded.model, self._ids, group)
+        self.prefills += 1
+        if self._reference is None:
+            self._reference = result.reference
+        for name, cache in result.compressed.items():
+            self._waiting[name] = cache
+
+
+def _held_fraction(action: Action, n: int) -> float:
+    """Kept entries of ``action``'s cache as a fraction of P's (1 where no single count)."""
+    if action.prefill_is_noop(n) or action.head_adaptive:
+        return 0.0  # P's tensors themselves (head-adaptive presses hide, not cut)
+    try:
+        return action.kept(n) / n
+    except ValueError:
+        return 1.0
 
 
 @dataclass(frozen=True)

@@ -89,6 +89,8 @@ class LMKernelPair:
     action : :class:`~kvdrift.lm.actions.Action` or its spec string (e.g. ``"snapkv-half"``)
     reference : optional full-cache :class:`PromptCache` of the same prompt, to share one
         reference prefill across several actions of a document.
+    compressed : optional prompt cache of ``action`` on the same prompt (from
+        :func:`~kvdrift.lm.prefill.prefill_shared`), instead of running its own prefill.
     eos_token_id : overrides the model's EOS. By default the primary (first) id of
         ``generation_config.eos_token_id`` (falling back to ``config.eos_token_id``).
     """
@@ -100,6 +102,7 @@ class LMKernelPair:
         action: Action | str,
         *,
         reference: PromptCache | None = None,
+        compressed: PromptCache | None = None,
         eos_token_id: int | None = None,
     ) -> None:
         self.model = unwrap_model(model)
@@ -119,6 +122,11 @@ class LMKernelPair:
                              f"{sorted(set(reference.counts.flatten().tolist()))}")
         if self.action.prefill_is_noop(self.n_prompt):
             compressed = reference  # bit-identical to full: no prefill press runs
+        elif compressed is not None:
+            if compressed.n_prompt != self.n_prompt:
+                raise ValueError(f"compressed must be a cache of this {self.n_prompt}-token "
+                                 f"prompt; got n_prompt={compressed.n_prompt}")
+            compressed = dataclasses.replace(compressed, logits=reference.logits)
         else:
             evicted = prefill(self.model, ids, self.action)
             # the first generated position is computed before eviction: share P's logits

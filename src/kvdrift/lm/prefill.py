@@ -7,12 +7,25 @@ head are checked against the action's promise; layers may keep different numbers
 a head-adaptive press hides per KV head (kvpress's ``masked_key_indices``) stay stored: prefill
 reads them into :attr:`PromptCache.live` and clears them from the model, and the attention of
 :mod:`kvdrift.lm.shared_attention` masks them exactly.
+
+One prefill serves many actions (:func:`prefill_shared`). kvpress compresses a layer's cache in
+a hook that runs after the layer's attention, and later layers never read an earlier layer's
+cache during the prefill, so the prefill forward is the same with or without a press: only what
+is kept differs. :func:`prefill_shared` runs the prompt once with the full cache (P) and, in a
+hook on every attention layer, hands each action's own kvpress press (kvpress's
+``forward_hook``: its ``compress``/``score``, chains in order, per-layer budgets, head-adaptive
+hidden entries) that layer's full keys and values in a private one-layer view, then keeps what
+the press left there. Each press draws its random numbers from its own stream seeded as in
+:func:`prefill`, so every action keeps exactly the entries its own prefill keeps. Actions that
+change the prefill computation itself fall back to their own prefill (:func:`own_prefill_reason`).
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -20,7 +33,7 @@ from transformers import DynamicCache
 
 from kvdrift.lm.actions import Action
 from kvdrift.lm.model import LoadedModel
-from kvdrift.lm.presses import fixed_press_randomness
+from kvdrift.lm.presses import PRESS_SEED, fixed_press_randomness
 from kvdrift.lm.shared_attention import attention_implementation
 
 
@@ -108,21 +121,172 @@ def prefill(model: Any, prompt_ids: torch.Tensor, action: Action | None = None) 
         hidden = _take_hidden_entries(model, len(cache.layers))
     finally:
         _clear_hidden_entries(model)
+    _check_not_sliding(cache)
+    logits = out.logits[:, -1].float()  # [1, V]
+    return _prompt_cache([layer.keys for layer in cache.layers],
+                         [layer.values for layer in cache.layers], hidden, logits, n, action,
+                         model.config)
+
+
+def _check_not_sliding(cache: DynamicCache) -> None:
     if any(layer.is_sliding for layer in cache.layers):  # every cache layer says
         raise NotImplementedError("sliding-window attention layers are not supported by kvdrift")
-    keys = tuple(layer.keys for layer in cache.layers)
-    values = tuple(layer.values for layer in cache.layers)
+
+
+def _prompt_cache(keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor],
+                  hidden: Sequence[Any], logits: torch.Tensor, n: int, action: Action | None,
+                  config: Any) -> PromptCache:
+    """A checked :class:`PromptCache` from a prefill's per-layer keys, values and hidden
+    entries: the kept counts are what ``action`` promises (None: every entry)."""
+    keys, values = tuple(keys), tuple(values)
     live = None
     if any(h is not None for h in hidden):
         live = tuple(_live_mask(k, h) for k, h in zip(keys, hidden, strict=True))
-    logits = out.logits[:, -1].float()  # [1, V]
     pc = PromptCache(keys=keys, values=values, logits=logits, n_prompt=n, live=live)
     if action is not None:
-        action.check_counts(n, pc.counts, model.config)
+        action.check_counts(n, pc.counts, config)
     elif not pc.is_full:
         raise RuntimeError(f"the full-cache prefill kept {pc.counts.tolist()} entries, not all "
                            f"{n}")
     return pc
+
+
+def own_prefill_reason(action: Action) -> str | None:
+    """Why ``action`` needs its own prefill forward rather than :func:`prefill_shared`'s, or
+    None if the full-cache prefill serves it.
+
+    A press that reads eager attention weights (ObservedAttentionPress) needs a prefill with
+    eager attention, which the full-cache prefill does not use: its hidden states differ from
+    the default attention's by float noise, and so could its kept set.
+    """
+    if action.needs_attention_weights:
+        names = ", ".join(s.scorer for s in action.stages if s.needs_attention_weights)
+        return f"{names} reads eager attention weights, which the shared prefill does not compute"
+    return None
+
+
+@dataclass(frozen=True)
+class SharedPrefill:
+    """The full prompt cache and the compressed caches of several actions from one forward."""
+
+    reference: PromptCache
+    compressed: dict[str, PromptCache]  # action name -> its prompt cache (logits: P's)
+
+
+def prefill_shared(model: Any, prompt_ids: torch.Tensor, actions: Sequence[Action] = ()
+                   ) -> SharedPrefill:
+    """One prefill forward: the full prompt cache and every action's compressed cache.
+
+    Each action's cache is what :func:`prefill` inside its press keeps, entry for entry and
+    in the same order (module docstring). Actions whose prefill evicts nothing share P's
+    cache; an action with an :func:`own_prefill_reason` is refused (ValueError). Besides P's
+    cache, the forward holds each action's kept entries (at most its budget per layer) and,
+    per layer, only the tensors a press computes from that layer's inputs while it runs.
+    """
+    for action in actions:
+        reason = own_prefill_reason(action)
+        if reason is not None:
+            raise ValueError(f"action {action.name} needs its own prefill: {reason}")
+    model = unwrap_model(model)
+    ids = as_prompt(prompt_ids, model)
+    n = ids.shape[1]
+    presses = {a.name: a.make_press(n) for a in actions if not a.prefill_is_noop(n)}
+    n_layers = model.config.num_hidden_layers
+    views = {name: SimpleNamespace(layers=[SimpleNamespace(keys=None, values=None)
+                                           for _ in range(n_layers)]) for name in presses}
+    hidden: dict[str, list[Any]] = {name: [None] * n_layers for name in presses}
+    streams = _PressStreams(ids.device, presses)
+
+    def hook(module: Any, args: Any, kwargs: dict, output: Any) -> Any:
+        i = module.layer_idx
+        full = kwargs["past_key_values"].layers[i]
+        for name, press in presses.items():
+            view = views[name]
+            view.layers[i].keys, view.layers[i].values = full.keys, full.values
+            with streams.drawing(name):
+                press.forward_hook(module, args, {**kwargs, "past_key_values": view}, output)
+            hidden[name][i] = getattr(module, "masked_key_indices", None)
+            if hidden[name][i] is not None:  # read, then cleared for the next press
+                module.masked_key_indices = None
+        return output
+
+    cache = DynamicCache(config=model.config)
+    handles = []
+    try:
+        _prepare_presses(model, presses.values())
+        handles = [m.register_forward_hook(hook, with_kwargs=True)
+                   for m in attention_modules(model)]
+        with torch.no_grad(), attention_implementation(model, None), \
+                torch.random.fork_rng(devices=_cuda_devices(ids.device)):
+            out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    finally:
+        for handle in handles:
+            handle.remove()
+        _clear_hidden_entries(model)
+    _check_not_sliding(cache)
+    logits = out.logits[:, -1].float()  # [1, V]
+    reference = _prompt_cache([layer.keys for layer in cache.layers],
+                              [layer.values for layer in cache.layers], [None] * n_layers,
+                              logits, n, None, model.config)
+    by_name = {a.name: a for a in actions}
+    compressed = {}
+    for action in actions:
+        if action.name not in presses:
+            compressed[action.name] = reference  # nothing evicted at prefill: P's cache
+            continue
+        layers = views[action.name].layers
+        compressed[action.name] = _prompt_cache(
+            [layer.keys for layer in layers], [layer.values for layer in layers],
+            hidden[action.name], logits, n, by_name[action.name], model.config)
+    return SharedPrefill(reference, compressed)
+
+
+def _prepare_presses(model: Any, presses: Any) -> None:
+    """What kvpress's press context does before it hooks a model: each press's
+    ``post_init_from_model``, and the rotary embedding on every attention module."""
+    base = model.model
+    language_model = base.language_model if hasattr(base, "language_model") else base
+    for layer in language_model.layers:
+        layer.self_attn.rotary_emb = language_model.rotary_emb
+    for press in presses:
+        press.post_init_from_model(model)
+
+
+def _cuda_devices(device: torch.device) -> list[int]:
+    if device.type != "cuda":
+        return []
+    return [device.index if device.index is not None else torch.cuda.current_device()]
+
+
+class _PressStreams:
+    """One random stream per press, each starting where :func:`fixed_press_randomness` starts
+    a press's own prefill, so interleaving presses in one forward changes no press's draws."""
+
+    def __init__(self, device: torch.device, names: Any):
+        self.cuda = _cuda_devices(device)
+        with torch.random.fork_rng(devices=self.cuda):
+            torch.default_generator.manual_seed(PRESS_SEED)
+            for index in self.cuda:
+                with torch.cuda.device(index):
+                    torch.cuda.manual_seed(PRESS_SEED)
+            start = self._get()
+        self.states = {name: start for name in names}
+
+    def _get(self) -> tuple[torch.Tensor, ...]:
+        return (torch.get_rng_state(), *(torch.cuda.get_rng_state(i) for i in self.cuda))
+
+    def _set(self, state: tuple[torch.Tensor, ...]) -> None:
+        torch.set_rng_state(state[0])
+        for index, cuda_state in zip(self.cuda, state[1:], strict=True):
+            torch.cuda.set_rng_state(cuda_state, index)
+
+    @contextlib.contextmanager
+    def drawing(self, name: str) -> Any:
+        self._set(self.states[name])
+        try:
+            yield
+        finally:
+            self.states[name] = self._get()
 
 
 def attention_modules(model: Any) -> list[Any]:

@@ -87,8 +87,9 @@ def with_timing(replicates: pa.Table, setup: float, estimator: float) -> pa.Tabl
     """Add the measured cost of a unit, which ``kvdrift plan`` sizes studies with.
 
     ``setup_seconds``: wall time to build the unit's kernel pair (prefill and eviction),
-    repeated on each replicate row; ``replicate_seconds``: the estimator's wall time
-    divided by the number of replicates.
+    repeated on each replicate row; a factory that shares a document's prefill between its
+    units counts it on the unit that ran it (the document's first); ``replicate_seconds``:
+    the estimator's wall time divided by the number of replicates.
     """
     n = replicates.num_rows
     return (replicates
@@ -148,6 +149,14 @@ def unit_records(
     return steps, with_timing(reps, built - started, finished - built)
 
 
+def prepare_document(make_pair: PairFactory, doc: Document, actions: Sequence[str]) -> None:
+    """Tell a factory that can share work between a document's units (an LM factory: one
+    prefill for all) which actions of ``doc`` are about to be asked for, in order."""
+    prepare = getattr(make_pair, "prepare", None)
+    if prepare is not None and actions:
+        prepare(doc, list(actions))
+
+
 def finished_units(
     config: RunConfig, documents: Sequence[Document], store: RunStore
 ) -> set[UnitKey]:
@@ -191,6 +200,8 @@ def run_units(
     done = finished_units(config, documents, store)
     ran = 0
     for doc in documents:
+        prepare_document(make_pair, doc, [a for a in config.actions
+                                          if unit_key(config, doc, a) not in done])
         for action in config.actions:
             key = unit_key(config, doc, action)
             if key in done:

@@ -1,8 +1,8 @@
 """The Ray executor: units computed on Ray actors, records written by the driver alone.
 
 Each actor builds its pair factory once (for a language model: loads the model) and takes
-one document at a time; that document's units reach it as consecutive calls, so the
-factory's full-cache prefill of the document is computed once and shared by its actions.
+one document at a time; that document's units reach it as consecutive calls, each naming the
+document's unfinished actions, so the factory computes one prefill for all of them.
 Actors return record tables and only the driver writes the store: the store need not be on
 a shared filesystem, the atomic per-unit write and resume work as for the local executor,
 and no unit is written twice. A worker that dies is replaced and the document's unfinished
@@ -26,7 +26,14 @@ from kvdrift.data.document import Document
 from kvdrift.run import UnitFailed
 from kvdrift.run.executors.base import ExecutorConfig, PairBuilder
 from kvdrift.run.records import UnitKey
-from kvdrift.run.runner import RunConfig, finished_units, store_unit, unit_key, unit_records
+from kvdrift.run.runner import (
+    RunConfig,
+    finished_units,
+    prepare_document,
+    store_unit,
+    unit_key,
+    unit_records,
+)
 from kvdrift.run.store import RunStore
 
 CONNECT_TIMEOUT_S = 5.0
@@ -38,6 +45,7 @@ class UnitWorker:
 
     def __init__(self, build: PairBuilder):
         self._error: Exception | None = None
+        self._prepared: str | None = None  # the document whose actions the factory was told
         try:
             self._make_pair = build()
         except Exception as exc:  # reported by ready(), so the driver sees the cause itself
@@ -49,7 +57,12 @@ class UnitWorker:
             raise self._error
         return os.getpid()
 
-    def run(self, config: RunConfig, doc: Document, action: str) -> tuple[pa.Table, pa.Table]:
+    def run(self, config: RunConfig, doc: Document, action: str,
+            pending: Sequence[str] = ()) -> tuple[pa.Table, pa.Table]:
+        """One unit; ``pending``: the document's unfinished actions when it was handed out."""
+        if doc.id != self._prepared:
+            prepare_document(self._make_pair, doc, pending)
+            self._prepared = doc.id
         return unit_records(config, doc, action, self._make_pair)
 
 
@@ -200,8 +213,9 @@ class _Dispatch:
 
     def _give(self, slot: _Slot, work: _Work) -> None:
         slot.work = work
-        for action in list(work.actions):
-            slot.calls[slot.actor.run.remote(self.config, work.doc, action)] = action
+        pending = tuple(work.actions)
+        for action in pending:
+            slot.calls[slot.actor.run.remote(self.config, work.doc, action, pending)] = action
 
     def _start(self, work: _Work) -> None:
         slot = _Slot(actor=self.worker_class.remote(self.build), work=work)
