@@ -21,6 +21,7 @@ from kvdrift.analysis.readings import NOT_RECORDED
 from kvdrift.analysis.study import AnalysisOptions, analyze
 from kvdrift.estimate.rollout import RolloutResult, first_mismatch
 from kvdrift.run.records import UnitKey, rollout_tables
+from tests.messages import whole
 
 EOS = 9
 
@@ -444,8 +445,9 @@ def test_action_features_wire_each_column():
     with pytest.raises(ValueError, match="^some documents are missing for this action$"):
         f.subset(np.array(["d1", "d2"]))
     assert isinstance(f.subset(np.array(["d1"])), DocFeatures)
-    with pytest.raises(ValueError, match="^step records are incomplete: every document needs "
-                                         "K x H steps$"):
+    with pytest.raises(ValueError, match=whole(
+            "step records are incomplete: every document needs K x H steps; short: m · d1 · a "
+            "(31 of 32 rows); rerun the run or study to recompute them")):
         action_features(steps.iloc[:-1], reps, W16)
 
 
@@ -515,6 +517,7 @@ def test_incomplete_replicate_records_are_named():
     from kvdrift.analysis.features import action_features
 
     steps, reps = records([pattern_unit(*u) for u in FIELD_UNITS[:2]])
-    with pytest.raises(ValueError, match="^replicate records are incomplete: every document "
-                                         "needs K replicates$"):
+    with pytest.raises(ValueError, match=whole(
+            "replicate records are incomplete: every document needs K replicates; short: "
+            "m · d2 · a (1 of 2 rows); rerun the run or study to recompute them")):
         action_features(steps, reps.iloc[:-1], None)

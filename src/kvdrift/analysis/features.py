@@ -68,6 +68,18 @@ def _cube(steps: pd.DataFrame, column: str, n_docs: int, K: int, H: int) -> np.n
     return steps[column].to_numpy().reshape(n_docs, K, H)
 
 
+def _short_units(sizes: pd.Series, want: int, reps: pd.DataFrame) -> str:
+    """``"; short: model · document · action (rows of want)"``, naming the damaged units, and
+    how to repair them (a rerun of the run or study recomputes damaged units)."""
+    short = sizes[sizes != want]
+    if short.empty:
+        return ""
+    model, action = reps["model"].iloc[0], reps["action"].iloc[0]
+    named = ", ".join(f"{model} · {d} · {action} ({int(k)} of {want} rows)"
+                      for d, k in short.items())
+    return f"; short: {named}; rerun the run or study to recompute them"
+
+
 def action_features(
     steps: pd.DataFrame, replicates: pd.DataFrame, windows: LagWindows | None
 ) -> DocFeatures:
@@ -84,9 +96,11 @@ def action_features(
     steps = steps.sort_values(["doc_id", "replicate", "t"])
     n, K, H = len(doc_ids), int(reps["replicate"].nunique()), int(steps["t"].max())
     if len(steps) != n * K * H:
-        raise ValueError("step records are incomplete: every document needs K x H steps")
+        raise ValueError("step records are incomplete: every document needs K x H steps"
+                         + _short_units(steps.groupby("doc_id").size(), K * H, reps))
     if len(reps) != n * K:
-        raise ValueError("replicate records are incomplete: every document needs K replicates")
+        raise ValueError("replicate records are incomplete: every document needs K replicates"
+                         + _short_units(doc.size(), K, reps))
     estimator = str(single_value(steps, "estimator"))
     if estimator == "swrb":
         weight = _cube(steps, "weight", n, K, H)
