@@ -84,12 +84,13 @@ def test_p_and_q_rows_with_equal_inputs_are_bit_identical_in_one_call(tiny_llama
         assert torch.equal(x.logits, y.logits)
 
 
-def test_same_path_control_stays_exactly_zero(tiny_llama):
+@pytest.mark.parametrize("replicates", [3, 5, 6])  # 6- and 10-row batches: BLAS tails differ
+def test_same_path_control_stays_exactly_zero(tiny_llama, replicates):
     pair = LMKernelPair(tiny_llama, _prompt(48), "full")
-    r = coupled_rollouts(pair, 6, 8, seed=1)
+    r = coupled_rollouts(pair, replicates, 8, seed=1)
     assert torch.all(r.delta == 0) and torch.all(r.f == 0) and not r.mismatch.any()
     assert torch.all(r.kl == 0) and torch.equal(r.logp_x, r.logq_x)
-    s = swrb(pair, 6, 8, seed=1)
+    s = swrb(pair, replicates, 8, seed=1)
     assert torch.all(s.M == 0)
 
 

@@ -218,6 +218,8 @@ class LMKernelPair:
         groups them by side (runs of consecutive states of one side read their prompt with one
         matrix product) and each row attends its own generated entries. Logits equal separate
         ``advance`` calls to float noise (matrix products over a different number of rows).
+        When Q is P by construction (:attr:`q_is_p`, e.g. ``full``) the two sides are two
+        forwards, so rows of P and Q with equal inputs stay bit-identical whatever the BLAS.
         """
         if len(states) != len(tokens):
             raise ValueError(f"need one token tensor per state; got {len(states)} states and "
@@ -228,10 +230,18 @@ class LMKernelPair:
             raise ValueError("a state appears twice in advance_many (a state is consumed by "
                              "advancing it); select a copy of its rows instead")
         toks = [self._check_tokens(s, t) for s, t in zip(states, tokens, strict=True)]
-        steps = self._step([
-            _Rows(s, s.mask, tok, self.n_prompt + s.lengths,
-                  torch.ones_like(tok, dtype=torch.bool), live_after=s.lengths)
-            for s, tok in zip(states, toks, strict=True)])
+        rows = [_Rows(s, s.mask, tok, self.n_prompt + s.lengths,
+                      torch.ones_like(tok, dtype=torch.bool), live_after=s.lengths)
+                for s, tok in zip(states, toks, strict=True)]
+        # When Q is P (nothing evicted), P and Q rows with equal inputs must get bit-identical
+        # logits, but a BLAS rounds a row differently depending on where it falls in a small
+        # batch (docs/engine.md): then each side is its own forward, with equal shapes.
+        calls = ([[i for i, s in enumerate(states) if s.side == side] for side in ("p", "q")]
+                 if self.q_is_p else [list(range(len(states)))])
+        steps: list[Any] = [None] * len(states)
+        for call in (c for c in calls if c):
+            for i, step in zip(call, self._step([rows[i] for i in call]), strict=True):
+                steps[i] = step
         return [self._advanced(s, tok, *step)
                 for s, tok, step in zip(states, toks, steps, strict=True)]
 
