@@ -13,6 +13,12 @@ the model's forward as ``kvdrift_cache=`` and which generated slots each row may
 keyword arguments down to the attention function. No mask is built by the model: the name is
 not registered as a mask function, so transformers passes ``attention_mask=None``.
 
+A joint step (:meth:`~kvdrift.lm.pair.LMKernelPair.advance_many`) passes a
+:class:`~kvdrift.lm.cache.GroupedCache` instead: rows of several path states in one batch,
+grouped by side; each run of states of one side reads its prompt with one matrix product, and
+each state's rows attend their own generated entries (``kvdrift_slots`` and ``kvdrift_live``
+then hold one entry per state).
+
 Eviction that differs per KV head is a mask, never a copy: the layer's ``prompt_live``
 (``[1, kv_heads, P]``, head-adaptive presses, shared by all rows) and, for decode-time
 eviction, ``kvdrift_live=`` (per layer a pair of per-row masks ``[n, kv_heads, P]`` over the
