@@ -1,10 +1,13 @@
 """The LM engine's speed and memory, as ratios measured in one run on the embedded SmolLM2.
 
 Prints:
-1. coupled step / floor at (K = 16, n = 1,000) and (K = 16, n = 4,000). The coupled step is one
-   position of the real rollout estimator (:func:`kvdrift.estimate.coupled_rollouts`, action
-   snapkv-half); the floor is three K-row decoding steps against a 16-token prompt (weights
-   and MLP, no long attention), through the same kernel pair.
+1. coupled step / one forward at (K = 16, n = 1,000) and (K = 16, n = 4,000). The coupled step
+   is one position of the real rollout estimator (:func:`kvdrift.estimate.coupled_rollouts`,
+   action snapkv-half), whose three paths advance in one joint step; "one forward" is one
+   decoding step of 3K rows against a 16-token prompt (weights and MLP, no long attention)
+   through the same kernel pair, and the three-forward floor is three K-row steps (what the
+   coupled step cost before the joint step). Also the largest float difference of the joint
+   step from separate steps at n = 1,000 (logits and log-probabilities, three paths).
 2. coupled step / ``generate(num_return_sequences=K)`` per position at n = 1,000 (generate's
    prompt cache is prefilled once and repeated K times, so only its decoding steps are timed).
 3. SWRB wall time / rollout wall time at the same K and H on one document, the per-replicate
@@ -70,16 +73,39 @@ def prompt_text(tokenizer, n_tokens: int) -> str:
     return " ".join(words[:lo]) + " " + QUESTION
 
 
-def seconds_per_position_floor(lm: LoadedModel, k: int, h: int) -> float:
-    """Three K-row decoding steps per position against a 16-token prompt."""
+def seconds_per_position_floor(lm: LoadedModel, k: int, h: int, paths: int = 3) -> float:
+    """``paths`` separate K-row decoding steps per position against a 16-token prompt
+    (``paths = 1`` with ``3 K`` rows: one forward of the coupled step's rows)."""
     ids = torch.randint(3, 1000, (1, 16), generator=torch.Generator().manual_seed(0))
     pair = LMKernelPair(lm, ids, "full")
-    states = [pair.start(side, k) for side in ("p", "q", "q")]
+    states = [pair.start(side, k) for side in ("p", "q", "q")[:paths]]
     tokens = torch.randint(3, 1000, (h, k), generator=torch.Generator().manual_seed(1))
     start = time.perf_counter()
     for t in range(h):
         states = [pair.advance(s, tokens[t]) for s in states]
     return (time.perf_counter() - start) / h
+
+
+def seconds_per_position_one_forward(lm: LoadedModel, k: int, h: int) -> float:
+    """One decoding step of 3K rows per position against a 16-token prompt."""
+    return seconds_per_position_floor(lm, 3 * k, h, paths=1)
+
+
+def fused_against_separate(pair: LMKernelPair, k: int, steps: int) -> tuple[float, float]:
+    """Largest |difference| of logits and of log-probabilities, joint step against separate
+    steps, over ``steps`` positions of P, Q and a forced Q path (K rows each, random tokens)."""
+    tokens = torch.randint(3, 1000, (steps, k), generator=torch.Generator().manual_seed(2))
+    joint = [pair.start(side, k) for side in ("p", "q", "q")]
+    separate = [pair.start(side, k) for side in ("p", "q", "q")]
+    logits = logprobs = 0.0
+    for t in range(steps):
+        toks = [tokens[t], tokens[t].flip(0), tokens[t]]
+        joint = pair.advance_many(joint, toks)
+        separate = [pair.advance(s, tok) for s, tok in zip(separate, toks, strict=True)]
+        for a, b in zip(joint, separate, strict=True):
+            logits = max(logits, float((a.logits - b.logits).abs().max()))
+            logprobs = max(logprobs, float((pair.logprobs(a) - pair.logprobs(b)).abs().max()))
+    return logits, logprobs
 
 
 def seconds_per_position_coupled(pair: LMKernelPair, k: int, h: int) -> float:
@@ -207,22 +233,32 @@ def main() -> None:
     lm = load_model("smollm2")
     print(f"SmolLM2-135M float32 on {torch.get_num_threads()} CPU threads; K = {k}, H = {h}")
     seconds_per_position_floor(lm, k, 2)  # warm-up
-    floor = seconds_per_position_floor(lm, k, h)
-    print(f"floor (three {k}-row steps on a 16-token prompt): {1000 * floor:.0f} ms / position")
+    seconds_per_position_one_forward(lm, k, 2)
+
+    def baselines() -> tuple[float, float]:
+        return seconds_per_position_one_forward(lm, k, h), seconds_per_position_floor(lm, k, h)
+
+    one, floor = baselines()
+    print(f"one forward ({3 * k} rows on a 16-token prompt): {1000 * one:.0f} ms / position; "
+          f"three-forward floor (three {k}-row steps): {1000 * floor:.0f} ms / position")
     for n in lengths:
         ids = encode_prompt(lm.tokenizer, prompt_text(lm.tokenizer, n))
         pair = LMKernelPair(lm, ids, "snapkv-half")
         seconds_per_position_coupled(pair, k, 2)  # warm-up
         coupled = seconds_per_position_coupled(pair, k, h)
-        floor_again = seconds_per_position_floor(lm, k, h)  # machine drift shows here
-        mean_floor = (floor + floor_again) / 2
+        one_again, floor_again = baselines()  # machine drift shows here
+        one, floor = (one + one_again) / 2, (floor + floor_again) / 2
         print(f"n = {ids.shape[1]}: coupled step {1000 * coupled:.0f} ms / position; "
-              f"ratio coupled / floor = {coupled / mean_floor:.2f} "
-              f"(floor now {1000 * floor_again:.0f} ms)")
+              f"ratio coupled / one forward = {coupled / one:.2f}, coupled / three-forward "
+              f"floor = {coupled / floor:.2f} (now one forward {1000 * one_again:.0f} ms, "
+              f"floor {1000 * floor_again:.0f} ms)")
         if n == lengths[0]:
             gen = seconds_per_position_generate(lm, ids, k, h)
             print(f"n = {ids.shape[1]}: generate({k} sampled sequences) {1000 * gen:.0f} ms / "
                   f"position; ratio coupled / generate = {coupled / gen:.2f}")
+            d_logits, d_logprobs = fused_against_separate(pair, k, 4 if q else 8)
+            print(f"n = {ids.shape[1]}: joint step vs separate steps, largest |difference|: "
+                  f"logits {d_logits:.1e}, log-probabilities {d_logprobs:.1e}")
 
     ids = encode_prompt(lm.tokenizer, prompt_text(lm.tokenizer, swrb_n))
     pair = LMKernelPair(lm, ids, "snapkv-90")

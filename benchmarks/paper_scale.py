@@ -2,8 +2,9 @@
 
 Builds a Llama with Llama-3.1-8B's dimensions from a config in code (random weights, no
 download), a random prompt of 32K tokens, and runs one unit of kvdrift's rollout estimator
-with snapkv-half, K = 64, H = 128 (three paths), then prints the seconds per unit and the peak
-accelerator memory. Every size is an option, so the script can be tried on a CPU first::
+with snapkv-half, K = 64, H = 128 (three paths in one joint step per position), then prints
+the seconds per unit and the peak accelerator memory. Every size is an option, so the script
+can be tried on a CPU first::
 
     python benchmarks/paper_scale.py                        # full size, needs a large GPU
     python benchmarks/paper_scale.py --device cpu --dtype float32 --layers 2 --hidden 256 \\

@@ -18,6 +18,14 @@ from transformers import DynamicCache
 from kvdrift.lm.pair import LMKernelPair
 
 TOL = 1e-4
+MODEL_KINDS = [
+    ("llama", 4, 2),  # GQA, 2 query heads per KV head
+    ("llama", 6, 2),  # GQA, 3 per KV head
+    ("llama", 4, 4),  # multi-head
+    ("llama", 4, 1),  # multi-query
+    ("qwen2", 4, 2),  # attention biases
+    ("mistral", 4, 2),
+]
 
 
 def _config(kind: str, heads: int, kv_heads: int, **extra):
@@ -77,14 +85,7 @@ def walk(pair: LMKernelPair, side: str, tokens: torch.Tensor):
     return state
 
 
-@pytest.mark.parametrize("kind,heads,kv_heads", [
-    ("llama", 4, 2),  # GQA, 2 query heads per KV head
-    ("llama", 6, 2),  # GQA, 3 per KV head
-    ("llama", 4, 4),  # multi-head
-    ("llama", 4, 1),  # multi-query
-    ("qwen2", 4, 2),  # attention biases
-    ("mistral", 4, 2),
-])
+@pytest.mark.parametrize("kind,heads,kv_heads", MODEL_KINDS)
 @pytest.mark.parametrize("action", ["full", "snapkv-half", "recent-half"])
 def test_shared_prompt_equals_per_row_copies(kind, heads, kv_heads, action):
     model = _model(kind, heads, kv_heads)

@@ -33,6 +33,12 @@ class KernelPair(Protocol):
       next token at temperature 1 (``-inf`` where a token is impossible).
     - ``advance(state, tokens)`` appends ``tokens[i]`` to row ``i`` and returns the new
       state; it may reuse ``state``'s storage, so the old state must not be used again.
+    - ``advance_many(states, tokens)`` advances several states (of either side) at once and
+      returns the new states in order: ``[advance(s, t) for s, t in zip(states, tokens)]``,
+      which is how the finite pair implements it. A language model runs every row of every
+      state through one forward (the weights are read once per position, not once per path);
+      rows of P and Q with equal inputs still get bit-identical distributions. Each state
+      must appear once (advancing consumes it).
     - ``truncate(state, lengths)`` returns a state whose row ``i`` holds the first
       ``lengths[i]`` tokens of row ``i``'s history; it may consume ``state`` too.
     - ``select(state, rows)`` returns a state made of the given rows (in that order).
@@ -59,6 +65,9 @@ class KernelPair(Protocol):
     def logprobs(self, state: PathState) -> torch.Tensor: ...
 
     def advance(self, state: PathState, tokens: torch.Tensor) -> PathState: ...
+
+    def advance_many(self, states: list[PathState], tokens: list[torch.Tensor]
+                     ) -> list[PathState]: ...
 
     def truncate(self, state: PathState, lengths: torch.Tensor) -> PathState: ...
 

@@ -8,8 +8,12 @@ for identical inputs, so the same-path control (no eviction) gives TV exactly 0.
 
 Before a replicate diverges its ``Y`` history equals its ``X`` history, so Q forced along
 ``X`` is Q on ``Y``: the forced path holds only diverged rows, each forked from its ``Y``
-state at the divergence (before ``Y`` appends its own token). Its distributions come from a
-smaller batch, which changes float32 results by ~1e-6, not more.
+state at the divergence (before ``Y`` appends its own token). The three paths advance in one
+joint step (:meth:`~kvdrift.kernel.KernelPair.advance_many`): a language model reads its
+weights once per position for all of them. The forced rows share the Q-side matrix products
+with ``Y``'s rows, so their distributions differ from a separate batch's by float32 noise
+(~1e-6), not more; ``X`` and ``Y`` keep equal shapes on their own sides, so equal inputs still
+give bit-identical distributions.
 """
 
 from __future__ import annotations
@@ -123,10 +127,12 @@ def coupled_rollouts(
                 forced = fork if forced is None else pair.join([forced, fork])
                 forced_rows = torch.cat([forced_rows, new])
                 diverged[new] = True
-            p_state = pair.advance(p_state, draw.x)
-            q_state = pair.advance(q_state, draw.y)
-            if forced is not None:
-                forced = pair.advance(forced, draw.x[forced_rows])
+            # one joint step: P along X, Q along Y, Q forced along X (diverged rows)
+            if forced is None:
+                p_state, q_state = pair.advance_many([p_state, q_state], [draw.x, draw.y])
+            else:
+                p_state, q_state, forced = pair.advance_many(
+                    [p_state, q_state, forced], [draw.x, draw.y, draw.x[forced_rows]])
 
     def stack(k: str) -> torch.Tensor:
         return torch.stack(cols[k], dim=1).cpu()

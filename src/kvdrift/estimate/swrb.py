@@ -118,8 +118,7 @@ def swrb(
         u_done[:, s + 1] = u_done[:, s] | ((u == eos) if eos is not None else False)
         if s + 1 == H or not bool((survival > 0).any()):
             break
-        p_state = pair.advance(p_state, u)
-        q_state = pair.advance(q_state, u)
+        p_state, q_state = pair.advance_many([p_state, q_state], [u, u])  # one joint step
 
     # 2-3. Total divergence mass, capacities, and the branch position J ~ w / M.
     M = weights.sum(dim=1)
@@ -153,8 +152,7 @@ def swrb(
                 x_state, y_state = pair.select(x_state, keep), pair.select(y_state, keep)
                 rows, pos, x_done, y_done = rows[keep], pos[keep], x_done[keep], y_done[keep]
                 x, y = x[keep], y[keep]
-            x_state = pair.advance(x_state, x)
-            y_state = pair.advance(y_state, y)
+            x_state, y_state = pair.advance_many([x_state, y_state], [x, y])
             evaluations[rows] += 1
             p = absorb_eos(tempered_probs(pair.logprobs(x_state), temperature), x_done, eos)
             q = absorb_eos(tempered_probs(pair.logprobs(y_state), temperature), y_done, eos)

@@ -191,6 +191,14 @@ class FinitePair:
         return FinitePath(state.side,
                           tuple(h + (t,) for h, t in zip(state.histories, toks, strict=True)))
 
+    def advance_many(self, states: list[FinitePath], tokens: list[torch.Tensor]
+                     ) -> list[FinitePath]:
+        """``advance`` of each state (tables have no forward pass to share)."""
+        if len(states) != len(tokens):
+            raise ValueError(f"need one token tensor per state; got {len(states)} states and "
+                             f"{len(tokens)} token tensors")
+        return [self.advance(s, t) for s, t in zip(states, tokens, strict=True)]
+
     def truncate(self, state: FinitePath, lengths: torch.Tensor) -> FinitePath:
         """Keep the first ``lengths[i]`` tokens (``[n]`` ints) of row ``i``."""
         lens = _as_index_list(lengths, len(state), "lengths")

@@ -161,3 +161,65 @@ class SharedPromptCache(DynamicCache):
         width = max(c.get_seq_length() for c in caches)
         return SharedPromptCache([SharedPromptLayer.join(list(group), width)
                                   for group in zip(*(c.layers for c in caches), strict=True)])
+
+
+class GroupedLayer(DynamicLayer):
+    """One layer of several path states' caches stepped in one forward (a joint step).
+
+    Rows ``bounds[i]:bounds[i + 1]`` of the batch belong to ``parts[i]`` (a state's
+    :class:`SharedPromptLayer`); ``update`` appends each part's new entries to its own buffers in
+    place. The attention reads the parts from here (the keys/values it is handed are only the
+    new entries), so rows never see another state's generated entries.
+    """
+
+    def __init__(self, parts: list[SharedPromptLayer], bounds: list[int]) -> None:
+        super().__init__()
+        if len(bounds) != len(parts) + 1:
+            raise ValueError("bounds must hold one more entry than parts")
+        self.parts = parts
+        self.bounds = bounds
+        first = parts[0]
+        self.lazy_initialization(first.keys, first.values)
+
+    def update(
+        self,
+        key_states: torch.Tensor,  # [rows of all parts, kv_heads, 1, head_dim]
+        value_states: torch.Tensor,
+        cache_kwargs: dict[str, Any] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append each part's rows to that part; returns the new entries (the attention reads
+        every part's generated entries from ``parts``)."""
+        for part, start, stop in zip(self.parts, self.bounds, self.bounds[1:], strict=False):
+            part.update(key_states[start:stop], value_states[start:stop])
+        return key_states, value_states
+
+    def get_seq_length(self) -> int:
+        """0: parts hold different numbers of generated slots, and the prompt is not counted."""
+        return 0
+
+
+class GroupedCache(DynamicCache):
+    """The caches of several path states as one ``DynamicCache`` for a joint forward.
+
+    ``groups[i]`` names the prompt group of part ``i``: consecutive parts of one group share
+    their side's prompt, so the attention reads that prompt with one matrix product for all
+    their rows (P rows against the full prompt, Q-along-Y and forced rows against the evicted
+    one).
+    """
+
+    def __init__(self, caches: list[SharedPromptCache], groups: list[int]) -> None:
+        super().__init__()
+        if len(groups) != len(caches):
+            raise ValueError("groups must name one group per cache")
+        self.parts = caches
+        self.groups = groups
+        bounds = [0]
+        for cache in caches:
+            bounds.append(bounds[-1] + cache.rows)
+        self.bounds = bounds
+        self.layers.extend(GroupedLayer(list(layers), bounds)
+                           for layers in zip(*(c.layers for c in caches), strict=True))
+
+    @property
+    def rows(self) -> int:
+        return self.bounds[-1]

@@ -47,7 +47,7 @@ import torch
 
 from kvdrift.kernel import Side, check_side
 from kvdrift.lm.actions import Action, parse_action
-from kvdrift.lm.cache import SharedPromptCache
+from kvdrift.lm.cache import GroupedCache, SharedPromptCache
 from kvdrift.lm.decoding import (
     DecodeEvictions,
     DecodingRule,
@@ -206,18 +206,56 @@ class LMKernelPair:
         last = fork.lengths - 1
         tok = fork.tokens.gather(1, last[:, None]).squeeze(1)
         mask = fork.mask * (fork.slot_step != last[:, None]).long()
-        logits, _, _ = self._step(fork, mask, tok, self.n_prompt + last,
-                                  torch.zeros_like(tok, dtype=torch.bool), live_after=last)
+        [(logits, _, _)] = self._step([_Rows(fork, mask, tok, self.n_prompt + last,
+                                             torch.zeros_like(tok, dtype=torch.bool),
+                                             live_after=last)])
         return logits
 
     def advance(self, state: LMPathState, tokens: torch.Tensor) -> LMPathState:
         """Append ``tokens[i]`` to row ``i`` with one batched decoding step (reuses the cache).
 
         Under decode-time eviction, rows that reach a compression length then compress."""
-        tok = self._check_tokens(state, tokens)
-        logits, mask, seen = self._step(state, state.mask, tok, self.n_prompt + state.lengths,
-                                        torch.ones_like(tok, dtype=torch.bool),
-                                        live_after=state.lengths)
+        return self.advance_many([state], [tokens])[0]
+
+    def advance_many(
+        self, states: list[LMPathState], tokens: list[torch.Tensor],
+    ) -> list[LMPathState]:
+        """Advance several states (of either side) in one model call: ``advance`` of each.
+
+        Rows of every state go through the weights together; the shared-prompt attention
+        groups them by side (runs of consecutive states of one side read their prompt with one
+        matrix product) and each row attends its own generated entries. Logits equal separate
+        ``advance`` calls to float noise (matrix products over a different number of rows).
+        When Q is P by construction (:attr:`q_is_p`, e.g. ``full``) the two sides are two
+        forwards, so rows of P and Q with equal inputs stay bit-identical whatever the BLAS.
+        """
+        if len(states) != len(tokens):
+            raise ValueError(f"need one token tensor per state; got {len(states)} states and "
+                             f"{len(tokens)} token tensors")
+        if not states:
+            return []
+        if len({id(s.cache) for s in states}) < len(states):
+            raise ValueError("a state appears twice in advance_many (a state is consumed by "
+                             "advancing it); select a copy of its rows instead")
+        toks = [self._check_tokens(s, t) for s, t in zip(states, tokens, strict=True)]
+        rows = [_Rows(s, s.mask, tok, self.n_prompt + s.lengths,
+                      torch.ones_like(tok, dtype=torch.bool), live_after=s.lengths)
+                for s, tok in zip(states, toks, strict=True)]
+        # When Q is P (nothing evicted), P and Q rows with equal inputs must get bit-identical
+        # logits, but a BLAS rounds a row differently depending on where it falls in a small
+        # batch (docs/engine.md): then each side is its own forward, with equal shapes.
+        calls = ([[i for i, s in enumerate(states) if s.side == side] for side in ("p", "q")]
+                 if self.q_is_p else [list(range(len(states)))])
+        steps: list[Any] = [None] * len(states)
+        for call in (c for c in calls if c):
+            for i, step in zip(call, self._step([rows[i] for i in call]), strict=True):
+                steps[i] = step
+        return [self._advanced(s, tok, *step)
+                for s, tok, step in zip(states, toks, steps, strict=True)]
+
+    def _advanced(self, state: LMPathState, tok: torch.Tensor, logits: torch.Tensor,
+                  mask: torch.Tensor, seen: dict[int, Any]) -> LMPathState:
+        """The state after its decoding step wrote ``tok``'s slot (logits ``[n, V]``)."""
         history = state.tokens
         if history.shape[1] <= int(state.lengths.max()):
             grow = max(16, history.shape[1])
@@ -314,45 +352,79 @@ class LMKernelPair:
             raise ValueError(f"tokens must be in [0, {self._vocab}); got {tok.tolist()}")
         return tok
 
-    def _step(
-        self,
-        state: LMPathState,
-        mask: torch.Tensor,  # [n, G] long
-        tokens: torch.Tensor,  # [n] long
-        positions: torch.Tensor,  # [n] long, true positions
-        valid: torch.Tensor,  # [n] bool, whether the new slot counts for later steps
-        live_after: torch.Tensor,  # [n] long, decode-time evictions up to this step apply
-    ) -> tuple[torch.Tensor, torch.Tensor, dict[int, Any]]:
-        """One decoding step for all rows; returns logits ``[n, V]``, the mask ``[n, G + 1]``
-        and, under decode-time eviction, each layer's attention inputs (else empty).
+    def _step(self, parts: list[_Rows]) -> list[tuple[torch.Tensor, torch.Tensor, dict]]:
+        """One decoding step for all rows of every part, in one model call; returns per part
+        its logits ``[n, V]``, its mask ``[n, G + 1]`` and, under decode-time eviction, each
+        layer's attention inputs (else empty).
 
         The query always attends to its own new slot; ``valid`` only decides whether later
         steps see it (a re-fed token leaves a hole).
         """
-        physical = mask.shape[1]
-        if state.cache.get_seq_length() != physical:
-            raise RuntimeError("path state was already consumed (cache and mask lengths differ); "
-                               "advance/truncate may reuse storage, so use the returned state")
-        slots = torch.cat([mask.bool(), mask.new_ones(mask.shape[0], 1, dtype=torch.bool)], dim=1)
+        slots, lives = [], []
+        for part in parts:
+            if part.state.cache.get_seq_length() != part.mask.shape[1]:
+                raise RuntimeError("path state was already consumed (cache and mask lengths "
+                                   "differ); advance/truncate may reuse storage, so use the "
+                                   "returned state")
+            slots.append(torch.cat([part.mask.bool(), part.mask.new_ones(part.mask.shape[0], 1,
+                                                                         dtype=torch.bool)], 1))
+            ev = part.state.evictions
+            lives.append(None if ev is None else ev.live(part.live_after))
         extra: dict[str, Any] = {}
+        if len(parts) == 1:
+            cache: Any = parts[0].state.cache
+            physical = parts[0].mask.shape[1]
+            extra["kvdrift_slots"] = slots[0]
+            if lives[0] is not None:
+                extra["kvdrift_live"] = lives[0]
+        else:  # states of one side next to each other share their prompt's matrix product
+            sides = [part.state.side for part in parts]
+            groups = [0]
+            for before, side in zip(sides, sides[1:], strict=False):
+                groups.append(groups[-1] + (side != before))
+            cache = GroupedCache([part.state.cache for part in parts], groups)
+            physical = 0  # per part; the grouped layers do not read it
+            extra["kvdrift_slots"] = slots
+            if any(live is not None for live in lives):
+                extra["kvdrift_live"] = lives
         capture: Any = contextlib.nullcontext({})
-        if state.evictions is not None:
-            extra["kvdrift_live"] = state.evictions.live(live_after)
+        if any(live is not None for live in lives):
             capture = capture_attention_inputs(self._modules)
         with torch.no_grad(), attention_implementation(self.model, ATTENTION_NAME), \
                 capture as seen:
             out = self.model(
-                input_ids=tokens[:, None],
-                position_ids=positions[:, None],
-                past_key_values=state.cache,
+                input_ids=torch.cat([part.tokens for part in parts])[:, None],
+                position_ids=torch.cat([part.positions for part in parts])[:, None],
+                past_key_values=cache,
                 cache_position=torch.tensor([physical], device=self.device),
                 use_cache=True,
-                kvdrift_cache=state.cache,
-                kvdrift_slots=slots,
+                kvdrift_cache=cache,
                 **extra,
             )
-        logits = out.logits[:, -1].float()  # [n, V]
-        return logits, torch.cat([mask, valid.long()[:, None]], dim=1), seen
+        logits = out.logits[:, -1].float()  # [rows of all parts, V]
+        results, start = [], 0
+        for part in parts:
+            stop = start + part.tokens.shape[0]
+            rows = slice(start, stop)
+            part_seen = {} if part.state.evictions is None else {
+                i: (hidden[rows], None if pos is None else tuple(t[rows] for t in pos))
+                for i, (hidden, pos) in seen.items()}
+            mask = torch.cat([part.mask, part.valid.long()[:, None]], dim=1)
+            results.append((logits[rows] if len(parts) > 1 else logits, mask, part_seen))
+            start = stop
+        return results
+
+
+@dataclass(frozen=True, eq=False)
+class _Rows:
+    """One state's rows in a decoding step (see :meth:`LMKernelPair._step`)."""
+
+    state: LMPathState
+    mask: torch.Tensor  # [n, G] long
+    tokens: torch.Tensor  # [n] long
+    positions: torch.Tensor  # [n] long, true positions
+    valid: torch.Tensor  # [n] bool, whether the new slot counts for later steps
+    live_after: torch.Tensor  # [n] long, decode-time evictions up to this step apply
 
 
 def _primary_eos(model: Any) -> int | None:

@@ -13,6 +13,12 @@ the model's forward as ``kvdrift_cache=`` and which generated slots each row may
 keyword arguments down to the attention function. No mask is built by the model: the name is
 not registered as a mask function, so transformers passes ``attention_mask=None``.
 
+A joint step (:meth:`~kvdrift.lm.pair.LMKernelPair.advance_many`) passes a
+:class:`~kvdrift.lm.cache.GroupedCache` instead: rows of several path states in one batch,
+grouped by side; each run of states of one side reads its prompt with one matrix product, and
+each state's rows attend their own generated entries (``kvdrift_slots`` and ``kvdrift_live``
+then hold one entry per state).
+
 Eviction that differs per KV head is a mask, never a copy: the layer's ``prompt_live``
 (``[1, kv_heads, P]``, head-adaptive presses, shared by all rows) and, for decode-time
 eviction, ``kvdrift_live=`` (per layer a pair of per-row masks ``[n, kv_heads, P]`` over the
@@ -29,7 +35,7 @@ from typing import Any
 import torch
 from transformers import AttentionInterface
 
-from kvdrift.lm.cache import SharedPromptCache
+from kvdrift.lm.cache import GroupedCache, SharedPromptCache
 
 ATTENTION_NAME = "kvdrift_shared_prompt"
 
@@ -42,48 +48,94 @@ def shared_prompt_attention(
     attention_mask: torch.Tensor | None,
     scaling: float | None = None,
     dropout: float = 0.0,
-    kvdrift_cache: SharedPromptCache | None = None,
-    kvdrift_slots: torch.Tensor | None = None,  # [n, G] bool
-    kvdrift_live: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+    kvdrift_cache: SharedPromptCache | GroupedCache | None = None,
+    kvdrift_slots: torch.Tensor | list[torch.Tensor] | None = None,  # [n, G] bool (per part)
+    kvdrift_live: Any = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """Exact attention of one new query per row over shared prompt + own generated entries."""
+    """Exact attention of one new query per row over shared prompt + own generated entries.
+
+    With a :class:`~kvdrift.lm.cache.GroupedCache` (a joint step of several path states),
+    ``kvdrift_slots`` and ``kvdrift_live`` hold one entry per part (state); each run of parts
+    of one group reads its prompt with one matrix product, and each part its own generated
+    entries.
+    """
     if kvdrift_cache is None or kvdrift_slots is None:
         raise RuntimeError(f"the {ATTENTION_NAME!r} attention needs kvdrift_cache= and "
                            "kvdrift_slots= in the model's forward (it is kvdrift's decoding path)")
     n, heads, q_len, dim = query.shape
     if q_len != 1:
         raise ValueError(f"shared-prompt attention decodes one token per row; got q_len={q_len}")
-    layer = kvdrift_cache.layers[module.layer_idx]
+    scale = dim ** -0.5 if scaling is None else scaling
+    if not isinstance(kvdrift_cache, GroupedCache):  # one state: its own generated entries
+        layer = kvdrift_cache.layers[module.layer_idx]
+        live = None if kvdrift_live is None else kvdrift_live[module.layer_idx]
+        return _attend(query, scale, [(layer, key, value, kvdrift_slots, live)]), None
+    grouped = kvdrift_cache.layers[module.layer_idx]
+    lives = kvdrift_live if kvdrift_live is not None else [None] * len(grouped.parts)
+    outs, start = [], 0
+    for stop in _group_ends(kvdrift_cache.groups):
+        parts = [(part, part.keys, part.values, kvdrift_slots[i],
+                  None if lives[i] is None else lives[i][module.layer_idx])
+                 for i, part in enumerate(grouped.parts[start:stop], start)]
+        rows = slice(grouped.bounds[start], grouped.bounds[stop])
+        outs.append(_attend(query[rows], scale, parts))
+        start = stop
+    return torch.cat(outs), None
+
+
+def _group_ends(groups: list[int]) -> list[int]:
+    """End index (exclusive) of each run of consecutive equal group ids."""
+    return [i + 1 for i in range(len(groups)) if i + 1 == len(groups) or groups[i + 1] != groups[i]]
+
+
+def _attend(
+    query: torch.Tensor,  # [n, heads, 1, head_dim], rows of every part in order
+    scale: float,
+    parts: list[tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor, Any]],
+) -> torch.Tensor:
+    """Attention of the rows of parts that share one prompt: ``(layer, generated keys
+    [m, kv, G, dim], generated values, slots [m, G] bool, decode-time live masks or None)``
+    per part. The prompt is read by one matrix product for all rows; returns
+    ``[n, 1, heads, head_dim]`` as transformers expects."""
+    n, heads, _, dim = query.shape
+    layer = parts[0][0]
     prompt_keys, prompt_values = layer.prompt_keys[0], layer.prompt_values[0]  # [kv, P, dim]
     kv_heads, n_prompt = prompt_keys.shape[0], prompt_keys.shape[1]
     groups = heads // kv_heads
-    scale = dim ** -0.5 if scaling is None else scaling
 
     q = query.reshape(n, kv_heads, groups, dim) * scale  # [n, kv, g, dim]
     q_shared = q.permute(1, 0, 2, 3).reshape(kv_heads, n * groups, dim)  # [kv, n g, dim]
     scores_prompt = torch.matmul(q_shared, prompt_keys.transpose(1, 2))  # [kv, n g, P]
     if layer.prompt_live is not None:
         scores_prompt = scores_prompt.masked_fill(~layer.prompt_live[0][:, None, :], float("-inf"))
-    own_slots = kvdrift_slots[:, None, None, :]  # [n, 1, 1, G]
-    if kvdrift_live is not None:
-        prompt_live, own_live = kvdrift_live[module.layer_idx]  # [n, kv, P], [n, kv, G]
-        hidden = ~prompt_live.permute(1, 0, 2)[:, :, None, :].expand(-1, -1, groups, -1)
-        scores_prompt = scores_prompt.masked_fill(hidden.reshape(kv_heads, n * groups, n_prompt),
+    probs_prompt, outs_own, start = [], [], 0
+    for _, key, value, slots, live in parts:
+        m = key.shape[0]
+        rows = slice(start * groups, (start + m) * groups)
+        q_part, part_prompt = q[start:start + m], scores_prompt[:, rows]
+        start += m
+        own_slots = slots[:, None, None, :]  # [m, 1, 1, G]
+        if live is not None:
+            prompt_live, own_live = live  # [m, kv, P], [m, kv, G]
+            hidden = ~prompt_live.permute(1, 0, 2)[:, :, None, :].expand(-1, -1, groups, -1)
+            part_prompt = part_prompt.masked_fill(hidden.reshape(kv_heads, m * groups, n_prompt),
                                                   float("-inf"))
-        own_slots = own_slots & own_live[:, :, None, :]  # [n, kv, 1, G]
-    scores_own = torch.matmul(q, key.transpose(2, 3))  # [n, kv, g, G]
-    scores_own = scores_own.masked_fill(~own_slots, float("-inf"))
-    n_own = key.shape[2]
-    scores_own = scores_own.permute(1, 0, 2, 3).reshape(kv_heads, n * groups, n_own)
-    scores = torch.cat([scores_prompt, scores_own], dim=-1)  # [kv, n g, P + G]
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-
-    out = torch.matmul(probs[..., :n_prompt], prompt_values)  # [kv, n g, dim]
+            own_slots = own_slots & own_live[:, :, None, :]  # [m, kv, 1, G]
+        scores_own = torch.matmul(q_part, key.transpose(2, 3))  # [m, kv, g, G]
+        scores_own = scores_own.masked_fill(~own_slots, float("-inf"))
+        n_own = key.shape[2]
+        scores_own = scores_own.permute(1, 0, 2, 3).reshape(kv_heads, m * groups, n_own)
+        scores = torch.cat([part_prompt, scores_own], dim=-1)  # [kv, m g, P + G]
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+        probs_prompt.append(probs[..., :n_prompt])
+        probs_own = probs[..., n_prompt:].reshape(kv_heads, m, groups, n_own).permute(1, 0, 2, 3)
+        outs_own.append(torch.matmul(probs_own, value))  # [m, kv, g, dim]
+    probs_prompt_all = probs_prompt[0] if len(parts) == 1 else torch.cat(probs_prompt, dim=1)
+    out = torch.matmul(probs_prompt_all, prompt_values)  # [kv, n g, dim]
     out = out.reshape(kv_heads, n, groups, dim).permute(1, 0, 2, 3)  # [n, kv, g, dim]
-    probs_own = probs[..., n_prompt:].reshape(kv_heads, n, groups, n_own).permute(1, 0, 2, 3)
-    out = out + torch.matmul(probs_own, value)  # [n, kv, g, dim]
-    return out.reshape(n, 1, heads, dim), None  # [n, q_len, heads, dim] as transformers expects
+    out = out + (outs_own[0] if len(parts) == 1 else torch.cat(outs_own))  # [n, kv, g, dim]
+    return out.reshape(n, 1, heads, dim)
 
 
 AttentionInterface.register(ATTENTION_NAME, shared_prompt_attention)
