@@ -232,3 +232,62 @@ path = "{docs}"
         assert result.exit_code == 2, (args, result.output)
         text = " ".join(result.output.split())  # the console wraps long lines
         assert message in text and "Traceback" not in text and text.count("error:") == 1
+
+
+@pytest.mark.slow
+def test_an_interrupted_ray_driver_leaves_no_ray_process_behind(tiny_model_dir, tmp_path):
+    """Ctrl-C in the driver: it exits with 130 and every Ray process it started (GCS, raylet,
+    workers, agents) is gone within 10 s of its exit (their process tree is followed)."""
+    import subprocess
+    import time
+
+    import psutil
+
+    from kvdrift.data import Document, write_jsonl
+
+    docs = tmp_path / "docs.jsonl"
+    write_jsonl([Document(id=f"d{i}", prompt="The cat sat on the mat. " * 40)
+                 for i in range(4)], docs)
+    code = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+            "sys.argv = ['kvdrift'] + sys.argv[1:]; from kvdrift.cli import main; main()")
+    driver = subprocess.Popen(
+        [sys.executable, "-c", code, "run", "--executor", "ray", "--model", str(tiny_model_dir),
+         "--docs", str(docs), "--actions", "full,snapkv-half", "--replicates", "2",
+         "--horizon", "2000", "--out", str(tmp_path / "out"), "--device", "cpu"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        env=os.environ | {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    seen: set[int] = set()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and driver.poll() is None:
+        procs = psutil.Process(driver.pid).children(recursive=True)
+        seen |= {p.pid for p in procs}
+        if any("UnitWorker" in " ".join(_cmdline(p)) for p in procs):
+            break
+        time.sleep(0.5)
+    assert driver.poll() is None, driver.communicate()[0].decode()
+    time.sleep(3)  # units running
+    seen |= {p.pid for p in psutil.Process(driver.pid).children(recursive=True)}
+    driver.send_signal(signal.SIGINT)
+    output = driver.communicate(timeout=60)[0].decode()
+    assert driver.returncode == 130, output
+    assert "interrupted" in output
+    _, alive = psutil.wait_procs([p for p in map(_process, seen) if p is not None], timeout=10)
+    assert not alive, [(p.pid, _cmdline(p)) for p in alive]
+
+
+def _process(pid: int):
+    import psutil
+
+    try:
+        return psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return None
+
+
+def _cmdline(p) -> list[str]:
+    import psutil
+
+    try:
+        return p.cmdline()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return []
