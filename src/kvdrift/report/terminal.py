@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from kvdrift.analysis.summary import ActionSummary
 
 #: The terminal table's quantities, a subset of the HTML headline table.
-SUMMARY_KEYS = ("p_diverge", "R", "E", "C", "R_minus_F", "B")
+SUMMARY_KEYS = ("p_diverge", "R", "R_tv", "E", "C", "R_minus_F", "B")
 
 #: Widest page :func:`print_whole` measures a table on (wider than any real table).
 _WIDEST = 100_000
@@ -63,13 +63,14 @@ def run_table(summaries: Sequence[ActionSummary], estimator: str = "rollout") ->
     caption = Text(swrb_rate_note("--json")) if estimator == "swrb" else None
     table = Table(title="Per action (documents weighted equally within strata, strata equally)",
                   caption=caption)
-    for col in ("model", "action", "docs", "P(tau<=H)", "entry time", "R", "O_H", "E_H", "Pi_H",
-                "C_H", "F", "KL", "accept", "tok/round(4)"):
+    for col in ("model", "action", "docs", "P(tau<=H)", "entry time", "R", "R_TV", "O_H",
+                "E_H", "Pi_H", "C_H", "F", "KL", "accept", "tok/round(4)"):
         table.add_column(col, justify="right")
     for s in summaries:
         table.add_row(Text(s.model), Text(s.action), str(s.documents), _percent(s.p_diverge, 1),
                       number_text(s.mean_entry_time, digits=1), _percent(s.R, 2),
-                      _percent(s.O, 2), _percent(s.E, 2), _percent(s.Pi, 2), _percent(s.C, 1),
+                      _percent(s.R_tv, 2), _percent(s.O, 2), _percent(s.E, 2),
+                      _percent(s.Pi, 2), _percent(s.C, 1),
                       _percent(s.F, 2), number_text(s.kl, digits=3),
                       _percent(s.acceptance, 1), number_text(s.tokens_per_round, digits=2))
     return table
