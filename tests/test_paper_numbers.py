@@ -214,3 +214,123 @@ def test_strict_B_in_the_analysis_is_the_block_ratio():
     got = out["actions"][0]["scalars"]["B_strict"]["estimate"]
     early = (0.2 + 0.4 + 0.6 + 0.8 + 0.1 + 0.3) / 6
     assert got == pytest.approx((0.9 + 0.5 + 0.2 + 0.1 + 0.6) / 5 - early, abs=1e-12)
+
+
+# ------------------------------------------------------------------ predict and plan
+
+
+def _cell_rows(n_per_stratum, contrasts, seed=0, noise=0.01):
+    """Rows (doc, action) with an uninformative feature F and a target R whose contrast
+    R(a) - R(b) is ``contrasts[stratum]`` (plus small noise)."""
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    rows = []
+    for s, gap in contrasts.items():
+        for i in range(n_per_stratum):
+            base = 0.3 + noise * rng.standard_normal()
+            for action, value in (("a", base + gap), ("b", base)):
+                rows.append(dict(model="m", doc_id=f"{s}-{i:03d}", stratum=s, action=action,
+                                 F=rng.uniform(0, 1), R=value))
+    return pd.DataFrame(rows)
+
+
+def test_ridge_cells_recover_a_contrast_that_differs_by_stratum():
+    from kvdrift.analysis.observations import observation_types
+    from kvdrift.analysis.predict import ActionContrast, predicted_contrast
+
+    contrasts = {"s1": -0.001, "s2": 0.095, "s3": 0.302}
+    train = _cell_rows(200, contrasts, seed=1)
+    test = _cell_rows(5, contrasts, seed=2)
+    test["doc_id"] = "e" + test["doc_id"]
+    fixed = observation_types(32)[0]
+    got = predicted_contrast("ridge", train, test, fixed, ActionContrast("a", "b"))
+    for s, want in contrasts.items():
+        docs = test.loc[test.stratum == s, "doc_id"].unique()
+        np.testing.assert_allclose(got.loc[docs], want, atol=0.005)
+    # an unseen stratum: the average over training strata of its action's cells
+    unseen = test[test.stratum == "s1"].assign(stratum="new")
+    pred = predicted_contrast("ridge", train, unseen, fixed, ActionContrast("a", "b"))
+    np.testing.assert_allclose(pred, np.mean(list(contrasts.values())), atol=0.005)
+
+
+def _tv_records(docs, seed, H=8, K=2):
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    steps, reps = [], []
+    for doc, stratum in docs:
+        for action, rate in (("a", 0.5), ("b", 0.2)):
+            for k in range(K):
+                m = rng.random(H) < rate
+                delta = np.clip(0.6 * m + 0.3 * rng.random(H), 0, 1)
+                tau = int(np.argmax(m)) + 1 if m.any() else 0
+                key = dict(model="m", doc_id=doc, stratum=stratum, action=action, replicate=k)
+                steps += [key | dict(t=t + 1, mismatch=bool(m[t]), delta=float(delta[t]),
+                                     x_eos=False, y_eos=False) for t in range(H)]
+                reps.append(key | dict(estimator="rollout", horizon=H, risk=m.mean(),
+                                       fixed_risk=0.5 * rng.random(), tau=tau))
+    return pd.DataFrame(steps), pd.DataFrame(reps)
+
+
+def test_predict_supporting_intervals_are_pointwise_and_state_their_level():
+    from kvdrift.analysis.predict import predict_study
+
+    dev = _tv_records([(f"d{i}", f"s{i % 2}") for i in range(12)], seed=1)
+    ev = _tv_records([(f"e{i}", f"s{i % 2}") for i in range(10)], seed=2)
+    out = predict_study(dev, ev, "a - b", window=4, draws=400).to_json()
+    assert out["target"] == "tv" and out["cells"] == 2
+    for o in out["models"][0]["observations"]:
+        assert o["error"]["level"] == pytest.approx(1 - 0.05 / 2)
+        for iv in o["supporting"].values():
+            assert iv["level"] == pytest.approx(0.95)
+        full = o["supporting"]["full_horizon_gap"]
+        narrower = full["hi"] - full["lo"]
+        # the same draws at 1 - alpha/k would be wider
+        wide = predict_study(dev, ev, "a - b", window=4, draws=400, alpha=0.025).to_json()
+        w = [x for x in wide["models"][0]["observations"]
+             if x["observation"] == o["observation"]][0]["supporting"]["full_horizon_gap"]
+        assert w["hi"] - w["lo"] >= narrower
+    # the target: rollout TV by default, the token mismatch on request
+    tv_gap = out["models"][0]["observations"][0]["supporting"]["full_horizon_gap"]["estimate"]
+    steps, reps = ev
+    tv = steps.groupby(["action", "stratum", "doc_id"])["delta"].mean()
+    per = tv.groupby(level=["action", "stratum"]).mean().groupby(level="action").mean()
+    assert tv_gap == pytest.approx(per["a"] - per["b"], abs=1e-12)
+    tokens = predict_study(dev, ev, "a - b", window=4, draws=400, target="tokens").to_json()
+    tok = reps.groupby(["action", "stratum", "doc_id"])["risk"].mean()
+    tper = tok.groupby(level=["action", "stratum"]).mean().groupby(level="action").mean()
+    assert tokens["target"] == "tokens"
+    assert tokens["models"][0]["observations"][0]["supporting"]["full_horizon_gap"][
+        "estimate"] == pytest.approx(tper["a"] - tper["b"], abs=1e-12)
+    with pytest.raises(ValueError, match="unknown target 'x'; allowed: tv, tokens"):
+        predict_study(dev, ev, "a - b", window=4, draws=10, target="x")
+
+
+def test_paper_bootstrap_defaults():
+    import inspect
+
+    from kvdrift.analysis.predict import predict_study
+
+    assert AnalysisOptions().bootstrap == 2000
+    assert AnalysisOptions(endpoints=("S99(a)",)).bootstrap == 10000
+    assert AnalysisOptions(bootstrap=500, endpoints=("S99(a)",)).bootstrap == 500
+    assert inspect.signature(predict_study).parameters["draws"].default == 10000
+
+
+def test_plan_costs_evaluations_from_the_targets_actions_only():
+    import pandas as pd
+
+    from kvdrift.analysis.plan import plan_study
+
+    rows = []
+    for action, evals in (("a", 6), ("b", 6), ("c", 60)):  # c is not in the target
+        for i in range(3):
+            for k in range(2):
+                rows.append(dict(model="m", doc_id=f"d{i}", stratum="s", action=action,
+                                 replicate=k, estimator="swrb", horizon=4,
+                                 risk=0.1 * i + 0.05 * k + (action == "a") * 0.1,
+                                 fixed_risk=np.nan, tau=2, evaluations=evals,
+                                 setup_seconds=1.0, replicate_seconds=0.5))
+    [m] = plan_study(pd.DataFrame(rows), "a - b", 0.1).to_json()["models"]
+    assert m["comparison"]["evaluations_per_replicate"]["swrb"] == 6.0

@@ -54,20 +54,34 @@ from kvdrift.analysis.strata import stratum_derived, stratum_results
 from kvdrift.analysis.task import SWRB_REASON, task_outcomes
 
 # Moved to kvdrift.analysis.quantities; re-exported for callers that import them from here.
-__all__ = ["CONTRAST_TERMS", "SCALARS", "AnalysisOptions", "analyze", "block_gap",
+__all__ = ["CONFIRMATORY_DRAWS", "CONTRAST_TERMS", "EXPLORATORY_DRAWS", "SCALARS",
+           "AnalysisOptions", "analyze", "block_gap",
            "contrast_terms", "derive", "position_blocks"]
+
+
+EXPLORATORY_DRAWS = 2000
+CONFIRMATORY_DRAWS = 10000
+"""The paper's bootstrap draws: 2,000 exploratory, 10,000 confirmatory (a study with
+prespecified endpoints, and ``predict``)."""
 
 
 @dataclass(frozen=True)
 class AnalysisOptions:
-    """How to turn records into conclusions."""
+    """How to turn records into conclusions.
 
-    bootstrap: int = 2000
+    ``bootstrap`` left None takes the paper's default: :data:`CONFIRMATORY_DRAWS` when the
+    study prespecifies endpoints, else :data:`EXPLORATORY_DRAWS`.
+    """
+
+    bootstrap: int | None = None
     alpha: float = 0.05
     endpoints: tuple[str, ...] = ()
     seed: int = 0
 
     def __post_init__(self) -> None:
+        if self.bootstrap is None:
+            object.__setattr__(self, "bootstrap", CONFIRMATORY_DRAWS if self.endpoints
+                               else EXPLORATORY_DRAWS)
         if isinstance(self.bootstrap, bool) or not isinstance(self.bootstrap, int) \
                 or self.bootstrap < 1:
             raise ValueError(f"bootstrap draws must be an integer >= 1; got {self.bootstrap!r}")
