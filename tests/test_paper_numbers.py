@@ -334,3 +334,28 @@ def test_plan_costs_evaluations_from_the_targets_actions_only():
                                  setup_seconds=1.0, replicate_seconds=0.5))
     [m] = plan_study(pd.DataFrame(rows), "a - b", 0.1).to_json()["models"]
     assert m["comparison"]["evaluations_per_replicate"]["swrb"] == 6.0
+
+
+# ------------------------------------------------------------------ report
+
+
+def test_report_has_the_papers_tables_and_figure7(study, tmp_path):
+    from kvdrift.analysis.predict import predict_study
+    from kvdrift.report import write_report
+    from kvdrift.report.paper import write_prediction_report
+
+    _, _, analysis = study
+    html = write_report(analysis, tmp_path).read_text(encoding="utf-8")
+    assert "The paper&#x27;s tables" in html or "The paper's tables" in html
+    for text in ("Table 1: saturation", "Table 2: the two clocks", "Study 1 headline",
+                 "P(&tau; &le; 16)", "&Delta;g = g<sub>last</sub>", "rollout-TV gap"):
+        assert text in html, text
+    assert (tmp_path / "figures" / "paper_figure7.png").stat().st_size > 0
+    assert 'id="fig-paper_figure7"' in html
+    dev = _tv_records([(f"d{i}", f"s{i % 2}") for i in range(12)], seed=1)
+    ev = _tv_records([(f"e{i}", f"s{i % 2}") for i in range(6)], seed=2)
+    result = predict_study(dev, ev, "a - b", window=4, draws=100)
+    write_prediction_report(result, tmp_path / "t4.html")
+    page = (tmp_path / "t4.html").read_text(encoding="utf-8")
+    assert "Table 4" in page and "full-H rollout-TV gap (pp, 95%)" in page
+    assert "error (pp, 97.5%)" in page

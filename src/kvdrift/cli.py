@@ -396,6 +396,8 @@ def predict(
     seed: int = typer.Option(0, help="Seed of the bootstrap."),
     target: str = typer.Option("tv", help="Full-horizon target: tv (rollout TV, the paper's) "
                                "or tokens (token-mismatch fraction)."),
+    report_path: Path | None = typer.Option(None, "--report", help="Also write the paper's "
+                                            "Table 4 as an HTML page here."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Predict a full-horizon contrast from short observations, calibrated on development
@@ -406,6 +408,10 @@ def predict(
         result = predict_directories(dev_dir, eval_dir, contrast, window=window, margin=margin,
                                      alpha=alpha, draws=bootstrap, seed=seed, target=target,
                                      on_cell=lambda m, o: status.update(f"{m} · {o}"))
+    if report_path is not None:
+        from kvdrift.report.paper import write_prediction_report
+
+        write_prediction_report(result, report_path)
     if as_json:
         print(_strict_json(result.to_json()))
         return

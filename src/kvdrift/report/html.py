@@ -167,9 +167,12 @@ def write_report(analysis: StudyAnalysis, out_dir: str | Path, *,
         if drawn is not None:
             figures.append((figure, Path(drawn)))
 
+    from kvdrift.report.paper import paper_section
+
     body = "\n".join([
         _what_was_run(analysis),
         _headline(analysis),
+        paper_section(analysis),
         _contrasts(analysis),
         _endpoints(analysis),
         _bounds(analysis),
