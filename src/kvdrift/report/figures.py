@@ -421,8 +421,10 @@ def plot_paper_figure7(analysis: StudyAnalysis, path: str | Path) -> Path | None
     """The paper's Figure 7: late-minus-early B(a) intervals per action (left; strict pre-EOS
     beside it when measured) and the EOS-stacked Delta(R_TV - F) of each contrast (right),
     its EOS share printed at the bar's end."""
-    actions = [a for a in analysis.actions if analysis.lags is not None  # rollouts only
-               and a.scalars.get("B") is not None and a.scalars["B"].defined]
+    if analysis.meta.estimator != "rollout" or analysis.lags is None:
+        return None  # B and the EOS split need complete rollouts
+    actions = [a for a in analysis.actions if a.scalars.get("B") is not None
+               and a.scalars["B"].defined]
     contrasts = list(analysis.eos_contrasts)
     if not actions and not contrasts:
         return None
