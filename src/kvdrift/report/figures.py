@@ -417,6 +417,15 @@ def plot_tokens_per_round(analysis: StudyAnalysis, path: str | Path) -> Path | N
     return _save(fig, path)
 
 
+def _bar_axes(ax, names: list[str], ylabel: str, title: str) -> None:
+    """A zero line, one tick per bar, a y label, a title and a light y grid."""
+    ax.axhline(0, color="0.3", lw=0.8)
+    ax.set_xticks(np.arange(len(names)), names, fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(axis="y", alpha=0.3)
+
+
 def plot_paper_figure7(analysis: StudyAnalysis, path: str | Path) -> Path | None:
     """The paper's Figure 7: late-minus-early B(a) intervals per action (left; strict pre-EOS
     beside it when measured) and the EOS-stacked Delta(R_TV - F) of each contrast (right),
@@ -439,11 +448,8 @@ def plot_paper_figure7(analysis: StudyAnalysis, path: str | Path) -> Path | None
         left.errorbar(np.arange(len(actions)) + offset, [100 * e[0] for e in ends],
                       yerr=np.array([_yerr(*e, scale=100) for e in ends]).T, fmt=marker,
                       capsize=3, label=name)
-    left.axhline(0, color="0.3", lw=0.8)
-    left.set_xticks(np.arange(len(actions)), labels, fontsize=8)
-    left.set_ylabel("late − early branch TV, B(a) (pp)")
-    left.set_title("Branch clock: B(a) = late − early")
-    left.grid(axis="y", alpha=0.3)
+    _bar_axes(left, labels, "late − early branch TV, B(a) (pp)",
+              "Branch clock: B(a) = late − early")
     if actions:
         left.legend(fontsize=8)
     names = []
@@ -458,11 +464,8 @@ def plot_paper_figure7(analysis: StudyAnalysis, path: str | Path) -> Path | None
                        ha="center", fontsize=8)
         names.append(f"{c.b} − {c.a}" if len(analysis.models) == 1
                      else f"{c.model}\n{c.b} − {c.a}")
-    right.axhline(0, color="0.3", lw=0.8)
-    right.set_xticks(np.arange(len(contrasts)), names, fontsize=8)
-    right.set_ylabel("Δ(R_TV − F) by EOS category (pp)")
-    right.set_title("EOS split of the difference (diamond: total)")
-    right.grid(axis="y", alpha=0.3)
+    _bar_axes(right, names, "Δ(R_TV − F) by EOS category (pp)",
+              "EOS split of the difference (diamond: total)")
     if contrasts:
         categories = list(contrasts[0].categories)
         right.legend(handles=[Patch(color=EOS_COLORS[r % len(EOS_COLORS)], label=c)
