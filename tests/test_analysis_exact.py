@@ -93,7 +93,8 @@ def hand(raw, action):
                               / H if tau_of(r, k) else 0.0))
     out["C"] = out["Pi"] / out["E"] if out["E"] > 0 else 0.0
     out["F"] = wmean(per_doc(raw, action, lambda r, k: r.f[k].mean().item()))
-    out["R_minus_F"] = out["R"] - out["F"]
+    out["R_tv"] = wmean(per_doc(raw, action, lambda r, k: r.delta[k].double().mean().item()))
+    out["R_minus_F"] = out["R_tv"] - out["F"]
     div = wmean(per_doc(raw, action, lambda r, k: float(tau_of(r, k) > 0)))
     out["p_diverge"] = div
     entry = wmean(per_doc(raw, action, lambda r, k: float(tau_of(r, k))))
@@ -122,7 +123,7 @@ def test_point_estimates_match_hand_computation(study):
     assert analysis["meta"]["replicates"] == K and analysis["meta"]["horizon"] == H
     for entry in analysis["actions"]:
         want = hand(raw, entry["action"])
-        for name in ("R", "O", "E", "Pi", "C", "F", "R_minus_F", "p_diverge", "S99"):
+        for name in ("R", "R_tv", "O", "E", "Pi", "C", "F", "R_minus_F", "p_diverge", "S99"):
             assert entry["scalars"][name]["estimate"] == pytest.approx(want[name], abs=1e-12), (
                 entry["action"], name)
         for name in ("mean_entry_time", "B"):

@@ -100,7 +100,7 @@ def test_endpoint_refusals_whole():
         parse_endpoint("B snapkv")
     with pytest.raises(ValueError, match=whole(
             "unknown statistic 'Q' in endpoint 'Q(a)'; allowed: p_diverge, mean_entry_time, R, "
-            "O, E, Pi, C, F, R_minus_F, S99, B, B_strict")):
+            "R_tv, O, E, Pi, C, F, R_minus_F, S99, B, B_strict")):
         parse_endpoint("Q(a)")
 
 

@@ -1,6 +1,7 @@
 """The command line: JSON output shape and one-line errors for bad input."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -147,7 +148,13 @@ def test_predict_json_and_table(cohorts):
     [model] = data["models"]
     for o in model["observations"]:
         assert set(o) >= {"selected", "error", "decision", "mae", "rmse", "supporting"}
-        assert set(o["error"]) == {"estimate", "lo", "hi"}
+        assert set(o["error"]) == {"estimate", "lo", "hi", "level"}
+        assert o["error"]["level"] == pytest.approx(1 - 0.05 / 2)  # family: 2 cells
+        assert {iv["level"] for iv in o["supporting"].values()} == {0.95}  # pointwise
+    assert data["target"] == "tv" and data["bootstrap"] == 200
+    report = Path(dev).parent / "table4.html"
+    assert runner.invoke(app, [*args, "--report", str(report)]).exit_code == 0
+    assert "Table 4" in report.read_text(encoding="utf-8")
     table = runner.invoke(app, args)
     assert table.exit_code == 0, table.output
     assert "positions 1..3" in table.stdout and "fixed history" in table.stdout

@@ -220,25 +220,31 @@ def test_swrb_never_wins_when_replicates_agree():
 
 
 def test_fixed_history_targets():
-    # R_minus_F is risk - fixed_risk per replicate; SWRB runs cannot plan it, rollouts compare
-    # with a reason instead of an SWRB plan
+    # R_minus_F is risk_tv - fixed_risk per replicate (rollout TV, as in the analysis); SWRB
+    # runs cannot plan it, rollouts compare with a reason instead of an SWRB plan
     reps = _replicates(PAIRED_A, PAIRED_B, ["s"] * 3)
+    with pytest.raises(ValueError, match=r"^R_minus_F needs the replicates' rollout TV "
+                       r"\(risk_tv\), which this development run predates; run it again with "
+                       "this kvdrift$"):
+        plan_study(reps, "R_minus_F(a)", 0.1)
+    reps["risk_tv"] = reps["risk"]
     reps["fixed_risk"] = np.where(reps["action"] == "a", reps["risk"] - np.tile([0, 1], 6),
                                   0.0)  # R - F = replicate index: within 1/2, between 0
     [m] = plan_study(reps, "R_minus_F(a)", 0.1).to_json()["models"]
     assert m["variance"]["within"] == pytest.approx(0.5) and m["variance"]["between"] == 0.0
     assert m["comparison"] == {"cheaper": "rollout", "assumption": None,
-                               "reason": "SWRB does not estimate fixed-history risk F"}
+                               "reason": "SWRB does not estimate fixed-history risk F or "
+                                         "rollout TV"}
     assert m["notes"] == ["the between-document variance estimate is 0 (floored): the plan keeps "
                           "the minimum of 2 documents per stratum and leans on replicates; more "
                           "development documents would firm it up"]
-    [f] = plan_study(reps, "R(a) - F(a)", 0.1).to_json()["models"]
+    [f] = plan_study(reps, "R_tv(a) - F(a)", 0.1).to_json()["models"]
     assert f["variance"] == m["variance"]
     reps["estimator"] = "swrb"
-    for target in ("F(a)", "R(a) - F(b)"):
+    for target in ("F(a)", "R(a) - F(b)", "R_tv(a)"):
         with pytest.raises(ValueError, match=r"^target '" + re.escape(target) + "' needs "
-                           "fixed-history risk F, which SWRB runs do not measure; plan it from "
-                           "a rollout development run$"):
+                           "complete rollouts \\(fixed-history risk F or rollout TV\\), which "
+                           "SWRB runs do not measure; plan it from a rollout development run$"):
             plan_study(reps, target, 0.1).to_json()
     assert plan_study(reps, "R(a)", 0.1).to_json()["models"][0]["estimator"] == "swrb"
 
@@ -300,7 +306,7 @@ def test_refusals_say_what_the_development_run_lacks():
             "(between-document variance)") + "$"):
         variance_components(np.zeros((2, 2)), np.array(["s", "t"]))
     with pytest.raises(ValueError, match="^" + re.escape(
-            "plan sizes document-level means; 'B' is not one; allowed: R, O, E, Pi, F, "
+            "plan sizes document-level means; 'B' is not one; allowed: R, R_tv, O, E, Pi, F, "
             "R_minus_F, p_diverge") + "$"):
         plan_study(reps, "R(a) - B(b)", 0.1).to_json()
     with pytest.raises(ValueError, match="^" + re.escape(

@@ -52,11 +52,13 @@ def _records(docs, actions=("a", "b"), K=2, H=4, model="m", seed=0, rate=0.4):
         for action in actions:
             for k in range(K):
                 m = rng.random(H) < rate
+                delta = np.clip(0.7 * m + 0.2 * rng.random(H), 0.0, 1.0)
                 eos_from = rng.integers(1, 2 * H)
                 tau = int(np.argmax(m)) + 1 if m.any() else 0
                 key = dict(model=model, doc_id=doc, stratum=stratum, action=action, replicate=k)
                 for t in range(1, H + 1):
-                    steps.append(key | dict(t=t, mismatch=bool(m[t - 1]), x_eos=t >= eos_from,
+                    steps.append(key | dict(t=t, mismatch=bool(m[t - 1]),
+                                            delta=float(delta[t - 1]), x_eos=t >= eos_from,
                                             y_eos=False))
                 reps.append(key | dict(estimator="rollout", horizon=H, risk=m.mean(),
                                        fixed_risk=rng.random(), tau=tau))
@@ -113,31 +115,31 @@ def test_cross_validation_selects_the_predictor_that_must_win(rule, winner):
         assert mse[winner] == pytest.approx(0.0, abs=1e-24)
 
 
-def test_ridge_predictor_uses_stratum_and_action_indicators_plus_features():
+def _cells(r, strata=("s1", "s2"), actions=("a", "b")):
+    """Stratum x action cell indicators, stratum-major (predict's design)."""
+    return [((r["stratum"] == s) & (r["action"] == a)).to_numpy(float)
+            for s in strata for a in actions]
+
+
+def test_ridge_predictor_uses_stratum_by_action_cells_plus_features():
     rows = _rows(10, lambda F, s, a: 0.1 + F * (s == "s1") + 0.05 * (a == "a"), seed=3)
     train, test = rows.iloc[:14], rows.iloc[14:]
     got = predict_rows("ridge", train, test, FIXED)
 
     def design(r):
-        return np.column_stack([r["stratum"] == "s1", r["stratum"] == "s2", r["action"] == "a",
-                                r["action"] == "b", r["F"]]).astype(float)
+        return np.column_stack(_cells(r) + [r["F"].to_numpy(float)])
 
     want = fit_ridge(design(train), train["R"].to_numpy(), alpha=10.0).predict(design(test))
     np.testing.assert_allclose(got, want, rtol=1e-12)
 
 
-def test_unseen_strata_get_the_average_stratum_effect():
+def test_unseen_strata_get_the_average_over_training_strata():
     rows = _rows(10, lambda F, s, a: 0.1 + 0.3 * (s == "s1") + 0.2 * F, seed=4)
     test = rows.iloc[:2].assign(stratum="new")
     got = predict_rows("ridge", rows, test, FIXED)
-    fit = fit_ridge(np.column_stack([rows["stratum"] == "s1", rows["stratum"] == "s2",
-                                     rows["action"] == "a", rows["action"] == "b",
-                                     rows["F"]]).astype(float), rows["R"].to_numpy(), 10.0)
-    # Stratum columns at their training means contribute nothing after centring.
-    want = fit.intercept + fit.coef[2:] @ ((np.column_stack(
-        [test["action"] == "a", test["action"] == "b", test["F"]]).astype(float)
-        - fit.centre[2:]) / fit.scale[2:]).T
-    np.testing.assert_allclose(got, want, rtol=1e-12)
+    # the model is affine: the average of the test rows placed in each training stratum
+    each = [predict_rows("ridge", rows, test.assign(stratum=s), FIXED) for s in ("s1", "s2")]
+    np.testing.assert_allclose(got, np.mean(each, axis=0), rtol=1e-12)
     cell = predict_rows("cell_mean", rows, test, FIXED)  # falls back to the action's mean
     np.testing.assert_allclose(cell, rows.groupby("action")["R"].mean()[["a", "b"]].to_numpy())
 
@@ -345,21 +347,24 @@ def test_predict_study_fields_defaults_and_wiring():
     [model] = out.pop("models")
     assert out == {"contrast": "a - b", "window": 32, "margin": 0.02, "alpha": 0.05,
                    "alpha_adjusted": 0.025, "cells": 2, "folds": 6, "ridge_alpha": 10.0,
-                   "bootstrap": 2000}
+                   "bootstrap": 10000, "target": "tv"}
     assert calls == [("m", "fixed history (F)"), ("m", "positions 1..32")]
     observations = model.pop("observations")
     assert model == {"model": "m", "development_documents": 6, "evaluation_documents": 6,
                      "notes": ["evaluation strata with a single document (w, x) contribute no "
                                "between-document variation, so intervals understate "
                                "uncertainty"]}
+    # the default target is the rollout TV; supporting contrasts at 1 - alpha (pointwise)
     d_obs = document_observations(*dev, 32)
     e_obs = document_observations(*ev, 32)
+    d_obs, e_obs = d_obs.assign(R=d_obs["R_tv"]), e_obs.assign(R=e_obs["R_tv"])
     for got, obs in zip(observations, observation_types(32), strict=True):
-        assert got == evaluate(d_obs, e_obs, obs, C, margin=0.02, alpha=0.025, draws=2000,
-                               seed=0).to_json()
+        assert got == evaluate(d_obs, e_obs, obs, C, margin=0.02, alpha=0.025, draws=10000,
+                               seed=0, support_alpha=0.05).to_json()
     # the same with every default spelled out, and folds passed through
-    assert predict_study(dev, ev, "a - b", window=32, margin=0.02, alpha=0.05, draws=2000,
-                         seed=0).to_json()["models"][0]["observations"] == observations
+    assert predict_study(dev, ev, "a - b", window=32, margin=0.02, alpha=0.05, draws=10000,
+                         seed=0, target="tv").to_json()["models"][0]["observations"] \
+        == observations
     three = predict_study(dev, ev, "a - b", draws=100, folds=3).to_json()
     assert three["folds"] == 3
     assert three["models"][0]["observations"][0]["cv_mse"] == cross_validate(

@@ -321,7 +321,7 @@ def test_summary_table_renders(analysis):
     text = console.export_text()
     for name in ACTIONS + MODELS:
         assert name in text
-    assert "R−F" in text and "P(τ≤32)" in text and "(pp)" in text
+    assert "R_TV−F" in text and "R_TV" in text and "P(τ≤32)" in text and "(pp)" in text
     r = make_analysis()["actions"][0]["scalars"]["R"]
     est, interval = interval_text(iv(r), 100, digits=1).split(" ", 1)
     assert est in text and interval in text  # intervals survive (no markup eaten)
@@ -435,10 +435,11 @@ def test_run_table_marks_unmeasured_quantities():
 
     # F and the readings along X (KL, acceptance, tokens per round) of SWRB are not measured;
     # there is no entry time without divergence
-    assert cells("snapkv-half") == ["m", "snapkv-half", "3", "50.0%", "4.5", "10.00%", "2.00%",
-                                    "40.00%", "8.00%", "101.2%", "—", "—", "—", "—"]
-    assert cells("full")[4:] == ["—", "0.00%", "0.00%", "0.00%", "0.00%", "0.0%", "—", "—",
-                                 "—", "—"]
+    # SWRB has no rollout-TV risk either (it follows no complete branch pair)
+    assert cells("snapkv-half") == ["m", "snapkv-half", "3", "50.0%", "4.5", "10.00%", "—",
+                                    "2.00%", "40.00%", "8.00%", "101.2%", "—", "—", "—", "—"]
+    assert cells("full")[4:] == ["—", "0.00%", "—", "0.00%", "0.00%", "0.00%", "0.0%", "—",
+                                 "—", "—", "—"]
     assert "ratio" in text and "[0, 1]" in text
     console = Console(record=True, width=200)
     console.print(run_table(rows[:1], estimator="rollout"))

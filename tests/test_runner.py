@@ -55,7 +55,8 @@ def test_records_and_summary_match_exact(tmp_path):
             se = mine[column].std(ddof=1) / np.sqrt(len(mine))
             assert abs(got - value) < 4.5 * se, (action, column)
         assert s.R == pytest.approx(s.O + s.E * s.C)
-        assert s.R_minus_F == pytest.approx(s.R - s.F)
+        assert s.R_minus_F == pytest.approx(s.R_tv - s.F)
+        assert abs(s.R_tv - truth.R) < 4.5 * mine["risk_tv"].std(ddof=1) / np.sqrt(len(mine))
 
 
 def test_swrb_through_the_runner(tmp_path):

@@ -18,7 +18,7 @@ def base(**study):
 
 
 @pytest.mark.parametrize("name", ["paper-study1", "paper-study2", "cpu-demo", "cpu-dev",
-                                  "cpu-eval"])
+                                  "cpu-eval", "cpu-replication"])
 def test_shipped_configs_parse(name):
     config = load_study(CONFIGS / f"{name}.toml")
     assert config.name == name and config.models and config.run.actions

@@ -110,14 +110,15 @@ def finite_state(systems: int = 24, replicates: int = 512, horizon: int = 3,
 
 
 def predict(dev: str | Path, evaluation: str | Path, contrast: str, *, window: int = 32,
-            margin: float = 0.02, alpha: float = 0.05, bootstrap: int = 2000,
-            seed: int = 0) -> PredictionResult:
+            margin: float = 0.02, alpha: float = 0.05, bootstrap: int = 10000,
+            seed: int = 0, target: str = "tv") -> PredictionResult:
     """Predict a full-horizon contrast (``"R(a) - R(b)"``) from positions 1..window,
-    calibrated on the development directory and checked on the evaluation one."""
+    calibrated on the development directory and checked on the evaluation one. ``target``:
+    ``"tv"`` (rollout TV, the paper's) or ``"tokens"`` (token mismatch)."""
     from kvdrift.analysis.directory import predict_directories
 
     return predict_directories(dev, evaluation, contrast, window=window, margin=margin,
-                               alpha=alpha, draws=bootstrap, seed=seed)
+                               alpha=alpha, draws=bootstrap, seed=seed, target=target)
 
 
 def plan(dev: str | Path, target: str, halfwidth: float, alpha: float = 0.05) -> PlanResult:

@@ -12,7 +12,7 @@ import pandas as pd
 from kvdrift.analysis.plan import PlanResult, plan_study
 from kvdrift.analysis.predict import PredictionResult, predict_study
 from kvdrift.analysis.results import StudyAnalysis
-from kvdrift.analysis.study import AnalysisOptions, analyze
+from kvdrift.analysis.study import CONFIRMATORY_DRAWS, AnalysisOptions, analyze
 from kvdrift.run.store import RunStore
 
 
@@ -76,7 +76,7 @@ def load_records(path: str | Path, steps: list[str] | None = None,
 
 
 PREDICT_STEP_COLUMNS = ["model", "doc_id", "stratum", "action", "replicate", "t", "mismatch",
-                        "x_eos", "y_eos"]
+                        "x_eos", "y_eos", "delta"]
 PREDICT_REPLICATE_COLUMNS = ["model", "doc_id", "stratum", "action", "replicate", "estimator",
                              "horizon", "risk", "fixed_risk", "tau"]
 
@@ -93,14 +93,14 @@ def cohort_records(path: str | Path, role: str) -> Records:
 
 def predict_directories(dev: str | Path, evaluation: str | Path, contrast: str, *,
                         window: int = 32, margin: float = 0.02, alpha: float = 0.05,
-                        draws: int = 2000, seed: int = 0,
+                        draws: int = CONFIRMATORY_DRAWS, seed: int = 0, target: str = "tv",
                         on_cell: Callable[[str, str], None] | None = None) -> PredictionResult:
     """:func:`~kvdrift.analysis.predict.predict_study` on a development and an evaluation
     directory (their temperatures are read from their configurations and must agree)."""
     d, e = cohort_records(dev, "development"), cohort_records(evaluation, "evaluation")
     return predict_study((d.steps, d.replicates), (e.steps, e.replicates), contrast,
                          window=window, margin=margin, alpha=alpha, draws=draws, seed=seed,
-                         on_cell=on_cell, temperatures=(d.config.get("temperature"),
+                         target=target, on_cell=on_cell, temperatures=(d.config.get("temperature"),
                                                         e.config.get("temperature")))
 
 

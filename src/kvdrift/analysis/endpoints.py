@@ -11,8 +11,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-ENDPOINT_STATS = ("p_diverge", "mean_entry_time", "R", "O", "E", "Pi", "C", "F", "R_minus_F",
-                  "S99", "B", "B_strict")
+ENDPOINT_STATS = ("p_diverge", "mean_entry_time", "R", "R_tv", "O", "E", "Pi", "C", "F",
+                  "R_minus_F", "S99", "B", "B_strict")
 _TERM = r"\s*([A-Za-z_0-9]+)\s*\(\s*([^()]+?)\s*\)\s*"
 _PATTERN = re.compile(rf"^{_TERM}(?:-{_TERM})?$")
 _SHORTHAND = re.compile(r"^\s*([^()\s]+)\s+-\s+([^()\s]+)\s*$")  # "a - b": R(a) - R(b)

@@ -6,8 +6,9 @@ branches), positions fall into ``S_0 = {t < e}`` (pre-EOS), ``S_1 = {t = e}`` (f
 :func:`kvdrift.analysis.features.eos_categories`. Per action
 ``G_r = (1/H) E[sum_{t in S_r} (delta_t - f_t)]``; between two actions
 ``Delta(R - F) = sum_r Delta G_r``, its pre-EOS component ``Delta G_0`` and the EOS share
-``(Delta G_1 + Delta G_2 + Delta G_3) / Delta(R - F)``. Here ``R`` is the branch-aligned form
-``(1/H) sum_t E[delta_t]``, equal in expectation to the headline ``R`` (built from ``I_t``).
+``(Delta G_1 + Delta G_2 + Delta G_3) / Delta(R - F)``. Here ``R`` is the rollout-TV risk
+``R_tv = (1/H) sum_t E[delta_t]`` (the paper's reading), equal in expectation to the headline
+``R`` (built from ``I_t``); the components sum exactly to the actions' ``R_minus_F = R_tv - F``.
 
 Inputs are weighted means of the features ``eos_R`` and ``eos_F`` (``[..., 4]``, leading axes:
 bootstrap draws); the same counts for both actions pair the contrast.

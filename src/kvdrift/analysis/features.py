@@ -64,6 +64,13 @@ def eos_categories(x_eos: np.ndarray, y_eos: np.ndarray) -> np.ndarray:
     return cat
 
 
+def _replicate_variance(values: np.ndarray) -> np.ndarray:
+    """Per-document sample variance over replicates (``[n, K]`` -> ``[n, 1]``; NaN if K < 2)."""
+    if values.shape[1] < 2:
+        return np.full((values.shape[0], 1), np.nan)
+    return values.var(axis=1, ddof=1)[:, None]
+
+
 def _cube(steps: pd.DataFrame, column: str, n_docs: int, K: int, H: int) -> np.ndarray:
     return steps[column].to_numpy().reshape(n_docs, K, H)
 
@@ -114,6 +121,14 @@ def action_features(
     tau = reps["tau"].to_numpy().reshape(n, K)
     t = np.arange(1, H + 1)
     cols["expected_delta"] = delta.mean(axis=1)
+    # Rollout TV per replicate, (1/H) sum_t delta_t (the records' risk_tv, recomputed here so
+    # that stores written before that column read the same): E = R, and as E[D_H | deltas]
+    # it never has the larger variance. Within-document (replicate) variances of both.
+    risk_tv = delta.mean(axis=2)  # [n, K]
+    risk = reps["risk"].to_numpy(dtype=np.float64).reshape(n, K)
+    cols["risk_tv"] = risk_tv.mean(axis=1)[:, None]
+    cols["risk_var"] = _replicate_variance(risk)
+    cols["risk_tv_var"] = _replicate_variance(risk_tv)
     cols["timing"] = (diverged(tau)[..., None] & (tau[..., None] <= t)).mean(axis=1)
     cols["saturation"] = (delta > SATURATION).mean(axis=(1, 2))[:, None]
     cat = eos_categories(x_eos, y_eos)

@@ -38,6 +38,24 @@ class LagWindows:
         return {"max_entry": self.max_entry, "lags": list(range(1, self.lags + 1)),
                 "early": list(self.early), "late": list(self.late)}
 
+    def window_gap(self, num: np.ndarray, den: np.ndarray) -> np.ndarray:
+        """``B = b_late - b_early`` with one ratio per window (paper, section 5.5).
+
+        ``b_J = E[sum_{j in J} 1{cohort, valid} delta_{tau+j}] / E[sum_{j in J} 1{cohort,
+        valid}]`` from the lag terms ``num``, ``den`` (``[..., lags]``, see :func:`lag_terms`).
+        Where every lag of a window has the same support (the cohort without EOS truncation)
+        this equals :meth:`gap` of the per-lag profile; under the strict pre-EOS variant the
+        support shrinks with the lag and the mean of per-lag ratios would weigh a lag's few
+        surviving trajectories like many.
+        """
+        def block(lo: int, hi: int) -> np.ndarray:
+            n = np.asarray(num)[..., lo - 1:hi].sum(axis=-1)
+            d = np.asarray(den)[..., lo - 1:hi].sum(axis=-1)
+            out = np.full(np.broadcast_shapes(n.shape, d.shape), np.nan)
+            return np.divide(n, d, out=out, where=d > 0)
+
+        return block(*self.late) - block(*self.early)
+
     def gap(self, profile: np.ndarray) -> np.ndarray:
         """``B = mean(late) - mean(early)`` over the last axis of ``profile`` (``[..., lags]``)."""
         early = profile[..., self.early[0] - 1:self.early[1]]

@@ -1,7 +1,9 @@
 """Short observations of a document and its full-horizon target, for aggregate prediction.
 
-One row per (model, document, action), each a replicate mean: the target ``R`` (the
-mismatch fraction over all H positions) and what cheaper observations see of it. Two
+One row per (model, document, action), each a replicate mean: the full-horizon targets ``R``
+(the mismatch fraction over all H positions) and ``R_tv`` (the rollout TV ``(1/H) sum_t
+delta_t``, the paper's Table 4 target; NaN where the records hold no ``delta``), and what
+cheaper observations see of them. Two
 observation types, as in the method's calibration study:
 
 - fixed history: ``F``, the fixed-history risk over the full horizon;
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 
 
@@ -39,7 +42,8 @@ def observation_types(window: int) -> tuple[Observation, ...]:
 def document_observations(
     steps: pd.DataFrame, replicates: pd.DataFrame, window: int
 ) -> pd.DataFrame:
-    """Rows ``(model, doc_id, stratum, action)`` with ``R`` and every observation's columns.
+    """Rows ``(model, doc_id, stratum, action)`` with ``R``, ``R_tv`` and every observation's
+    columns.
 
     Needs complete coupled rollouts (SWRB follows no fixed-history path and branches late).
     """
@@ -56,8 +60,16 @@ def document_observations(
         mismatch_sum=("mismatch", "sum"), eos_x_W=("x_eos", "any"), eos_y_W=("y_eos", "any"))
     reps = replicates.set_index(keys)[["risk", "fixed_risk", "tau"]]
     per_rep = per_rep.join(reps, how="inner")
+    if "delta" in steps:
+        tv = steps.groupby(keys)["delta"].sum() / H
+    elif "risk_tv" in replicates:
+        tv = replicates.set_index(keys)["risk_tv"]
+    else:
+        tv = pd.Series(np.nan, index=per_rep.index)
+    per_rep = per_rep.join(tv.rename("risk_tv"), how="left")
     out = pd.DataFrame({
         "R": per_rep["risk"],
+        "R_tv": per_rep["risk_tv"],
         "F": per_rep["fixed_risk"],
         "mismatch_W": per_rep["mismatch_sum"] / H,
         "diverged_W": (per_rep["tau"] >= 1) & (per_rep["tau"] <= window),

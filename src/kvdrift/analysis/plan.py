@@ -35,10 +35,10 @@ from kvdrift.analysis.endpoints import parse_endpoint
 from kvdrift.analysis.features import single_value
 from kvdrift.divergence import diverged
 
-PLAN_STATS = {"R": ("risk",), "O": ("occurrence",), "E": ("exposure",), "Pi": ("occupation",),
-              "F": ("fixed_risk",), "R_minus_F": ("risk", "fixed_risk"),
-              "p_diverge": ("divergence_mass",)}
-NEEDS_ROLLOUTS = ("F", "R_minus_F")  # SWRB follows no fixed-history path
+PLAN_STATS = {"R": ("risk",), "R_tv": ("risk_tv",), "O": ("occurrence",),
+              "E": ("exposure",), "Pi": ("occupation",), "F": ("fixed_risk",),
+              "R_minus_F": ("risk_tv", "fixed_risk"), "p_diverge": ("divergence_mass",)}
+NEEDS_ROLLOUTS = ("F", "R_minus_F", "R_tv")  # SWRB follows no fixed-history path
 MIN_DOCUMENTS = 2  # per stratum: fewer carries no between-document variation
 MAX_REPLICATES = 4096
 
@@ -205,6 +205,9 @@ def swrb_evaluations(horizon: int, tau: np.ndarray) -> float:
 def _values(reps: pd.DataFrame, stat: str, action: str) -> pd.DataFrame:
     cols = PLAN_STATS[stat]
     sub = reps[reps["action"] == action]
+    if "risk_tv" in cols and ("risk_tv" not in sub or sub["risk_tv"].isna().all()):
+        raise ValueError(f"{stat} needs the replicates' rollout TV (risk_tv), which this "
+                         "development run predates; run it again with this kvdrift")
     value = sub[cols[0]]
     if len(cols) > 1:
         value = value - sub[cols[1]]
@@ -247,8 +250,9 @@ def plan_study(replicates: pd.DataFrame, target: str, halfwidth_target: float,
         e, values = _target_values(reps, target, actions)
         needs_rollouts = any(s in NEEDS_ROLLOUTS for s in (e.stat, *(e.minus or ())))
         if measured == "swrb" and needs_rollouts:
-            raise ValueError(f"target {e.text!r} needs fixed-history risk F, which SWRB runs do "
-                             "not measure; plan it from a rollout development run")
+            raise ValueError(f"target {e.text!r} needs complete rollouts (fixed-history risk F "
+                             "or rollout TV), which SWRB runs do not measure; plan it from a "
+                             "rollout development run")
         strata = reps.drop_duplicates("doc_id").set_index("doc_id")["stratum"]
         v = variance_components(values.to_numpy(), strata.loc[values.index].to_numpy())
         units = reps[reps["action"].isin(e.actions)]
@@ -256,7 +260,7 @@ def plan_study(replicates: pd.DataFrame, target: str, halfwidth_target: float,
         setup = float(per_unit.groupby("action")["setup_seconds"].mean().sum())
         per_rep = float(units.groupby("action")["replicate_seconds"].mean().sum())
         H = int(single_value(reps, "horizon"))
-        evals = float(reps["evaluations"].mean())
+        evals = float(units["evaluations"].mean())  # the target's actions only
         if measured == "rollout":
             other_evals = swrb_evaluations(H, units["tau"].to_numpy())
         else:
@@ -271,7 +275,8 @@ def plan_study(replicates: pd.DataFrame, target: str, halfwidth_target: float,
             notes.append(f"K reached the search limit {MAX_REPLICATES}")
         if needs_rollouts:  # measured by rollouts (SWRB runs were refused above)
             comparison = EstimatorComparison(
-                "rollout", None, reason="SWRB does not estimate fixed-history risk F")
+                "rollout", None, reason="SWRB does not estimate fixed-history risk F or "
+                                        "rollout TV")
         else:
             comparison = _compare(v, halfwidth_target, setup, per_rep, z, measured, evals,
                                   other_evals)

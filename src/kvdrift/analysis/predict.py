@@ -1,23 +1,28 @@
 """Aggregate prediction of a full-horizon contrast from short observations (method, section 9).
 
-Development and evaluation documents are disjoint. For each observation type
-(:mod:`kvdrift.analysis.observations`), six-fold cross-validation over development
-documents picks, among three predictors of a document's per-action risk ``R``, the one
-with the lowest document-level mean squared error of the paired contrast
+Development and evaluation documents are disjoint. The target is each document's per-action
+full-horizon risk: by default the rollout TV ``R_tv = (1/H) sum_t delta_t`` (``target="tv"``,
+the paper's Table 4 "full-H rollout-TV gap"), or the token-mismatch fraction ``R``
+(``target="tokens"``). For each observation type (:mod:`kvdrift.analysis.observations`),
+six-fold cross-validation over development documents picks, among three predictors of the
+target, the one with the lowest document-level mean squared error of the paired contrast
 ``R(a) - R(b)``:
 
-- ``cell_mean``: the mean ``R`` of training documents in the same stratum and action
+- ``cell_mean``: the mean target of training documents in the same stratum and action
   (the action's mean where the stratum has no training document);
 - ``flat``: the observation itself, uncalibrated (``F``, or the window's mean mismatch);
-- ``ridge``: :func:`kvdrift.analysis.ridge.fit_ridge` (alpha = 10) on stratum and action
-  indicators plus the observation's features (a stratum without training documents gets
-  the training average of the stratum indicators, i.e. no stratum effect).
+- ``ridge``: :func:`kvdrift.analysis.ridge.fit_ridge` (alpha = 10) on stratum x action cell
+  indicators plus the observation's features, so that ridge holds the cell-mean predictor
+  as a special case and can predict a contrast that differs by stratum (a stratum without
+  training documents gets the average over training strata of its action's cells).
 
 Each action's prediction is clipped to [0, 1] before the contrast. The selected predictor,
 refitted on all development documents, predicts the evaluation documents; the error
 ``e = Delta R - predicted Delta R`` (strata weighted equally) gets a document-bootstrap
 interval at level ``1 - alpha/k`` (k = models x observation types), an equivalence
-decision against a margin, and document-level MAE and RMSE.
+decision against a margin, and document-level MAE and RMSE. The supporting contrasts (the
+full-horizon gap, the observed gap and their difference) are descriptive: pointwise
+intervals at ``1 - alpha`` (the paper's Table 4: 95%).
 """
 
 from __future__ import annotations
@@ -45,6 +50,12 @@ PREDICTORS = ("cell_mean", "flat", "ridge")
 FOLDS = 6
 RIDGE_ALPHA = 10.0
 DECISIONS = ("Equivalent", "Not equivalent", "Unresolved")
+TARGETS = {"tv": "R_tv", "tokens": "R"}
+"""``--target``: the observation column each reads (rollout TV, the default, or mismatch)."""
+
+
+def _with_level(iv: Interval) -> dict:
+    return iv.to_json() | {"level": iv.level}
 
 
 @dataclass(frozen=True)
@@ -85,9 +96,9 @@ class ObservationResult:
     def to_json(self) -> dict:
         return {"observation": self.observation, "label": self.label,
                 "selected": self.selected, "cv_mse": dict(self.cv_mse),
-                "error": self.error.to_json(), "decision": self.decision, "mae": self.mae,
+                "error": _with_level(self.error), "decision": self.decision, "mae": self.mae,
                 "rmse": self.rmse,
-                "supporting": {k: v.to_json() for k, v in self.supporting.items()}}
+                "supporting": {k: _with_level(v) for k, v in self.supporting.items()}}
 
 
 @dataclass(frozen=True)
@@ -121,10 +132,12 @@ class PredictionResult:
     ridge_alpha: float
     bootstrap: int
     models: tuple[ModelPrediction, ...]
+    target: str = "tv"
 
     def to_json(self) -> dict:
         """The structure ``kvdrift predict --json`` prints."""
-        return {"contrast": self.contrast, "window": self.window, "margin": self.margin,
+        return {"contrast": self.contrast, "target": self.target, "window": self.window,
+                "margin": self.margin,
                 "alpha": self.alpha, "alpha_adjusted": self.alpha_adjusted,
                 "cells": self.cells, "folds": self.folds, "ridge_alpha": self.ridge_alpha,
                 "bootstrap": self.bootstrap, "models": [m.to_json() for m in self.models]}
@@ -165,8 +178,18 @@ def assign_folds(doc_ids: np.ndarray, strata: np.ndarray, folds: int = FOLDS) ->
 
 def _design(rows: pd.DataFrame, strata: list[str], actions: list[str],
             obs: Observation) -> np.ndarray:
-    ind = [(rows["stratum"] == s).to_numpy(float) for s in strata]
-    ind += [(rows["action"] == a).to_numpy(float) for a in actions]
+    """Stratum x action cell indicators (stratum-major), then the observation's features.
+
+    A row whose stratum is not in ``strata`` gets ``1 / len(strata)`` in each cell of its
+    action: its prediction is the average over training strata (the model is affine).
+    """
+    known = rows["stratum"].isin(strata).to_numpy()
+    ind = []
+    for s in strata:
+        for a in actions:
+            is_action = (rows["action"] == a).to_numpy(float)
+            ind.append(np.where(known, is_action * (rows["stratum"] == s).to_numpy(float),
+                                is_action / len(strata)))
     return np.column_stack(ind + [rows[f].to_numpy(float) for f in obs.features])
 
 
@@ -187,10 +210,7 @@ def predict_rows(name: str, train: pd.DataFrame, test: pd.DataFrame,
         actions = sorted(train["action"].unique())
         fit = fit_ridge(_design(train, strata, actions, obs), train["R"].to_numpy(float),
                         RIDGE_ALPHA)
-        X = _design(test, strata, actions, obs)
-        unseen = ~test["stratum"].isin(strata).to_numpy()
-        X[unseen, :len(strata)] = fit.centre[:len(strata)]  # an unseen stratum: the average
-        return fit.predict(X)
+        return fit.predict(_design(test, strata, actions, obs))
     raise ValueError(f"unknown predictor {name!r}; allowed: {', '.join(PREDICTORS)}")
 
 
@@ -252,8 +272,12 @@ def _intervals(columns: dict[str, pd.Series], docs: pd.DataFrame, alpha: float, 
 
 def evaluate(dev: pd.DataFrame, ev: pd.DataFrame, obs: Observation, c: ActionContrast, *,
              margin: float, alpha: float, draws: int, seed: int,
-             folds: int = FOLDS) -> ObservationResult:
-    """CV selection on ``dev``, then the selected predictor's error on ``ev`` (one model)."""
+             folds: int = FOLDS, support_alpha: float | None = None) -> ObservationResult:
+    """CV selection on ``dev``, then the selected predictor's error on ``ev`` (one model).
+
+    The error interval is at ``1 - alpha`` (the caller's family-adjusted level); the
+    supporting contrasts at ``1 - support_alpha`` (pointwise; default: ``alpha``).
+    """
     mse = cross_validate(dev, obs, c, folds)
     chosen = select(mse)
     actual = _contrast_table(ev, ev["R"].to_numpy(float), c)
@@ -261,9 +285,10 @@ def evaluate(dev: pd.DataFrame, ev: pd.DataFrame, obs: Observation, c: ActionCon
     observed = _contrast_table(ev, ev[obs.flat].to_numpy(float), c)
     gap = "fixed_history_gap" if obs.name == "fixed_history" else "flat_extrapolation_gap"
     minus = "full_minus_fixed" if obs.name == "fixed_history" else "full_minus_flat"
-    stats = _intervals({"error": error, "full_horizon_gap": actual, gap: observed,
-                        minus: actual - observed}, _docs(ev), alpha, draws, seed)
-    err = stats.pop("error")
+    docs = _docs(ev)
+    err = _intervals({"error": error}, docs, alpha, draws, seed)["error"]
+    stats = _intervals({"full_horizon_gap": actual, gap: observed, minus: actual - observed},
+                       docs, alpha if support_alpha is None else support_alpha, draws, seed)
     return ObservationResult(
         obs.name, obs.label, chosen, mse, err, equivalence(err.lo, err.hi, margin),
         float(error.abs().mean()), float(np.sqrt((error ** 2).mean())), stats)
@@ -306,13 +331,17 @@ def predict_study(
     window: int = 32,
     margin: float = 0.02,
     alpha: float = 0.05,
-    draws: int = 2000,
+    draws: int = 10000,
     seed: int = 0,
     folds: int = FOLDS,
     on_cell: Callable[[str, str], None] | None = None,
     temperatures: tuple[float | None, float | None] = (None, None),
+    target: str = "tv",
 ) -> PredictionResult:
     """The whole prediction analysis; records are (steps, replicates).
+
+    ``target``: ``"tv"`` (rollout TV, the paper's, default) or ``"tokens"`` (mismatch
+    fraction); ``draws`` defaults to the paper's confirmatory 10,000.
 
     ``temperatures`` are the development and evaluation runs' sampling temperatures (from
     their run metadata; None: unknown); cohorts at different temperatures are refused.
@@ -326,8 +355,16 @@ def predict_study(
                          "one temperature")
     if not 0 < alpha < 1:
         raise ValueError(f"alpha must be within (0, 1); got {alpha}")
+    if target not in TARGETS:
+        raise ValueError(f"unknown target {target!r}; allowed: {', '.join(TARGETS)}")
     dev = _complete(document_observations(*dev_records, window))
     ev = _complete(document_observations(*eval_records, window))
+    column = TARGETS[target]
+    for rows, role in ((dev, "development"), (ev, "evaluation")):
+        if rows[column].isna().any():
+            raise ValueError(f"the {role} records hold no per-step delta, which the rollout-"
+                             "TV target needs; pass target 'tokens' (--target tokens)")
+    dev, ev = dev.assign(R=dev[column]), ev.assign(R=ev[column])
     horizons = {int(dev_records[1]["horizon"].max()), int(eval_records[1]["horizon"].max())}
     if len(horizons) != 1:
         raise ValueError(f"the cohorts have different horizons H: {sorted(horizons)}")
@@ -352,9 +389,9 @@ def predict_study(
                 on_cell(model, obs.label)
             observations.append(
                 evaluate(d, e, obs, c, margin=margin, alpha=level, draws=draws, seed=seed,
-                         folds=folds))
+                         folds=folds, support_alpha=alpha))
         results.append(ModelPrediction(model, int(d["doc_id"].nunique()),
                                        int(e["doc_id"].nunique()), tuple(observations),
                                        tuple(notes)))
     return PredictionResult(c.text, window, margin, alpha, level, k, folds, RIDGE_ALPHA, draws,
-                            tuple(results))
+                            tuple(results), target)

@@ -16,10 +16,15 @@ from kvdrift.analysis.interval import Interval
 from kvdrift.analysis.lags import LagWindows
 from kvdrift.analysis.results import ContrastResult, Curve
 
-SCALARS = ("p_diverge", "mean_entry_time", "R", "O", "E", "Pi", "C", "F", "R_minus_F", "S99",
-           "B", "B_strict")
-CONTRAST_TERMS = ("dR", "dO", "dE", "dC", "occurrence_term", "exposure_term", "rate_term",
-                  "exposure_share")
+SCALARS = ("p_diverge", "mean_entry_time", "R", "R_tv", "O", "E", "Pi", "C", "F", "R_minus_F",
+           "S99", "B", "B_strict", "var_R", "var_R_tv", "var_ratio")
+"""Scalars per action. ``R`` is the token-mismatch risk (the decomposition ``R = O + E C`` is
+on it); ``R_tv`` the rollout-TV risk ``(1/H) sum_t E[delta_t]`` (same expectation, never a
+larger variance; NaN under SWRB); ``R_minus_F = R_tv - F`` as in the paper, so the EOS split
+sums to it. ``var_R`` / ``var_R_tv``: within-document variance of one replicate's value,
+averaged over documents (strata equally weighted); ``var_ratio = var_R / var_R_tv``."""
+CONTRAST_TERMS = ("dR", "dR_tv", "dO", "dE", "dC", "occurrence_term", "exposure_term",
+                  "rate_term", "exposure_share")
 
 
 def ratio(num: np.ndarray, den: np.ndarray, defined: np.ndarray | None = None) -> np.ndarray:
@@ -39,12 +44,16 @@ def derive(m: dict[str, np.ndarray], windows: LagWindows | None) -> dict[str, np
     occ, exp_, pi = m["occurrence"][..., 0], m["exposure"][..., 0], m["occupation"][..., 0]
     R = occ + pi
     F = m["fixed_risk"][..., 0]
+    R_tv = m["risk_tv"][..., 0] if "risk_tv" in m else _nan(lead)
+    var_R = m["risk_var"][..., 0] if "risk_var" in m else _nan(lead)
+    var_tv = m["risk_tv_var"][..., 0] if "risk_tv_var" in m else _nan(lead)
     out = {
         "p_diverge": m["divergence_mass"][..., 0],
         "mean_entry_time": ratio(m["entry_time_mass"][..., 0], m["divergence_mass"][..., 0]),
-        "R": R, "O": occ, "E": exp_, "Pi": pi,
+        "R": R, "R_tv": R_tv, "O": occ, "E": exp_, "Pi": pi,
         "C": np.where(exp_ > 0, ratio(pi, exp_), 0.0),
-        "F": F, "R_minus_F": R - F,
+        "F": F, "R_minus_F": R_tv - F,
+        "var_R": var_R, "var_R_tv": var_tv, "var_ratio": ratio(var_R, var_tv),
         "S99": m["saturation"][..., 0] if "saturation" in m else _nan(lead),
         "timing_cdf": m["timing"],
     }
@@ -54,7 +63,7 @@ def derive(m: dict[str, np.ndarray], windows: LagWindows | None) -> dict[str, np
         if windows is not None and f"lag_num{suffix}" in m:
             profile = ratio(m[f"lag_num{suffix}"], m[f"lag_den{suffix}"])
             out[f"lag_profile{suffix}"] = profile
-            out[name] = windows.gap(profile)
+            out[name] = windows.window_gap(m[f"lag_num{suffix}"], m[f"lag_den{suffix}"])
         else:
             out[name] = _nan(lead)
     for key in m:
@@ -66,6 +75,8 @@ def derive(m: dict[str, np.ndarray], windows: LagWindows | None) -> dict[str, np
 def contrast_terms(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """``b - a`` decomposition terms from two derived dicts (same bootstrap draws)."""
     d = {f"d{k}": b[k] - a[k] for k in ("R", "O", "E", "C")}
+    d["dR_tv"] = (b["R_tv"] - a["R_tv"] if "R_tv" in a and "R_tv" in b
+                  else np.full(np.shape(d["dR"]), np.nan))
     d["occurrence_term"] = d["dO"]
     d["exposure_term"] = d["dE"] * (a["C"] + b["C"]) / 2
     d["rate_term"] = d["dC"] * (a["E"] + b["E"]) / 2

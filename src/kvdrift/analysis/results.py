@@ -313,6 +313,45 @@ class EosContrast:
 
 
 @dataclass(frozen=True)
+class TwoClocks:
+    """The paper's Table 2 for the contrast ``b - a`` (:mod:`kvdrift.analysis.clocks`).
+
+    ``stratum`` is ``"all"`` when pooled. ``g``: the generation-clock gap per position block
+    (``blocks``, inclusive ranges), ``delta_g = g_last - g_first``; ``B_a``, ``B_b``: the
+    branch clock ``B`` of each action, beside it.
+    """
+
+    model: str
+    stratum: str
+    a: str
+    b: str
+    blocks: tuple[tuple[int, int], ...]
+    g: tuple[Interval, ...]
+    delta_g: Interval
+    B_a: Interval
+    B_b: Interval
+
+    def to_json(self) -> dict:
+        return {"model": self.model, "stratum": self.stratum, "a": self.a, "b": self.b,
+                "blocks": [[s, e] for s, e in self.blocks], "g": [g.to_json() for g in self.g],
+                "delta_g": self.delta_g.to_json(), "B_a": self.B_a.to_json(),
+                "B_b": self.B_b.to_json()}
+
+    def row(self) -> dict:
+        named = {f"g_{s}_{e}": g for (s, e), g in zip(self.blocks, self.g, strict=True)}
+        named |= {"delta_g": self.delta_g, "B_a": self.B_a, "B_b": self.B_b}
+        return ({"model": self.model, "stratum": self.stratum, "a": self.a, "b": self.b}
+                | interval_columns(named))
+
+    @classmethod
+    def from_json(cls, data: Mapping, level: float) -> TwoClocks:
+        return cls(str(data["model"]), str(data["stratum"]), str(data["a"]), str(data["b"]),
+                   tuple((int(s), int(e)) for s, e in data["blocks"]),
+                   tuple(Interval.from_json(g, level) for g in data["g"]),
+                   *(Interval.from_json(data[k], level) for k in ("delta_g", "B_a", "B_b")))
+
+
+@dataclass(frozen=True)
 class LocalAgreement:
     """Within the branch cohort: the share with a long agreement run, and with a relapse."""
 
@@ -469,8 +508,9 @@ class StudyAnalysis:
     ``to_frame()`` is the headline table; ``contrasts_frame()``, ``strata_frame()``,
     ``stratum_contrasts_frame()``, ``endpoints_frame()``, ``bounds_frame()``,
     ``eos_contrasts_frame()``, ``local_agreement_frame()``, ``cohort_support_frame()``,
-    ``task_frame()``, ``stratum_task_frame()``, ``teacher_forced_frame()`` and
-    ``speculative_frame()`` the others. ``teacher_forced`` and ``speculative``
+    ``task_frame()``, ``stratum_task_frame()``, ``teacher_forced_frame()``,
+    ``speculative_frame()`` and ``two_clocks_frame()`` the others. ``teacher_forced`` and
+    ``speculative``
     (:mod:`kvdrift.analysis.readings`) hold one entry per model x action, their
     ``*_contrasts`` one per contrast ``b - a``; all are empty under SWRB (see ``meta.notes``).
     """
@@ -491,6 +531,7 @@ class StudyAnalysis:
     speculative: tuple[SpeculativeResult, ...] = ()
     teacher_forced_contrasts: tuple[TeacherForcedResult, ...] = ()
     speculative_contrasts: tuple[SpeculativeResult, ...] = ()
+    two_clocks: tuple[TwoClocks, ...] = ()
 
     @property
     def models(self) -> list[str]:
@@ -528,7 +569,8 @@ class StudyAnalysis:
                 "teacher_forced": [x.to_json() for x in self.teacher_forced],
                 "speculative": [x.to_json() for x in self.speculative],
                 "teacher_forced_contrasts": [x.to_json() for x in self.teacher_forced_contrasts],
-                "speculative_contrasts": [x.to_json() for x in self.speculative_contrasts]}
+                "speculative_contrasts": [x.to_json() for x in self.speculative_contrasts],
+                "two_clocks": [x.to_json() for x in self.two_clocks]}
 
     def to_frame(self) -> pd.DataFrame:
         """One row per model x action: ``model``, ``action``, each scalar with ``_lo``/``_hi``."""
@@ -587,6 +629,11 @@ class StudyAnalysis:
         """One row per model x action: ``kl``, ``top1``, ``dp``, ``ppl_ratio`` with intervals."""
         return _frame((x.row() for x in self.teacher_forced), ["model", "action"])
 
+    def two_clocks_frame(self) -> pd.DataFrame:
+        """One row per model x stratum (``all``: pooled) x contrast: ``g_<s>_<e>`` per block,
+        ``delta_g``, ``B_a``, ``B_b``, each with ``_lo``/``_hi``."""
+        return _frame((x.row() for x in self.two_clocks), ["model", "stratum", "a", "b"])
+
     def speculative_frame(self) -> pd.DataFrame:
         """One row per model x action: ``acceptance``, ``tokens_per_round_<gamma>`` and
         ``first_round_<k>`` with intervals."""
@@ -619,4 +666,5 @@ class StudyAnalysis:
                                 ("speculative", SpeculativeResult),
                                 ("teacher_forced_contrasts", TeacherForcedResult),
                                 ("speculative_contrasts", SpeculativeResult))),
+            tuple(TwoClocks.from_json(x, level) for x in data.get("two_clocks") or ()),
         )

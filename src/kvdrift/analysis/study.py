@@ -23,6 +23,7 @@ from kvdrift.analysis.bounds import (
     hoeffding_enclosure,
     sharp_interval,
 )
+from kvdrift.analysis.clocks import two_clock_entries
 from kvdrift.analysis.endpoints import Endpoint, parse_endpoint
 from kvdrift.analysis.eos import eos_contrast_entries, eos_split_entry
 from kvdrift.analysis.features import DocFeatures, action_features, single_value
@@ -49,24 +50,38 @@ from kvdrift.analysis.results import (
     StudyAnalysis,
     StudyMeta,
 )
-from kvdrift.analysis.strata import stratum_results
+from kvdrift.analysis.strata import stratum_derived, stratum_results
 from kvdrift.analysis.task import SWRB_REASON, task_outcomes
 
 # Moved to kvdrift.analysis.quantities; re-exported for callers that import them from here.
-__all__ = ["CONTRAST_TERMS", "SCALARS", "AnalysisOptions", "analyze", "block_gap",
+__all__ = ["CONFIRMATORY_DRAWS", "CONTRAST_TERMS", "EXPLORATORY_DRAWS", "SCALARS",
+           "AnalysisOptions", "analyze", "block_gap",
            "contrast_terms", "derive", "position_blocks"]
+
+
+EXPLORATORY_DRAWS = 2000
+CONFIRMATORY_DRAWS = 10000
+"""The paper's bootstrap draws: 2,000 exploratory, 10,000 confirmatory (a study with
+prespecified endpoints, and ``predict``)."""
 
 
 @dataclass(frozen=True)
 class AnalysisOptions:
-    """How to turn records into conclusions."""
+    """How to turn records into conclusions.
 
-    bootstrap: int = 2000
+    ``bootstrap`` left None takes the paper's default: :data:`CONFIRMATORY_DRAWS` when the
+    study prespecifies endpoints, else :data:`EXPLORATORY_DRAWS`.
+    """
+
+    bootstrap: int | None = None
     alpha: float = 0.05
     endpoints: tuple[str, ...] = ()
     seed: int = 0
 
     def __post_init__(self) -> None:
+        if self.bootstrap is None:
+            object.__setattr__(self, "bootstrap", CONFIRMATORY_DRAWS if self.endpoints
+                               else EXPLORATORY_DRAWS)
         if isinstance(self.bootstrap, bool) or not isinstance(self.bootstrap, int) \
                 or self.bootstrap < 1:
             raise ValueError(f"bootstrap draws must be an integer >= 1; got {self.bootstrap!r}")
@@ -109,7 +124,7 @@ def analyze(
     out: dict[str, list] = {k: [] for k in (
         "actions", "contrasts", "endpoints", "certified_order", "strata", "eos_contrasts",
         "local_agreement", "cohort_support", "task", "task_by_divergence", "teacher_forced",
-        "speculative", "teacher_forced_contrasts", "speculative_contrasts")}
+        "speculative", "teacher_forced_contrasts", "speculative_contrasts", "two_clocks")}
     documents: dict[str, int] = {}
     notes: list[str] = []
     unforced: list[str] = []  # rollout models whose records lack the teacher-forced columns
@@ -180,8 +195,13 @@ def analyze(
         if 0 < task.documents < doc_ids.size:
             notes.append(f"{model}: task outcomes are over the {task.documents} of "
                          f"{doc_ids.size} documents that have an expected answer.")
+        by_stratum = stratum_derived(feats, counts, windows)
         out["strata"].extend(task.attach(
-            stratum_results(model, feats, counts, windows, H, options.alpha)))
+            stratum_results(model, feats, counts, windows, H, options.alpha, by_stratum)))
+        out["two_clocks"] += two_clock_entries(model, "all", point, boot, options.alpha, H)
+        for d in by_stratum:
+            out["two_clocks"] += two_clock_entries(model, d.label, d.point, d.draws,
+                                                   options.alpha, H)
         for key, entries in reading_entries(model, feats, weights, counts,
                                             options.alpha).items():
             out[key].extend(entries)

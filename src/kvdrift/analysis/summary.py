@@ -35,7 +35,8 @@ class ActionSummary:
     Pi: float
     C: float
     F: float  # NaN for SWRB, which does not follow the fixed-history path
-    R_minus_F: float
+    R_minus_F: float  # R_tv - F, as in the paper
+    R_tv: float = float("nan")  # rollout-TV risk (1/H) sum_t E[delta_t]; NaN for SWRB
     # Readings along X (NaN under SWRB, or without the teacher-forced records):
     kl: float = float("nan")  # mean KL(P || Q) per token, nats
     acceptance: float = float("nan")  # speculative per-token acceptance
@@ -55,7 +56,7 @@ def summarize(steps: pd.DataFrame, replicates: pd.DataFrame) -> list[ActionSumma
         means = weighted_means(f.columns, stratum_weights(pd.Series(f.strata)))
         d = derive(means, None)
         values = {k: float(d[k]) for k in ("p_diverge", "mean_entry_time", "R", "O", "E", "Pi",
-                                           "C", "F", "R_minus_F")}
+                                           "C", "F", "R_minus_F", "R_tv")}
         if "spec_rejections" in means:
             r = derive_readings(means)
             values |= {"kl": float(r["kl"]), "acceptance": float(r["acceptance"]),

@@ -417,6 +417,63 @@ def plot_tokens_per_round(analysis: StudyAnalysis, path: str | Path) -> Path | N
     return _save(fig, path)
 
 
+def _bar_axes(ax, names: list[str], ylabel: str, title: str) -> None:
+    """A zero line, one tick per bar, a y label, a title and a light y grid."""
+    ax.axhline(0, color="0.3", lw=0.8)
+    ax.set_xticks(np.arange(len(names)), names, fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(axis="y", alpha=0.3)
+
+
+def plot_paper_figure7(analysis: StudyAnalysis, path: str | Path) -> Path | None:
+    """The paper's Figure 7: late-minus-early B(a) intervals per action (left; strict pre-EOS
+    beside it when measured) and the EOS-stacked Delta(R_TV - F) of each contrast (right),
+    its EOS share printed at the bar's end."""
+    if analysis.meta.estimator != "rollout" or analysis.lags is None:
+        return None  # B and the EOS split need complete rollouts
+    actions = [a for a in analysis.actions if a.scalars.get("B") is not None
+               and a.scalars["B"].defined]
+    contrasts = list(analysis.eos_contrasts)
+    if not actions and not contrasts:
+        return None
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12.0, 4.8), squeeze=True)
+    labels = [f"{a.model}\n{a.action}" if len(analysis.models) > 1 else a.action
+              for a in actions]
+    for offset, key, marker, name in ((-0.12, "B", "o", "B(a)"),
+                                      (0.12, "B_strict", "s", "B(a) strict pre-EOS")):
+        ends = [_ends(a.scalars.get(key)) for a in actions]
+        if not any(math.isfinite(e[0]) for e in ends):
+            continue
+        left.errorbar(np.arange(len(actions)) + offset, [100 * e[0] for e in ends],
+                      yerr=np.array([_yerr(*e, scale=100) for e in ends]).T, fmt=marker,
+                      capsize=3, label=name)
+    _bar_axes(left, labels, "late − early branch TV, B(a) (pp)",
+              "Branch clock: B(a) = late − early")
+    if actions:
+        left.legend(fontsize=8)
+    names = []
+    for i, c in enumerate(contrasts):
+        _stack(right, i, [100 * g.estimate for g in c.dG], 0.6)
+        est, lo, hi = _ends(c.dR_minus_F)
+        right.errorbar([i], [100 * est], yerr=np.array([_yerr(est, lo, hi, 100)]).T, fmt="D",
+                       color="black", capsize=3, ms=6)
+        share = _share_text(c.eos_share, "EOS share").replace("\n", " ")
+        top = max(100 * est, 100 * hi if math.isfinite(hi) else 100 * est)
+        right.annotate(share, (i, top), textcoords="offset points", xytext=(0, 6),
+                       ha="center", fontsize=8)
+        names.append(f"{c.b} − {c.a}" if len(analysis.models) == 1
+                     else f"{c.model}\n{c.b} − {c.a}")
+    _bar_axes(right, names, "Δ(R_TV − F) by EOS category (pp)",
+              "EOS split of the difference (diamond: total)")
+    if contrasts:
+        categories = list(contrasts[0].categories)
+        right.legend(handles=[Patch(color=EOS_COLORS[r % len(EOS_COLORS)], label=c)
+                              for r, c in enumerate(categories)], fontsize=8, loc="best")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
 @dataclass(frozen=True)
 class Figure:
     """A report figure: file stem, drawing function, and a one-sentence caption."""
@@ -451,6 +508,12 @@ FIGURES = (
            "(G_r); right of it, each contrast's Δ(R − F) stacked the same way (ΔG_r), with the "
            "EOS share (first EOS, one or both absorbed) under its name. Diamonds: totals with "
            "bootstrap intervals."),
+    Figure("paper_figure7", plot_paper_figure7,
+           "The paper's Figure 7. Left: B(a), the late-window minus early-window branch TV "
+           "after the first divergence, per action with its bootstrap interval (squares: the "
+           "strict pre-EOS variant, one ratio per lag window). Right: each contrast's "
+           "Δ(R_TV − F) stacked by EOS category (ΔG_r), the diamond its total with its "
+           "interval, and its EOS share at the bar's end."),
     Figure("task_by_divergence", plot_task_by_divergence,
            "Each curve is the task-score difference Q − P (percentage points) among the "
            "replicates whose branches diverged by step t (bands: bootstrap intervals); "

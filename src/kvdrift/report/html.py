@@ -101,8 +101,13 @@ GLOSSARY = (
                          "branches disagree."),
     ("C<sub>H</sub>", "post-divergence mismatch rate &Pi;<sub>H</sub>/E<sub>H</sub>."),
     ("F", "fixed-history risk: mean TV between the full and the evicted model when both follow the "
-          "reference branch's history; R &minus; F is the part of the risk due to the branches' "
-          "histories drifting apart."),
+          "reference branch's history; R<sub>TV</sub> &minus; F (the paper's R &minus; F) is the "
+          "part of the risk due to the branches' histories drifting apart."),
+    ("R<sub>TV</sub>", "rollout-TV risk (1/H) &sum;<sub>t</sub> E[&delta;<sub>t</sub>]: the "
+                       "same expectation as R (P(I<sub>t</sub> = 1 | history) = "
+                       "&delta;<sub>t</sub>) and, per replicate, never a larger variance. The "
+                       "paper's R &minus; F, EOS split and prediction target use it; the "
+                       "decomposition R = O + E C stays on token mismatch."),
     ("S<sub>.99</sub>", "saturation: mean over positions of P(&delta;<sub>t</sub> &gt; 0.99), "
                         "the share of positions where the two branches' next-token "
                         "distributions are almost disjoint."),
@@ -162,9 +167,12 @@ def write_report(analysis: StudyAnalysis, out_dir: str | Path, *,
         if drawn is not None:
             figures.append((figure, Path(drawn)))
 
+    from kvdrift.report.paper import paper_section
+
     body = "\n".join([
         _what_was_run(analysis),
         _headline(analysis),
+        paper_section(analysis),
         _contrasts(analysis),
         _endpoints(analysis),
         _bounds(analysis),
@@ -484,8 +492,10 @@ def _eos_split(analysis: StudyAnalysis) -> str:
             "sequence state (neither has emitted EOS; one emits its first EOS there; one branch "
             "already absorbed; both absorbed). Cells are that class's contribution to R, F and "
             "R &minus; F in percentage points of positions; the sum is the quantity itself. "
-            "R here is (1/H) &sum;<sub>t</sub> E[&delta;<sub>t</sub>], equal in expectation to "
-            "the headline R. The R &minus; F row, G<sub>r</sub>, has bootstrap intervals.</p>")
+            "R here is the rollout-TV risk R<sub>TV</sub> = (1/H) &sum;<sub>t</sub> "
+            "E[&delta;<sub>t</sub>], equal in expectation to the headline R, and the R &minus; F "
+            "row sums exactly to the headline R<sub>TV</sub> &minus; F. The R &minus; F row, "
+            "G<sub>r</sub>, has bootstrap intervals.</p>")
     return _section("EOS split", "eos",
                     note + _table(headers, rows, numeric_from=3, group_starts=starts)
                     + _eos_contrasts(analysis, categories))

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from kvdrift.finite.check import FiniteStudyResult
 
 #: The terminal table's quantities, a subset of the HTML headline table.
-SUMMARY_KEYS = ("p_diverge", "R", "E", "C", "R_minus_F", "B")
+SUMMARY_KEYS = ("p_diverge", "R", "R_tv", "E", "C", "R_minus_F", "B")
 
 #: Widest page :func:`print_whole` measures a table on (wider than any real table).
 _WIDEST = 100_000
@@ -68,13 +68,14 @@ def run_table(summaries: Sequence[ActionSummary], estimator: str = "rollout") ->
     caption = Text(swrb_rate_note("--json")) if estimator == "swrb" else None
     table = Table(title="Per action (documents weighted equally within strata, strata equally)",
                   caption=caption)
-    for col in ("model", "action", "docs", "P(tau<=H)", "entry time", "R", "O_H", "E_H", "Pi_H",
-                "C_H", "F", "KL", "accept", "tok/round(4)"):
+    for col in ("model", "action", "docs", "P(tau<=H)", "entry time", "R", "R_TV", "O_H",
+                "E_H", "Pi_H", "C_H", "F", "KL", "accept", "tok/round(4)"):
         table.add_column(col, justify="right")
     for s in summaries:
         table.add_row(Text(s.model), Text(s.action), str(s.documents), _percent(s.p_diverge, 1),
                       number_text(s.mean_entry_time, digits=1), _percent(s.R, 2),
-                      _percent(s.O, 2), _percent(s.E, 2), _percent(s.Pi, 2), _percent(s.C, 1),
+                      _percent(s.R_tv, 2), _percent(s.O, 2), _percent(s.E, 2),
+                      _percent(s.Pi, 2), _percent(s.C, 1),
                       _percent(s.F, 2), number_text(s.kl, digits=3),
                       _percent(s.acceptance, 1), number_text(s.tokens_per_round, digits=2))
     return table
@@ -167,12 +168,14 @@ def prediction_tables(result: PredictionResult, margin: float) -> tuple[Table, T
     """``kvdrift predict``: the calibrated error per observation, the supporting contrasts,
     and the notes (model names and labels are printed literally)."""
     level = 100 * (1 - result.alpha_adjusted)
+    what = "rollout TV" if result.target == "tv" else "token mismatch"
     table = _right_table(
-        f"Prediction of R({result.contrast.replace(' - ', ') - R(')}), percentage points; "
-        f"intervals at {level:.2f}% ({result.cells} cells), margin +-{100 * margin:g} pp",
+        f"Prediction of R({result.contrast.replace(' - ', ') - R(')}) ({what}), percentage "
+        f"points; intervals at {level:.2f}% ({result.cells} cells), margin +-{100 * margin:g} pp",
         ("model", "observation", "dev/eval docs", "selected", "CV MSE (pp^2)",
          "error [interval]", "decision", "MAE", "RMSE"))
-    support = _right_table("Uncalibrated supporting contrasts on evaluation documents (pp)",
+    support = _right_table("Uncalibrated supporting contrasts on evaluation documents (pp; "
+                           f"pointwise {100 * (1 - result.alpha):g}% intervals)",
                            ("model", "observation", "full-horizon gap", "observed gap",
                             "full minus observed"))
     for m in result.models:

@@ -80,6 +80,7 @@ def rollout_tables(
         "horizon": np.full(K, H, dtype=np.int32),
         "tau": tau.astype(np.int32),
         "risk": terms.mismatch_fraction,
+        "risk_tv": result.delta.numpy().mean(axis=1),  # rollout TV (1/H) sum_t delta_t
         "occurrence": terms.occurrence,
         "exposure": terms.exposure,
         "occupation": terms.occupation,
@@ -130,6 +131,7 @@ def swrb_tables(key: UnitKey, result: SWRBResult) -> tuple[pa.Table, pa.Table]:
         "horizon": np.full(K, H, dtype=np.int32),
         "tau": J.astype(np.int32),
         "risk": result.z_R.numpy(),
+        "risk_tv": np.full(K, np.nan),  # SWRB follows no complete branch pair
         "occurrence": result.z_O.numpy(),
         "exposure": (w * (H - s)).sum(axis=1) / H,  # unbiased for E_H (= B_1)
         "occupation": result.z_Pi.numpy(),
