@@ -55,6 +55,7 @@ from kvdrift.lm.decoding import (
     compress_rows,
 )
 from kvdrift.lm.prefill import PromptCache, as_prompt, attention_modules, prefill, unwrap_model
+from kvdrift.lm.quantization import GeneratedView
 from kvdrift.lm.shared_attention import ATTENTION_NAME, attention_implementation
 
 HOLE_STEP = torch.iinfo(torch.long).max  # slot_step of a slot that never holds a generated token
@@ -126,11 +127,13 @@ class LMKernelPair:
             if compressed.n_prompt != self.n_prompt:
                 raise ValueError(f"compressed must be a cache of this {self.n_prompt}-token "
                                  f"prompt; got n_prompt={compressed.n_prompt}")
-            compressed = dataclasses.replace(compressed, logits=reference.logits)
         else:
-            evicted = prefill(self.model, ids, self.action)
-            # the first generated position is computed before eviction: share P's logits
-            compressed = dataclasses.replace(evicted, logits=reference.logits)
+            compressed = prefill(self.model, ids, self.action)
+        quant = self.action.quantization
+        if compressed is not reference and not (quant is not None and quant.before_attention):
+            # the first generated position is computed before eviction (and before KIVI
+            # quantizes): share P's logits; a gguf prefill attends to quantized entries
+            compressed = dataclasses.replace(compressed, logits=reference.logits)
         self._prompt: dict[str, PromptCache] = {"p": reference, "q": compressed}
         self._rule = None
         if self.action.decoding is not None:
@@ -339,6 +342,9 @@ class LMKernelPair:
         if state.evictions is not None:
             extra["kvdrift_live"] = state.evictions.live(live_after)
             capture = capture_attention_inputs(self._modules)
+        if state.side == "q" and self.action.quantization is not None:  # what attention reads
+            extra["kvdrift_quant"] = GeneratedView(self.action.quantization, torch.cat(
+                [state.slot_step, live_after[:, None]], dim=1), slots, live_after)
         with torch.no_grad(), attention_implementation(self.model, ATTENTION_NAME), \
                 capture as seen:
             out = self.model(

@@ -45,6 +45,7 @@ def shared_prompt_attention(
     kvdrift_cache: SharedPromptCache | None = None,
     kvdrift_slots: torch.Tensor | None = None,  # [n, G] bool
     kvdrift_live: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+    kvdrift_quant: Any = None,  # GeneratedView: Q rows of a quantization action
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """Exact attention of one new query per row over shared prompt + own generated entries."""
@@ -55,6 +56,8 @@ def shared_prompt_attention(
     if q_len != 1:
         raise ValueError(f"shared-prompt attention decodes one token per row; got q_len={q_len}")
     layer = kvdrift_cache.layers[module.layer_idx]
+    if kvdrift_quant is not None:  # generated entries as the quantized cache holds them
+        key, value = kvdrift_quant(key, value)
     prompt_keys, prompt_values = layer.prompt_keys[0], layer.prompt_values[0]  # [kv, P, dim]
     kv_heads, n_prompt = prompt_keys.shape[0], prompt_keys.shape[1]
     groups = heads // kv_heads
