@@ -307,3 +307,22 @@ def test_bad_specs_get_one_line_naming_what_is_allowed(spec, message):
 def test_a_group_that_does_not_divide_head_dim_is_refused(llama64):
     with pytest.raises(ValueError, match=r"must divide the model's head_dim \(64\)"):
         LMKernelPair(llama64, prompt(20), "kivi:bits=2,group=24,residual=48")
+
+
+# --- memory --------------------------------------------------------------------------------
+
+
+def test_kv_fraction_counts_bits_scales_and_full_precision_tails(llama64):
+    ids = prompt(256, seed=15)
+    fractions = {a: LMKernelPair(llama64, ids, a).kv_memory()[1] for a in (
+        "full", "snapkv-half", "gguf:k=q8_0,v=q8_0", "gguf:k=q4_0,v=q4_0",
+        "kivi:bits=4,residual=128", "kivi:bits=2,residual=128",
+        "snapkv:ratio=0.5+kivi:bits=4,residual=32")}
+    assert fractions["full"] == 1.0 and fractions["snapkv-half"] == 0.5
+    assert fractions["gguf:k=q8_0,v=q8_0"] == 8.5 / 32  # float32 model
+    assert fractions["gguf:k=q4_0,v=q4_0"] == 4.5 / 32
+    # keys: 256 quantized; values: 128 quantized, 128 at 32 bits; scales 2 x 16 bits / 32
+    assert fractions["kivi:bits=2,residual=128"] == (256 * 3 + 128 * 3 + 128 * 32) / (512 * 32)
+    assert fractions["kivi:bits=4,residual=128"] == (256 * 5 + 128 * 5 + 128 * 32) / (512 * 32)
+    assert fractions["snapkv:ratio=0.5+kivi:bits=4,residual=32"] == (
+        128 * 5 + 96 * 5 + 32 * 32) / (512 * 32)

@@ -55,7 +55,7 @@ from kvdrift.lm.decoding import (
     compress_rows,
 )
 from kvdrift.lm.prefill import PromptCache, as_prompt, attention_modules, prefill, unwrap_model
-from kvdrift.lm.quantization import GeneratedView
+from kvdrift.lm.quantization import GeneratedView, kv_memory
 from kvdrift.lm.shared_attention import ATTENTION_NAME, attention_implementation
 
 HOLE_STEP = torch.iinfo(torch.long).max  # slot_step of a slot that never holds a generated token
@@ -166,6 +166,12 @@ class LMKernelPair:
         give bit-identical logprobs; batches of different shapes may differ by float noise.
         """
         return self._prompt["q"] is self._prompt["p"] and not self.action.evicts_during_decoding
+
+    def kv_memory(self) -> tuple[float, float]:
+        """``(kv_bytes, kv_fraction)`` of Q's prompt cache (:func:`~kvdrift.lm.quantization.
+        kv_memory`): bytes held, and their fraction of P's full cache in the model's dtype."""
+        pc = self._prompt["q"]
+        return kv_memory(pc.keys, pc.live, self.n_prompt, self.action.quantization)
 
     def prompt_cache(self, side: Side) -> PromptCache:
         """The side's prompt cache (``"q"``: after eviction)."""

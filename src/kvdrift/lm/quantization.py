@@ -184,6 +184,25 @@ class GeneratedView:
         return self.quantization.generated(keys, values, self.steps, self.valid, self.before)
 
 
+def kv_memory(keys: tuple[torch.Tensor, ...], live: Any, n_prompt: int,
+              quantization: Quantization | None) -> tuple[float, float]:
+    """``(kv_bytes, kv_fraction)`` of a side's prompt cache: bytes its kept entries hold
+    (quantized at their bits, scales included; else the cache's dtype) and their fraction of
+    the full cache of ``n_prompt`` entries in that dtype. ``keys`` per layer
+    ``[1, kv_heads, kept, head_dim]``; ``live`` per layer ``[1, kv_heads, kept]`` bool or None
+    (head-adaptive presses: hidden entries are stored, and counted)."""
+    total = full = 0.0
+    for k in keys:
+        _, heads, kept, dim = k.shape
+        width = k.element_size()
+        full += heads * n_prompt * dim * 2 * width
+        if quantization is None:
+            total += heads * kept * dim * 2 * width
+        else:
+            total += heads * quantization.entry_bytes(kept, dim, width)
+    return total, total / full
+
+
 class QuantizingCache(DynamicCache):
     """A prefill ``DynamicCache`` that quantizes keys and values as they enter (gguf: llama.cpp
     writes the cache before attention reads it); it stores and returns dequantized values."""
@@ -250,5 +269,5 @@ def quantization_table() -> list[tuple[str, str, str]]:
     return rows
 
 
-__all__ = ["KIVI_BITS", "GeneratedView", "Quantization", "QuantizingCache", "is_quantization",
+__all__ = ["KIVI_BITS", "GeneratedView", "Quantization", "QuantizingCache", "is_quantization", "kv_memory",
            "parse_quantization", "quantization_table"]
