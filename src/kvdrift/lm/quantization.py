@@ -269,5 +269,5 @@ def quantization_table() -> list[tuple[str, str, str]]:
     return rows
 
 
-__all__ = ["KIVI_BITS", "GeneratedView", "Quantization", "QuantizingCache", "is_quantization", "kv_memory",
-           "parse_quantization", "quantization_table"]
+__all__ = ["KIVI_BITS", "GeneratedView", "Quantization", "QuantizingCache", "is_quantization",
+           "kv_memory", "parse_quantization", "quantization_table"]
