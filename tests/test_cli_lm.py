@@ -6,6 +6,7 @@ seconds.
 """
 
 import json
+import re
 
 import pyarrow.parquet as pq
 import pytest
@@ -133,7 +134,9 @@ def test_swrb_tables_off_a_terminal(tiny_model_dir, docs_file, tmp_path, monkeyp
         for key, digits in (("R", 2), ("O", 2), ("E", 2), ("Pi", 2), ("C", 1)):
             assert f" {100 * row[key]:.{digits}f}% " in text, (key, text)
     body = [line for line in text.splitlines() if "snapkv-half" in line or "recent-half" in line]
-    assert len(body) == 2 and all(line.rstrip().endswith("— │") for line in body), text
+    # tok/round(4) not measured, then Q's kv_fraction (about half the prompt cache)
+    assert len(body) == 2 and all(re.search(r"— │ +0\.[45]\d\d │$", line.rstrip())
+                                  for line in body), text
     assert "nan" not in text and "…" not in text
     assert "SWRB" in text and "ratio" in text and "[0, 1]" in text
 

@@ -437,9 +437,10 @@ def test_run_table_marks_unmeasured_quantities():
     # there is no entry time without divergence
     # SWRB has no rollout-TV risk either (it follows no complete branch pair)
     assert cells("snapkv-half") == ["m", "snapkv-half", "3", "50.0%", "4.5", "10.00%", "—",
-                                    "2.00%", "40.00%", "8.00%", "101.2%", "—", "—", "—", "—"]
+                                    "2.00%", "40.00%", "8.00%", "101.2%", "—", "—", "—", "—",
+                                    "—"]
     assert cells("full")[4:] == ["—", "0.00%", "—", "0.00%", "0.00%", "0.00%", "0.0%", "—",
-                                 "—", "—", "—"]
+                                 "—", "—", "—", "—"]  # no kv_fraction in these records
     assert "ratio" in text and "[0, 1]" in text
     console = Console(record=True, width=200)
     console.print(run_table(rows[:1], estimator="rollout"))

@@ -509,6 +509,8 @@ def test_run_summary_is_the_analysis_point_estimate():
         assert d.pop("acceptance") == pytest.approx(spec["acceptance"]["estimate"])
         # these records have no teacher-forced columns: no KL, no tokens per round
         assert math.isnan(d.pop("kl")) and math.isnan(d.pop("tokens_per_round"))
+        # nor Q's cache size (only LM pairs tell it)
+        assert math.isnan(d.pop("kv_bytes")) and math.isnan(d.pop("kv_fraction"))
         for key, value in d.items():
             assert value == pytest.approx(entry["scalars"][key]["estimate"]), key
 

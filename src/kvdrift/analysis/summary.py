@@ -41,6 +41,9 @@ class ActionSummary:
     kl: float = float("nan")  # mean KL(P || Q) per token, nats
     acceptance: float = float("nan")  # speculative per-token acceptance
     tokens_per_round: float = float("nan")  # expected tokens per round, draft length 4
+    # Q's prompt cache, mean over documents (NaN where the pair does not tell it):
+    kv_bytes: float = float("nan")  # bytes held (quantized entries at their bits, scales in)
+    kv_fraction: float = float("nan")  # of the full cache in the model's dtype
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -61,5 +64,8 @@ def summarize(steps: pd.DataFrame, replicates: pd.DataFrame) -> list[ActionSumma
             r = derive_readings(means)
             values |= {"kl": float(r["kl"]), "acceptance": float(r["acceptance"]),
                        "tokens_per_round": float(r["tokens_per_round"][GAMMAS.index(4)])}
+        for column in ("kv_bytes", "kv_fraction"):
+            if column in reps:  # one value per unit, repeated on its replicate rows
+                values[column] = float(reps.groupby("doc_id")[column].first().mean())
         out.append(ActionSummary(model=model, action=action, documents=len(f.doc_ids), **values))
     return out

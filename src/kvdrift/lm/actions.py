@@ -42,6 +42,12 @@ from kvdrift.lm.presses import (
     scorer_classes,
     scorer_fields,
 )
+from kvdrift.lm.quantization import (
+    Quantization,
+    is_quantization,
+    parse_quantization,
+    quantization_table,
+)
 
 
 @dataclass(frozen=True)
@@ -61,12 +67,14 @@ NAMED_ACTIONS: dict[str, _Named] = {
 
 @dataclass(frozen=True)
 class Action:
-    """An eviction policy: prefill ``stages`` applied in order, then an optional ``decoding``
-    stage that compresses every row's cache during generation. No stage: ``full``."""
+    """A cache policy: prefill ``stages`` applied in order, then an optional ``decoding``
+    stage that compresses every row's cache during generation, or an optional
+    ``quantization`` of what is kept (:mod:`kvdrift.lm.quantization`). None: ``full``."""
 
     name: str
     stages: tuple[Stage, ...] = ()
     decoding: Stage | None = None
+    quantization: Quantization | None = None
 
     def __post_init__(self) -> None:
         stages = tuple(self.stages)
@@ -80,6 +88,10 @@ class Action:
                 raise ValueError(f"action {self.name!r}: {s.label} keeps counts that differ "
                                  f"per head, layer or prompt content; it cannot be chained with "
                                  f"'+' (only last, and never head-adaptive)")
+        if self.quantization is not None and (self.decoding is not None or self.head_adaptive):
+            raise ValueError(f"action {self.name!r}: a quantization can follow presses that "
+                             f"keep one set of entries per KV head, not decoding-* or "
+                             f"head-adaptive ones")
         if self.decoding is not None:
             if self.decoding.needs_attention_weights:
                 raise ValueError(f"action {self.name!r}: {self.decoding.scorer} needs attention "
@@ -124,14 +136,16 @@ class Action:
         return n
 
     def is_noop(self, n_prompt: int) -> bool:
-        """Whether Q is P for this prompt length (nothing evicted, ever: the press never runs)."""
-        if self.decoding is not None:
+        """Whether Q is P for this prompt length (nothing evicted or quantized, ever)."""
+        if self.decoding is not None or self.quantization is not None:
             return False
         return all(s.is_noop(m) for s, m in zip(self.stages, self.stage_inputs(n_prompt),
                                                  strict=True))
 
     def prefill_is_noop(self, n_prompt: int) -> bool:
-        """Whether no prompt entry is evicted at prefill."""
+        """Whether no prompt entry is evicted (or quantized) at prefill."""
+        if self.quantization is not None:
+            return False
         return all(s.is_noop(m) for s, m in zip(self.stages, self.stage_inputs(n_prompt),
                                                  strict=True))
 
@@ -143,6 +157,8 @@ class Action:
         """
         if self.is_noop(n_prompt):
             return None
+        if not self.stages and self.decoding is None:
+            return None  # quantization alone: no press
         active = [s.build(m) for s, m in zip(self.stages, self.stage_inputs(n_prompt),
                                                strict=True) if not s.is_noop(m)]
         prefill = None if not active else active[0] if len(active) == 1 else \
@@ -299,10 +315,18 @@ def parse_action(spec: str | Action) -> Action:
         if named is None:
             return Action(name=text)
         return Action(name=text, stages=(_parse_stage(named, text),))
-    stages = [_parse_stage(part.strip(), text) for part in text.split("+")]
-    decoding = stages.pop() if stages[-1].is_decoding else None
+    parts = [part.strip() for part in text.split("+")]
+    quantization = None
+    if is_quantization(parts[-1]):
+        quantization = parse_quantization(parts.pop(), text)
+    if any(is_quantization(part) for part in parts):
+        raise ValueError(f"action {text!r}: a quantization (kivi:, gguf:) must come last, "
+                         f"after any eviction presses, e.g. snapkv:ratio=0.5+kivi:bits=4")
+    stages = [_parse_stage(part, text) for part in parts]
+    decoding = stages.pop() if stages and stages[-1].is_decoding else None
     try:
-        return Action(name=text, stages=tuple(stages), decoding=decoding)
+        return Action(name=text, stages=tuple(stages), decoding=decoding,
+                      quantization=quantization)
     except ValueError as exc:
         raise ValueError(str(exc)) from None
 
@@ -335,6 +359,10 @@ def actions_help() -> str:
     for form, press, keeps in family_table():
         lines.append(f"  {form}")
         lines.append(f"      {press}: {keeps}")
+    lines.append("")
+    lines.append("Quantizations (last in a chain; bits per element with scales, head_dim 64):")
+    for form, what, bits in quantization_table():
+        lines.append(f"  {form:<42} {bits:>5} bits  {what}")
     lines.append("")
     lines.append("Scorers: " + ", ".join(
         f"{short} ({cls})" for short, cls in SCORERS.items() if cls in scorer_classes()))

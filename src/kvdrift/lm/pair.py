@@ -55,6 +55,7 @@ from kvdrift.lm.decoding import (
     compress_rows,
 )
 from kvdrift.lm.prefill import PromptCache, as_prompt, attention_modules, prefill, unwrap_model
+from kvdrift.lm.quantization import GeneratedView, kv_memory
 from kvdrift.lm.shared_attention import ATTENTION_NAME, attention_implementation
 
 HOLE_STEP = torch.iinfo(torch.long).max  # slot_step of a slot that never holds a generated token
@@ -126,11 +127,13 @@ class LMKernelPair:
             if compressed.n_prompt != self.n_prompt:
                 raise ValueError(f"compressed must be a cache of this {self.n_prompt}-token "
                                  f"prompt; got n_prompt={compressed.n_prompt}")
-            compressed = dataclasses.replace(compressed, logits=reference.logits)
         else:
-            evicted = prefill(self.model, ids, self.action)
-            # the first generated position is computed before eviction: share P's logits
-            compressed = dataclasses.replace(evicted, logits=reference.logits)
+            compressed = prefill(self.model, ids, self.action)
+        quant = self.action.quantization
+        if compressed is not reference and not (quant is not None and quant.before_attention):
+            # the first generated position is computed before eviction (and before KIVI
+            # quantizes): share P's logits; a gguf prefill attends to quantized entries
+            compressed = dataclasses.replace(compressed, logits=reference.logits)
         self._prompt: dict[str, PromptCache] = {"p": reference, "q": compressed}
         self._rule = None
         if self.action.decoding is not None:
@@ -163,6 +166,12 @@ class LMKernelPair:
         give bit-identical logprobs; batches of different shapes may differ by float noise.
         """
         return self._prompt["q"] is self._prompt["p"] and not self.action.evicts_during_decoding
+
+    def kv_memory(self) -> tuple[float, float]:
+        """``(kv_bytes, kv_fraction)`` of Q's prompt cache (:func:`~kvdrift.lm.quantization.
+        kv_memory`): bytes held, and their fraction of P's full cache in the model's dtype."""
+        pc = self._prompt["q"]
+        return kv_memory(pc.keys, pc.live, self.n_prompt, self.action.quantization)
 
     def prompt_cache(self, side: Side) -> PromptCache:
         """The side's prompt cache (``"q"``: after eviction)."""
@@ -390,6 +399,17 @@ class LMKernelPair:
         capture: Any = contextlib.nullcontext({})
         if any(live is not None for live in lives):
             capture = capture_attention_inputs(self._modules)
+        quant = self.action.quantization
+        if quant is not None:  # what a Q row's attention reads of its generated entries
+            views = [GeneratedView(quant, torch.cat([part.state.slot_step,
+                                                     part.live_after[:, None]], dim=1),
+                                   slots[i], part.live_after) if part.state.side == "q" else None
+                     for i, part in enumerate(parts)]
+            if len(parts) == 1:
+                if views[0] is not None:
+                    extra["kvdrift_quant"] = views[0]
+            elif any(v is not None for v in views):
+                extra["kvdrift_quant"] = views
         with torch.no_grad(), attention_implementation(self.model, ATTENTION_NAME), \
                 capture as seen:
             out = self.model(

@@ -23,6 +23,7 @@ change the prefill computation itself fall back to their own prefill (:func:`own
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -34,6 +35,7 @@ from transformers import DynamicCache
 from kvdrift.lm.actions import Action
 from kvdrift.lm.model import LoadedModel
 from kvdrift.lm.presses import PRESS_SEED, fixed_press_randomness
+from kvdrift.lm.quantization import QuantizingCache
 from kvdrift.lm.shared_attention import attention_implementation
 
 
@@ -113,7 +115,11 @@ def prefill(model: Any, prompt_ids: torch.Tensor, action: Action | None = None) 
         press = None  # a decoding-only action leaves the prefill alone
     press_ctx = press(model) if press is not None else contextlib.nullcontext()
     attn = "eager" if press is not None and action.needs_attention_weights else None
-    cache = DynamicCache(config=model.config)
+    quant = action.quantization if action is not None else None
+    if quant is not None:
+        quant.check(_head_dim(model.config))
+    cache = QuantizingCache(quant, config=model.config) if quant is not None and \
+        quant.before_attention else DynamicCache(config=model.config)
     try:
         with (torch.no_grad(), attention_implementation(model, attn), press_ctx,
               fixed_press_randomness(ids.device)):
@@ -148,7 +154,22 @@ def _prompt_cache(keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor],
     elif not pc.is_full:
         raise RuntimeError(f"the full-cache prefill kept {pc.counts.tolist()} entries, not all "
                            f"{n}")
-    return pc
+    return quantized(pc, action)
+
+
+def quantized(pc: PromptCache, action: Action | None) -> PromptCache:
+    """``pc`` with ``action``'s KIVI quantization applied to its kept entries (a new cache;
+    gguf entries were quantized as they entered the prefill's cache, so ``pc`` as is)."""
+    quant = action.quantization if action is not None else None
+    if quant is None or quant.before_attention:
+        return pc
+    pairs = [quant.prompt(k, v) for k, v in zip(pc.keys, pc.values, strict=True)]
+    return dataclasses.replace(pc, keys=tuple(k for k, _ in pairs),
+                               values=tuple(v for _, v in pairs))
+
+
+def _head_dim(config: Any) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
 def own_prefill_reason(action: Action) -> str | None:
@@ -162,6 +183,9 @@ def own_prefill_reason(action: Action) -> str | None:
     if action.needs_attention_weights:
         names = ", ".join(s.scorer for s in action.stages if s.needs_attention_weights)
         return f"{names} reads eager attention weights, which the shared prefill does not compute"
+    if action.quantization is not None and action.quantization.before_attention:
+        return (f"{action.quantization.label} quantizes entries before the prefill's attention "
+                f"reads them (llama.cpp), so its prefill forward differs from P's")
     return None
 
 
@@ -191,6 +215,10 @@ def prefill_shared(model: Any, prompt_ids: torch.Tensor, actions: Sequence[Actio
     ids = as_prompt(prompt_ids, model)
     n = ids.shape[1]
     presses = {a.name: a.make_press(n) for a in actions if not a.prefill_is_noop(n)}
+    presses = {name: press for name, press in presses.items() if press is not None}
+    for action in actions:
+        if action.quantization is not None:
+            action.quantization.check(_head_dim(model.config))
     n_layers = model.config.num_hidden_layers
     views = {name: SimpleNamespace(layers=[SimpleNamespace(keys=None, values=None)
                                            for _ in range(n_layers)]) for name in presses}
@@ -231,8 +259,8 @@ def prefill_shared(model: Any, prompt_ids: torch.Tensor, actions: Sequence[Actio
     by_name = {a.name: a for a in actions}
     compressed = {}
     for action in actions:
-        if action.name not in presses:
-            compressed[action.name] = reference  # nothing evicted at prefill: P's cache
+        if action.name not in presses:  # nothing evicted at prefill: P's cache (quantized)
+            compressed[action.name] = quantized(reference, action)
             continue
         layers = views[action.name].layers
         compressed[action.name] = _prompt_cache(

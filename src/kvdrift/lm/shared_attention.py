@@ -51,6 +51,7 @@ def shared_prompt_attention(
     kvdrift_cache: SharedPromptCache | GroupedCache | None = None,
     kvdrift_slots: torch.Tensor | list[torch.Tensor] | None = None,  # [n, G] bool (per part)
     kvdrift_live: Any = None,
+    kvdrift_quant: Any = None,  # GeneratedView (per part when grouped): Q rows quantized
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """Exact attention of one new query per row over shared prompt + own generated entries.
@@ -70,18 +71,27 @@ def shared_prompt_attention(
     if not isinstance(kvdrift_cache, GroupedCache):  # one state: its own generated entries
         layer = kvdrift_cache.layers[module.layer_idx]
         live = None if kvdrift_live is None else kvdrift_live[module.layer_idx]
+        if kvdrift_quant is not None:  # generated entries as the quantized cache holds them
+            key, value = kvdrift_quant(key, value)
         return _attend(query, scale, [(layer, key, value, kvdrift_slots, live)]), None
     grouped = kvdrift_cache.layers[module.layer_idx]
     lives = kvdrift_live if kvdrift_live is not None else [None] * len(grouped.parts)
+    quants = kvdrift_quant if kvdrift_quant is not None else [None] * len(grouped.parts)
     outs, start = [], 0
     for stop in _group_ends(kvdrift_cache.groups):
-        parts = [(part, part.keys, part.values, kvdrift_slots[i],
+        parts = [(part, *_generated(quants[i], part.keys, part.values), kvdrift_slots[i],
                   None if lives[i] is None else lives[i][module.layer_idx])
                  for i, part in enumerate(grouped.parts[start:stop], start)]
         rows = slice(grouped.bounds[start], grouped.bounds[stop])
         outs.append(_attend(query[rows], scale, parts))
         start = stop
     return torch.cat(outs), None
+
+
+def _generated(quant: Any, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """A part's generated entries as its cache holds them (quantized for Q of a quantization
+    action, else as stored)."""
+    return (keys, values) if quant is None else quant(keys, values)
 
 
 def _group_ends(groups: list[int]) -> list[int]:

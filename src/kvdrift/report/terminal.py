@@ -69,7 +69,7 @@ def run_table(summaries: Sequence[ActionSummary], estimator: str = "rollout") ->
     table = Table(title="Per action (documents weighted equally within strata, strata equally)",
                   caption=caption)
     for col in ("model", "action", "docs", "P(tau<=H)", "entry time", "R", "R_TV", "O_H",
-                "E_H", "Pi_H", "C_H", "F", "KL", "accept", "tok/round(4)"):
+                "E_H", "Pi_H", "C_H", "F", "KL", "accept", "tok/round(4)", "kv_fraction"):
         table.add_column(col, justify="right")
     for s in summaries:
         table.add_row(Text(s.model), Text(s.action), str(s.documents), _percent(s.p_diverge, 1),
@@ -77,7 +77,8 @@ def run_table(summaries: Sequence[ActionSummary], estimator: str = "rollout") ->
                       _percent(s.R_tv, 2), _percent(s.O, 2), _percent(s.E, 2),
                       _percent(s.Pi, 2), _percent(s.C, 1),
                       _percent(s.F, 2), number_text(s.kl, digits=3),
-                      _percent(s.acceptance, 1), number_text(s.tokens_per_round, digits=2))
+                      _percent(s.acceptance, 1), number_text(s.tokens_per_round, digits=2),
+                      number_text(s.kv_fraction, digits=3))
     return table
 
 

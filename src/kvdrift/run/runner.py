@@ -146,7 +146,22 @@ def unit_records(
         reps = with_scores(reps, doc, result.x, result.y, pair.eos_token_id, make_pair)
     else:
         steps, reps = swrb_tables(key, result)
-    return steps, with_timing(reps, built - started, finished - built)
+    return steps, with_memory(with_timing(reps, built - started, finished - built), pair)
+
+
+MEMORY_COLUMNS = ("kv_bytes", "kv_fraction")
+
+
+def with_memory(replicates: pa.Table, pair: KernelPair) -> pa.Table:
+    """Add the size of Q's prompt cache where the pair can tell it (language models):
+    ``kv_bytes`` and ``kv_fraction`` of the full cache in the model's dtype, on each row."""
+    memory = getattr(pair, "kv_memory", None)
+    if memory is None:
+        return replicates
+    n = replicates.num_rows
+    for name, value in zip(MEMORY_COLUMNS, memory(), strict=True):
+        replicates = replicates.append_column(name, pa.array([float(value)] * n, pa.float64()))
+    return replicates
 
 
 def prepare_document(make_pair: PairFactory, doc: Document, actions: Sequence[str]) -> None:
