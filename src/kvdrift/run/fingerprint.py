@@ -5,20 +5,16 @@ run's settings: the horizon, the number of replicates, the temperature, the esti
 its depths, the seed, the replicate batch, the dtype and prompt format, the document's text
 and the kvdrift version. Each unit's Parquet files carry these settings (key-value metadata
 ``kvdrift.fingerprint``), and a resumed run checks them before any unit runs, so records made
-under other settings are never mixed in, whatever happened to ``run.json``.
+under other settings are never mixed in, whatever happened to ``run.json``. A run's settings
+make a document's fingerprint in :meth:`kvdrift.run.runner.RunConfig.fingerprint`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Mapping
 from importlib import metadata
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from kvdrift.data.document import Document
-    from kvdrift.run.runner import RunConfig
+from typing import Any
 
 METADATA_KEY = b"kvdrift.fingerprint"
 
@@ -36,20 +32,6 @@ def kvdrift_version() -> str:
         return metadata.version("kvdrift")
     except metadata.PackageNotFoundError:
         return "unknown"
-
-
-def unit_fingerprint(config: RunConfig, doc: Document) -> dict[str, Any]:
-    """The settings that shape the records of ``doc``'s units under ``config`` (JSON-ready)."""
-    extra = config.extra or {}
-    return {
-        "model": config.model, "dtype": extra.get("dtype"), "estimator": config.estimator,
-        "replicates": config.replicates, "horizon": config.horizon,
-        "temperature": float(config.temperature), "depths": list(config.depths),
-        "seed": config.seed, "batch": config.batch,
-        "chat_template": extra.get("chat_template"),
-        "prompt_sha256": hashlib.sha256(doc.prompt.encode("utf-8", "surrogatepass")).hexdigest(),
-        "kvdrift": kvdrift_version(),
-    }
 
 
 def encode(fingerprint: Mapping[str, Any]) -> bytes:

@@ -14,6 +14,7 @@ import hashlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import pyarrow as pa
 
@@ -28,7 +29,7 @@ from kvdrift.estimate.common import (
     make_generator,
 )
 from kvdrift.kernel import KernelPair
-from kvdrift.run.fingerprint import unit_fingerprint
+from kvdrift.run.fingerprint import kvdrift_version
 from kvdrift.run.outcomes import with_scores
 from kvdrift.run.records import UnitKey, rollout_tables, swrb_tables
 from kvdrift.run.store import RunStore
@@ -66,6 +67,21 @@ class RunConfig:
         checks.integer(self.batch, "batch", 0,
                        rule="an integer >= 0 (0 = all replicates at once)")
         checks.number(self.temperature, "temperature", 0, rule="a finite number >= 0 (0 = greedy)")
+
+    def fingerprint(self, doc: Document) -> dict[str, Any]:
+        """The settings that shape the records of ``doc``'s units (JSON-ready; stored with
+        them, :mod:`kvdrift.run.fingerprint`)."""
+        extra = self.extra or {}
+        return {
+            "model": self.model, "dtype": extra.get("dtype"), "estimator": self.estimator,
+            "replicates": self.replicates, "horizon": self.horizon,
+            "temperature": float(self.temperature), "depths": list(self.depths),
+            "seed": self.seed, "batch": self.batch,
+            "chat_template": extra.get("chat_template"),
+            "prompt_sha256": hashlib.sha256(doc.prompt.encode("utf-8", "surrogatepass")
+                                            ).hexdigest(),
+            "kvdrift": kvdrift_version(),
+        }
 
     def as_dict(self) -> dict:
         out = asdict(self)
@@ -183,7 +199,7 @@ def finished_units(
     """
     done = set()
     for doc in documents:
-        fingerprint = unit_fingerprint(config, doc)
+        fingerprint = config.fingerprint(doc)
         for action in config.actions:
             key = unit_key(config, doc, action)
             if store.unit_done(key, fingerprint):
@@ -195,7 +211,7 @@ def store_unit(store: RunStore, config: RunConfig, doc: Document, action: str,
                tables: tuple[pa.Table, pa.Table]) -> UnitKey:
     """Write one computed unit with its fingerprint; returns its key."""
     key = unit_key(config, doc, action)
-    store.write_unit(key, *tables, fingerprint=unit_fingerprint(config, doc))
+    store.write_unit(key, *tables, fingerprint=config.fingerprint(doc))
     return key
 
 
