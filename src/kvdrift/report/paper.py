@@ -16,21 +16,14 @@ from html import escape
 
 from kvdrift.analysis.interval import Interval
 from kvdrift.analysis.results import StudyAnalysis
+from kvdrift.report import page
 from kvdrift.report.numbers import MISSING
 
 HEADLINE_T = 32  # the paper's P(tau <= 32)
 
 
 def _cell(iv: Interval | None, signed: bool = False, digits: int = 2) -> str:
-    from kvdrift.report.html import _interval_cell
-
-    return _interval_cell(iv, signed=signed, digits=digits)
-
-
-def _table(headers: list[str], rows: list[list[str]], numeric_from: int = 1) -> str:
-    from kvdrift.report.html import _table as table
-
-    return table(headers, rows, numeric_from=numeric_from)
+    return page.interval_cell(iv, signed=signed, digits=digits)
 
 
 def _s99_interval(analysis: StudyAnalysis, model: str, action: str) -> tuple[Interval, str]:
@@ -54,7 +47,7 @@ def table1(analysis: StudyAnalysis) -> str:
     entry = analysis.lags.max_entry if analysis.lags is not None else None
     cohort = f"&tau; &le; {entry}" if entry else "cohort"
     return ("<h3>Table 1: saturation and branch-cohort support</h3>"
-            + _table(["model", "action", "S<sub>.99</sub> (%)", "interval",
+            + page.table(["model", "action", "S<sub>.99</sub> (%)", "interval",
                       f"cohort documents ({cohort})", f"cohort paths ({cohort})"], rows, 2))
 
 
@@ -76,7 +69,7 @@ def table2(analysis: StudyAnalysis) -> str:
             "g<sub>J</sub> = mean over positions t in block J of E[&delta;<sub>t</sub>](b) "
             "&minus; E[&delta;<sub>t</sub>](a); branch clock: B = late &minus; early branch TV "
             "after the first divergence. Pointwise intervals (paired document bootstrap).</p>"
-            + _table(headers, rows, 3))
+            + page.table(headers, rows, 3))
 
 
 def headline(analysis: StudyAnalysis) -> str:
@@ -93,21 +86,19 @@ def headline(analysis: StudyAnalysis) -> str:
              _cell(c.terms.get("dR"), signed=True), _cell(c.terms.get("dR_tv"), signed=True),
              _cell(c.terms.get("exposure_share"), digits=1)] for c in analysis.contrasts]
     return ("<h3>Study 1 headline</h3>"
-            + _table(["model", "action", f"P(&tau; &le; {t}) (%)"], rows, 2)
-            + _table(["model", "contrast (b &minus; a)", "mismatch gap &Delta;R (pp)",
+            + page.table(["model", "action", f"P(&tau; &le; {t}) (%)"], rows, 2)
+            + page.table(["model", "contrast (b &minus; a)", "mismatch gap &Delta;R (pp)",
                       "rollout-TV gap &Delta;R<sub>TV</sub> (pp)", "exposure share (%)"],
                      gaps, 2))
 
 
 def paper_section(analysis: StudyAnalysis) -> str:
     """The report's "The paper's tables" section (Figure 7 is among the figures)."""
-    from kvdrift.report.html import _section
-
     note = ('<p class="note">In the layout of the paper (arXiv 2609.16617): Tables 1 and 2, '
             "the study-1 headline, and Figure 7 (see Figures). Table 4 comes from "
             "<code>kvdrift predict --report</code>, which needs a development and an "
             "evaluation run.</p>")
-    return _section("The paper's tables", "paper",
+    return page.section("The paper's tables", "paper",
                     note + headline(analysis) + table1(analysis) + table2(analysis))
 
 
@@ -132,16 +123,14 @@ def prediction_table(result) -> str:
                f"observed gap (pp, {level})", f"full minus observed (pp, {level})",
                f"error (pp, {100 * (1 - result.alpha_adjusted):.4g}%)", "decision"]
     return ("<h3>Table 4: aggregate prediction on evaluation documents</h3>"
-            + _table(headers, rows, 3))
+            + page.table(headers, rows, 3))
 
 
 def write_prediction_report(result, path) -> None:
     """An HTML page with Table 4 (``kvdrift predict --report PATH``)."""
     from pathlib import Path
 
-    from kvdrift.report.html import CSS, PAGE
-
     body = prediction_table(result)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(PAGE.substitute(title="kvdrift prediction (Table 4)", css=CSS,
-                                          body=body), encoding="utf-8")
+    html = page.PAGE.substitute(title="kvdrift prediction (Table 4)", css=page.CSS, body=body)
+    Path(path).write_text(html, encoding="utf-8")
