@@ -29,7 +29,9 @@ declare -A MODULES=(
   [records]="src/kvdrift/run/records.py|tests/test_run_exact.py"
   [runner]="src/kvdrift/run/runner.py|tests/test_run_exact.py tests/test_runner.py"
   [store]="src/kvdrift/run/store.py|tests/test_run_exact.py tests/test_runner.py"
-  [analysis]="src/kvdrift/analysis/*|tests/test_analysis_helpers.py tests/test_analysis.py tests/test_analysis_exact.py tests/test_predict.py tests/test_plan.py tests/test_study_analysis.py tests/test_study_breakdowns.py"
+  [analysis]="src/kvdrift/analysis/*|tests/test_analysis_helpers.py tests/test_analysis.py tests/test_analysis_exact.py tests/test_predict.py tests/test_plan.py tests/test_study_analysis.py tests/test_study_breakdowns.py tests/test_results.py tests/test_divergence.py tests/test_checks.py tests/test_task_outcomes.py tests/test_readings.py"
+  [divergence]="src/kvdrift/divergence.py|tests/test_divergence.py tests/test_analysis_helpers.py tests/test_estimate_exact.py"
+  [checks]="src/kvdrift/checks.py|tests/test_checks.py tests/test_analysis_helpers.py tests/test_finite_inputs.py"
   [cache]="src/kvdrift/lm/cache.py|tests/test_lm_cache.py tests/test_lm_pair.py tests/test_shared_attention.py"
   [pair]="src/kvdrift/lm/pair.py src/kvdrift/lm/prefill.py|tests/test_lm_pair.py tests/test_lm_pair_inputs.py tests/test_lm_presses.py tests/test_shared_attention.py tests/test_lm_actions.py tests/test_lm_estimators.py"
 )
@@ -38,7 +40,7 @@ for f in src/kvdrift/analysis/*.py; do
   stem=$(basename "$f" .py)
   [ "$stem" = "__init__" ] || MODULES[analysis.$stem]="$f|${MODULES[analysis]#*|}"
 done
-ORDER=(coupling estimate finite finite.check records runner store analysis cache pair)
+ORDER=(coupling estimate finite finite.check records runner store divergence checks analysis cache pair)
 [ $# -gt 0 ] && ORDER=("$@")
 
 for name in "${ORDER[@]}"; do

@@ -106,7 +106,10 @@ def test_intervals_contrasts_and_ordering():
     a, b, c = sharp_interval(0.1, 0.05), sharp_interval(0.2, 0.1), sharp_interval(0.12, 0.2)
     assert (a.lo, a.hi, a.minimax, a.worst_error) == pytest.approx((0.1, 0.15, 0.125, 0.025))
     d = contrast_interval(a, b)
-    assert (d.lo, d.hi) == pytest.approx((0.05, 0.2))
+    assert (d.lo, d.hi, d.level) == pytest.approx((0.05, 0.2, 1))
+    # two enclosures that hold at 0.95 and 0.9: both hold at once with probability >= 0.85
+    h = contrast_interval(Interval.enclosing(0.1, 0.2, 0.95), Interval.enclosing(0.3, 0.4, 0.9))
+    assert (h.lo, h.hi, h.level) == pytest.approx((0.1, 0.3, 0.85))
     assert certainly_better(a, b) and not certainly_better(b, a) and not certainly_better(a, c)
     assert certified_order({"a": a, "b": b, "c": c}) == [("a", "b")]
     with pytest.raises(ValueError, match="B_L must be >= 0"):

@@ -23,7 +23,17 @@ from tests.messages import whole
      "alpha must be a number within (0, 1); got 1.0"),
     (lambda: checks.number(-0.5, "halfwidth", 0, open_lo=True),
      "halfwidth must be a finite number > 0; got -0.5"),
+    (lambda: checks.number(0.0, "margin", 0, open_lo=True),
+     "margin must be a finite number > 0; got 0.0"),
+    (lambda: checks.number(-1.0, "t", 0), "t must be a finite number >= 0; got -1.0"),
+    (lambda: checks.number(2.0, "t", hi=1), "t must be a finite number <= 1; got 2.0"),
+    (lambda: checks.number(1.0, "t", hi=1, open_hi=True),
+     "t must be a finite number < 1; got 1.0"),
+    (lambda: checks.number(1.5, "p", 0, 1), "p must be a number within [0, 1]; got 1.5"),
+    (lambda: checks.number(0.0, "p", 0, 1, open_lo=True),
+     "p must be a number within (0, 1]; got 0.0"),
     (lambda: checks.depth(0, 3), "depth L must be an integer within 1..H = 1..3; got 0"),
+    (lambda: checks.depth(4, 3), "depth L must be an integer within 1..H = 1..3; got 4"),
     (lambda: checks.choice("gpu", "device", ("cpu", "cuda")),
      "unknown device 'gpu'; allowed: cpu, cuda"),
 ])
@@ -37,6 +47,7 @@ def test_accepted_values_come_back_as_plain_python_numbers():
     assert checks.integer(np.int64(4), "K", 1) == 4
     assert checks.number(np.float32(0.5), "a", 0, 1) == 0.5
     assert checks.number(3, "t", 0) == 3.0 and type(checks.number(3, "t")) is float
-    assert checks.number(0.0, "t", 0) == 0.0  # closed bound by default
+    assert checks.number(0.0, "t", 0) == 0.0  # closed bounds by default
+    assert checks.number(1.0, "p", 0, 1) == 1.0 and checks.number(1.0, "t", hi=1) == 1.0
     assert checks.integer(8, "folds", 2, 8) == 8 and checks.depth(3, 3) == 3
     assert checks.choice("cpu", "device", ("cpu", "cuda")) == "cpu"

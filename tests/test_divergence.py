@@ -22,6 +22,13 @@ def test_never_is_zero_and_taus_are_one_based():
     np.testing.assert_array_equal(first_true(MISMATCH, 9), [9, 1, 3, 4])
 
 
+def test_tau_is_taken_along_the_last_axis_of_any_rank():
+    # [documents, replicates, H] = [2, 4, 4], as the analysis reads EOS and mismatch flags
+    cube = np.stack([MISMATCH, MISMATCH[::-1]])
+    np.testing.assert_array_equal(divergence_time(cube), [[0, 1, 3, 4], [4, 3, 1, 0]])
+    np.testing.assert_array_equal(first_true(cube[:, :3], 9), [[9, 1, 3], [4, 3, 1]])
+
+
 def test_estimator_and_analysis_give_the_same_tau():
     np.testing.assert_array_equal(first_mismatch(torch.from_numpy(MISMATCH)).numpy(),
                                   divergence_time(MISMATCH))

@@ -57,6 +57,13 @@ def test_interval_fields_json_and_refusals():
     with pytest.raises(ValueError, match=r"^interval level must be within \(0, 1\]; got 0$"):
         Interval(0.3, 0.1, 0.4, 0)
     assert Interval(math.nan, math.nan, math.nan, 0.95).defined is False  # NaN ends are allowed
+    with pytest.raises(ValueError, match=r"^interval level must be within \(0, 1\]; got 1\.5$"):
+        Interval(0.3, 0.1, 0.4, 1.5)
+    assert Interval(0.3, 0.1, 0.4, 1).level == 1  # a sharp set is certain
+    # an end at 0 does not exclude 0
+    assert not Interval(0.05, 0.0, 0.1, 0.95).excludes_zero()
+    assert not Interval(-0.05, -0.1, 0.0, 0.95).excludes_zero()
+    assert Interval(-0.05, -0.1, -0.01, 0.95).excludes_zero()
 
 
 def test_enclosures_estimate_is_the_minimax_point_and_levels_are_kept():
@@ -102,6 +109,9 @@ def test_contrast_and_strata_frames_match_the_json(study):
             .itertuples(index=False)] == want
     assert len(study.stratum_contrasts_frame()) == sum(len(s["contrasts"])
                                                         for s in data["strata"])
+    # a stratum's contrasts carry its model, though the JSON stores it once per stratum
+    assert {(s.model, c.model) for s in study.strata for c in s.contrasts} == {
+        ("toy", "toy"), ("toy2", "toy2")}
     ends = study.endpoints_frame()
     assert ends["estimate"].tolist() == [e["estimate"] for e in data["endpoints"]]
     bounds = study.bounds_frame()
