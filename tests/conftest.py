@@ -32,9 +32,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jin
                    "generation_config.json")
 
 
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory):
-    """A 2-layer random Llama saved with the embedded SmolLM2 tokenizer (loads like any model)."""
+def _save_tiny_model(out, **extra):
+    """A 2-layer random Llama saved into ``out`` with the embedded SmolLM2 tokenizer."""
     import shutil
 
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -42,14 +41,25 @@ def tiny_model_dir(tmp_path_factory):
     from kvdrift.lm.model import smollm2_path
 
     source = smollm2_path()
-    out = tmp_path_factory.mktemp("tiny-model")
     for name in TOKENIZER_FILES:
         if (source / name).exists():
             shutil.copy(source / name, out / name)
     config = LlamaConfig(vocab_size=49152, hidden_size=32, intermediate_size=64,
                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                          max_position_embeddings=4096, initializer_range=0.5,
-                         bos_token_id=1, eos_token_id=2, pad_token_id=2)
+                         bos_token_id=1, eos_token_id=2, pad_token_id=2, **extra)
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(out)
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A 2-layer random Llama saved with the embedded SmolLM2 tokenizer (loads like any model)."""
+    return _save_tiny_model(tmp_path_factory.mktemp("tiny-model"))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir_hd64(tmp_path_factory):
+    """``tiny_model_dir`` with head_dim 64, so llama.cpp's blocks of 32 fit (gguf actions)."""
+    return _save_tiny_model(tmp_path_factory.mktemp("tiny-model-hd64"), head_dim=64)

@@ -191,3 +191,40 @@ endpoints = ["R(decoding-knorm:interval=2,target=30) - R(adakv-snapkv:ratio=0.5)
     assert all(a["documents"] == 4 for a in analysis["actions"])
     assert analysis["endpoints"][0]["name"].startswith("R(decoding-knorm")
     assert (out / "report" / "report.html").exists()
+
+
+QUANTIZED = ("full", "kivi:bits=4", "gguf:k=q8_0,v=q8_0", "snapkv:ratio=0.5+kivi:bits=4")
+
+
+@pytest.mark.parametrize("estimator", ["rollout", "swrb"])
+def test_quantization_actions_run_store_and_analyse(tiny_model_dir_hd64, docs_file, tmp_path,
+                                                     estimator):
+    # issue 22: both estimators with KIVI, a llama.cpp cache type and a chain, end to end
+    out = tmp_path / estimator
+    result = runner.invoke(app, [
+        "run", "--model", str(tiny_model_dir_hd64), "--docs", str(docs_file), "--actions",
+        ",".join(QUANTIZED), "--replicates", "2", "--horizon", "5", "--estimator", estimator,
+        "--device", "cpu", "--out", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    rows = {r["action"]: r for r in json.loads(result.stdout, parse_constant=_no_nan)}
+    assert set(rows) == set(QUANTIZED)
+    assert rows["full"]["R"] == 0 and rows["full"]["kv_fraction"] == 1
+    # float32 model: a q8_0 entry is 34 bytes per 32 elements of 4 bytes, every entry
+    assert rows["gguf:k=q8_0,v=q8_0"]["kv_fraction"] == pytest.approx(34 / 128)
+    assert 0 < rows["kivi:bits=4"]["kv_fraction"] < 1
+    assert rows["snapkv:ratio=0.5+kivi:bits=4"]["kv_fraction"] < 0.5
+    reps = pq.read_table(out / "replicates").to_pandas()
+    assert reps["estimator"].unique().tolist() == [estimator]
+    report = runner.invoke(app, ["report", str(out), "--bootstrap", "20"])
+    assert report.exit_code == 0, report.output
+    analysis = json.loads((out / "report" / "analysis.json").read_text())
+    for entry in analysis["actions"]:
+        # by hand: one value per document, strata (short, long) weighed equally
+        unit = reps[reps["action"] == entry["action"]].groupby("doc_id").first()
+        want = unit.groupby("stratum")[["kv_bytes", "kv_fraction"]].mean().mean()
+        assert entry["kv_bytes"] == pytest.approx(want["kv_bytes"])
+        assert entry["kv_fraction"] == pytest.approx(want["kv_fraction"])
+        assert entry["kv_fraction"] == pytest.approx(rows[entry["action"]]["kv_fraction"])
+        assert entry["scalars"]["R"]["estimate"] == pytest.approx(rows[entry["action"]]["R"])
+    assert (out / "report" / "figures" / "risk_memory.png").exists()
+    assert "kv_fraction" in (out / "report" / "report.html").read_text()

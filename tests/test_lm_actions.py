@@ -247,6 +247,46 @@ def test_split_actions():
         parse_action(spec)
 
 
+DONE_WHEN = ("full,kivi:bits=2,kivi:bits=4,gguf:k=q8_0,v=q8_0,gguf:k=q4_0,v=q4_0,"
+             "snapkv:ratio=0.5+kivi:bits=4")
+
+
+def test_split_actions_keeps_a_gguf_pair_and_kivi_options_in_one_spec():
+    # issue 22's command: the comma inside gguf:k=..,v=.. belongs to the gguf spec
+    assert split_actions(DONE_WHEN) == (
+        "full", "kivi:bits=2", "kivi:bits=4", "gguf:k=q8_0,v=q8_0", "gguf:k=q4_0,v=q4_0",
+        "snapkv:ratio=0.5+kivi:bits=4")
+    assert split_actions("kivi:bits=2,group=32,residual=64,snapkv:ratio=0.5+gguf:v=q4_1,"
+                         "k=q8_0, recent-half") == (
+        "kivi:bits=2,group=32,residual=64", "snapkv:ratio=0.5+gguf:v=q4_1,k=q8_0",
+        "recent-half")
+    for spec in split_actions(DONE_WHEN):
+        parse_action(spec)
+
+
+def test_actions_command_lists_quantizations_with_bits_per_element():
+    import gguf
+
+    result = CliRunner().invoke(app, ["actions"])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    section = lines[lines.index(next(x for x in lines if x.startswith("Quantizations"))) + 1:]
+    rows = {line.split()[0]: line.split()[1:] for line in section[:section.index("")]}
+    # llama.cpp's block layout from the gguf package: bytes per block of 32 elements
+    sizes = gguf.GGML_QUANT_SIZES
+    types = {"f16": gguf.GGMLQuantizationType.F16, "q8_0": gguf.GGMLQuantizationType.Q8_0,
+             "q5_1": gguf.GGMLQuantizationType.Q5_1, "q5_0": gguf.GGMLQuantizationType.Q5_0,
+             "q4_1": gguf.GGMLQuantizationType.Q4_1, "q4_0": gguf.GGMLQuantizationType.Q4_0}
+    want = {f"gguf:k={name},v={name}": 8 * sizes[t][1] / sizes[t][0]
+            for name, t in types.items()}
+    # KIVI: b bits plus a float16 scale and zero point per group of 32 (2 x 16 / 32 = 1 bit)
+    want |= {f"kivi:bits={b}[,group=32][,residual=128]": b + 2 * 16 / 32 for b in (2, 4, 8)}
+    assert set(rows) == set(want)
+    for spec, bits in want.items():
+        assert float(rows[spec][0]) == bits and rows[spec][1] == "bits", spec
+    assert want["gguf:k=q4_0,v=q4_0"] == 4.5 and want["gguf:k=q8_0,v=q8_0"] == 8.5
+
+
 def test_actions_help_and_readme_list_every_action():
     text = actions_help()
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()

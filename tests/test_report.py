@@ -22,6 +22,7 @@ from kvdrift.report.figures import (
     plot_expected_delta,
     plot_lag_profiles,
     plot_timing,
+    risk_memory_points,
 )
 from kvdrift.report.numbers import interval_text, to_json_safe
 from kvdrift.report.terminal import print_whole, run_table
@@ -34,6 +35,10 @@ TABLE_HEADINGS = ("What was run", "Headline numbers", "Contrasts", "Prespecified
                   "Finite-window bounds", "Certified orderings", "EOS split", "EOS contrasts",
                   "Local agreement within branches", "Task outcomes",
                   "Teacher-forced and speculative readings", "Per stratum", "Figures", "Glossary")
+
+
+KV_FRACTION = {"snapkv-512": 0.125, "snapkv-half": 0.5, "recent-half": 0.5}
+KV_FULL = 8 * 2 ** 20  # bytes of the fake full cache
 
 
 def interval(est, half=0.02):
@@ -86,6 +91,7 @@ def fake_action(model: str, action: str, hazard: float, rng: np.random.Generator
                        "hoeffding_hi": min(1.0, R_L + B_L + 0.05)})
     return {
         "model": model, "action": action, "documents": 60,
+        "kv_bytes": KV_FRACTION[action] * KV_FULL, "kv_fraction": KV_FRACTION[action],
         "scalars": {
             "p_diverge": fraction(float(cdf[-1])),
             "mean_entry_time": interval(float((p * t).sum() / cdf[-1]), 0.8),
@@ -143,6 +149,7 @@ def make_analysis() -> dict:
     del actions[5]["curves"]["lag_profile"], actions[5]["curves"]["lag_profile_strict"]
     actions[4]["eos_split"] = None
     actions[1]["scalars"]["F"] = interval(float("nan"))
+    actions[2]["kv_bytes"] = actions[2]["kv_fraction"] = None  # cache size not recorded
     contrasts = [fake_contrast(m, "snapkv-half", b, rng)
                  for m in MODELS for b in ("snapkv-512", "recent-half")]
     endpoints = [{"model": m, "name": f"{q}({a})", "estimate": 0.05, "lo": 0.01, "hi": 0.09,
@@ -204,6 +211,7 @@ def make_swrb_analysis() -> dict:
     for a in out["actions"]:
         a["curves"] = {"timing_cdf": a["curves"]["timing_cdf"]}
         a["eos_split"] = None
+        del a["kv_bytes"], a["kv_fraction"]  # as an analysis.json written before issue 22
     return out
 
 
@@ -284,6 +292,38 @@ def test_headline_formatting(report_dir):
     assert "<td class=\"num\">—</td>" in html  # the NaN F of one action
 
 
+def test_cache_size_in_the_headline_the_json_and_the_risk_memory_figure(report_dir):
+    analysis = make_analysis()
+    data = strict_json((report_dir / "analysis.json").read_text(encoding="utf-8"))
+    for got, want in zip(data["actions"], analysis["actions"], strict=True):
+        assert (got["kv_bytes"], got["kv_fraction"]) == (want["kv_bytes"], want["kv_fraction"])
+    assert data["actions"][2]["kv_fraction"] is None
+    # the figure's points: each action with a cache size, its R interval as analysis.json has it
+    want: dict[str, list] = {}
+    for a in analysis["actions"]:
+        if a["kv_fraction"] is not None:
+            r = a["scalars"]["R"]
+            want.setdefault(a["model"], []).append(
+                (a["action"], a["kv_fraction"], r["estimate"], r["lo"], r["hi"]))
+    got = {m: [(p.action, p.kv_fraction, p.R, p.lo, p.hi) for p in ps]
+           for m, ps in risk_memory_points(typed(analysis)).items()}
+    assert got == want and [len(v) for v in got.values()] == [2, 3]
+    assert (report_dir / "figures" / "risk_memory.png").read_bytes()[:8] == PNG_MAGIC
+    html = (report_dir / "report.html").read_text(encoding="utf-8")
+    headline = html[html.index('id="headline"'):html.index("</section>",
+                                                           html.index('id="headline"'))]
+    assert "<th class=\"num\">kv_fraction</th><th class=\"num\">kv_bytes (KiB)</th>" in headline
+    # snapkv-512: 1/8 of 8 MiB; recent-half of the first model: not recorded
+    assert ('<td>snapkv-512</td><td class="num">60</td><td class="num">0.125</td>'
+            '<td class="num">1024.0</td>') in headline
+    assert ('<td>recent-half</td><td class="num">60</td><td class="num">—</td>'
+            '<td class="num">—</td>') in headline
+    console = Console(record=True, width=250)
+    console.print(summary_table(typed(analysis)))
+    text = console.export_text()
+    assert "kv_fraction" in text and "0.500" in text
+
+
 def test_swrb_report_has_only_timing(swrb_analysis, tmp_path):
     # a previous full report's figures in the same folder must not survive
     (tmp_path / "figures").mkdir()
@@ -292,6 +332,7 @@ def test_swrb_report_has_only_timing(swrb_analysis, tmp_path):
     html = write_report(typed(swrb_analysis), tmp_path).read_text(encoding="utf-8")
     assert html.count("data:image/png;base64,") == 1
     assert [p.name for p in (tmp_path / "figures").glob("*.png")] == ["timing.png"]
+    assert "kv_fraction" not in html  # no cache sizes: no column, no risk-memory figure
     assert "No contrasts in this analysis" in html
     assert "survival-weighted residual branching" in html
 

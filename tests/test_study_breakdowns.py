@@ -297,8 +297,10 @@ def test_analysis_fields_by_hand():
     windows = LagWindows.for_horizon(12)
     assert out["lags"] == windows.as_dict()
     for entry, action in zip(out["actions"], "ab", strict=True):
-        assert set(entry) == {"model", "action", "documents", "scalars", "curves", "eos_split",
-                              "bounds"}
+        assert set(entry) == {"model", "action", "documents", "kv_bytes", "kv_fraction",
+                              "scalars", "curves", "eos_split", "bounds"}
+        # records without Q's cache size (only language-model pairs tell it): NaN (null)
+        assert math.isnan(entry["kv_bytes"]) and math.isnan(entry["kv_fraction"])
         assert (entry["model"], entry["action"], entry["documents"]) == ("m", action, 3)
         assert set(entry["curves"]) == {"timing_cdf", "expected_delta", "lag_profile",
                                         "lag_profile_strict"}
@@ -513,6 +515,47 @@ def test_run_summary_is_the_analysis_point_estimate():
         assert math.isnan(d.pop("kv_bytes")) and math.isnan(d.pop("kv_fraction"))
         for key, value in d.items():
             assert value == pytest.approx(entry["scalars"][key]["estimate"]), key
+
+
+def test_cache_size_is_the_stratum_weighted_mean_of_document_values():
+    from kvdrift.analysis.results import StudyAnalysis
+    from kvdrift.analysis.summary import summarize
+    from kvdrift.report.numbers import to_json_safe
+
+    steps, reps = field_records()
+    # by hand: Q's prompt cache per (document, action), in bytes, of a full cache of 4096
+    size = {("d1", "a"): 1024.0, ("d2", "a"): 2048.0, ("d3", "a"): 3072.0,
+            ("d1", "b"): 512.0, ("d2", "b"): 512.0, ("d3", "b"): 4096.0}
+    reps["kv_bytes"] = [size[d, a] for d, a in zip(reps["doc_id"], reps["action"], strict=True)]
+    reps["kv_fraction"] = reps["kv_bytes"] / 4096
+    # strata s = {d1, d2} and t = {d3} weigh equally: (mean over s + value of d3) / 2
+    want = {"a": ((1024 + 2048) / 2 + 3072) / 2, "b": ((512 + 512) / 2 + 4096) / 2}
+    assert want == {"a": 2304.0, "b": 2304.0}  # same mean, different documents
+    result = analyze(steps, reps, AnalysisOptions(bootstrap=20, seed=0))
+    out = result.to_json()
+    for entry, summary in zip(out["actions"], summarize(steps, reps), strict=True):
+        action = entry["action"]
+        assert entry["kv_bytes"] == pytest.approx(want[action])
+        assert entry["kv_fraction"] == pytest.approx(want[action] / 4096)
+        assert (summary.action, summary.kv_bytes) == (action, pytest.approx(want[action]))
+        assert summary.kv_fraction == pytest.approx(want[action] / 4096)
+    # a stratum of one document counts as much as a stratum of two: not the plain mean
+    reps.loc[reps["doc_id"] == "d3", "kv_bytes"] = 0.0
+    entry = analyze(steps, reps, AnalysisOptions(bootstrap=20)).to_json()["actions"][0]
+    assert entry["kv_bytes"] == pytest.approx((1024 + 2048) / 4)  # plain mean: 1024
+    # the frame and analysis.json read back carry them; other scalars are unchanged
+    frame = result.to_frame()
+    assert frame["kv_fraction"].tolist() == pytest.approx([want["a"] / 4096, want["b"] / 4096])
+    back = StudyAnalysis.from_json(out)
+    assert back.action("m", "b").kv_bytes == pytest.approx(want["b"])
+    plain = analyze(*field_records(), AnalysisOptions(bootstrap=20, seed=0)).to_json()
+    assert to_json_safe([a["scalars"] for a in out["actions"]]) == to_json_safe(
+        [a["scalars"] for a in plain["actions"]])  # NaN -> None, so that NaN == NaN
+    # an analysis.json written before the columns existed reads as NaN
+    for a in out["actions"]:
+        del a["kv_bytes"], a["kv_fraction"]
+    old = StudyAnalysis.from_json(out).action("m", "a")
+    assert math.isnan(old.kv_bytes) and math.isnan(old.kv_fraction)
 
 
 def test_incomplete_replicate_records_are_named():

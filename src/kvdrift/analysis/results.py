@@ -125,7 +125,14 @@ class EosSplit:
 
 @dataclass(frozen=True)
 class ActionResult:
-    """One model x action: every scalar with its interval, curves, EOS split and bounds."""
+    """One model x action: every scalar with its interval, curves, EOS split and bounds.
+
+    ``kv_bytes`` and ``kv_fraction``: Q's prompt cache in bytes and as a fraction of the full
+    cache in the model's dtype, weighted means over the documents
+    (:mod:`kvdrift.analysis.memory`); NaN where the records do not tell it (finite pairs,
+    stores written before the columns existed). Point values: the cache size is set by the
+    action and the documents, so no interval.
+    """
 
     model: str
     action: str
@@ -134,29 +141,37 @@ class ActionResult:
     curves: Mapping[str, Curve] = field(default_factory=dict)
     eos_split: EosSplit | None = None
     bounds: tuple[Bound, ...] = ()
+    kv_bytes: float = float("nan")
+    kv_fraction: float = float("nan")
 
     def to_json(self) -> dict:
         return {"model": self.model, "action": self.action, "documents": self.documents,
+                "kv_bytes": self.kv_bytes, "kv_fraction": self.kv_fraction,
                 "scalars": {k: v.to_json() for k, v in self.scalars.items()},
                 "curves": {k: v.to_json() for k, v in self.curves.items()},
                 "eos_split": None if self.eos_split is None else self.eos_split.to_json(),
                 "bounds": [b.to_json() for b in self.bounds]}
 
     def row(self) -> dict:
-        return {"model": self.model, "action": self.action} | interval_columns(self.scalars)
+        return ({"model": self.model, "action": self.action, "kv_bytes": self.kv_bytes,
+                 "kv_fraction": self.kv_fraction} | interval_columns(self.scalars))
 
     def to_frame(self) -> pd.DataFrame:
-        """One row: ``model``, ``action`` and every scalar with ``_lo``/``_hi``."""
+        """One row: ``model``, ``action``, ``kv_bytes``, ``kv_fraction`` and every scalar
+        with ``_lo``/``_hi``."""
         return pd.DataFrame([self.row()])
 
     @classmethod
     def from_json(cls, data: Mapping, level: float) -> ActionResult:
         split = data.get("eos_split")
+        memory = {k: float("nan") if data.get(k) is None else float(data[k])
+                  for k in ("kv_bytes", "kv_fraction")}  # absent before issue 22
         return cls(str(data["model"]), str(data["action"]), int(data["documents"]),
                    _intervals_from_json(data["scalars"], data["scalars"], level),
                    {k: Curve.from_json(v, level) for k, v in (data.get("curves") or {}).items()},
                    EosSplit.from_json(split, level) if split else None,
-                   tuple(Bound.from_json(b, level) for b in data.get("bounds") or ()))
+                   tuple(Bound.from_json(b, level) for b in data.get("bounds") or ()),
+                   **memory)
 
 
 @dataclass(frozen=True)
@@ -573,7 +588,8 @@ class StudyAnalysis:
                 "two_clocks": [x.to_json() for x in self.two_clocks]}
 
     def to_frame(self) -> pd.DataFrame:
-        """One row per model x action: ``model``, ``action``, each scalar with ``_lo``/``_hi``."""
+        """One row per model x action: ``model``, ``action``, ``kv_bytes``, ``kv_fraction``,
+        each scalar with ``_lo``/``_hi``."""
         return _frame((a.row() for a in self.actions), ["model", "action"])
 
     def contrasts_frame(self) -> pd.DataFrame:

@@ -28,6 +28,7 @@ from kvdrift.analysis.endpoints import Endpoint, parse_endpoint
 from kvdrift.analysis.eos import eos_contrast_entries, eos_split_entry
 from kvdrift.analysis.features import DocFeatures, action_features, single_value
 from kvdrift.analysis.lags import LagWindows
+from kvdrift.analysis.memory import memory_means
 from kvdrift.analysis.quantities import (
     CONTRAST_TERMS,
     SCALARS,
@@ -179,7 +180,8 @@ def analyze(
                            "lag_profile_strict") if k in p},
                 eos_split_entry(means[a], boot_means[a], options.alpha)
                 if "eos_R" in f.columns else None,
-                tuple(bounds)))
+                tuple(bounds),
+                **memory_means(reps_m[reps_m["action"] == a], f.doc_ids, weights)))
         for a, b_name in action_pairs(actions):
             out["contrasts"].append(contrast_result(
                 model, (a, b_name), (point[a], point[b_name]), (boot[a], boot[b_name]),

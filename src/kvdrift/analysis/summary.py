@@ -15,6 +15,7 @@ import pandas as pd
 
 from kvdrift.analysis.bootstrap import stratum_weights, weighted_means
 from kvdrift.analysis.features import action_features
+from kvdrift.analysis.memory import memory_means
 from kvdrift.analysis.quantities import derive
 from kvdrift.analysis.readings import derive_readings
 from kvdrift.analysis.speculative import GAMMAS
@@ -41,7 +42,7 @@ class ActionSummary:
     kl: float = float("nan")  # mean KL(P || Q) per token, nats
     acceptance: float = float("nan")  # speculative per-token acceptance
     tokens_per_round: float = float("nan")  # expected tokens per round, draft length 4
-    # Q's prompt cache, mean over documents (NaN where the pair does not tell it):
+    # Q's prompt cache, weighted mean over documents (NaN where the pair does not tell it):
     kv_bytes: float = float("nan")  # bytes held (quantized entries at their bits, scales in)
     kv_fraction: float = float("nan")  # of the full cache in the model's dtype
 
@@ -64,8 +65,6 @@ def summarize(steps: pd.DataFrame, replicates: pd.DataFrame) -> list[ActionSumma
             r = derive_readings(means)
             values |= {"kl": float(r["kl"]), "acceptance": float(r["acceptance"]),
                        "tokens_per_round": float(r["tokens_per_round"][GAMMAS.index(4)])}
-        for column in ("kv_bytes", "kv_fraction"):
-            if column in reps:  # one value per unit, repeated on its replicate rows
-                values[column] = float(reps.groupby("doc_id")[column].first().mean())
+        values |= memory_means(reps, f.doc_ids, stratum_weights(pd.Series(f.strata)))
         out.append(ActionSummary(model=model, action=action, documents=len(f.doc_ids), **values))
     return out

@@ -475,6 +475,56 @@ def plot_paper_figure7(analysis: StudyAnalysis, path: str | Path) -> Path | None
 
 
 @dataclass(frozen=True)
+class MemoryPoint:
+    """One action in :func:`plot_risk_memory`: its ``kv_fraction`` and ``R`` with interval."""
+
+    action: str
+    kv_fraction: float
+    R: float
+    lo: float
+    hi: float
+
+
+def risk_memory_points(analysis: StudyAnalysis) -> dict[str, list[MemoryPoint]]:
+    """Per model, every action with a finite ``kv_fraction`` and ``R``, in the analysis' order;
+    models without any are left out."""
+    out: dict[str, list[MemoryPoint]] = {}
+    for model, actions in by_model(analysis.actions).items():
+        points = [MemoryPoint(a.action, a.kv_fraction, *_ends(a.scalars.get("R")))
+                  for a in actions]
+        points = [p for p in points if math.isfinite(p.kv_fraction) and math.isfinite(p.R)]
+        if points:
+            out[model] = points
+    return out
+
+
+def plot_risk_memory(analysis: StudyAnalysis, path: str | Path) -> Path | None:
+    """Risk R (with its interval) against ``kv_fraction``, Q's prompt cache as a fraction of
+    the full cache, one point per action: eviction and quantization at equal memory."""
+    panels = risk_memory_points(analysis)
+    if not panels:
+        return None
+    colors = action_colors(analysis)
+    fig, axes = _panels(len(panels), height=5.4)
+    for ax, (model, points) in zip(axes, panels.items(), strict=True):
+        for p in points:
+            ax.errorbar([100 * p.kv_fraction], [100 * p.R],
+                        yerr=np.array([_yerr(p.R, p.lo, p.hi, 100)]).T, fmt="o", ms=6,
+                        capsize=3, color=colors[p.action], label=p.action)
+        ax.set_xlim(0, 105)  # y: autoscaled with a margin, so R = 0 (full) stays visible
+        ax.set_xlabel("Q's prompt cache, % of the full cache in the model's dtype (kv_fraction)")
+        ax.set_ylabel("risk R, % of generated positions")
+        ax.set_title(model)
+        ax.grid(alpha=0.3)
+        # below the axes: points may sit anywhere, and their names are long
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2,
+                  frameon=False)
+    fig.suptitle("Risk against KV-cache memory")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+@dataclass(frozen=True)
 class Figure:
     """A report figure: file stem, drawing function, and a one-sentence caption."""
 
@@ -524,6 +574,12 @@ FIGURES = (
            "full cache (Leviathan et al.'s speculative sampling at the run's temperature), "
            "computed exactly from the acceptance probabilities along the reference path "
            "(bands: bootstrap intervals); 1 is no gain, gamma + 1 the ceiling."),
+    Figure("risk_memory", plot_risk_memory,
+           "Each point is an action's risk R (bars: bootstrap interval) against the size of "
+           "its prompt cache as a fraction of the full cache in the model's dtype "
+           "(kv_fraction: entries kept times bits, scales and zero points included; mean over "
+           "documents): eviction and quantization compared at equal memory. Actions whose "
+           "records do not tell the cache size are left out."),
 )
 
 

@@ -214,7 +214,9 @@ def _headline(analysis: StudyAnalysis) -> str:
     if any(a.scalars.get("B_strict") is not None and a.scalars["B_strict"].defined
            for a in actions):
         quantities.append(B_STRICT)
-    headers = ["action", "documents"] + [
+    memory = any(math.isfinite(a.kv_fraction) for a in actions)
+    headers = ["action", "documents"] + (
+        ["kv_fraction", "kv_bytes (KiB)"] if memory else []) + [
         f"{q.html.format(H=H)} ({q.unit})" for q in quantities]
     parts = ['<p class="note">One row per action; each cell is the estimate over its interval '
              "[lo, hi]. "
@@ -222,6 +224,12 @@ def _headline(analysis: StudyAnalysis) -> str:
              "percentages of generated positions, P(&tau; &le; H) of trajectories, "
              "C<sub>H</sub> of post-divergence positions; R &minus; F and B(a) are percentage "
              "points; mean entry time is E[&tau; | &tau; &le; H] in steps.</p>"]
+    if memory:
+        parts.append('<p class="note">kv_fraction: the size of Q\'s prompt cache (entries kept '
+                     "&times; bits, scales and zero points included) over the full cache in the "
+                     "model's dtype, and kv_bytes that size, each a mean over the documents "
+                     "(strata equally weighted); &ldquo;&mdash;&rdquo; where the records do not "
+                     "tell it.</p>")
     if analysis.meta.estimator == "swrb":
         parts.append('<p class="note">Under SWRB, C<sub>H</sub> = &Pi;<sub>H</sub>/E<sub>H</sub> '
                      "is a ratio of two unbiased estimates, so it and its interval can leave "
@@ -233,6 +241,8 @@ def _headline(analysis: StudyAnalysis) -> str:
         body = []
         for a in rows:
             body.append([escape(a.action), _meta_value(a.documents)]
+                        + ([number_text(a.kv_fraction, digits=3),
+                            number_text(a.kv_bytes, 1 / 1024, 1)] if memory else [])
                         + [_quantity_cell(q, a.scalars.get(q.key)) for q in quantities])
         parts.append(f"<h3>{escape(model)}</h3>")
         parts.append(page.table(headers, body))

@@ -95,7 +95,8 @@ def _cell(q: Quantity, interval: Interval | None) -> Text:
 
 
 def summary_table(analysis: StudyAnalysis) -> Table:
-    """One row per (model, action): P(tau<=H), R, E_H, C_H, R-F, B(a) with their intervals.
+    """One row per (model, action): P(tau<=H), R, E_H, C_H, R-F, B(a) with their intervals,
+    and ``kv_fraction`` when some action has it.
 
     Percent for fractions, pp for differences, one decimal. Each cell is the estimate over its
     ``[lo, hi]``; cells are plain :class:`rich.text.Text`, so brackets are never read as markup.
@@ -114,6 +115,9 @@ def summary_table(analysis: StudyAnalysis) -> Table:
     )
     table.add_column("model", style="cyan", overflow="fold")
     table.add_column("action", style="bold", overflow="fold")
+    memory = any(math.isfinite(a.kv_fraction) for a in analysis.actions)
+    if memory:
+        table.add_column("kv_fraction", justify="right")
     for q in quantities:
         table.add_column(f"{q.text.format(H=H)}\n({q.unit})", justify="right")
     previous = None
@@ -121,7 +125,8 @@ def summary_table(analysis: StudyAnalysis) -> Table:
         model = a.model
         if previous is not None and model != previous:
             table.add_section()
-        table.add_row(Text(model if model != previous else ""), Text(a.action),
+        memory_cells = [Text(number_text(a.kv_fraction, digits=3))] if memory else []
+        table.add_row(Text(model if model != previous else ""), Text(a.action), *memory_cells,
                       *(_cell(q, a.scalars.get(q.key)) for q in quantities))
         previous = model
     return table

@@ -19,6 +19,7 @@ from typing import Any
 import pyarrow as pa
 
 from kvdrift import checks
+from kvdrift.analysis.memory import MEMORY_COLUMNS
 from kvdrift.data.document import Document
 from kvdrift.estimate import coupled_rollouts, swrb
 from kvdrift.estimate.common import (
@@ -163,9 +164,6 @@ def unit_records(
     else:
         steps, reps = swrb_tables(key, result)
     return steps, with_memory(with_timing(reps, built - started, finished - built), pair)
-
-
-MEMORY_COLUMNS = ("kv_bytes", "kv_fraction")
 
 
 def with_memory(replicates: pa.Table, pair: KernelPair) -> pa.Table:
