@@ -1,7 +1,8 @@
 """The LM engine's speed and memory, as ratios measured in one run on the embedded SmolLM2.
 
 Prints:
-1. coupled step / one forward at (K = 16, n = 1,000) and (K = 16, n = 4,000). The coupled step
+1. coupled step / one forward at (K = 16, n = 1,000) and (K = 16, n = 4,000), the median of
+   three repeats that each time the three back to back (the machine's speed drifts). The coupled step
    is one position of the real rollout estimator (:func:`kvdrift.estimate.coupled_rollouts`,
    action snapkv-half), whose three paths advance in one joint step; "one forward" is one
    decoding step of 3K rows against a 16-token prompt (weights and MLP, no long attention)
@@ -10,8 +11,9 @@ Prints:
    step from separate steps at n = 1,000 (logits and log-probabilities, three paths).
 2. coupled step / ``generate(num_return_sequences=K)`` per position at n = 1,000 (generate's
    prompt cache is prefilled once and repeated K times, so only its decoding steps are timed).
-3. SWRB wall time / rollout wall time at the same K and H on one document, the per-replicate
-   variances of both estimators of R, and SWRB's variance-per-time advantage over rollouts.
+3. SWRB wall time / rollout wall time at the same K and H on one document (median of three),
+   the rows and model calls each runs, the per-replicate variances of both estimators of R, and
+   SWRB's variance-per-time advantage over rollouts.
 4. the peak resident memory of ``kvdrift run --replicates 64 --horizon 16`` on one
    4,096-token document with snapkv-half (a separate process, so only that run counts).
 5. the setup of a three-action document (snapkv-half, recent-half, snapkv-512: the pair
@@ -141,17 +143,39 @@ def seconds_per_position_generate(lm: LoadedModel, ids: torch.Tensor, k: int, h:
     return statistics.median(b - a for a, b in zip(clock.stamps, clock.stamps[1:], strict=False))
 
 
+class RowCounter:
+    """Counts the model calls and rows of a kernel pair's joint steps (wraps ``advance_many``)."""
+
+    def __init__(self, pair: LMKernelPair) -> None:
+        self.calls = self.rows = 0
+        self._advance_many = pair.advance_many
+        pair.advance_many = self
+
+    def __call__(self, states, tokens):
+        self.calls += 1
+        self.rows += sum(s.n for s in states)
+        return self._advance_many(states, tokens)
+
+
 def swrb_against_rollouts(pair: LMKernelPair, k: int, h: int) -> dict:
+    counter = pair.advance_many
+    if not isinstance(counter, RowCounter):
+        counter = RowCounter(pair)
+    counter.calls = counter.rows = 0
     start = time.perf_counter()
     naive = coupled_rollouts(pair, k, h, seed=1)
     t_rollout = time.perf_counter() - start
+    calls_rollout, rows_rollout = counter.calls, counter.rows
+    counter.calls = counter.rows = 0
     start = time.perf_counter()
     branched = swrb(pair, k, h, seed=1)
     t_swrb = time.perf_counter() - start
     d = naive.mismatch.double().mean(dim=1)  # per-replicate D_H
     var_naive, var_swrb = float(d.var()), float(branched.z_R.var())
     return {"t_rollout": t_rollout, "t_swrb": t_swrb, "R_rollout": float(d.mean()),
-            "R_swrb": float(branched.z_R.mean()), "var_rollout": var_naive, "var_swrb": var_swrb}
+            "R_swrb": float(branched.z_R.mean()), "var_rollout": var_naive, "var_swrb": var_swrb,
+            "calls_rollout": calls_rollout, "rows_rollout": rows_rollout,
+            "calls_swrb": counter.calls, "rows_swrb": counter.rows}
 
 
 def peak_rss_of_run(text: str, k: int, h: int) -> float:
@@ -226,6 +250,7 @@ def main() -> None:
         print_setup(load_model("smollm2"), setup_n)
         return
     k, h = (4, 4) if q else (16, 16)
+    repeats = 3
     lengths = (200, 400) if q else (1000, 4000)
     swrb_k, swrb_h, swrb_n = (8, 8, 300) if q else (64, 16, 626)
     rss_k, rss_h, rss_n = (8, 4, 512) if q else (64, 16, 4096)
@@ -235,23 +260,28 @@ def main() -> None:
     seconds_per_position_floor(lm, k, 2)  # warm-up
     seconds_per_position_one_forward(lm, k, 2)
 
-    def baselines() -> tuple[float, float]:
-        return seconds_per_position_one_forward(lm, k, h), seconds_per_position_floor(lm, k, h)
-
-    one, floor = baselines()
+    one, floor = seconds_per_position_one_forward(lm, k, h), seconds_per_position_floor(lm, k, h)
     print(f"one forward ({3 * k} rows on a 16-token prompt): {1000 * one:.0f} ms / position; "
           f"three-forward floor (three {k}-row steps): {1000 * floor:.0f} ms / position")
     for n in lengths:
         ids = encode_prompt(lm.tokenizer, prompt_text(lm.tokenizer, n))
         pair = LMKernelPair(lm, ids, "snapkv-half")
         seconds_per_position_coupled(pair, k, 2)  # warm-up
-        coupled = seconds_per_position_coupled(pair, k, h)
-        one_again, floor_again = baselines()  # machine drift shows here
-        one, floor = (one + one_again) / 2, (floor + floor_again) / 2
+        # The machine's speed drifts (a shared host): each repeat times the three back to back
+        # and gives its own ratios; the median repeat is reported, with the range.
+        runs = []
+        for _ in range(repeats):
+            one = seconds_per_position_one_forward(lm, k, h)
+            coupled = seconds_per_position_coupled(pair, k, h)
+            floor = seconds_per_position_floor(lm, k, h)
+            runs.append((coupled / one, coupled / floor, coupled, one, floor))
+        runs.sort()
+        ratio, floor_ratio, coupled, one, floor = runs[len(runs) // 2]
         print(f"n = {ids.shape[1]}: coupled step {1000 * coupled:.0f} ms / position; "
-              f"ratio coupled / one forward = {coupled / one:.2f}, coupled / three-forward "
-              f"floor = {coupled / floor:.2f} (now one forward {1000 * one_again:.0f} ms, "
-              f"floor {1000 * floor_again:.0f} ms)")
+              f"ratio coupled / one forward = {ratio:.2f} (median of {repeats} repeats, range "
+              f"{runs[0][0]:.2f}-{runs[-1][0]:.2f}), coupled / three-forward floor = "
+              f"{floor_ratio:.2f} (that repeat: one forward {1000 * one:.0f} ms, floor "
+              f"{1000 * floor:.0f} ms)")
         if n == lengths[0]:
             gen = seconds_per_position_generate(lm, ids, k, h)
             print(f"n = {ids.shape[1]}: generate({k} sampled sequences) {1000 * gen:.0f} ms / "
@@ -262,14 +292,18 @@ def main() -> None:
 
     ids = encode_prompt(lm.tokenizer, prompt_text(lm.tokenizer, swrb_n))
     pair = LMKernelPair(lm, ids, "snapkv-90")
-    s = swrb_against_rollouts(pair, swrb_k, swrb_h)
-    time_ratio = s["t_swrb"] / s["t_rollout"]
+    runs = sorted((lambda r: (r["t_swrb"] / r["t_rollout"], r))(swrb_against_rollouts(
+        pair, swrb_k, swrb_h)) for _ in range(repeats))
+    time_ratio, s = runs[len(runs) // 2]
     var_ratio = s["var_rollout"] / s["var_swrb"] if s["var_swrb"] > 0 else float("inf")
     print(f"SWRB vs rollouts (n = {ids.shape[1]}, snapkv-90, K = {swrb_k}, H = {swrb_h}): "
           f"wall {s['t_swrb']:.1f} s vs {s['t_rollout']:.1f} s, ratio SWRB / rollout = "
-          f"{time_ratio:.2f}; R {s['R_swrb']:.4f} vs {s['R_rollout']:.4f}; per-replicate "
-          f"variance ratio rollout / SWRB = {var_ratio:.2f}; variance-per-time advantage = "
-          f"{var_ratio / time_ratio:.2f}")
+          f"{time_ratio:.2f} (median of {repeats}, range {runs[0][0]:.2f}-{runs[-1][0]:.2f}); "
+          f"rows through the model {s['rows_swrb']} vs {s['rows_rollout']} "
+          f"({s['rows_swrb'] / s['rows_rollout']:.2f}x) in {s['calls_swrb']} vs "
+          f"{s['calls_rollout']} calls; R {s['R_swrb']:.4f} vs {s['R_rollout']:.4f}; "
+          f"per-replicate variance ratio rollout / SWRB = {var_ratio:.2f}; variance-per-time "
+          f"advantage = {var_ratio / time_ratio:.2f}")
 
     text = prompt_text(lm.tokenizer, rss_n)
     n = encode_prompt(lm.tokenizer, text).shape[1]
