@@ -2,8 +2,9 @@
 
 Prints:
 1. coupled step / one forward at (K = 16, n = 1,000) and (K = 16, n = 4,000), the median of
-   three repeats that each time the three back to back (the machine's speed drifts). The coupled step
-   is one position of the real rollout estimator (:func:`kvdrift.estimate.coupled_rollouts`,
+   three repeats that each time the three back to back (the machine's speed drifts), and the
+   time the coupled step spends in the attention over the prompt. The coupled step is one
+   position of the real rollout estimator (:func:`kvdrift.estimate.coupled_rollouts`,
    action snapkv-half), whose three paths advance in one joint step; "one forward" is one
    decoding step of 3K rows against a 16-token prompt (weights and MLP, no long attention)
    through the same kernel pair, and the three-forward floor is three K-row steps (what the
@@ -28,6 +29,7 @@ Run: ``python benchmarks/bench_engine.py`` (about 10 minutes on 2 CPU cores);
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -36,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -46,6 +49,7 @@ from transformers import DynamicCache, StoppingCriteria, StoppingCriteriaList  #
 
 from kvdrift.data.document import Document  # noqa: E402
 from kvdrift.estimate import coupled_rollouts, swrb  # noqa: E402
+from kvdrift.lm import shared_attention  # noqa: E402
 from kvdrift.lm.factory import LMPairFactory  # noqa: E402
 from kvdrift.lm.model import LoadedModel, encode_prompt, load_model  # noqa: E402
 from kvdrift.lm.pair import LMKernelPair  # noqa: E402
@@ -114,6 +118,27 @@ def seconds_per_position_coupled(pair: LMKernelPair, k: int, h: int) -> float:
     start = time.perf_counter()
     coupled_rollouts(pair, k, h, seed=0)
     return (time.perf_counter() - start) / h
+
+
+@contextlib.contextmanager
+def prompt_attention_clock() -> Iterator[list[float]]:
+    """Seconds spent in the shared-prompt attention's prompt part (all layers, both sides)
+    while the block runs: the one cost a long prompt adds to a decoding step."""
+    spent = [0.0]
+    inner = shared_attention._prompt_attention
+
+    def timed(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            spent[0] += time.perf_counter() - start
+
+    shared_attention._prompt_attention = timed
+    try:
+        yield spent
+    finally:
+        shared_attention._prompt_attention = inner
 
 
 class StepClock(StoppingCriteria):
@@ -272,16 +297,20 @@ def main() -> None:
         runs = []
         for _ in range(repeats):
             one = seconds_per_position_one_forward(lm, k, h)
-            coupled = seconds_per_position_coupled(pair, k, h)
+            with prompt_attention_clock() as spent:
+                coupled = seconds_per_position_coupled(pair, k, h)
             floor = seconds_per_position_floor(lm, k, h)
-            runs.append((coupled / one, coupled / floor, coupled, one, floor))
+            runs.append((coupled / one, coupled / floor, coupled, one, floor, spent[0] / h))
         runs.sort()
-        ratio, floor_ratio, coupled, one, floor = runs[len(runs) // 2]
+        ratio, floor_ratio, coupled, one, floor, prompt = runs[len(runs) // 2]
         print(f"n = {ids.shape[1]}: coupled step {1000 * coupled:.0f} ms / position; "
               f"ratio coupled / one forward = {ratio:.2f} (median of {repeats} repeats, range "
               f"{runs[0][0]:.2f}-{runs[-1][0]:.2f}), coupled / three-forward floor = "
               f"{floor_ratio:.2f} (that repeat: one forward {1000 * one:.0f} ms, floor "
               f"{1000 * floor:.0f} ms)")
+        print(f"n = {ids.shape[1]}: of the coupled step, the attention over the prompt (both "
+              f"sides, every layer) takes {1000 * prompt:.0f} ms: one forward plus that alone "
+              f"is {(one + prompt) / one:.2f} x one forward")
         if n == lengths[0]:
             gen = seconds_per_position_generate(lm, ids, k, h)
             print(f"n = {ids.shape[1]}: generate({k} sampled sequences) {1000 * gen:.0f} ms / "

@@ -292,3 +292,27 @@ def test_fused_and_matmul_prompt_paths_agree_under_masks(action, monkeypatch):
     monkeypatch.setattr(shared_attention, "_FLASH_CPU", None)
     for a, b in zip(fused, logits_per_step(), strict=True):
         assert (a - b).abs().max() < TOL
+
+
+def test_importing_the_attention_first_leaves_it_unwrapped_by_kvpress():
+    """kvpress wraps the attention functions registered when it is imported, and its wrapper
+    passes ``dropout`` positionally; imported first, kvdrift's function must still be its own
+    (this order once broke every decoding step with a TypeError)."""
+    import subprocess
+    import sys
+
+    code = ("import torch, kvdrift.lm.shared_attention as sa, kvpress\n"
+            "from transformers import AttentionInterface\n"
+            "assert AttentionInterface._global_mapping[sa.ATTENTION_NAME] is "
+            "sa.shared_prompt_attention\n"
+            "from transformers import LlamaConfig, AutoModelForCausalLM\n"
+            "from kvdrift.lm.pair import LMKernelPair\n"
+            "torch.manual_seed(0)\n"
+            "m = AutoModelForCausalLM.from_config(LlamaConfig(vocab_size=64, hidden_size=32, "
+            "intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, "
+            "num_key_value_heads=1)).eval()\n"
+            "pair = LMKernelPair(m, torch.arange(3, 30), 'snapkv-half')\n"
+            "s = pair.advance(pair.start('q', 2), torch.tensor([5, 6]))\n"
+            "assert torch.isfinite(s.logits).all()\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]

@@ -32,6 +32,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+import kvpress  # noqa: F401  (imported before the registration below: see there)
 import torch
 from transformers import AttentionInterface
 
@@ -46,8 +47,8 @@ def shared_prompt_attention(
     key: torch.Tensor,  # [n, kv_heads, G, head_dim]: the rows' generated keys
     value: torch.Tensor,  # [n, kv_heads, G, head_dim]
     attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,  # transformers' own attention functions' order: dropout, scaling
     scaling: float | None = None,
-    dropout: float = 0.0,
     kvdrift_cache: SharedPromptCache | GroupedCache | None = None,
     kvdrift_slots: torch.Tensor | list[torch.Tensor] | None = None,  # [n, G] bool (per part)
     kvdrift_live: Any = None,
@@ -205,6 +206,9 @@ def _merge(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
 _FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
+# kvpress wraps every attention function registered when it is imported (to hide keys per head
+# with fake keys during decoding); this function masks per head itself, so it registers after
+# kvpress is imported (above) and stays unwrapped.
 AttentionInterface.register(ATTENTION_NAME, shared_prompt_attention)
 
 
