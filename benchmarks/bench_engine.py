@@ -2,7 +2,7 @@
 
 Prints:
 1. coupled step / one forward at (K = 16, n = 1,000) and (K = 16, n = 4,000), the median of
-   three repeats that each time the three back to back (the machine's speed drifts), and the
+   five repeats that each time the three back to back (the machine's speed drifts), and the
    time the coupled step spends in the attention over the prompt. The coupled step is one
    position of the real rollout estimator (:func:`kvdrift.estimate.coupled_rollouts`,
    action snapkv-half), whose three paths advance in one joint step; "one forward" is one
@@ -12,7 +12,7 @@ Prints:
    step from separate steps at n = 1,000 (logits and log-probabilities, three paths).
 2. coupled step / ``generate(num_return_sequences=K)`` per position at n = 1,000 (generate's
    prompt cache is prefilled once and repeated K times, so only its decoding steps are timed).
-3. SWRB wall time / rollout wall time at the same K and H on one document (median of three),
+3. SWRB wall time / rollout wall time at the same K and H on one document (median of five),
    the rows and model calls each runs, the per-replicate variances of both estimators of R, and
    SWRB's variance-per-time advantage over rollouts.
 4. the peak resident memory of ``kvdrift run --replicates 64 --horizon 16`` on one
@@ -275,7 +275,7 @@ def main() -> None:
         print_setup(load_model("smollm2"), setup_n)
         return
     k, h = (4, 4) if q else (16, 16)
-    repeats = 3
+    repeats = 5
     lengths = (200, 400) if q else (1000, 4000)
     swrb_k, swrb_h, swrb_n = (8, 8, 300) if q else (64, 16, 626)
     rss_k, rss_h, rss_n = (8, 4, 512) if q else (64, 16, 4096)

@@ -1,11 +1,12 @@
 """Shared-prompt ("cascade") attention, registered with transformers' ``AttentionInterface``.
 
 During decoding every row attends to its side's prompt entries (stored once, batch of one) and
-to its own generated entries. The prompt part is one batched matrix product over all rows'
-queries ``[kv_heads, n * groups, head_dim] x [kv_heads, head_dim, P]`` (the prompt is read once
-per step, not once per row); the generated part is per row. Both parts' scores are joined
-before one softmax, so the result is exact attention over prompt + generated entries (the
-technique of Hydragen, arXiv 2402.05099, and FlashInfer's cascade attention).
+to its own generated entries. The prompt part is one attention call over all rows' queries
+``[kv_heads, n * groups, head_dim]`` against ``[kv_heads, P, head_dim]`` (the prompt is read
+once per step, not once per row; on CPU PyTorch's fused flash-attention kernel); the generated
+part is per row. The two partial results are merged by their log-sum-exps, so the result is
+exact attention over prompt + generated entries (the technique of Hydragen, arXiv 2402.05099,
+and FlashInfer's cascade attention).
 
 The function reads the prompt from the :class:`~kvdrift.lm.cache.SharedPromptCache` passed to
 the model's forward as ``kvdrift_cache=`` and which generated slots each row may attend from
@@ -15,7 +16,7 @@ not registered as a mask function, so transformers passes ``attention_mask=None`
 
 A joint step (:meth:`~kvdrift.lm.pair.LMKernelPair.advance_many`) passes a
 :class:`~kvdrift.lm.cache.GroupedCache` instead: rows of several path states in one batch,
-grouped by side; each run of states of one side reads its prompt with one matrix product, and
+grouped by side; each run of states of one side reads its prompt in one call, and
 each state's rows attend their own generated entries (``kvdrift_slots`` and ``kvdrift_live``
 then hold one entry per state).
 
@@ -59,8 +60,7 @@ def shared_prompt_attention(
 
     With a :class:`~kvdrift.lm.cache.GroupedCache` (a joint step of several path states),
     ``kvdrift_slots`` and ``kvdrift_live`` hold one entry per part (state); each run of parts
-    of one group reads its prompt with one matrix product, and each part its own generated
-    entries.
+    of one group reads its prompt in one call, and each part its own generated entries.
     """
     if kvdrift_cache is None or kvdrift_slots is None:
         raise RuntimeError(f"the {ATTENTION_NAME!r} attention needs kvdrift_cache= and "
