@@ -1,8 +1,10 @@
 """The LM engine's speed and memory, as ratios measured in one run on the embedded SmolLM2.
 
 Prints:
-1. coupled step / one forward at (K = 16, n = 1,000) and (K = 16, n = 4,000). The coupled step
-   is one position of the real rollout estimator (:func:`kvdrift.estimate.coupled_rollouts`,
+1. coupled step / one forward at (K = 16, n = 1,000) and (K = 16, n = 4,000), the median of
+   five repeats that each time the three back to back (the machine's speed drifts), and the
+   time the coupled step spends in the attention over the prompt. The coupled step is one
+   position of the real rollout estimator (:func:`kvdrift.estimate.coupled_rollouts`,
    action snapkv-half), whose three paths advance in one joint step; "one forward" is one
    decoding step of 3K rows against a 16-token prompt (weights and MLP, no long attention)
    through the same kernel pair, and the three-forward floor is three K-row steps (what the
@@ -10,8 +12,9 @@ Prints:
    step from separate steps at n = 1,000 (logits and log-probabilities, three paths).
 2. coupled step / ``generate(num_return_sequences=K)`` per position at n = 1,000 (generate's
    prompt cache is prefilled once and repeated K times, so only its decoding steps are timed).
-3. SWRB wall time / rollout wall time at the same K and H on one document, the per-replicate
-   variances of both estimators of R, and SWRB's variance-per-time advantage over rollouts.
+3. SWRB wall time / rollout wall time at the same K and H on one document (median of five),
+   the rows and model calls each runs, the per-replicate variances of both estimators of R, and
+   SWRB's variance-per-time advantage over rollouts.
 4. the peak resident memory of ``kvdrift run --replicates 64 --horizon 16`` on one
    4,096-token document with snapkv-half (a separate process, so only that run counts).
 5. the setup of a three-action document (snapkv-half, recent-half, snapkv-512: the pair
@@ -26,6 +29,7 @@ Run: ``python benchmarks/bench_engine.py`` (about 10 minutes on 2 CPU cores);
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -34,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -44,6 +49,7 @@ from transformers import DynamicCache, StoppingCriteria, StoppingCriteriaList  #
 
 from kvdrift.data.document import Document  # noqa: E402
 from kvdrift.estimate import coupled_rollouts, swrb  # noqa: E402
+from kvdrift.lm import shared_attention  # noqa: E402
 from kvdrift.lm.factory import LMPairFactory  # noqa: E402
 from kvdrift.lm.model import LoadedModel, encode_prompt, load_model  # noqa: E402
 from kvdrift.lm.pair import LMKernelPair  # noqa: E402
@@ -114,6 +120,27 @@ def seconds_per_position_coupled(pair: LMKernelPair, k: int, h: int) -> float:
     return (time.perf_counter() - start) / h
 
 
+@contextlib.contextmanager
+def prompt_attention_clock() -> Iterator[list[float]]:
+    """Seconds spent in the shared-prompt attention's prompt part (all layers, both sides)
+    while the block runs: the one cost a long prompt adds to a decoding step."""
+    spent = [0.0]
+    inner = shared_attention._prompt_attention
+
+    def timed(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            spent[0] += time.perf_counter() - start
+
+    shared_attention._prompt_attention = timed
+    try:
+        yield spent
+    finally:
+        shared_attention._prompt_attention = inner
+
+
 class StepClock(StoppingCriteria):
     """Records a timestamp each time ``generate`` finishes a position (never stops it)."""
 
@@ -141,17 +168,39 @@ def seconds_per_position_generate(lm: LoadedModel, ids: torch.Tensor, k: int, h:
     return statistics.median(b - a for a, b in zip(clock.stamps, clock.stamps[1:], strict=False))
 
 
+class RowCounter:
+    """Counts the model calls and rows of a kernel pair's joint steps (wraps ``advance_many``)."""
+
+    def __init__(self, pair: LMKernelPair) -> None:
+        self.calls = self.rows = 0
+        self._advance_many = pair.advance_many
+        pair.advance_many = self
+
+    def __call__(self, states, tokens):
+        self.calls += 1
+        self.rows += sum(s.n for s in states)
+        return self._advance_many(states, tokens)
+
+
 def swrb_against_rollouts(pair: LMKernelPair, k: int, h: int) -> dict:
+    counter = pair.advance_many
+    if not isinstance(counter, RowCounter):
+        counter = RowCounter(pair)
+    counter.calls = counter.rows = 0
     start = time.perf_counter()
     naive = coupled_rollouts(pair, k, h, seed=1)
     t_rollout = time.perf_counter() - start
+    calls_rollout, rows_rollout = counter.calls, counter.rows
+    counter.calls = counter.rows = 0
     start = time.perf_counter()
     branched = swrb(pair, k, h, seed=1)
     t_swrb = time.perf_counter() - start
     d = naive.mismatch.double().mean(dim=1)  # per-replicate D_H
     var_naive, var_swrb = float(d.var()), float(branched.z_R.var())
     return {"t_rollout": t_rollout, "t_swrb": t_swrb, "R_rollout": float(d.mean()),
-            "R_swrb": float(branched.z_R.mean()), "var_rollout": var_naive, "var_swrb": var_swrb}
+            "R_swrb": float(branched.z_R.mean()), "var_rollout": var_naive, "var_swrb": var_swrb,
+            "calls_rollout": calls_rollout, "rows_rollout": rows_rollout,
+            "calls_swrb": counter.calls, "rows_swrb": counter.rows}
 
 
 def peak_rss_of_run(text: str, k: int, h: int) -> float:
@@ -226,6 +275,7 @@ def main() -> None:
         print_setup(load_model("smollm2"), setup_n)
         return
     k, h = (4, 4) if q else (16, 16)
+    repeats = 5
     lengths = (200, 400) if q else (1000, 4000)
     swrb_k, swrb_h, swrb_n = (8, 8, 300) if q else (64, 16, 626)
     rss_k, rss_h, rss_n = (8, 4, 512) if q else (64, 16, 4096)
@@ -235,23 +285,32 @@ def main() -> None:
     seconds_per_position_floor(lm, k, 2)  # warm-up
     seconds_per_position_one_forward(lm, k, 2)
 
-    def baselines() -> tuple[float, float]:
-        return seconds_per_position_one_forward(lm, k, h), seconds_per_position_floor(lm, k, h)
-
-    one, floor = baselines()
+    one, floor = seconds_per_position_one_forward(lm, k, h), seconds_per_position_floor(lm, k, h)
     print(f"one forward ({3 * k} rows on a 16-token prompt): {1000 * one:.0f} ms / position; "
           f"three-forward floor (three {k}-row steps): {1000 * floor:.0f} ms / position")
     for n in lengths:
         ids = encode_prompt(lm.tokenizer, prompt_text(lm.tokenizer, n))
         pair = LMKernelPair(lm, ids, "snapkv-half")
         seconds_per_position_coupled(pair, k, 2)  # warm-up
-        coupled = seconds_per_position_coupled(pair, k, h)
-        one_again, floor_again = baselines()  # machine drift shows here
-        one, floor = (one + one_again) / 2, (floor + floor_again) / 2
+        # The machine's speed drifts (a shared host): each repeat times the three back to back
+        # and gives its own ratios; the median repeat is reported, with the range.
+        runs = []
+        for _ in range(repeats):
+            one = seconds_per_position_one_forward(lm, k, h)
+            with prompt_attention_clock() as spent:
+                coupled = seconds_per_position_coupled(pair, k, h)
+            floor = seconds_per_position_floor(lm, k, h)
+            runs.append((coupled / one, coupled / floor, coupled, one, floor, spent[0] / h))
+        runs.sort()
+        ratio, floor_ratio, coupled, one, floor, prompt = runs[len(runs) // 2]
         print(f"n = {ids.shape[1]}: coupled step {1000 * coupled:.0f} ms / position; "
-              f"ratio coupled / one forward = {coupled / one:.2f}, coupled / three-forward "
-              f"floor = {coupled / floor:.2f} (now one forward {1000 * one_again:.0f} ms, "
-              f"floor {1000 * floor_again:.0f} ms)")
+              f"ratio coupled / one forward = {ratio:.2f} (median of {repeats} repeats, range "
+              f"{runs[0][0]:.2f}-{runs[-1][0]:.2f}), coupled / three-forward floor = "
+              f"{floor_ratio:.2f} (that repeat: one forward {1000 * one:.0f} ms, floor "
+              f"{1000 * floor:.0f} ms)")
+        print(f"n = {ids.shape[1]}: of the coupled step, the attention over the prompt (both "
+              f"sides, every layer) takes {1000 * prompt:.0f} ms: one forward plus that alone "
+              f"is {(one + prompt) / one:.2f} x one forward")
         if n == lengths[0]:
             gen = seconds_per_position_generate(lm, ids, k, h)
             print(f"n = {ids.shape[1]}: generate({k} sampled sequences) {1000 * gen:.0f} ms / "
@@ -262,14 +321,18 @@ def main() -> None:
 
     ids = encode_prompt(lm.tokenizer, prompt_text(lm.tokenizer, swrb_n))
     pair = LMKernelPair(lm, ids, "snapkv-90")
-    s = swrb_against_rollouts(pair, swrb_k, swrb_h)
-    time_ratio = s["t_swrb"] / s["t_rollout"]
+    runs = sorted((lambda r: (r["t_swrb"] / r["t_rollout"], r))(swrb_against_rollouts(
+        pair, swrb_k, swrb_h)) for _ in range(repeats))
+    time_ratio, s = runs[len(runs) // 2]
     var_ratio = s["var_rollout"] / s["var_swrb"] if s["var_swrb"] > 0 else float("inf")
     print(f"SWRB vs rollouts (n = {ids.shape[1]}, snapkv-90, K = {swrb_k}, H = {swrb_h}): "
           f"wall {s['t_swrb']:.1f} s vs {s['t_rollout']:.1f} s, ratio SWRB / rollout = "
-          f"{time_ratio:.2f}; R {s['R_swrb']:.4f} vs {s['R_rollout']:.4f}; per-replicate "
-          f"variance ratio rollout / SWRB = {var_ratio:.2f}; variance-per-time advantage = "
-          f"{var_ratio / time_ratio:.2f}")
+          f"{time_ratio:.2f} (median of {repeats}, range {runs[0][0]:.2f}-{runs[-1][0]:.2f}); "
+          f"rows through the model {s['rows_swrb']} vs {s['rows_rollout']} "
+          f"({s['rows_swrb'] / s['rows_rollout']:.2f}x) in {s['calls_swrb']} vs "
+          f"{s['calls_rollout']} calls; R {s['R_swrb']:.4f} vs {s['R_rollout']:.4f}; "
+          f"per-replicate variance ratio rollout / SWRB = {var_ratio:.2f}; variance-per-time "
+          f"advantage = {var_ratio / time_ratio:.2f}")
 
     text = prompt_text(lm.tokenizer, rss_n)
     n = encode_prompt(lm.tokenizer, text).shape[1]

@@ -206,3 +206,113 @@ def test_truncate_defers_its_forward_until_logits_are_asked_for(tiny_llama):
         assert torch.allclose(lp[i], fresh[0], atol=TOL, rtol=0), i
     again = walk(pair, "q", torch.cat([tokens[:, :2], tokens[:, :1]], dim=1)[1:2])
     assert torch.allclose(pair.logprobs(advanced)[1], pair.logprobs(again)[0], atol=TOL, rtol=0)
+
+
+@pytest.fixture(params=["fused", "matmul"])
+def prompt_path(request, monkeypatch):
+    """Both prompt-attention paths: PyTorch's fused CPU kernel and the matrix-product one
+    (what other devices run)."""
+    from kvdrift.lm import shared_attention
+
+    if request.param == "matmul":
+        monkeypatch.setattr(shared_attention, "_FLASH_CPU", None)
+    elif shared_attention._FLASH_CPU is None:
+        pytest.skip("this PyTorch has no fused CPU attention kernel")
+    return request.param
+
+
+def test_prompt_part_and_merge_equal_one_softmax_over_all_entries(prompt_path):
+    from kvdrift.lm.shared_attention import _merge, _prompt_attention
+
+    g = torch.Generator().manual_seed(10)
+    kv, rows, n_prompt, n_own, dim = 3, 5, 40, 6, 8
+    q = torch.randn(kv, rows, dim, generator=g)
+    keys, values = torch.randn(kv, n_prompt, dim, generator=g), torch.randn(kv, n_prompt, dim,
+                                                                             generator=g)
+    own_keys, own_values = torch.randn(kv, rows, n_own, dim, generator=g), torch.randn(
+        kv, rows, n_own, dim, generator=g)
+    hidden = torch.rand(kv, rows, n_prompt, generator=g) < 0.4
+    hidden[1, 2] = True  # a row of one head that sees no prompt entry
+    own_hidden = torch.rand(kv, rows, n_own, generator=g) < 0.4
+    own_hidden[..., -1] = False  # a row always sees its own new slot
+
+    scores = torch.cat([(q[:, :, None] * keys[:, None]).sum(-1).masked_fill(hidden, -torch.inf),
+                        (q[:, :, None] * own_keys).sum(-1).masked_fill(own_hidden, -torch.inf)],
+                       dim=-1)
+    probs = torch.softmax(scores.double(), dim=-1)
+    expected = (probs[..., :n_prompt, None] * values[:, None].double()).sum(-2) + (
+        probs[..., n_prompt:, None] * own_values.double()).sum(-2)
+
+    out, lse = _prompt_attention(q, keys, values, hidden)
+    assert lse[1, 2] == -torch.inf and torch.equal(out[1, 2], torch.zeros(dim))
+    own_scores = (q[:, :, None] * own_keys).sum(-1).masked_fill(own_hidden, -torch.inf)
+    own_lse = torch.logsumexp(own_scores, dim=-1)
+    own_out = (torch.softmax(own_scores, -1)[..., None] * own_values).sum(-2)
+    got = _merge(out, lse, own_out, own_lse)
+    assert (got.double() - expected).abs().max() < 1e-5
+    # a mask shared by every row ([kv, 1, P], head-adaptive presses) broadcasts
+    shared = hidden[:, :1]
+    out_b, lse_b = _prompt_attention(q, keys, values, shared)
+    out_r, lse_r = _prompt_attention(q, keys, values, shared.expand(-1, rows, -1))
+    assert (out_b - out_r).abs().max() < 1e-6 and (lse_b - lse_r).abs().max() < 1e-6
+
+
+def test_both_prompt_paths_match_per_row_copies(prompt_path):
+    pair = LMKernelPair(_model("llama", 6, 2), _prompt(90), "snapkv-half")
+    state = walk(pair, "q", _tokens(4, 6, seed=11))
+    state = pair.truncate(state, torch.tensor([6, 0, 2, 5]))
+    state = pair.advance(state, _tokens(4, 1, seed=12)[:, 0])
+    nxt = _tokens(4, 1, seed=13)[:, 0]
+    expected = per_row_copy_logits(pair, state, nxt)
+    got = advanced_logits(pair, state, nxt)
+    assert torch.allclose(got, expected, atol=TOL, rtol=0), (got - expected).abs().max()
+
+
+@pytest.mark.parametrize("action", ["adakv-snapkv:ratio=0.5",  # a prompt mask per KV head
+                                    "decoding-knorm:interval=3,target=50"])  # per-row masks
+def test_fused_and_matmul_prompt_paths_agree_under_masks(action, monkeypatch):
+    from kvdrift.lm import shared_attention
+
+    if shared_attention._FLASH_CPU is None:
+        pytest.skip("this PyTorch has no fused CPU attention kernel")
+    model = _model("llama", 6, 2)
+    tokens = _tokens(4, 8, seed=14)
+
+    def logits_per_step() -> list[torch.Tensor]:
+        pair = LMKernelPair(model, _prompt(90), action)
+        state, out = pair.start("q", 4), []
+        for t in range(tokens.shape[1]):
+            state = pair.advance(state, tokens[:, t])
+            out.append(state.logits)
+            if t == 4:  # holes
+                state = pair.truncate(state, torch.tensor([5, 1, 3, 0]))
+        return out
+
+    fused = logits_per_step()
+    monkeypatch.setattr(shared_attention, "_FLASH_CPU", None)
+    for a, b in zip(fused, logits_per_step(), strict=True):
+        assert (a - b).abs().max() < TOL
+
+
+def test_importing_the_attention_first_leaves_it_unwrapped_by_kvpress():
+    """kvpress wraps the attention functions registered when it is imported, and its wrapper
+    passes ``dropout`` positionally; imported first, kvdrift's function must still be its own
+    (this order once broke every decoding step with a TypeError)."""
+    import subprocess
+    import sys
+
+    code = ("import torch, kvdrift.lm.shared_attention as sa, kvpress\n"
+            "from transformers import AttentionInterface\n"
+            "assert AttentionInterface._global_mapping[sa.ATTENTION_NAME] is "
+            "sa.shared_prompt_attention\n"
+            "from transformers import LlamaConfig, AutoModelForCausalLM\n"
+            "from kvdrift.lm.pair import LMKernelPair\n"
+            "torch.manual_seed(0)\n"
+            "m = AutoModelForCausalLM.from_config(LlamaConfig(vocab_size=64, hidden_size=32, "
+            "intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, "
+            "num_key_value_heads=1)).eval()\n"
+            "pair = LMKernelPair(m, torch.arange(3, 30), 'snapkv-half')\n"
+            "s = pair.advance(pair.start('q', 2), torch.tensor([5, 6]))\n"
+            "assert torch.isfinite(s.logits).all()\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]

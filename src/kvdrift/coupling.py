@@ -49,7 +49,9 @@ def tempered_probs(logprobs: torch.Tensor, temperature: float) -> torch.Tensor:
         out = torch.zeros_like(logprobs)
         out.scatter_(-1, logprobs.argmax(dim=-1, keepdim=True), 1.0)
         return out
-    return torch.softmax(logprobs / temperature, dim=-1)
+    if temperature != 1:  # x / 1 is x exactly: skip a pass over the vocabulary
+        logprobs = logprobs / temperature
+    return torch.softmax(logprobs, dim=-1)
 
 
 def absorb_eos(
@@ -66,7 +68,12 @@ def absorb_eos(
 
 def tv_distance(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """Total-variation distance per row, ``0.5 * ||p - q||_1`` in float64, clipped to [0, 1]."""
-    return (0.5 * (p.to(torch.float64) - q.to(torch.float64)).abs().sum(dim=-1)).clamp(0.0, 1.0)
+    return _tv_of_difference(p.to(torch.float64) - q.to(torch.float64))
+
+
+def _tv_of_difference(d: torch.Tensor) -> torch.Tensor:
+    """``0.5 * ||d||_1`` per row of the float64 difference ``d = p - q``, clipped to [0, 1]."""
+    return (0.5 * d.abs().sum(dim=-1)).clamp(0.0, 1.0)
 
 
 def sample_categorical(weights: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
@@ -76,15 +83,19 @@ def sample_categorical(weights: torch.Tensor, generator: torch.Generator) -> tor
     return the last index (callers mask them); zero-weight indices are never returned
     otherwise.
     """
-    cdf = weights.to(torch.float64).cumsum(dim=-1)
+    return _sample_cdf(weights.to(torch.float64).cumsum(dim=-1), generator)
+
+
+def _sample_cdf(cdf: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """:func:`sample_categorical` from the float64 cumulative sums ``cdf`` of its weights."""
     total = cdf[:, -1:]
-    u = torch.rand(weights.shape[0], 1, generator=generator, dtype=torch.float64,
-                   device=generator.device).to(weights.device)
+    u = torch.rand(cdf.shape[0], 1, generator=generator, dtype=torch.float64,
+                   device=generator.device).to(cdf.device)
     # Keep the target strictly below the total, so rounding never lands past the last
     # positive weight (trailing zero weights have cdf == total and are never chosen).
     target = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
     idx = torch.searchsorted(cdf, target, right=True).squeeze(-1)
-    return idx.clamp_(max=weights.shape[-1] - 1)
+    return idx.clamp_(max=cdf.shape[-1] - 1)
 
 
 @dataclass(frozen=True)
@@ -110,10 +121,29 @@ def residual_draw(
     p: torch.Tensor, q: torch.Tensor, generator: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw ``X ~ (p - c)/e`` and ``Y ~ (q - c)/e`` independently (they differ where e > 0)."""
-    c = overlap(p, q)
-    x = sample_categorical(p.to(torch.float64) - c, generator)
-    y = sample_categorical(q.to(torch.float64) - c, generator)
+    return _residual_draw(p.to(torch.float64) - q.to(torch.float64), generator)
+
+
+def _residual_draw(
+    d: torch.Tensor, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`residual_draw` from the float64 difference ``d = p - q``: ``p - min(p, q)`` is
+    ``max(d, 0)`` and ``q - min(p, q)`` is ``max(-d, 0)``, bit for bit (IEEE subtraction is
+    exact in sign: ``q - p == -(p - q)``), so the draws are the same."""
+    x = _sample_cdf(d.clamp_min(0.0).cumsum_(dim=-1), generator)
+    y = _sample_cdf(d.neg().clamp_min_(0.0).cumsum_(dim=-1), generator)
     return x, y
+
+
+@dataclass(frozen=True)
+class Step:
+    """Everything :func:`coupled_draw` computes from ``p`` and ``q`` besides the tokens
+    (:func:`scan_step` returns it for SWRB's scan)."""
+
+    tv: torch.Tensor  # [n] float64, e = TV(p, q)
+    shared: torch.Tensor  # [n] long, a draw from the overlap
+    x: torch.Tensor  # [n] long, residual draw of p
+    y: torch.Tensor  # [n] long, residual draw of q
 
 
 def coupled_draw(p: torch.Tensor, q: torch.Tensor, generator: torch.Generator) -> CoupledDraw:
@@ -126,10 +156,23 @@ def coupled_draw(p: torch.Tensor, q: torch.Tensor, generator: torch.Generator) -
     if p.shape != q.shape:
         raise ValueError(
             f"p and q must have the same shape; got {tuple(p.shape)} and {tuple(q.shape)}")
-    e = tv_distance(p, q)
+    p, q = p.to(torch.float64), q.to(torch.float64)
+    d = p - q  # one pass shared by the TV and both residuals
+    e = _tv_of_difference(d)
     u = torch.rand(p.shape[0], generator=generator, dtype=torch.float64,
                    device=generator.device).to(p.device)
-    z = overlap_draw(p, q, generator)
-    xr, yr = residual_draw(p, q, generator)
+    z = _sample_cdf(overlap(p, q).cumsum_(dim=-1), generator)
+    xr, yr = _residual_draw(d, generator)
     split = u < e
     return CoupledDraw(x=torch.where(split, xr, z), y=torch.where(split, yr, z), tv=e)
+
+
+def scan_step(p: torch.Tensor, q: torch.Tensor, generator: torch.Generator) -> Step:
+    """``tv_distance``, then ``overlap_draw``, then ``residual_draw`` of ``p`` and ``q``, in that
+    order (the same values and random draws), sharing one pass for ``p - q``."""
+    p, q = p.to(torch.float64), q.to(torch.float64)
+    d = p - q
+    e = _tv_of_difference(d)
+    z = _sample_cdf(overlap(p, q).cumsum_(dim=-1), generator)
+    x, y = _residual_draw(d, generator)
+    return Step(tv=e, shared=z, x=x, y=y)

@@ -30,7 +30,8 @@ class KernelPair(Protocol):
     --------
     - ``start(side, n)`` returns ``n`` rows, each with the empty generated history.
     - ``logprobs(state)`` returns ``[n, vocab_size]`` float64 log-probabilities of the
-      next token at temperature 1 (``-inf`` where a token is impossible).
+      next token at temperature 1 (``-inf`` where a token is impossible), as a new tensor
+      the caller may overwrite (the rollouts write Q's forced rows into Q's in place).
     - ``advance(state, tokens)`` appends ``tokens[i]`` to row ``i`` and returns the new
       state; it may reuse ``state``'s storage, so the old state must not be used again.
     - ``advance_many(states, tokens)`` advances several states (of either side) at once and

@@ -23,7 +23,10 @@ import torch
 
 
 def tempered_logprobs(logprobs: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Log-probabilities ``[n, V]`` at ``temperature`` (float64; 0: log of a greedy point mass)."""
+    """Log-probabilities ``[n, V]`` at ``temperature`` (float64; 0: log of a greedy point mass).
+
+    ``logprobs`` are temperature-1 log-probabilities (each row's exponentials sum to 1), so at
+    temperature 1 they are returned as they are (float64, not copied)."""
     if temperature < 0 or temperature != temperature:
         raise ValueError(f"temperature must be >= 0 (0 = greedy); got {temperature}")
     logprobs = logprobs.to(torch.float64)
@@ -31,13 +34,16 @@ def tempered_logprobs(logprobs: torch.Tensor, temperature: float) -> torch.Tenso
         out = torch.full_like(logprobs, float("-inf"))
         out.scatter_(-1, logprobs.argmax(dim=-1, keepdim=True), 0.0)
         return out
+    if temperature == 1:  # already normalised: log_softmax would only add rounding
+        return logprobs
     return torch.log_softmax(logprobs / temperature, dim=-1)
 
 
 def kl_divergence(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
     """``KL(p || q)`` per row from log-probabilities ``[n, V]`` (float64, ``0 log 0 = 0``)."""
     p = logp.exp()
-    terms = torch.where(p > 0, p * (logp - logq), torch.zeros_like(p))
+    terms = (logp - logq).mul_(p)  # in place: the same values, one [n, V] buffer fewer
+    terms.masked_fill_(~(p > 0), 0.0)
     return terms.sum(dim=-1).clamp_min(0.0)
 
 

@@ -96,15 +96,20 @@ def coupled_rollouts(
         p_lp, q_lp = pair.logprobs(p_state), pair.logprobs(q_state)
         p = absorb_eos(tempered_probs(p_lp, temperature), x_done, eos)
         q = absorb_eos(tempered_probs(q_lp, temperature), y_done, eos)
-        q_on_x, q_lp_on_x = q, q_lp  # equal histories (and EOS flags) before divergence
-        if forced is not None:
-            forced_lp = pair.logprobs(forced)
-            q_lp_on_x = q_lp.index_copy(0, forced_rows, forced_lp)
-            q_on_x = q.index_copy(0, forced_rows, absorb_eos(
-                tempered_probs(forced_lp, temperature), x_done[forced_rows], eos))
         x_ended = x_done.clone()  # X emitted EOS before t
         draw = coupled_draw(p, q, gen)
-        step = forced_step(p_lp, q_lp_on_x, draw.x, temperature, x_ended)
+        # Q on X is Q on Y before divergence (equal histories and EOS flags): the forced rows
+        # are written into Q's tensors in place (neither is read again), no [K, V] copies
+        if forced is not None:
+            forced_lp = pair.logprobs(forced)
+            q.index_copy_(0, forced_rows, absorb_eos(tempered_probs(forced_lp, temperature),
+                                                     x_done[forced_rows], eos))
+            q_lp.index_copy_(0, forced_rows, forced_lp)
+            del forced_lp
+        f = tv_distance(p, q)  # over all rows, as one [K, V] pass (a row's sum may round
+        del p, q  # differently in a smaller batch)
+        step = forced_step(p_lp, q_lp, draw.x, temperature, x_ended)
+        del p_lp, q_lp
         if eos is not None:
             x_done = x_done | (draw.x == eos)
             y_done = y_done | (draw.y == eos)
@@ -113,7 +118,7 @@ def coupled_rollouts(
         cols["y"].append(draw.y)
         cols["m"].append(mismatch)
         cols["d"].append(draw.tv)
-        cols["f"].append(tv_distance(p, q_on_x))
+        cols["f"].append(f)
         cols["xe"].append(x_done.clone())
         cols["ye"].append(y_done.clone())
         cols["lp"].append(step.logp_x)

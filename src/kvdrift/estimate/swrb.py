@@ -16,15 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvdrift.coupling import (
-    absorb_eos,
-    coupled_draw,
-    overlap_draw,
-    residual_draw,
-    sample_categorical,
-    tempered_probs,
-    tv_distance,
-)
+from kvdrift.coupling import absorb_eos, coupled_draw, sample_categorical, scan_step, tempered_probs
 from kvdrift.estimate.common import check_depths, check_horizon, check_replicates, make_generator
 from kvdrift.kernel import KernelPair
 
@@ -108,13 +100,14 @@ def swrb(
         evaluations += alive.long()
         p = absorb_eos(tempered_probs(pair.logprobs(p_state), temperature), u_done[:, s], eos)
         q = absorb_eos(tempered_probs(pair.logprobs(q_state), temperature), u_done[:, s], eos)
-        e = torch.where(alive, tv_distance(p, q), torch.zeros_like(survival))
+        step = scan_step(p, q, gen)  # TV, overlap draw, residual draws (in that order)
+        e = torch.where(alive, step.tv, torch.zeros_like(survival))
         overlap_tv[:, s] = e
         weights[:, s] = survival * e
         survival = torch.where(e >= 1.0, torch.zeros_like(survival), survival * (1.0 - e))
-        u = overlap_draw(p, q, gen)
+        u = step.shared
         shared[:, s] = u
-        x_res[:, s], y_res[:, s] = residual_draw(p, q, gen)
+        x_res[:, s], y_res[:, s] = step.x, step.y
         u_done[:, s + 1] = u_done[:, s] | ((u == eos) if eos is not None else False)
         if s + 1 == H or not bool((survival > 0).any()):
             break

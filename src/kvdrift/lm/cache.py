@@ -202,7 +202,7 @@ class GroupedCache(DynamicCache):
     """The caches of several path states as one ``DynamicCache`` for a joint forward.
 
     ``groups[i]`` names the prompt group of part ``i``: consecutive parts of one group share
-    their side's prompt, so the attention reads that prompt with one matrix product for all
+    their side's prompt, so the attention reads that prompt in one call for all
     their rows (P rows against the full prompt, Q-along-Y and forced rows against the evicted
     one).
     """

@@ -232,8 +232,8 @@ class LMKernelPair:
         """Advance several states (of either side) in one model call: ``advance`` of each.
 
         Rows of every state go through the weights together; the shared-prompt attention
-        groups them by side (runs of consecutive states of one side read their prompt with one
-        matrix product) and each row attends its own generated entries. Logits equal separate
+        groups them by side (runs of consecutive states of one side read their prompt in one
+        call) and each row attends its own generated entries. Logits equal separate
         ``advance`` calls to float noise (matrix products over a different number of rows).
         When Q is P by construction (:attr:`q_is_p`, e.g. ``full``) the two sides are two
         forwards, so rows of P and Q with equal inputs stay bit-identical whatever the BLAS.
@@ -386,7 +386,7 @@ class LMKernelPair:
             extra["kvdrift_slots"] = slots[0]
             if lives[0] is not None:
                 extra["kvdrift_live"] = lives[0]
-        else:  # states of one side next to each other share their prompt's matrix product
+        else:  # states of one side next to each other share one pass over their prompt
             sides = [part.state.side for part in parts]
             groups = [0]
             for before, side in zip(sides, sides[1:], strict=False):

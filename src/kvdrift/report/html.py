@@ -29,7 +29,7 @@ from kvdrift.report.numbers import (
 )
 from kvdrift.report.paper import paper_section
 
-DEFAULT_TITLE = "KV-cache eviction: divergence timing and cumulative disagreement"
+DEFAULT_TITLE = "KV-cache compression: divergence timing and cumulative disagreement"
 
 
 GLOSSARY = (
