@@ -33,6 +33,7 @@ declare -A MODULES=(
   [divergence]="src/kvdrift/divergence.py|tests/test_divergence.py tests/test_analysis_helpers.py tests/test_estimate_exact.py"
   [checks]="src/kvdrift/checks.py|tests/test_checks.py tests/test_analysis_helpers.py tests/test_finite_inputs.py"
   [cache]="src/kvdrift/lm/cache.py|tests/test_lm_cache.py tests/test_lm_pair.py tests/test_shared_attention.py"
+  [attention]="src/kvdrift/lm/shared_attention.py|tests/test_shared_attention.py tests/test_joint_step.py"
   [pair]="src/kvdrift/lm/pair.py src/kvdrift/lm/prefill.py|tests/test_lm_pair.py tests/test_lm_pair_inputs.py tests/test_lm_presses.py tests/test_shared_attention.py tests/test_lm_actions.py tests/test_lm_estimators.py"
 )
 # analysis.<file>: one file of analysis/ at a time, against the same tests (a shorter run)
@@ -40,7 +41,7 @@ for f in src/kvdrift/analysis/*.py; do
   stem=$(basename "$f" .py)
   [ "$stem" = "__init__" ] || MODULES[analysis.$stem]="$f|${MODULES[analysis]#*|}"
 done
-ORDER=(coupling estimate finite finite.check records runner store divergence checks analysis cache pair)
+ORDER=(coupling estimate finite finite.check records runner store divergence checks analysis cache attention pair)
 [ $# -gt 0 ] && ORDER=("$@")
 
 for name in "${ORDER[@]}"; do
