@@ -257,7 +257,14 @@ def test_prompt_part_and_merge_equal_one_softmax_over_all_entries(prompt_path):
     assert (out_b - out_r).abs().max() < 1e-6 and (lse_b - lse_r).abs().max() < 1e-6
 
 
-def test_both_prompt_paths_match_per_row_copies(prompt_path):
+def test_both_prompt_paths_match_per_row_copies(prompt_path, monkeypatch):
+    from kvdrift.lm import shared_attention
+
+    fused_calls = []
+    if prompt_path == "fused":  # on CPU the fused kernel is the one that runs
+        kernel = shared_attention._FLASH_CPU
+        monkeypatch.setattr(shared_attention, "_FLASH_CPU",
+                            lambda *a, **k: fused_calls.append(1) or kernel(*a, **k))
     pair = LMKernelPair(_model("llama", 6, 2), _prompt(90), "snapkv-half")
     state = walk(pair, "q", _tokens(4, 6, seed=11))
     state = pair.truncate(state, torch.tensor([6, 0, 2, 5]))
@@ -266,6 +273,7 @@ def test_both_prompt_paths_match_per_row_copies(prompt_path):
     expected = per_row_copy_logits(pair, state, nxt)
     got = advanced_logits(pair, state, nxt)
     assert torch.allclose(got, expected, atol=TOL, rtol=0), (got - expected).abs().max()
+    assert bool(fused_calls) == (prompt_path == "fused")
 
 
 @pytest.mark.parametrize("action", ["adakv-snapkv:ratio=0.5",  # a prompt mask per KV head
@@ -316,3 +324,156 @@ def test_importing_the_attention_first_leaves_it_unwrapped_by_kvpress():
             "assert torch.isfinite(s.logits).all()\n")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-2000:]
+
+
+def _reference_attention(query, scale, prompt_keys, prompt_values, prompt_hidden, parts):
+    """One float64 softmax per row and head over [prompt entries, own generated entries], with
+    every mask applied by hand: what ``_attend`` must compute."""
+    n, heads, _, dim = query.shape
+    kv = prompt_keys.shape[0]
+    groups = heads // kv
+    out = torch.zeros(n, heads, dim, dtype=torch.float64)
+    row = 0
+    for keys, values, slots, live in parts:
+        for r in range(keys.shape[0]):
+            for h in range(heads):
+                k = h // groups
+                q = query[row, h, 0].double() * scale
+                hide_p = prompt_hidden[k].clone()
+                see_own = slots[r].clone()
+                if live is not None:
+                    hide_p |= ~live[0][r, k]
+                    see_own &= live[1][r, k]
+                s_p = (prompt_keys[k].double() @ q).masked_fill(hide_p, -torch.inf)
+                s_o = (keys[r, k].double() @ q).masked_fill(~see_own, -torch.inf)
+                w = torch.softmax(torch.cat([s_p, s_o]), dim=0)
+                out[row, h] = (w[:s_p.numel(), None] * prompt_values[k].double()).sum(0) + (
+                    w[s_p.numel():, None] * values[r, k].double()).sum(0)
+            row += 1
+    return out.reshape(n, 1, heads, dim)
+
+
+@pytest.mark.parametrize("with_live", [False, True])
+def test_attend_applies_every_mask_like_one_softmax(prompt_path, with_live):
+    """``_attend`` over three parts of different sizes and generated lengths, a head-adaptive
+    prompt mask and (``with_live``) decode-time masks on two of the parts, against a
+    hand-masked float64 softmax per row and head."""
+    from types import SimpleNamespace
+
+    from kvdrift.lm.shared_attention import _attend
+
+    g = torch.Generator().manual_seed(20)
+    kv, groups, dim, n_prompt = 2, 3, 8, 12
+    prompt_keys = torch.randn(kv, n_prompt, dim, generator=g)
+    prompt_values = torch.randn(kv, n_prompt, dim, generator=g)
+    prompt_hidden = torch.rand(kv, n_prompt, generator=g) < 0.3
+    layer = SimpleNamespace(prompt_keys=prompt_keys[None], prompt_values=prompt_values[None],
+                            prompt_live=~prompt_hidden[None])
+    parts, sizes = [], [(2, 5), (3, 5), (1, 5)]
+    for i, (m, G) in enumerate(sizes):
+        keys, values = torch.randn(m, kv, G, dim, generator=g), torch.randn(m, kv, G, dim,
+                                                                            generator=g)
+        slots = torch.rand(m, G, generator=g) < 0.7
+        slots[:, -1] = True  # the new slot
+        live = None
+        if with_live and i != 1:
+            own_live = torch.rand(m, kv, G, generator=g) < 0.8
+            own_live[..., -1] = True
+            live = (torch.rand(m, kv, n_prompt, generator=g) < 0.7, own_live)
+        parts.append((keys, values, slots, live))
+    n = sum(m for m, _ in sizes)
+    query = torch.randn(n, kv * groups, 1, dim, generator=g)
+    got = _attend(query, 0.35, [(layer, *p) for p in parts])
+    expected = _reference_attention(query, 0.35, prompt_keys, prompt_values, prompt_hidden,
+                                    parts)
+    assert got.shape == (n, 1, kv * groups, dim)
+    assert (got.double() - expected).abs().max() < 1e-5
+
+
+def test_a_model_that_refuses_registered_attention_gets_one_clear_error():
+    from types import SimpleNamespace
+
+    from kvdrift.lm.shared_attention import ATTENTION_NAME, attention_implementation
+
+    class Refusing:  # keeps its attention whatever it is asked
+        def __init__(self):
+            self.config = SimpleNamespace(_attn_implementation="sdpa")
+            self.calls = 0
+
+        def set_attn_implementation(self, name):
+            self.calls += 1
+
+    class Accepting(Refusing):
+        def set_attn_implementation(self, name):
+            self.calls += 1
+            self.config._attn_implementation = name
+
+    with pytest.raises(ValueError, match="Refusing does not take registered attention"):
+        with attention_implementation(Refusing(), ATTENTION_NAME):
+            pass
+    first, second = Accepting(), Accepting()
+    for model in (first, second):
+        with attention_implementation(model, ATTENTION_NAME):
+            assert model.config._attn_implementation == ATTENTION_NAME
+        assert model.config._attn_implementation == "sdpa"  # restored
+    assert first.calls == 2  # validated once per class: switched there and back
+    assert second.calls == 0  # the class is known: no second validation
+
+
+def test_the_attention_names_what_is_missing_or_wrong(tiny_llama):
+    from kvdrift.lm.shared_attention import shared_prompt_attention
+
+    pair = LMKernelPair(tiny_llama, _prompt(20), "snapkv-half")
+    state = pair.start("q", 2)
+    module = pair._modules[0]
+    q = torch.zeros(2, 4, 1, 16)
+    kv = torch.zeros(2, 2, 1, 16)
+    with pytest.raises(RuntimeError, match="needs kvdrift_cache= and kvdrift_slots= in the "
+                                           "model's forward"):
+        shared_prompt_attention(module, q, kv, kv, None, kvdrift_cache=state.cache)
+    with pytest.raises(ValueError, match="decodes one token per row; got q_len=2"):
+        shared_prompt_attention(module, torch.zeros(2, 4, 2, 16), kv, kv, None,
+                                kvdrift_cache=state.cache,
+                                kvdrift_slots=torch.ones(2, 1, dtype=torch.bool))
+
+
+def test_a_joint_step_reads_each_sides_prompt_once_per_layer(tiny_llama, monkeypatch):
+    """P rows, then Q-along-Y and forced rows: two prompt passes per layer (one per side),
+    with the rows of both Q states in one."""
+    from kvdrift.lm import shared_attention
+
+    rows_seen = []
+    inner = shared_attention._prompt_attention
+    monkeypatch.setattr(shared_attention, "_prompt_attention",
+                        lambda q, *a: rows_seen.append(q.shape[1]) or inner(q, *a))
+    pair = LMKernelPair(tiny_llama, _prompt(40), "snapkv-half")
+    states = [pair.start("p", 3), pair.start("q", 3), pair.start("q", 2)]
+    pair.advance_many(states, [torch.tensor([5, 6, 7]), torch.tensor([5, 6, 8]),
+                               torch.tensor([9, 9])])
+    groups = 4 // 2  # query heads per KV head
+    assert rows_seen == [3 * groups, 5 * groups] * 2  # two layers, P then Q
+
+
+def test_scaling_defaults_to_the_inverse_square_root_of_head_dim(tiny_llama):
+    from kvdrift.lm.shared_attention import shared_prompt_attention
+
+    pair = LMKernelPair(tiny_llama, _prompt(20), "snapkv-half")
+    cache = pair.start("q", 2).cache
+    g = torch.Generator().manual_seed(21)
+    q, k, v = (torch.randn(2, n, 1, 16, generator=g) for n in (4, 2, 2))
+    extra = dict(kvdrift_cache=cache, kvdrift_slots=torch.ones(2, 1, dtype=torch.bool))
+    module = pair._modules[0]
+    default, _ = shared_prompt_attention(module, q, k, v, None, **extra)
+    given, _ = shared_prompt_attention(module, q, k, v, None, scaling=16 ** -0.5, **extra)
+    other, _ = shared_prompt_attention(module, q, k, v, None, scaling=0.5, **extra)
+    assert torch.equal(default, given) and not torch.allclose(default, other)
+
+
+def test_bfloat16_under_masks_on_both_prompt_paths(prompt_path):
+    """Masks and probabilities in the model's half precision (the fused kernel takes its mask
+    in the query's dtype; matrix products need one dtype)."""
+    pair = LMKernelPair(_model(dtype=torch.bfloat16), _prompt(60), "adakv-snapkv:ratio=0.5")
+    state = pair.start("q", 3)
+    for t in range(3):
+        state = pair.advance(state, _tokens(3, 3, seed=22)[:, t])
+    assert bool(torch.isfinite(state.logits).all())
