@@ -44,8 +44,12 @@ class DocumentSource(ABC):
         for key, value in values.items():
             if key in keys and value is None:
                 raise ValueError(f"{self.kind} source: key {key!r} is listed but has no value")
-            if key not in keys and value is not None and (
-                    key not in defaults or value != defaults[key]):
+            if key in keys or value is None:
+                continue
+            if key not in defaults:
+                raise ValueError(f"{self.kind} source: key {key!r} has no default and must be "
+                                 "in table_keys")
+            if value != defaults[key]:
                 raise ValueError(f"{self.kind} source: key {key!r} is left out of table_keys "
                                  f"but its value {value!r} is not the default")
 
@@ -113,6 +117,9 @@ class HFSource(DocumentSource):
                 "prompt_field": self.prompt_field, "id_field": self.id_field,
                 "stratum_field": self.stratum_field, "stratum": self.stratum,
                 "answer_field": self.answer_field, "limit": self.limit}
+
+    def _defaults(self) -> dict[str, Any]:
+        return dict.fromkeys(("id_field", "stratum_field", "stratum", "answer_field", "limit"))
 
 
 #: Table key -> RulerConfig field of a ``source = "ruler"`` table, in the table's order.
