@@ -25,12 +25,13 @@ class DocumentSource(ABC):
 
     ``table_keys`` are the table's keys in the order written, so that ``as_dict`` writes the
     table back byte for byte; ``None`` (a source built in code) writes every key that has a
-    value. A key may be left out only where the source holds that key's default.
+    value. A key may be left out only where the source holds that key's default. Equality
+    ignores it: sources that yield the same documents are equal, however the table was written.
     """
 
     kind: ClassVar[str]  # the table's ``source`` value
     needs_tokenizer: ClassVar[bool] = False  # sized with each model's tokenizer
-    table_keys: tuple[str, ...] | None = field(default=None, kw_only=True)
+    table_keys: tuple[str, ...] | None = field(default=None, kw_only=True, compare=False)
 
     def __post_init__(self) -> None:
         if self.table_keys is None:
