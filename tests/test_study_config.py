@@ -33,8 +33,9 @@ def test_cpu_prediction_pair_differs_only_in_documents():
     dev, ev = load_study(CONFIGS / "cpu-dev.toml"), load_study(CONFIGS / "cpu-eval.toml")
     assert (dev.cohort, ev.cohort) == ("development", "evaluation")
     assert dev.run == ev.run and dev.models == ev.models
-    assert dev.documents[0]["seed"] != ev.documents[0]["seed"]  # disjoint document ids
-    assert dev.documents[0]["per_stratum"] * len(dev.documents[0]["families"]) >= 6
+    dev_ruler, ev_ruler = dev.documents[0].config, ev.documents[0].config
+    assert dev_ruler.seed != ev_ruler.seed  # disjoint document ids
+    assert dev_ruler.documents_per_stratum * len(dev_ruler.families) >= 6
 
 
 def test_paper_study2_has_eight_endpoints():

@@ -6,13 +6,12 @@ import functools
 from collections.abc import Callable
 from pathlib import Path
 
-from kvdrift.data import generate, load_hf_dataset, load_jsonl, token_counter
 from kvdrift.data.document import Document
 from kvdrift.run.executors import open_executor
 from kvdrift.run.lock import StoreLock
 from kvdrift.run.records import UnitKey
 from kvdrift.run.store import RunStore
-from kvdrift.study_config import StudyConfig, ruler_config
+from kvdrift.study_config import StudyConfig
 
 
 def _unique(docs: list[Document]) -> list[Document]:
@@ -28,12 +27,8 @@ def fixed_documents(config: StudyConfig) -> list[Document]:
     """Documents that need no tokenizer (JSONL files, datasets), loaded before any model."""
     docs: list[Document] = []
     for src in config.documents:
-        if src["source"] == "jsonl":
-            docs += load_jsonl(src["path"])
-        elif src["source"] == "hf":
-            options = {k: v for k, v in src.items() if k not in ("source", "name", "split",
-                                                                  "prompt_field")}
-            docs += load_hf_dataset(src["name"], src["split"], src["prompt_field"], **options)
+        if not src.needs_tokenizer:
+            docs += src.documents()
     return docs
 
 
@@ -41,8 +36,8 @@ def model_documents(config: StudyConfig, fixed: list[Document], tokenizer) -> li
     """All documents for one model: generated ones are sized with its tokenizer."""
     docs = list(fixed)
     for src in config.documents:
-        if src["source"] == "ruler":
-            docs += generate(ruler_config(src), token_counter(tokenizer))
+        if src.needs_tokenizer:
+            docs += src.documents(tokenizer)
     if not docs:
         raise ValueError("the study's document sources produced no documents")
     return _unique(docs)
@@ -75,7 +70,7 @@ def run_study(
     from kvdrift.lm.factory import LMPairSource, check_fits, driver_side
 
     fixed = fixed_documents(config) if fixed is None else fixed
-    if not fixed and not any(s["source"] == "ruler" for s in config.documents):
+    if not fixed and not any(s.needs_tokenizer for s in config.documents):
         raise ValueError("the study's document sources produced no documents")
     lock = StoreLock(out).acquire()
     try:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from kvdrift.analysis.study import AnalysisOptions
-from kvdrift.data import NEEDLE_TYPES, RULER_FAMILIES, RulerConfig
+from kvdrift.data.sources import DocumentSource, source_from_table
 from kvdrift.run.executors import ExecutorConfig
 from kvdrift.run.runner import ESTIMATORS, RunConfig
 
@@ -58,7 +58,7 @@ class StudyConfig:
     name: str
     models: tuple[str, ...]
     run: RunConfig  # model field is a placeholder; per-model configs come from for_model
-    documents: tuple[dict, ...]
+    documents: tuple[DocumentSource, ...]  # parsed [[documents]] tables
     analysis: AnalysisOptions
     device: str = "auto"
     dtype: str = "float32"
@@ -83,7 +83,7 @@ class StudyConfig:
         run.pop("extra")
         out = {"name": self.name, "models": list(self.models), **run,
                "device": self.device, "dtype": self.dtype, "chat_template": self.chat_template,
-               "documents": [dict(d) for d in self.documents],
+               "documents": [d.as_dict() for d in self.documents],
                "analysis": {**asdict(self.analysis), "endpoints": list(self.analysis.endpoints)}}
         if self.cohort is not None:  # only when named, so older study directories still resume
             out["cohort"] = self.cohort
@@ -119,7 +119,8 @@ def check_study_name(name: str) -> str:
     return name
 
 
-def _check_source(i: int, source: dict) -> dict:
+def _check_source(i: int, source: dict) -> DocumentSource:
+    """Check one [[documents]] table (its kind, keys and value types), then build its source."""
     where = f"[[documents]] #{i + 1}"
     if not isinstance(source, dict) or "source" not in source:
         raise ValueError(f"{where} needs a 'source' key; allowed: {', '.join(SOURCE_KEYS)}")
@@ -131,20 +132,7 @@ def _check_source(i: int, source: dict) -> dict:
     for key in REQUIRED_SOURCE_KEYS[kind]:
         if key not in source:
             raise ValueError(f"{where} (source = {kind!r}) is missing the key {key!r}")
-    if kind == "ruler":
-        ruler_config(source)  # validates families, needle types, lengths, counts
-    return dict(source)
-
-
-def ruler_config(source: dict) -> RulerConfig:
-    """The generator configuration of a ``source = "ruler"`` table."""
-    return RulerConfig(
-        families=tuple(source.get("families", RULER_FAMILIES)),
-        needle_types=tuple(source.get("needle_types", NEEDLE_TYPES)),
-        target_lengths=tuple(source.get("lengths", (4096,))),
-        documents_per_stratum=source.get("per_stratum", 8),
-        seed=source.get("seed", 0),
-    )
+    return source_from_table(source)  # RULER's families, needle types, lengths, counts checked
 
 
 def parse_study(data: dict, source: str | None = None) -> StudyConfig:
