@@ -33,7 +33,7 @@ declare -A MODULES=(
   [divergence]="src/kvdrift/divergence.py|tests/test_divergence.py tests/test_analysis_helpers.py tests/test_estimate_exact.py"
   [checks]="src/kvdrift/checks.py|tests/test_checks.py tests/test_analysis_helpers.py tests/test_finite_inputs.py"
   [cache]="src/kvdrift/lm/cache.py|tests/test_lm_cache.py tests/test_lm_pair.py tests/test_shared_attention.py"
-  [attention]="src/kvdrift/lm/shared_attention.py|tests/test_shared_attention.py tests/test_joint_step.py"
+  [attention]="src/kvdrift/lm/shared_attention.py|tests/test_shared_attention.py tests/test_joint_step.py tests/test_lm_presses.py tests/test_lm_quantize.py"
   [pair]="src/kvdrift/lm/pair.py src/kvdrift/lm/prefill.py|tests/test_lm_pair.py tests/test_lm_pair_inputs.py tests/test_lm_presses.py tests/test_shared_attention.py tests/test_lm_actions.py tests/test_lm_estimators.py"
 )
 # analysis.<file>: one file of analysis/ at a time, against the same tests (a shorter run)
