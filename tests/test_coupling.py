@@ -121,3 +121,27 @@ def test_absorb_eos_sets_point_mass_on_absorbed_rows_only():
 def test_check_probs_rejects_bad_rows(row, message):
     with pytest.raises(ValueError, match=message):
         check_probs(torch.tensor(row))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_scan_step_is_tv_then_overlap_then_residual_draws(dtype):
+    """SWRB's ``scan_step`` shares one ``p - q`` pass; it must give exactly what the three
+    separate functions give, in that order, from the same random stream (rows with TV 0 and
+    TV 1 included)."""
+    from kvdrift.coupling import overlap_draw, residual_draw, scan_step, tv_distance
+
+    g = torch.Generator().manual_seed(30)
+    p = torch.softmax(torch.randn(6, 50, generator=g) * 3, dim=-1).to(dtype)
+    q = torch.softmax(torch.randn(6, 50, generator=g) * 3, dim=-1).to(dtype)
+    q[0] = p[0]  # TV 0
+    p[1], q[1] = 0.0, 0.0
+    p[1, 3], q[1, 7] = 1.0, 1.0  # TV 1
+    step = scan_step(p, q, torch.Generator().manual_seed(31))
+    gen = torch.Generator().manual_seed(31)
+    tv, shared = tv_distance(p, q), overlap_draw(p, q, gen)
+    x, y = residual_draw(p, q, gen)
+    assert torch.equal(step.tv, tv) and step.tv.dtype == torch.float64
+    assert torch.equal(step.shared, shared)
+    assert torch.equal(step.x, x) and torch.equal(step.y, y)
+    assert step.tv[0] == 0 and step.tv[1] == 1 and step.x[1] == 3 and step.y[1] == 7
+    assert bool((step.x[2:] != step.y[2:]).all())  # residuals have disjoint supports
