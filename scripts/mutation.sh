@@ -23,7 +23,7 @@ MAX_CHILDREN=${MAX_CHILDREN:-2}
 # module -> "source files|fast test files" (the tests that exercise it without loading a model)
 declare -A MODULES=(
   [coupling]="src/kvdrift/coupling.py|tests/test_coupling.py tests/test_coupling_exact.py"
-  [estimate]="src/kvdrift/estimate/*|tests/test_estimate.py tests/test_estimate_exact.py"
+  [estimate]="src/kvdrift/estimate/*|tests/test_estimate.py tests/test_estimate_exact.py tests/test_readings.py"
   [finite]="src/kvdrift/finite/pair.py src/kvdrift/finite/systems.py src/kvdrift/finite/exact.py|tests/test_finite.py tests/test_finite_inputs.py tests/test_finite_variance.py"
   [finite.check]="src/kvdrift/finite/check.py|tests/test_finite_study.py tests/test_cli.py"
   [records]="src/kvdrift/run/records.py|tests/test_run_exact.py"

@@ -486,3 +486,23 @@ def test_smollm2_speculative_sampler_agrees_with_predictions():
         (p, sp), (m, sm) = predicted[key], measured[key]
         assert abs(p - m) < SPEC_Z * np.hypot(sp, sm), (key, p, m, sp, sm)
     assert predicted[4][0] > 1.5  # the drafter is useful: more than 1.5 tokens per round
+
+
+def test_tempered_logprobs_at_each_temperature():
+    """Temperature 1 returns the log-probabilities as they are (float64); others re-normalise
+    ``x / T``; 0 is the greedy point mass; negative or NaN temperatures are refused."""
+    from kvdrift.estimate.forced import tempered_logprobs
+
+    g = torch.Generator().manual_seed(40)
+    lp = torch.log_softmax(torch.randn(3, 20, generator=g), dim=-1).float()
+    one = tempered_logprobs(lp, 1.0)
+    assert one.dtype == torch.float64 and torch.equal(one, lp.double())
+    for t in (0.7, 2.0):
+        want = torch.log_softmax(lp.double() / t, dim=-1)
+        assert torch.allclose(tempered_logprobs(lp, t), want, atol=1e-12, rtol=0)
+    greedy = tempered_logprobs(lp, 0.0)
+    assert torch.equal(greedy.argmax(-1), lp.argmax(-1))
+    assert bool((greedy.exp().sum(-1) == 1).all()) and int((greedy == 0).sum()) == 3
+    for bad in (-0.5, float("nan")):
+        with pytest.raises(ValueError, match="temperature must be >= 0"):
+            tempered_logprobs(lp, bad)
