@@ -161,8 +161,7 @@ def coupled_draw(p: torch.Tensor, q: torch.Tensor, generator: torch.Generator) -
     e = _tv_of_difference(d)
     u = torch.rand(p.shape[0], generator=generator, dtype=torch.float64,
                    device=generator.device).to(p.device)
-    z = _sample_cdf(overlap(p, q).cumsum_(dim=-1), generator)
-    xr, yr = _residual_draw(d, generator)
+    z, xr, yr = _overlap_and_residual_draws(p, q, d, generator)
     split = u < e
     return CoupledDraw(x=torch.where(split, xr, z), y=torch.where(split, yr, z), tv=e)
 
@@ -173,6 +172,15 @@ def scan_step(p: torch.Tensor, q: torch.Tensor, generator: torch.Generator) -> S
     p, q = p.to(torch.float64), q.to(torch.float64)
     d = p - q
     e = _tv_of_difference(d)
+    z, x, y = _overlap_and_residual_draws(p, q, d, generator)
+    return Step(tv=e, shared=z, x=x, y=y)
+
+
+def _overlap_and_residual_draws(
+    p: torch.Tensor, q: torch.Tensor, d: torch.Tensor, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A shared draw from the overlap, then the residual pair from ``d = p - q`` (float64
+    rows), in that order: the draws both :func:`coupled_draw` and :func:`scan_step` make."""
     z = _sample_cdf(overlap(p, q).cumsum_(dim=-1), generator)
     x, y = _residual_draw(d, generator)
-    return Step(tv=e, shared=z, x=x, y=y)
+    return z, x, y
