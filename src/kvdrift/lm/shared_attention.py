@@ -146,11 +146,9 @@ def _attend(
         own_slots = slots[:, None, None, :]  # [m, 1, 1, G]
         if live is not None:
             own_slots = own_slots & live[1][:, :, None, :]  # [m, kv, 1, G]
-        scores = torch.matmul(q_part, key.transpose(2, 3))  # [m, kv, g, G]
-        scores = scores.masked_fill(~own_slots, float("-inf")).float()
-        lse = torch.logsumexp(scores, dim=-1)  # finite: a row always sees its new slot
-        probs = torch.exp(scores - lse[..., None]).to(query.dtype)
-        outs_own.append(torch.matmul(probs, value))  # [m, kv, g, dim]
+        # lse is finite: a row always sees its new slot
+        out, lse = _softmax_attention(q_part, key, value, ~own_slots)  # [m, kv, g, dim]
+        outs_own.append(out)
         lses_own.append(lse)
     out_own = outs_own[0] if len(parts) == 1 else torch.cat(outs_own)
     lse_own = lses_own[0] if len(parts) == 1 else torch.cat(lses_own)
@@ -180,16 +178,28 @@ def _prompt_attention(
         out, lse = _FLASH_CPU(q[None], keys[None], values[None], attn_mask=mask, scale=1.0)
         out, lse = out[0], lse[0]
     else:
-        scores = torch.matmul(q, keys.transpose(1, 2))  # [kv, r, P]
-        if hidden is not None:
-            scores = scores.masked_fill(hidden, float("-inf"))
-        scores = scores.float()
-        lse = torch.logsumexp(scores, dim=-1)
-        probs = torch.exp(scores - lse[..., None]).nan_to_num_(0.0)  # rows with no entry: 0
-        out = torch.matmul(probs.to(q.dtype), values)
+        out, lse = _softmax_attention(q, keys, values, hidden)
     if hidden is not None:  # the fused kernel returns lse 0 for a row with no entry
         lse = lse.masked_fill(hidden.all(dim=-1).expand_as(lse), float("-inf"))
     return out, lse
+
+
+def _softmax_attention(
+    q: torch.Tensor,  # [..., r, dim], already scaled
+    keys: torch.Tensor,  # [..., S, dim]
+    values: torch.Tensor,  # [..., S, dim]
+    hidden: torch.Tensor | None,  # bool, broadcast to [..., r, S]: entries a row does not see
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax attention by matrix products: the output ``[..., r, dim]`` (in ``q``'s dtype)
+    and each row's log-sum-exp ``[..., r]`` (float32; a row that sees nothing: ``-inf``, output
+    0). The generated part of every step, and the prompt part off CPU."""
+    scores = torch.matmul(q, keys.transpose(-2, -1))  # [..., r, S]
+    if hidden is not None:
+        scores = scores.masked_fill(hidden, float("-inf"))
+    scores = scores.float()
+    lse = torch.logsumexp(scores, dim=-1)
+    probs = torch.exp(scores - lse[..., None]).nan_to_num_(0.0)  # rows that see nothing: 0
+    return torch.matmul(probs.to(q.dtype), values), lse
 
 
 def _merge(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
