@@ -16,7 +16,7 @@ block           BlockPress                  as plain, chosen block by block
 rerotate        KeyRerotationPress          as plain, kept keys re-rotated to positions 0..k-1
 chunk           ChunkPress                  floor(r len) of every chunk of chunk_length entries
 chunkkv         ChunkKVPress                floor(r c) whole chunks of the c chunks
-pyramidkv       PyramidKVPress              PyramidKV's layer budgets, layers x floor(r n) total
+pyramidkv       PyramidKVPress              kvpress's layer budgets for compression_ratio 1 - r
 perlayer        PerLayerCompressionPress    floor(r_l n) in layer l (ratios=r_0/r_1/...)
 decoding        DecodingPress               prefill untouched; every `interval` generated tokens
                                             the cache (prompt + generated) is cut to `target`
@@ -145,7 +145,7 @@ class Family:
 
     def compression_ratio(self, stage: Stage, n: int) -> float:
         """The scorer's kvpress ``compression_ratio`` for a prompt of ``n`` entries."""
-        return mid_ratio(self.kept(stage, n), n)
+        return press_ratio(stage, self.kept(stage, n), n)
 
     def build(self, stage: Stage, n: int) -> Any:
         scorer = stage.clamped_scorer(n, self.compression_ratio(stage, n))
@@ -199,7 +199,11 @@ class Chunk(Family):
         return sum(max(1, _exact_floor(stage.ratio, c)) for c in stage.chunks(n))
 
     def compression_ratio(self, stage: Stage, n: int) -> float:
-        # int(len * (1 - r)) must be floor(ratio * len) for every chunk length
+        # int(len * (1 - c)) must be floor(ratio * len) for every chunk length
+        user = removed_fraction(Fraction(repr(stage.ratio)))
+        if all(_kvpress_kept(c, user) == max(1, _exact_floor(stage.ratio, c))
+               for c in set(stage.chunks(n))):
+            return user
         return 1.0 - stage.ratio - 1e-9 if stage.ratio < 1.0 else 0.0
 
 
@@ -213,17 +217,33 @@ class Varying(Family):
 
 
 class ChunkKV(Varying):
-    """``floor(r c)`` (at least 1) whole chunks of the ``c`` chunks, in every layer."""
+    """``floor(r c)`` (at least 1) whole chunks of the ``c`` chunks, in every layer (a prompt
+    shorter than one chunk: ``floor(r n)`` by the scorer alone, as kvpress does)."""
 
     budgets = ("ratio",)
+
+    def expected_counts(self, stage: Stage, n: int, n_layers: int, config: Any
+                        ) -> list[int] | None:
+        if self.below_one_chunk(stage, n):
+            return [_ratio_or_budget(stage, n)] * n_layers
+        return None
 
     def chunks_kept(self, stage: Stage, n: int) -> int:
         return max(1, _exact_floor(stage.ratio, len(stage.chunks(n))))
 
+    def below_one_chunk(self, stage: Stage, n: int) -> bool:
+        """Whether ``n`` is shorter than one chunk: kvpress then runs the scorer alone."""
+        return n < int(stage.field("chunk_length"))
+
     def is_noop(self, stage: Stage, n: int) -> bool:
+        if self.below_one_chunk(stage, n):
+            return _ratio_or_budget(stage, n) >= n
         return self.chunks_kept(stage, n) >= len(stage.chunks(n))
 
     def check_counts(self, stage: Stage, n: int, counts: Any, config: Any) -> None:
+        if self.below_one_chunk(stage, n):
+            Family.check_counts(self, stage, n, counts, config)
+            return
         k, chunks = self.chunks_kept(stage, n), stage.chunks(n)
         allowed = {k * chunks[0], (k - 1) * chunks[0] + chunks[-1]}
         for i, row in enumerate(counts.tolist()):
@@ -232,34 +252,33 @@ class ChunkKV(Varying):
                                    f"expected {k} whole chunks ({sorted(allowed)} entries)")
 
     def compression_ratio(self, stage: Stage, n: int) -> float:
-        return mid_ratio(self.chunks_kept(stage, n), len(stage.chunks(n)))
+        if self.below_one_chunk(stage, n):
+            return press_ratio(stage, _ratio_or_budget(stage, n), n)
+        return press_ratio(stage, self.chunks_kept(stage, n), len(stage.chunks(n)))
 
 
 class PyramidKV(Varying):
-    """PyramidKV's per-layer budgets, ``layers x floor(r n)`` (or ``min(B, n)``) in total."""
+    """PyramidKV's per-layer budgets, as kvpress computes them for the user's ratio.
 
-    def mean(self, stage: Stage, n: int) -> int:
-        """PyramidKV's mean layer budget: floor(r n) or min(B, n)."""
-        return _ratio_or_budget(stage, n)
+    kvpress's ``PyramidKVPress(compression_ratio=1 - r)`` (``1 - B/n`` for a budget) is built
+    as it is; its own ``get_layer_budget`` gives each layer's count, which add up to about
+    ``layers x r n`` (not exactly: kvpress rounds each layer, and falls back to SnapKV's
+    ``round(r n)`` in every layer where the pyramid does not fit).
+    """
 
     def is_noop(self, stage: Stage, n: int) -> bool:
-        return stage.ratio == 1.0 or (stage.budget is not None and stage.budget >= n)
+        # one entry: kvpress's budget is 1 (it would assert on the window), nothing to evict
+        return n == 1 or stage.ratio == 1.0 or (stage.budget is not None and stage.budget >= n)
 
     def expected_counts(self, stage: Stage, n: int, n_layers: int, config: Any) -> list[int]:
         press = stage.build(n)
         return [press.get_layer_budget(SimpleNamespace(layer_idx=i, config=config), n)
                 for i in range(n_layers)]
 
-    def check_counts(self, stage: Stage, n: int, counts: Any, config: Any) -> None:
-        n_layers = counts.shape[0]
-        expected = self.expected_counts(stage, n, n_layers, config)
-        if sum(expected) != n_layers * self.mean(stage, n):
-            raise RuntimeError(f"{stage.label}: PyramidKV's layer budgets {expected} do not add "
-                               f"up to {n_layers} x {self.mean(stage, n)}")
-        super().check_counts(stage, n, counts, config)
-
     def compression_ratio(self, stage: Stage, n: int) -> float:
-        return 1.0 - self.mean(stage, n) / n
+        if stage.budget is not None:
+            return removed_fraction(Fraction(min(stage.budget, n), n))
+        return removed_fraction(Fraction(repr(stage.ratio)))
 
     def table_row(self) -> tuple[str, str, str]:
         return "pyramidkv:ratio=R | budget=B", PYRAMIDKV, self.keeps
@@ -280,7 +299,7 @@ class PerLayer(Varying):
         return [min(n, max(1, _exact_floor(r, n))) for r in stage.ratios]
 
     def build(self, stage: Stage, n: int) -> Any:
-        ratios = [mid_ratio(min(n, max(1, _exact_floor(r, n))), n) for r in stage.ratios]
+        ratios = [_ratio_for(r, min(n, max(1, _exact_floor(r, n))), n) for r in stage.ratios]
         return kvpress.PerLayerCompressionPress(press=stage.clamped_scorer(n, 0.0),
                                                 compression_ratios=ratios)
 
@@ -336,8 +355,9 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     ChunkKV("chunkkv", "ChunkKVPress", "floor(r c) (at least 1) whole chunks of the c chunks of "
             "chunk_length entries, the same in every layer and KV head",
             (("chunk_length", "chunk_length"),)),
-    PyramidKV("pyramidkv", None, "PyramidKV's per-layer budgets (more in lower layers), "
-              "layers x floor(r n) in total; SnapKV scores"),
+    PyramidKV("pyramidkv", None, "kvpress's PyramidKV layer budgets for compression_ratio "
+              "1 - r (more in lower layers; SnapKV's round(r n) in every layer where the pyramid "
+              "does not fit); SnapKV scores"),
     PerLayer("perlayer", "PerLayerCompressionPress", "floor(r_l n) entries in layer l, every KV "
              "head (ratios=r_0/r_1/... one per layer)"),
     Decoding("decoding", "DecodingPress", "prompt untouched at prefill; after every `interval` "
@@ -390,6 +410,33 @@ def _ratio_or_budget(stage: Stage, n: int) -> int:
     if stage.budget is not None:
         return min(stage.budget, n)
     return min(n, max(1, _exact_floor(stage.ratio, n)))
+
+
+def removed_fraction(kept: Fraction) -> float:
+    """kvpress's ``compression_ratio`` (fraction removed) for a kept fraction, ``1 - kept``
+    in exact decimal arithmetic (kept 0.7 -> 0.3, as a user writing the press would)."""
+    return float(1 - kept)
+
+
+def _kvpress_kept(n: int, compression_ratio: float) -> int:
+    """Entries kvpress's scorers keep of ``n`` (``max(1, int(n (1 - c)))``)."""
+    return max(1, int(n * (1 - compression_ratio)))
+
+
+def _ratio_for(ratio: float, kept: int, n: int) -> float:
+    """The user's ``1 - ratio`` where kvpress keeps ``kept`` of ``n`` under it; else
+    :func:`mid_ratio` (kvdrift's exact floor where kvpress's float product lands one lower,
+    e.g. ratio 0.1 at n = 20: kvpress keeps int(20 x 0.09999999999999998) = 1, kvdrift 2)."""
+    user = removed_fraction(Fraction(repr(ratio)))
+    return user if int(n * (1 - user)) == kept else mid_ratio(kept, n)
+
+
+def press_ratio(stage: Stage, kept: int, n: int) -> float:
+    """kvpress ``compression_ratio`` keeping ``kept`` of ``n`` for ``stage``'s budget (every
+    scorer's ``int(n (1 - c))``, StreamingLLM's included, lands on ``kept``)."""
+    if stage.ratio is None:
+        return mid_ratio(kept, n)
+    return _ratio_for(stage.ratio, kept, n)
 
 
 def mid_ratio(kept: int, n: int) -> float:
