@@ -116,8 +116,10 @@ def greedy_pair(pair: LMKernelPair, steps: int) -> tuple[list[int], torch.Tensor
     return tokens, torch.stack(lps)
 
 
-def greedy_generate(model, ids: torch.Tensor, press, steps: int, eager: bool):
-    """kvpress's documented usage: ``with press(model): model.generate(...)``."""
+def greedy_generate(model, ids: torch.Tensor, press, steps: int, eager: bool,
+                    with_cache: bool = False):
+    """kvpress's documented usage: ``with press(model): model.generate(...)`` (and the cache
+    it leaves, ``with_cache``)."""
     current = model.config._attn_implementation
     if eager:
         model.set_attn_implementation("eager")
@@ -130,7 +132,8 @@ def greedy_generate(model, ids: torch.Tensor, press, steps: int, eager: bool):
     finally:
         model.set_attn_implementation(current)
     logits = torch.stack(out.logits)[:, 0].double()
-    return out.sequences[0, ids.shape[1]:].tolist(), torch.log_softmax(logits, -1)
+    tokens, lps = out.sequences[0, ids.shape[1]:].tolist(), torch.log_softmax(logits, -1)
+    return (tokens, lps, out.past_key_values) if with_cache else (tokens, lps)
 
 
 def check_against_generate(model, ids: torch.Tensor, spec: str, steps: int) -> LMKernelPair:
