@@ -14,6 +14,7 @@ from kvdrift.cli import app
 from kvdrift.lm.actions import (
     NAMED_ACTIONS,
     Action,
+    ActionError,
     actions_help,
     parse_action,
     split_actions,
@@ -307,3 +308,59 @@ def test_cli_prints_the_action_list():
         result = CliRunner().invoke(app, args)
         assert result.exit_code == 0, result.output
         assert "adakv-<scorer>" in result.output and "QFilterPress" in result.output
+
+
+# --- hostile specs (issue 34): one line naming the value and what is allowed ---------------
+
+
+@pytest.mark.parametrize("spec, match", [
+    ("snapkv:ratio=0.5,window_size=-5", r"window_size must be an integer >= 1; got -5$"),
+    ("snapkv:ratio=0.5,window_size=0", r"window_size must be an integer >= 1; got 0$"),
+    ("snapkv:ratio=0.5,kernel_size=-1", r"kernel_size must be an odd integer >= 1; got -1$"),
+    ("snapkv:ratio=0.5,kernel_size=100000",
+     r"kernel_size must be an odd integer >= 1; got 100000$"),
+    ("snapkv:ratio=0.5,kernel_size=4", r"kernel_size must be an odd integer >= 1; got 4$"),
+    ("adakv-snapkv:ratio=0.5,alpha_safeguard=2", r"alpha_safeguard must be a number within"),
+    ("pyramidkv:ratio=0.5,beta=0", r"beta must be an integer >= 1; got 0$"),
+    ("recent:ratio=0.5,n_sink=-1", r"n_sink must be an integer >= 0; got -1$"),
+    ("snapkv:ratio=0.5,ratio=0.9", r"ratio must be given once; got ratio=0.5 and ratio=0.9$"),
+    ("snapkv:ratio=0.5,window_size=4,window_size=8", r"window_size must be given once"),
+    ("kivi:bits=4,bits=8", r"bits must be given once; got bits=4 and bits=8$"),
+    ("snapkv:ratio=0.5+kivi:bits=4,bits=8", r"bits must be given once"),
+])
+def test_hostile_fields_raise_one_typed_line(spec, match):
+    with pytest.raises(ActionError, match=match) as info:
+        parse_action(spec)
+    assert isinstance(info.value, ValueError) and "\n" not in str(info.value)
+
+
+def test_empty_action_list_names_actions_not_a_toml_table():
+    for text in ("", " , ", ","):
+        with pytest.raises(ActionError, match=r"--actions must be a comma list of at least one "
+                                              r"action .*; got "):
+            split_actions(text)
+
+
+def test_chains_with_fields_split_on_the_command_line():
+    assert split_actions("snapkv:ratio=0.5,window_size=4+kivi:bits=4,recent-half") == (
+        "snapkv:ratio=0.5,window_size=4+kivi:bits=4", "recent-half")
+    assert split_actions("snapkv:ratio=0.5,window_size=4+knorm:ratio=0.5,kivi:bits=4,group=32"
+                         ) == ("snapkv:ratio=0.5,window_size=4+knorm:ratio=0.5",
+                               "kivi:bits=4,group=32")
+    action = parse_action(split_actions("snapkv:ratio=0.5,window_size=4+kivi:bits=4")[0])
+    assert action.stages[0].field("window_size") == 4 and action.quantization is not None
+
+
+@pytest.mark.parametrize("actions, match", [
+    ("", "--actions must be a comma list of at least one action"),
+    ("snapkv:ratio=0.5,window_size=-5", "window_size must be an integer >= 1; got -5"),
+    ("snapkv:ratio=0.5,kernel_size=100000", "kernel_size must be an odd integer >= 1"),
+    ("snapkv:ratio=0.5,ratio=0.9", "ratio must be given once"),
+    ("kivi:bits=4,bits=8", "bits must be given once"),
+])
+def test_cli_refuses_hostile_actions_in_one_line(tmp_path, actions, match):
+    result = CliRunner().invoke(app, ["run", "--actions", actions, "--out", str(tmp_path / "r")])
+    assert result.exit_code != 0
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.output, result.output
+    assert match in lines[0] and "[study]" not in lines[0], lines[0]

@@ -48,6 +48,7 @@ from kvdrift.lm.quantization import (
     parse_quantization,
     quantization_table,
 )
+from kvdrift.lm.spec_fields import ActionError, split_fields
 
 
 @dataclass(frozen=True)
@@ -263,11 +264,7 @@ def _parse_stage(text: str, whole: str) -> Stage:
     defaults = _field_defaults(family, scorer)
     values: dict[str, Any] = {}
     kwargs: list[tuple[str, Any]] = []
-    for item in filter(None, (part.strip() for part in tail.split(","))):
-        key, eq, value = item.partition("=")
-        key = key.strip()
-        if not eq or not key or not value.strip():
-            raise ValueError(f"action {whole!r}: expected key=value, got {item!r}")
+    for key, value in split_fields(tail, whole):
         if key == "ratio":
             try:
                 values["ratio"] = float(value)
@@ -297,13 +294,23 @@ def _parse_stage(text: str, whole: str) -> Stage:
     try:
         return Stage(family=family, scorer=scorer, kwargs=tuple(kwargs), **values)
     except ValueError as exc:
-        raise ValueError(f"action {whole!r}: {exc}") from None
+        raise ActionError(f"action {whole!r}: {exc}") from None
 
 
 def parse_action(spec: str | Action) -> Action:
-    """Parse an action spec: a named action or ``+``-joined press specs (module docstring)."""
+    """Parse an action spec: a named action or ``+``-joined press specs (module docstring);
+    :class:`ActionError` (a ValueError) with one line for a spec kvdrift cannot run."""
     if isinstance(spec, Action):
         return spec
+    try:
+        return _parse_action(spec)
+    except ActionError:
+        raise
+    except ValueError as exc:
+        raise ActionError(str(exc)) from None
+
+
+def _parse_action(spec: str) -> Action:
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"empty action spec; named actions: {', '.join(NAMED_ACTIONS)}; "
                          f"or <press>:ratio=R / <press>:budget=B")
@@ -332,20 +339,26 @@ def parse_action(spec: str | Action) -> Action:
 
 
 def split_actions(text: str) -> tuple[str, ...]:
-    """Split a comma list of action specs; ``key=value`` pieces belong to the spec before.
+    """Split a comma list of action specs (the command line's ``--actions``).
 
-    ``snapkv-half,snapkv:budget=256,window_size=32`` -> ``("snapkv-half",
-    "snapkv:budget=256,window_size=32")``.
+    A piece that starts with ``key=`` (no ``:`` before its first ``=``) continues the spec
+    before it; any other piece (a named action, ``<press>:...``, ``kivi:...``) starts a new
+    one. So ``snapkv-half,snapkv:budget=256,window_size=32+kivi:bits=4`` ->
+    ``("snapkv-half", "snapkv:budget=256,window_size=32+kivi:bits=4")``. ActionError for a
+    list with no action.
     """
     specs: list[str] = []
     for part in (p.strip() for p in text.split(",")):
         if not part:
             continue
-        tail = part.rpartition("+")[2]
-        if specs and "=" in tail and ":" not in tail and "+" not in part:
+        head, eq, _ = part.partition("=")
+        if specs and eq and ":" not in head:
             specs[-1] = f"{specs[-1]},{part}"
         else:
             specs.append(part)
+    if not specs:
+        raise ActionError(f"--actions must be a comma list of at least one action (e.g. "
+                          f"snapkv-half,knorm:ratio=0.5; 'help' lists them); got {text!r}")
     return tuple(specs)
 
 
@@ -373,4 +386,5 @@ def actions_help() -> str:
     return "\n".join(lines)
 
 
-__all__ = ["NAMED_ACTIONS", "Action", "Stage", "actions_help", "parse_action", "split_actions"]
+__all__ = ["NAMED_ACTIONS", "Action", "ActionError", "Stage", "actions_help", "parse_action",
+           "split_actions"]

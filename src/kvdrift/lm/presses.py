@@ -42,6 +42,8 @@ from typing import Any, ClassVar
 import kvpress
 import torch
 
+from kvdrift.lm.spec_fields import check_field
+
 # Short names of kvpress scorer presses: same count in every layer and KV head, no download.
 SCORERS: dict[str, str] = {
     "snapkv": "SnapKVPress",
@@ -531,12 +533,7 @@ class Stage:
             if key not in allowed:
                 raise ValueError(f"{label}: unknown field {key!r}; allowed: "
                                  f"{', '.join(allowed) or 'none'} (plus ratio= or budget=)")
-            if key in ("interval", "target", "block_size", "chunk_length") and (
-                    isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"{label}: {key} must be an integer >= 1; got {value!r}")
-            if key == "buffer" and (not isinstance(value, int) or value < 0):
-                raise ValueError(f"{label}: buffer (hidden states kept for scoring) must be an "
-                                 f"integer >= 0; got {value!r}")
+            check_field(label, key, value)
         object.__setattr__(self, "kwargs", tuple(sorted(self.kwargs)))
 
     # --- what it keeps (the family decides) ---------------------------------------------

@@ -47,6 +47,7 @@ from kvdrift.lm.quantize import (
     minmax_dequantized,
     minmax_roundtrip,
 )
+from kvdrift.lm.spec_fields import split_fields
 
 KIVI_BITS = (2, 4, 8)
 SCALE_BITS = 16  # KIVI's and llama.cpp's scales and minima are float16
@@ -224,12 +225,10 @@ def parse_quantization(text: str, whole: str) -> Quantization:
     kind = head.strip().lower()
     fields = {"kivi": ("bits", "group", "residual"), "gguf": ("k", "v")}[kind]
     values: dict[str, Any] = {}
-    for item in filter(None, (p.strip() for p in tail.split(","))):
-        key, eq, value = item.partition("=")
-        key, value = key.strip(), value.strip()
-        if not eq or key not in fields:
+    for key, value in split_fields(tail, whole):
+        if key not in fields:
             raise ValueError(f"action {whole!r}: {kind} takes {', '.join(f + '=' for f in fields)}"
-                             f"; got {item!r}")
+                             f"; got {key}={value}")
         if kind == "kivi":
             try:
                 values[key] = int(value)
