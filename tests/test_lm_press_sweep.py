@@ -198,3 +198,41 @@ def test_family_equals_kvpress_on_smollm2(smollm2_long, family):
     model, ids = smollm2_long
     done = sweep(model, family, LENGTHS_SMOLLM2, RATIOS, 2, lambda n: ids[:, -n:])
     assert done == len(LENGTHS_SMOLLM2) * len(RATIOS)
+
+
+# --- the run says which press an action is, and what it kept per layer ------------------------
+
+
+def test_run_keeps_kvpress_pyramid_and_records_it_per_layer(tiny_model_dir, tmp_path):
+    import json
+    from types import SimpleNamespace
+
+    import pyarrow.parquet as pq
+    from typer.testing import CliRunner
+
+    from kvdrift.cli import app
+    from kvdrift.data import Document, write_jsonl
+    from kvdrift.lm.model import encode_prompt, load_tokenizer
+
+    tokenizer = load_tokenizer(str(tiny_model_dir))
+    text = next(t for t in ("Rivers carve valleys. " * k for k in range(40, 80))
+                if encode_prompt(tokenizer, t, chat_template=False).shape[1] % 2 == 1)
+    n = encode_prompt(tokenizer, text, chat_template=False).shape[1]
+    assert n % 2 == 1 and n > 128  # the pyramid fits above 2 x window_size at ratio 0.5
+    docs, out = tmp_path / "docs.jsonl", tmp_path / "run"
+    write_jsonl([Document(id="odd", prompt=text)], docs)
+    result = CliRunner().invoke(app, [
+        "run", "--model", str(tiny_model_dir), "--docs", str(docs), "--no-chat-template",
+        "--actions", "pyramidkv:ratio=0.5", "--replicates", "1", "--horizon", "2",
+        "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    press = kvpress.PyramidKVPress(compression_ratio=0.5)  # kvpress's own, as documented
+    config = SimpleNamespace(num_hidden_layers=2)
+    want = [press.get_layer_budget(SimpleNamespace(layer_idx=i, config=config), n)
+            for i in range(2)]
+    assert want[0] > want[1]  # a pyramid, not SnapKV's floor(n / 2) in every layer
+    kept = pq.read_table(out / "replicates").column("kept_per_layer").to_pylist()
+    assert kept == [want]
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["presses"]["pyramidkv:ratio=0.5"]["kvpress"] == \
+        "PyramidKVPress(compression_ratio=0.5)"

@@ -67,6 +67,7 @@ def run_study(
     settings instead of refusing them; ``allow_download`` lets a hub id missing from the local
     cache download.
     """
+    from kvdrift.lm.actions import describe_actions
     from kvdrift.lm.factory import LMPairSource, check_fits, driver_side
 
     fixed = fixed_documents(config) if fixed is None else fixed
@@ -74,7 +75,8 @@ def run_study(
         raise ValueError("the study's document sources produced no documents")
     lock = StoreLock(out).acquire()
     try:
-        store = RunStore.open(out, config.as_dict(), recompute=recompute, notice=notice)
+        store = RunStore.open(out, config.as_dict(), recompute=recompute, notice=notice,
+                              presses=describe_actions(config.run.actions))
         settings = config.executor.for_device(config.device)
         with open_executor(settings, on_workers=on_workers) as executor:
             for name in config.models:

@@ -25,6 +25,7 @@ with ``+`` run one after the other at prefill (kvpress's ``ComposedPress``); a f
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -170,6 +171,27 @@ class Action:
         if prefill is None:
             return decoding
         return kvpress.PrefillDecodingPress(prefilling_press=prefill, decoding_press=decoding)
+
+    def kvpress_call(self) -> str:
+        """The kvpress press this action is, as the Python call that rebuilds it (kvpress's
+        ``compression_ratio`` is the fraction removed: ``1 - ratio``); a quantization is
+        kvdrift's own and is named after it."""
+        calls = [s.kvpress_call() for s in self.stages]
+        press = None if not calls else calls[0] if len(calls) == 1 else \
+            f"ComposedPress(presses=[{', '.join(calls)}])"
+        if self.decoding is not None:
+            decoding = self.decoding.kvpress_call()
+            press = decoding if press is None else \
+                f"PrefillDecodingPress(prefilling_press={press}, decoding_press={decoding})"
+        if self.quantization is not None:
+            quantized = f"kvdrift's {self.quantization.label} quantization (no kvpress press)"
+            return quantized if press is None else f"{press}, then {quantized}"
+        return press or "no press (every entry kept)"
+
+    def departures(self) -> list[str]:
+        """Where this action departs from its kvpress press on purpose, one line per family."""
+        return list(dict.fromkeys(s.kind.departs for s in (*self.stages, self.decoding)
+                                  if s is not None and s.kind.departs))
 
     def check_counts(self, n_prompt: int, counts: Any, config: Any) -> None:
         """Raise RuntimeError unless ``counts`` ``[layers, kv_heads]`` (entries each KV head
@@ -338,6 +360,15 @@ def _parse_action(spec: str) -> Action:
         raise ValueError(str(exc)) from None
 
 
+def describe_actions(specs: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """``{spec: {"kvpress": the press as Python, "departs": [...]}}`` for ``run.json``."""
+    out = {}
+    for spec in specs:
+        action = parse_action(spec)
+        out[spec] = {"kvpress": action.kvpress_call(), "departs": action.departures()}
+    return out
+
+
 def split_actions(text: str) -> tuple[str, ...]:
     """Split a comma list of action specs (the command line's ``--actions``).
 
@@ -367,11 +398,15 @@ def actions_help() -> str:
     lines = ["Named actions:"]
     for name, named in NAMED_ACTIONS.items():
         lines.append(f"  {name:<14} {named.spec or 'no eviction (same-path control)'}")
+        if named.spec:
+            lines.append(f"  {'':<14} = {parse_action(name).kvpress_call()}")
     lines.append("")
     lines.append("Presses (r = ratio kept, n = prompt entries); join with '+' to chain:")
-    for form, press, keeps in family_table():
+    for form, press, keeps, departs in family_table():
         lines.append(f"  {form}")
         lines.append(f"      {press}: {keeps}")
+        if departs:
+            lines.append(f"      departs from kvpress: {departs}")
     lines.append("")
     lines.append("Quantizations (last in a chain; bits per element with scales, head_dim 64):")
     for form, what, bits in quantization_table():
@@ -386,5 +421,5 @@ def actions_help() -> str:
     return "\n".join(lines)
 
 
-__all__ = ["NAMED_ACTIONS", "Action", "ActionError", "Stage", "actions_help", "parse_action",
-           "split_actions"]
+__all__ = ["NAMED_ACTIONS", "Action", "ActionError", "Stage", "actions_help", "describe_actions",
+           "parse_action", "split_actions"]

@@ -109,6 +109,7 @@ class Family:
     press: str | None  # kvpress class wrapping the scorer (None: the scorer itself)
     keeps: str  # what it keeps, for the README table and ``--actions help``
     fields: tuple[tuple[str, str], ...] = ()  # spec field -> kvpress field of the wrapper
+    departs: str = ""  # where kvdrift departs from the kvpress press on purpose (one line)
 
     budgets: ClassVar[tuple[str, ...]] = ("ratio", "budget")  # exactly one of these is given
     head_adaptive: ClassVar[bool] = False  # kept entries differ per KV head (masked, not cut)
@@ -154,6 +155,14 @@ class Family:
         if self.press is None:
             return scorer
         return getattr(kvpress, self.press)(press=scorer, **self.wrapper_kwargs(stage))
+
+    def kvpress_call(self, stage: Stage) -> str:
+        """The kvpress press, as the Python call that rebuilds it from the user's numbers."""
+        scorer = scorer_call(stage, user_ratio(stage))
+        if self.press is None:
+            return scorer
+        wrapper = [f"{k}={v!r}" for k, v in self.wrapper_kwargs(stage).items()]
+        return f"{self.press}({', '.join([f'press={scorer}', *wrapper])})"
 
     def wrapper_kwargs(self, stage: Stage) -> dict[str, Any]:
         """The wrapper press's fields, by their kvpress names."""
@@ -305,6 +314,11 @@ class PerLayer(Varying):
         return kvpress.PerLayerCompressionPress(press=stage.clamped_scorer(n, 0.0),
                                                 compression_ratios=ratios)
 
+    def kvpress_call(self, stage: Stage) -> str:
+        ratios = [removed_fraction(Fraction(repr(r))) for r in stage.ratios]
+        return (f"PerLayerCompressionPress(press={scorer_call(stage, None)}, "
+                f"compression_ratios={ratios})")
+
 
 class Decoding(Family):
     """Prefill untouched; every ``interval`` generated tokens the cache is cut to ``target``
@@ -332,36 +346,54 @@ class Decoding(Family):
     def build(self, stage: Stage, n: int) -> Any:
         return kvpress.DecodingPress(base_press=stage.scorer_press(), **self.wrapper_kwargs(stage))
 
+    def kvpress_call(self, stage: Stage) -> str:
+        wrapper = [f"{k}={v!r}" for k, v in self.wrapper_kwargs(stage).items()]
+        return f"DecodingPress({', '.join([f'base_press={scorer_call(stage, None)}', *wrapper])})"
+
     def table_row(self) -> tuple[str, str, str]:
         return f"{self.name}-<scorer>:interval=I,target=T", self.press, self.keeps
 
 
+# kvdrift's departures from the kvpress press (each family's ``departs``)
+_EXACT = ("keeps floor(r n) (at least 1) where kvpress's float int(n (1 - c)) lands lower "
+          "(r=0.1, n=20: 2, not 1); window_size and n_sink clamped to n - 1 where kvpress "
+          "asserts on short prompts")
+
 FAMILIES: dict[str, Family] = {f.name: f for f in (
-    Plain("", None, "floor(r n) (or min(B, n)) entries in every layer and KV head"),
+    Plain("", None, "floor(r n) (or min(B, n)) entries in every layer and KV head",
+          departs=_EXACT),
     HeadAdaptive("adakv", "AdaKVPress", "kv_heads x floor(r n) entries per layer, split across "
                  "KV heads by score (each head keeps at least alpha_safeguard of floor(r n))",
-                 (("alpha_safeguard", "alpha_safeguard"),)),
+                 (("alpha_safeguard", "alpha_safeguard"),),
+                 departs="hidden entries are masked exactly where kvpress writes fake keys "
+                 "(equal up to float noise); " + _EXACT),
     HeadAdaptive("criticaladakv", "CriticalAdaKVPress", "as adakv, with scores weighted by the "
                  "output-projected value norm", (("alpha_safeguard", "alpha_safeguard"),
                                                  ("epsilon", "epsilon"),
-                                                 ("first_stage_ratio", "first_stage_ratio"))),
+                                                 ("first_stage_ratio", "first_stage_ratio")),
+                 departs="as adakv"),
     Family("criticalkv", "CriticalKVPress", "floor(r n) in every layer and KV head, scores "
            "weighted by the output-projected value norm",
-           (("epsilon", "epsilon"), ("first_stage_ratio", "first_stage_ratio"))),
+           (("epsilon", "epsilon"), ("first_stage_ratio", "first_stage_ratio")),
+           departs=_EXACT),
     Family("block", "BlockPress", "floor(r n) in every layer and KV head, chosen block by block",
-           (("block_size", "block_size"),)),
+           (("block_size", "block_size"),), departs=_EXACT),
     Family("rerotate", "KeyRerotationPress", "floor(r n) in every layer and KV head; kept keys "
-           "are re-rotated to positions 0..kept-1"),
+           "are re-rotated to positions 0..kept-1", departs=_EXACT),
     Chunk("chunk", "ChunkPress", "floor(r len) (at least 1) of every chunk of chunk_length "
-          "entries, in every layer and KV head", (("chunk_length", "chunk_length"),)),
+          "entries, in every layer and KV head", (("chunk_length", "chunk_length"),),
+          departs=_EXACT + " (per chunk)"),
     ChunkKV("chunkkv", "ChunkKVPress", "floor(r c) (at least 1) whole chunks of the c chunks of "
-            "chunk_length entries, the same in every layer and KV head",
-            (("chunk_length", "chunk_length"),)),
+            "chunk_length entries, the same in every layer and KV head (a prompt shorter than "
+            "one chunk: floor(r n), as kvpress)", (("chunk_length", "chunk_length"),),
+            departs=_EXACT + " (of chunks)"),
     PyramidKV("pyramidkv", None, "kvpress's PyramidKV layer budgets for compression_ratio "
               "1 - r (more in lower layers; SnapKV's round(r n) in every layer where the pyramid "
-              "does not fit); SnapKV scores"),
+              "does not fit); SnapKV scores",
+              departs="a one-token prompt is left whole, and window_size is clamped to n - 1 "
+              "where kvpress asserts on short prompts"),
     PerLayer("perlayer", "PerLayerCompressionPress", "floor(r_l n) entries in layer l, every KV "
-             "head (ratios=r_0/r_1/... one per layer)"),
+             "head (ratios=r_0/r_1/... one per layer)", departs=_EXACT + " (per layer)"),
     Decoding("decoding", "DecodingPress", "prompt untouched at prefill; after every `interval` "
              "generated tokens the row's cache (prompt + generated) is cut to `target` entries "
              "per layer and KV head", (("interval", "compression_interval"),
@@ -400,6 +432,22 @@ def resolve_scorer(name: str) -> str:
         return SCORERS[key]
     raise ValueError(f"unknown press {name!r}; allowed scorers: {allowed_scorers()}; "
                      f"families: {', '.join(f for f in FAMILIES if f)}")
+
+
+def user_ratio(stage: Stage) -> str:
+    """kvpress's ``compression_ratio`` for the stage's budget, as text: ``1 - ratio`` (a
+    budget B: ``1 - min(B, n) / n``, which depends on the prompt length n)."""
+    if stage.budget is not None:
+        return f"1 - min({stage.budget}, n) / n"
+    return repr(removed_fraction(Fraction(repr(stage.ratio))))
+
+
+def scorer_call(stage: Stage, compression_ratio: str | None) -> str:
+    """``SnapKVPress(compression_ratio=0.5, window_size=32)``: the stage's scorer as Python."""
+    fam = stage.kind
+    args = [] if compression_ratio is None else [f"compression_ratio={compression_ratio}"]
+    args += [f"{k}={v!r}" for k, v in stage.kwargs if k not in fam.field_map]
+    return f"{stage.scorer}({', '.join(args)})"
 
 
 def _exact_floor(ratio: float, n: int) -> int:
@@ -609,6 +657,10 @@ class Stage:
         kwargs = {k: v for k, v in self.kwargs if k not in fam.field_map and k in fields}
         return getattr(kvpress, self.scorer)(compression_ratio=compression_ratio, **kwargs)
 
+    def kvpress_call(self) -> str:
+        """The kvpress press this stage is, as the Python call that rebuilds it."""
+        return self.kind.kvpress_call(self)
+
     def build(self, n: int) -> Any:
         """A fresh kvpress press for a prompt of ``n`` entries (fields that kvpress requires
         below the prompt length, such as SnapKV's ``window_size``, are clamped to ``n - 1``)."""
@@ -627,6 +679,6 @@ class Stage:
         return press
 
 
-def family_table() -> list[tuple[str, str, str]]:
-    """(spec form, kvpress press, what it keeps) for every offered family."""
-    return [fam.table_row() for fam in FAMILIES.values()]
+def family_table() -> list[tuple[str, str, str, str]]:
+    """(spec form, kvpress press, what it keeps, where kvdrift departs) for every family."""
+    return [(*fam.table_row(), fam.departs) for fam in FAMILIES.values()]
