@@ -364,3 +364,27 @@ def test_cli_refuses_hostile_actions_in_one_line(tmp_path, actions, match):
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in result.output, result.output
     assert match in lines[0] and "[study]" not in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("spec", [
+    "snapkv-half", "recent-90", "knorm:ratio=0.3", "snapkv:ratio=0.5,window_size=32",
+    "adakv-snapkv:ratio=0.5,alpha_safeguard=0.1", "criticalkv-knorm:ratio=0.8",
+    "block-knorm:ratio=0.5,block_size=8", "chunk-knorm:ratio=0.5,chunk_length=16",
+    "chunkkv-snapkv:ratio=0.3,chunk_length=8", "pyramidkv:ratio=0.5", "pyramidkv:ratio=0.3",
+    "perlayer-knorm:ratios=0.9/0.3", "snapkv:ratio=0.8+knorm:ratio=0.5",
+    "snapkv:ratio=0.5+decoding-knorm:interval=32,target=256"])
+def test_kvpress_call_rebuilds_the_press_kvdrift_runs(spec):
+    # the Python that `kvdrift actions` and run.json print is the press kvdrift builds
+    action = parse_action(spec)
+    rebuilt = eval(action.kvpress_call(), vars(kvpress))  # noqa: S307 (kvdrift's own text)
+    assert repr(rebuilt) == repr(action.make_press(200)), action.kvpress_call()
+
+
+def test_departures_are_named_and_hold():
+    text = actions_help()
+    assert "= PyramidKVPress" not in text and "= SnapKVPress(compression_ratio=0.5)" in text
+    assert text.count("departs from kvpress:") == len([f for f in FAMILIES.values()
+                                                       if f.departs])
+    # ratio 0.1 at n = 20: kvpress's int(20 x (1 - 0.9)) keeps 1, kvdrift floor(2.0) = 2
+    assert compute_n_kept(20, 0.9) == 1 and parse_action("knorm:ratio=0.1").kept(20) == 2
+    assert "r=0.1, n=20: 2, not 1" in parse_action("knorm:ratio=0.1").departures()[0]
