@@ -33,6 +33,9 @@ RATIOS = (0.3, 0.5, 0.8)  # kvdrift's ratio kept
 LENGTHS_TINY = (1, 2, 5, 16, 17, 64, 65, 66, 131)
 # scorers whose kept count is the plain one (their own thresholds: 4 sinks, a window of 64)
 PLAIN_SCORER_LENGTHS = (2, 5, 65, 130)
+# scorers with a threshold of their own beyond those: LagKV's lag of 128 (two lags: 256),
+# NonCausalAttn's chunks of 256
+OWN_LENGTHS = {"lagkv": (255, 256, 257), "non_causal_attn": (255, 256, 257)}
 OWN_ARITHMETIC = ("snapkv", "recent", "adakv", "criticaladakv", "block", "chunk", "chunkkv",
                   "pyramidkv", "perlayer", "chain")
 
@@ -146,6 +149,7 @@ def sweep(model, family: str, lengths, ratios, steps: int, make_ids) -> int:
 @pytest.mark.parametrize("family", sorted(SWEEP))
 def test_family_equals_kvpress_over_lengths(tiny_llama, family):
     lengths = LENGTHS_TINY if family in OWN_ARITHMETIC else PLAIN_SCORER_LENGTHS
+    lengths += OWN_LENGTHS.get(family, ())
     done = sweep(tiny_llama, family, lengths, RATIOS, 2, lambda n: prompt(n, seed=n))
     assert done >= 2 * len(RATIOS)  # kvpress refuses only the shortest lengths
 

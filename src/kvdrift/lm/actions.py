@@ -4,9 +4,12 @@ An action is a chain of kvpress presses (:class:`~kvdrift.lm.presses.Stage`) run
 optionally followed by one decoding-time press. kvpress expresses budgets as
 ``compression_ratio`` (the fraction *removed*, rounded by ``int(k_len * (1 - r))``); kvdrift's
 ``ratio`` is the fraction *kept* (``kept = floor(ratio * n)``) and ``budget`` a fixed count
-(``kept = min(budget, n)``), and the press is built so that kvpress keeps exactly that.
+(``kept = min(budget, n)``). The press is kvpress's own with ``compression_ratio = 1 - ratio``
+(:meth:`Action.kvpress_call` prints it); where kvpress's float rounding would keep one entry
+fewer, kvdrift departs on purpose and keeps ``floor(ratio * n)`` (each family names its
+departures).
 
-Named actions (SPEC.md section 8)::
+Named actions (the README's action section)::
 
     full          no eviction (same-path control)
     snapkv-half   SnapKV (window 64, kernel 5) keeping floor(n/2)

@@ -15,7 +15,8 @@ criticalkv      CriticalKVPress             as plain, scores weighted by ||W_o v
 block           BlockPress                  as plain, chosen block by block
 rerotate        KeyRerotationPress          as plain, kept keys re-rotated to positions 0..k-1
 chunk           ChunkPress                  floor(r len) of every chunk of chunk_length entries
-chunkkv         ChunkKVPress                floor(r c) whole chunks of the c chunks
+chunkkv         ChunkKVPress                floor(r c) whole chunks of the c chunks (n < chunk:
+                                            floor(r n), the scorer alone, as kvpress)
 pyramidkv       PyramidKVPress              kvpress's layer budgets for compression_ratio 1 - r
 perlayer        PerLayerCompressionPress    floor(r_l n) in layer l (ratios=r_0/r_1/...)
 decoding        DecodingPress               prefill untouched; every `interval` generated tokens
