@@ -12,7 +12,7 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 from kvdrift.lm.actions import parse_action
 from kvdrift.lm.pair import LMKernelPair
 from kvdrift.lm.prefill import prefill, prefill_shared
-from kvdrift.lm.quantization import Quantization
+from kvdrift.lm.quantization import KIVIQuantization
 from kvdrift.lm.quantize import GGUF_TYPES, gguf_roundtrip, minmax_roundtrip
 from tests.test_lm_pair import greedy
 
@@ -89,7 +89,7 @@ def test_kivi_numerics_equal_a_few_line_reference(bits):
 
 
 def test_kivi_prompt_rule_quantizes_whole_residual_blocks_and_keeps_the_tail():
-    q = Quantization("kivi", bits=2, group=16, residual=32)
+    q = KIVIQuantization(bits=2, group=16, residual=32)
     gen = torch.Generator().manual_seed(1)
     k, v = torch.randn(1, 2, 75, 64, generator=gen), torch.randn(1, 2, 75, 64, generator=gen)
     qk, qv = q.prompt(k, v)
@@ -208,7 +208,7 @@ def test_a_rows_logits_do_not_depend_on_other_rows(llama64, spec):
 
 
 def test_generated_view_is_per_row_exactly():
-    q = Quantization("kivi", bits=2, group=4, residual=8)
+    q = KIVIQuantization(bits=2, group=4, residual=8)
     gen = torch.Generator().manual_seed(7)
     keys, values = torch.randn(3, 2, 21, 64, generator=gen), torch.randn(3, 2, 21, 64,
                                                                           generator=gen)
