@@ -121,11 +121,13 @@ def predict(dev: str | Path, evaluation: str | Path, contrast: str, *, window: i
                                alpha=alpha, draws=bootstrap, seed=seed, target=target)
 
 
-def plan(dev: str | Path, target: str, halfwidth: float, alpha: float = 0.05) -> PlanResult:
-    """Documents per stratum and K for a target half-width, from a development directory."""
+def plan(dev: str | Path, target: str, halfwidth: float, alpha: float = 0.05,
+         endpoints: int = 1) -> PlanResult:
+    """Documents per stratum and K for a target half-width, from a development directory
+    (``endpoints``: prespecified endpoints sharing ``alpha``, Bonferroni)."""
     from kvdrift.analysis.directory import plan_directory
 
-    return plan_directory(dev, target, halfwidth, alpha)
+    return plan_directory(dev, target, halfwidth, alpha, endpoints)
 
 
 __all__ = ["analyze", "finite_state", "load_records", "load_study", "plan", "predict",

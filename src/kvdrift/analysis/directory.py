@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from kvdrift.analysis.plan import PlanResult, plan_study
+from kvdrift.analysis.plan import STEP_COLUMNS, PlanResult, needs_steps, plan_study
 from kvdrift.analysis.predict import PredictionResult, predict_study
 from kvdrift.analysis.results import StudyAnalysis
 from kvdrift.analysis.study import CONFIRMATORY_DRAWS, AnalysisOptions, analyze
@@ -105,7 +105,10 @@ def predict_directories(dev: str | Path, evaluation: str | Path, contrast: str, 
 
 
 def plan_directory(dev: str | Path, target: str, halfwidth: float,
-                   alpha: float = 0.05) -> PlanResult:
-    """:func:`~kvdrift.analysis.plan.plan_study` on a development directory's records."""
-    return plan_study(RunStore(Path(dev)).read("replicates").to_pandas(), target, halfwidth,
-                      alpha)
+                   alpha: float = 0.05, endpoints: int = 1) -> PlanResult:
+    """:func:`~kvdrift.analysis.plan.plan_study` on a development directory's records (its
+    step records too when the target is ``S99``)."""
+    store = RunStore(Path(dev))
+    steps = store.read("steps", STEP_COLUMNS).to_pandas() if needs_steps(target) else None
+    return plan_study(store.read("replicates").to_pandas(), target, halfwidth, alpha,
+                      endpoints, steps)

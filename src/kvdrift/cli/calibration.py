@@ -55,9 +55,13 @@ def predict(
 @user_errors
 def plan(
     dev_dir: Path = typer.Argument(..., metavar="DEV_DIR", help="Development run or study."),
-    target: str = typer.Option(..., help="Quantity or contrast, e.g. 'R(a) - R(b)'."),
+    target: str = typer.Option(..., help="Quantity or contrast, e.g. 'R(a) - R(b)' or "
+                               "'S99(a)'."),
     halfwidth: float = typer.Option(..., help="Target interval half-width (0.01 = 1 pp)."),
-    alpha: float = typer.Option(0.05, help="Interval level alpha."),
+    alpha: float = typer.Option(0.05, help="Interval level alpha (family alpha with "
+                                "--endpoints)."),
+    endpoints: int = typer.Option(1, help="Prespecified endpoints sharing alpha: the "
+                                  "interval is at 1 - alpha/k (Bonferroni)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Recommend documents per stratum and K for a target half-width, from a development
@@ -65,7 +69,7 @@ def plan(
     from kvdrift.analysis.directory import plan_directory
     from kvdrift.report.terminal import plan_table, print_whole
 
-    result = plan_directory(dev_dir, target, halfwidth, alpha)
+    result = plan_directory(dev_dir, target, halfwidth, alpha, endpoints)
     if as_json:
         print(strict_json(result.to_json()))
         return

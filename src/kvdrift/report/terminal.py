@@ -189,18 +189,31 @@ def prediction_tables(result: PredictionResult, margin: float) -> tuple[Table, T
         for o in m.observations:
             table.add_row(Text(m.model), Text(o.label), docs, Text(o.selected),
                           f"{1e4 * o.cv_mse[o.selected]:.2f}", _pp(o.error), Text(o.decision),
-                          f"{100 * o.mae:.2f}", f"{100 * o.rmse:.2f}")
+                          _with_documents(o.mae, o.mae_documents),
+                          _with_documents(o.rmse, o.rmse_documents))
             support.add_row(Text(m.model), Text(o.label),
                             *(_pp(iv) for iv in o.supporting.values()))
     notes = [f"{m.model}: note: {note}." for m in result.models for note in m.notes]
+    notes.append("MAE and RMSE (pp) weigh strata equally, as the error estimate does; in "
+                 "parentheses where it differs, with every document weighted equally.")
     return table, support, notes
+
+
+def _with_documents(strata: float, documents: float) -> str:
+    """``"4.09"``, or ``"4.09 (3.87)"`` when the document-weighted value differs."""
+    text = f"{100 * strata:.2f}"
+    other = f"{100 * documents:.2f}"
+    return text if other in (text, "nan") else f"{text} ({other})"
 
 
 def plan_table(result: PlanResult, target: str, halfwidth: float,
                alpha: float) -> tuple[Table, list[str]]:
     """``kvdrift plan``: the plan per model, then notes and the rollout-vs-SWRB verdicts."""
+    level = f"{100 * result.level:.4g}%"
+    if result.endpoints > 1:
+        level += f" (Bonferroni: alpha {alpha:g} over {result.endpoints} endpoints)"
     table = _right_table(
-        f"Plan for {target}: half-width {halfwidth:g} at {100 * (1 - alpha):g}% (documents "
+        f"Plan for {target}: half-width {halfwidth:g} at {level} (documents "
         "weighted equally within strata)",
         ("model", "estimator", "strata", "between var", "within var", "s/doc", "s/replicate",
          "now: docs/stratum, K -> half-width", "plan: docs/stratum, K -> half-width",
