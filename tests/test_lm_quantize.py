@@ -331,7 +331,8 @@ def test_kv_fraction_counts_bits_scales_and_full_precision_tails(llama64):
 
 
 @pytest.mark.parametrize("spec", ["kivi:bits=2,group=4,residual=4", "gguf:k=q4_0,v=q8_0",
-                                  "snapkv:ratio=0.5+kivi:bits=4,group=4,residual=4"])
+                                  "snapkv:ratio=0.5+kivi:bits=4,group=4,residual=4",
+                                  "snapkv:ratio=0.5+fp8:e4m3"])
 def test_joint_step_quantizes_each_q_row_as_separate_steps_do(llama64, spec):
     """P, Q-along-Y and forced rows in one model call: each Q row reads its generated entries
     quantized exactly as a separate step does (P rows stay unquantized)."""
