@@ -404,3 +404,11 @@ def test_bad_endpoint_counts_are_named(k):
     reps = _replicates(PAIRED_A, PAIRED_B, ["s"] * 3)
     with pytest.raises(ValueError, match=r"^endpoints must be an integer >= 1"):
         plan_study(reps, "R(a)", 0.1, endpoints=k)
+
+
+def test_an_action_named_like_a_statistic_is_not_read_as_one():
+    # R(a) - R(F) under SWRB: F is the action's name here, not fixed-history risk.
+    reps = _replicates(PAIRED_A, PAIRED_B, ["s"] * 3).assign(estimator="swrb")
+    reps["action"] = reps["action"].replace({"b": "F"})
+    [m] = plan_study(reps, "R(a) - R(F)", 0.1).to_json()["models"]
+    assert m["estimator"] == "swrb" and m["comparison"]["assumption"] is not None

@@ -300,7 +300,7 @@ def plan_study(replicates: pd.DataFrame, target: str, halfwidth_target: float,
         actions = list(dict.fromkeys(reps["action"]))
         measured = str(single_value(reps, "estimator"))
         e, values = _target_values(reps, target, actions)
-        needs_rollouts = any(s in NEEDS_ROLLOUTS for s in (e.stat, *(e.minus or ())))
+        needs_rollouts = any(s in NEEDS_ROLLOUTS for s in target_stats(target))
         if measured == "swrb" and needs_rollouts:
             raise ValueError(f"target {e.text!r} needs complete rollouts (fixed-history risk F, "
                              "rollout TV or S99), which SWRB runs do not measure; plan it from "
