@@ -32,9 +32,11 @@ fp8``, ``fp8_e4m3``, ``fp8_e5m2``): every key and value entry divided by a per-t
 stored as fp8 and multiplied back (:func:`~kvdrift.lm.quantize.fp8_roundtrip`). The scale is
 one number for every layer, keys and values alike: 1 by default, what the engines use when
 the checkpoint carries no calibrated scales (kvdrift does not calibrate per-layer scales from
-the prompt). As in vLLM, whose attention reads K and V from the cache it has just written,
-entries are quantized as they enter, before the prefill's attention reads them (the gguf
-timing: ``delta_1 > 0`` is possible; a press before it scores quantized keys).
+the prompt). As in vLLM's FlashAttention backend, whose prefill attention reads K and V
+from the cache it has just written, entries are quantized as they enter, before the
+prefill's attention reads them (the gguf timing: ``delta_1 > 0`` is possible; a press before
+it scores quantized keys). A prefill kernel that attends to the new entries before they are
+stored (a ragged prefill) would give ``delta_1 = 0`` instead; kvdrift does not model it.
 
 Each kind is a small frozen class (:data:`QUANTIZATIONS`): its fields, spec parsing, label,
 bits and bytes, and its transforms of prompt and generated entries.
@@ -44,8 +46,6 @@ scale (and for asymmetric types one float16 minimum) per group, full-precision e
 the model's dtype; fp8 entries take one byte each, plus a float32 key and value scale per
 layer (8 bytes), as vLLM stores them.
 """
-
-
 
 from __future__ import annotations
 
