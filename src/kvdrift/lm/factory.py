@@ -177,6 +177,10 @@ def check_fits(
     window = side.context_window
     if window is None:
         return
+    if horizon >= window:  # no prompt fits at all
+        raise ValueError(f"horizon H must be below {side.name}'s context window of {window} "
+                         f"tokens, leaving room for the prompt (allowed: H <= {window - 1} "
+                         f"minus the longest prompt's tokens); got {horizon}")
     for doc in documents:
         n = int(encode_prompt(side.tokenizer, doc.prompt, chat_template).shape[-1])
         if n + horizon > window:
