@@ -10,6 +10,14 @@ class DocumentError(ValueError):
     """A document (or a line of a documents file) that cannot be measured or scored."""
 
 
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _is_answer(value: Any) -> bool:
     return isinstance(value, str) and bool(value.strip())
 
@@ -73,6 +81,11 @@ class Document:
             raise ValueError(
                 f"document {self.id!r}: stratum must be a non-empty string; got {self.stratum!r}"
             )
+        for name in ("id", "prompt", "stratum", "answer"):
+            value = getattr(self, name)
+            if isinstance(value, str) and not _is_unicode(value):
+                raise DocumentError(f"document {self.id!r}: {name} holds half of a surrogate "
+                                    "pair (not a character); text must be valid Unicode")
         if not isinstance(self.meta, dict):
             raise DocumentError(f"document {self.id!r}: meta must be a dict; got {self.meta!r}")
         problem = answer_problem(self.answer, self.meta)

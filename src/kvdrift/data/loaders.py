@@ -75,6 +75,12 @@ def load_jsonl(path: str | os.PathLike[str]) -> list[Document]:
                 record = json.loads(line)
             except json.JSONDecodeError as err:
                 raise DocumentError(f"{where}: not valid JSON ({err.msg})") from None
+            try:
+                json.dumps(record, ensure_ascii=False).encode("utf-8")
+            except UnicodeEncodeError as err:
+                bad = err.object[err.start:err.end]
+                raise DocumentError(f"{where}: holds {bad!r}, half of a surrogate pair (not a "
+                                    "character); JSONL text must be valid Unicode") from None
             doc = _document_from_record(record, where)
             if doc.id in first_line:
                 raise DocumentError(

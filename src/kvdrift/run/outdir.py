@@ -40,6 +40,10 @@ def check_output_dir(out: str | os.PathLike[str]) -> Path:
         raise _refuse(out, "is empty")
     if "\0" in str(out):
         raise _refuse(out, "holds a NUL character")
+    try:
+        os.fsencode(out)
+    except UnicodeError:
+        raise _refuse(out, "is not valid text for a file name (a lone surrogate)") from None
     path = Path(out)
     resolved = path.expanduser().resolve()
     if resolved == Path(resolved.anchor):
