@@ -80,6 +80,13 @@ def test_the_root_and_an_empty_path_are_refused(out, reason):
         "run or study directory to resume; choose another output directory (--out)")
 
 
+def test_report_out_refuses_the_root_and_an_empty_path(finished):
+    for out in ("/", ""):
+        result = runner.invoke(app, ["report", str(finished[0]), "--out", out])
+        assert result.exit_code == 2
+        assert error_line(result).startswith(f"error: output directory {out!r} is ")
+
+
 def test_out_empty_writes_nothing_into_the_current_directory(tiny_model_dir, tmp_path,
                                                              monkeypatch):
     docs = write_docs(tmp_path / "docs.jsonl", {"id": "a", "prompt": PROMPT})

@@ -77,6 +77,7 @@ def test_hostile_text_never_escapes(tiny_model_dir, tmp_path, seed):
         inside = None
     for path in files_under(tmp_path) - before:
         assert inside is not None and (path == inside or inside in path.resolve().parents), path
+    check_output(runner.invoke(app, ["report", str(area / hostile(rng))]))  # not a store
     if result.exit_code != 0:
         return
     report = runner.invoke(app, ["report", str(out), "--bootstrap", "10"])

@@ -46,7 +46,7 @@ def write_and_summarize(store_dir: Path, out: Path | None, bootstrap: int | None
 @user_errors
 def report(
     directory: Path = typer.Argument(..., help="A run or study directory."),
-    out: Path | None = typer.Option(None, help="Report directory (default: DIR/report)."),
+    out: str | None = typer.Option(None, help="Report directory (default: DIR/report)."),
     bootstrap: int | None = typer.Option(None, help="Bootstrap draws (default: the study's)."),
     alpha: float | None = typer.Option(None, help="Interval level alpha (default: the study's)."),
     as_json: bool = typer.Option(False, "--json", help="Also print every number as JSON."),
@@ -54,6 +54,9 @@ def report(
                               "finish (else the report is partial, and says so)."),
 ) -> None:
     """Analyse a run or study directory and write an HTML report with figures."""
+    from kvdrift.run.outdir import check_writable_path
+
+    out = None if out is None else check_writable_path(out)
     if as_json:
         _, path = write_report(directory, out, bootstrap, alpha, wait)
         print((path.parent / "analysis.json").read_text())

@@ -36,6 +36,18 @@ def _foreign_entry(root: Path) -> str | None:
 
 def check_output_dir(out: str | os.PathLike[str]) -> Path:
     """``out`` as a path if a run may write there; else :class:`OutputDirRefused`."""
+    path = check_writable_path(out)
+    if path.is_dir() and not (path / "run.json").exists():
+        entry = _foreign_entry(path)
+        if entry is not None:
+            raise _refuse(out, f"already holds files that are not a kvdrift run (e.g. {entry!r})")
+    return path
+
+
+def check_writable_path(out: str | os.PathLike[str]) -> Path:
+    """``out`` as a path if it names a directory kvdrift may create or write files in: not
+    empty, not the file-system root, not a file, valid text; else :class:`OutputDirRefused`
+    (``kvdrift report --out`` checks this much; a run checks :func:`check_output_dir`)."""
     if not isinstance(out, str | os.PathLike) or not str(out).strip():
         raise _refuse(out, "is empty")
     if "\0" in str(out):
@@ -50,8 +62,4 @@ def check_output_dir(out: str | os.PathLike[str]) -> Path:
         raise _refuse(out, "is the file-system root")
     if path.exists() and not path.is_dir():
         raise _refuse(out, "is a file, not a directory")
-    if path.is_dir() and not (path / "run.json").exists():
-        entry = _foreign_entry(path)
-        if entry is not None:
-            raise _refuse(out, f"already holds files that are not a kvdrift run (e.g. {entry!r})")
     return path
