@@ -258,6 +258,10 @@ def test_allow_download_without_a_network_is_one_quick_line(tmp_path, monkeypatc
     assert line.startswith("error: cannot download model 'org/not-cached': the hub "
                            "https://huggingface.co cannot be reached (Name or service not known)")
     assert "--allow-download" not in line and not (tmp_path / "r").exists()
+    from kvdrift.lm.loading import HubUnreachable, pretrained_options
+
+    with pytest.raises(HubUnreachable, match="cannot be reached"):
+        pretrained_options("org/not-cached", allow_download=True)
 
 
 def test_a_horizon_beyond_the_context_window_says_what_is_allowed(tiny_model_dir, tmp_path):
@@ -270,6 +274,12 @@ def test_a_horizon_beyond_the_context_window_says_what_is_allowed(tiny_model_dir
         "error: horizon H must be below ") and error_line(result).endswith(
         "context window of 4096 tokens, leaving room for the prompt (allowed: H <= 4095 minus "
         "the longest prompt's tokens); got 100000")
+    from kvdrift.lm.factory import ContextWindowExceeded
+
+    config = kvdrift.study_from_arguments(model=str(tiny_model_dir), docs=docs, actions=["full"],
+                                          horizon=100000)
+    with pytest.raises(ContextWindowExceeded, match="allowed: H <= 4095 minus"):
+        kvdrift.run_study(config, tmp_path / "api")
 
 
 def test_a_full_disk_names_the_file(tiny_model_dir, tmp_path, monkeypatch):

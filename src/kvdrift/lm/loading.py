@@ -40,6 +40,10 @@ def allowed_text(allow_download: bool = False) -> str:
     return ALLOWED
 
 
+class HubUnreachable(ValueError):
+    """A download was asked for, but the hub cannot be reached (one line)."""
+
+
 def check_hub_reachable(name: str) -> None:
     """Refuse at once, in one line, a download when the hub cannot be reached (instead of
     huggingface_hub's retries, a minute of warnings). The endpoint is ``HF_ENDPOINT``'s."""
@@ -54,8 +58,8 @@ def check_hub_reachable(name: str) -> None:
         socket.create_connection((url.hostname or "", port), timeout=HUB_TIMEOUT).close()
     except OSError as exc:
         reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
-        raise ValueError(f"cannot download model {name!r}: the hub {constants.ENDPOINT} cannot "
-                         f"be reached ({reason}); {allowed_text(True)}") from None
+        raise HubUnreachable(f"cannot download model {name!r}: the hub {constants.ENDPOINT} "
+                             f"cannot be reached ({reason}); {allowed_text(True)}") from None
 
 
 def downloads_allowed(allow_download: bool = False) -> bool:
