@@ -258,10 +258,13 @@ def test_allow_download_without_a_network_is_one_quick_line(tmp_path, monkeypatc
     assert line.startswith("error: cannot download model 'org/not-cached': the hub "
                            "https://huggingface.co cannot be reached (Name or service not known)")
     assert "--allow-download" not in line and not (tmp_path / "r").exists()
-    from kvdrift.lm.loading import HubUnreachable, pretrained_options
+    from kvdrift.lm.loading import HubUnreachable
 
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")  # how the Python API opts in to downloads
+    config = kvdrift.study_from_arguments(model="org/not-cached", actions=["full"])
     with pytest.raises(HubUnreachable, match="cannot be reached"):
-        pretrained_options("org/not-cached", allow_download=True)
+        kvdrift.run_study(config, tmp_path / "api")
+    assert not (tmp_path / "api").exists()
 
 
 def test_a_horizon_beyond_the_context_window_says_what_is_allowed(tiny_model_dir, tmp_path):

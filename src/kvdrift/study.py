@@ -85,8 +85,11 @@ def run_study(
     cache download.
     """
     from kvdrift.lm.factory import LMPairSource, check_fits, driver_side
+    from kvdrift.lm.loading import check_model_name
 
     out = check_output_dir(out)  # nothing is written outside it, nor into another folder
+    for name in config.models:  # no network, no model code, no download without a network
+        check_model_name(name, allow_download)
     fixed = fixed_documents(config) if fixed is None else fixed
     if not fixed and not any(s.needs_tokenizer for s in config.documents):
         raise ValueError("the study's document sources produced no documents")

@@ -116,8 +116,6 @@ def pretrained_options(name_or_path: str | Path, allow_download: bool = False) -
     if config_file is None and not local and not online:
         raise ValueError(f"cannot load model {str(name_or_path)!r}: not a local model directory, "
                          f"and no hub id of that name is in the local cache; {ALLOWED}")
-    if config_file is None and not local:
-        check_hub_reachable(str(name_or_path))
     if config_file is not None:
         refuse_custom_code(str(name_or_path), config_file)
     return {"trust_remote_code": False, "local_files_only": local or not online}
@@ -125,9 +123,12 @@ def pretrained_options(name_or_path: str | Path, allow_download: bool = False) -
 
 def check_model_name(name: str, allow_download: bool = False) -> None:
     """Refuse, before anything heavy is imported, a model that cannot load without the network
-    or that needs its own code (``"smollm2"``, the embedded model, always loads)."""
+    or that needs its own code (``"smollm2"``, the embedded model, always loads), and a
+    download when the hub cannot be reached (:class:`HubUnreachable`)."""
     if name and name != EMBEDDED_MODEL:
         pretrained_options(name, allow_download)
+        if not Path(name).is_dir() and not in_local_cache(name):
+            check_hub_reachable(name)  # a download is next: fail at once without the network
 
 
 def unloadable_model_message(name_or_path: str, exc: Exception,
