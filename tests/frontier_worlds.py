@@ -12,8 +12,8 @@ import numpy as np
 from kvdrift.estimate.rollout import coupled_rollouts
 from kvdrift.finite.exact import exact
 from kvdrift.finite.systems import random_pair
-from kvdrift.frontier.families import Budget, Family, parse_family
-from kvdrift.frontier.search import Sample
+from kvdrift.frontier_search.families import Budget, Family, parse_family
+from kvdrift.frontier_search.search import Sample
 
 VOCAB, HORIZON = 3, 4
 

@@ -9,10 +9,10 @@ import pytest
 from frontier_worlds import HORIZON, VOCAB, FiniteEvaluator, world
 
 from kvdrift.finite.systems import random_pair
-from kvdrift.frontier.families import RATIO_STEPS, parse_family
-from kvdrift.frontier.measure import parse_measure
-from kvdrift.frontier.result import pareto
-from kvdrift.frontier.search import (
+from kvdrift.frontier_search.families import RATIO_STEPS, parse_family
+from kvdrift.frontier_search.measure import parse_measure
+from kvdrift.frontier_search.result import pareto
+from kvdrift.frontier_search.search import (
     Sample,
     SearchSettings,
     frontier_search,
@@ -217,3 +217,19 @@ def test_frontier_cli_runs_resumes_and_reports(tiny_model_dir_hd64, frontier_doc
     assert {p: p.stat().st_mtime_ns for p in (out / "stages").rglob("*.parquet")} == mtimes
     other = CliRunner().invoke(app, [*args[:-1], "--measure", "R_tv <= 0.2", "--json"])
     assert other.exit_code == 2 and "differs in: measure" in other.output
+
+
+def test_python_api_frontier_returns_a_typed_result(tiny_model_dir, frontier_docs, tmp_path):
+    import kvdrift
+    from kvdrift.frontier_search.result import FrontierResult
+
+    r = kvdrift.frontier(["recent"], "R <= 0.5", tmp_path / "fr", replicates=2,
+                         model=str(tiny_model_dir), docs=frontier_docs, horizon=3,
+                         device="cpu")
+    assert isinstance(r, FrontierResult)
+    frame = r.to_frame()
+    assert {"family", "budget", "kv_fraction", "estimate", "lo", "hi", "status",
+            "pareto"} <= set(frame.columns)
+    assert (frame["family"] == "recent").all() and frame["pareto"].any()
+    with pytest.raises(ValueError, match="no actions"):
+        kvdrift.frontier(["recent"], actions=("snapkv-half",))

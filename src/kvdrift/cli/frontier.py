@@ -43,8 +43,8 @@ def frontier(
 ) -> None:
     """Find, per family, the least KV cache whose measure stays within the tolerance at the
     stated confidence; write the frontier's report."""
-    from kvdrift.frontier.search import SearchSettings
-    from kvdrift.frontier.study import FrontierConfig, run_frontier
+    from kvdrift.frontier_search.search import SearchSettings
+    from kvdrift.frontier_search.study import FrontierConfig, run_frontier
     from kvdrift.lm.loading import check_model_name
     from kvdrift.report.frontier import frontier_table, write_frontier_report
     from kvdrift.report.terminal import print_whole

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvdrift.frontier.result import BudgetResult, FrontierResult
+from kvdrift.frontier_search.result import BudgetResult, FrontierResult
 from kvdrift.report import page
 from kvdrift.report.figures import _save, plt
 from kvdrift.report.numbers import number_text

@@ -21,9 +21,9 @@ from scipy import stats
 
 from kvdrift import checks
 from kvdrift.analysis.interval import Interval
-from kvdrift.frontier.families import Budget, Family
-from kvdrift.frontier.measure import Measure
-from kvdrift.frontier.result import BudgetResult, FamilyResult, FrontierResult
+from kvdrift.frontier_search.families import Budget, Family
+from kvdrift.frontier_search.measure import Measure
+from kvdrift.frontier_search.result import BudgetResult, FamilyResult, FrontierResult
 
 
 @dataclass(frozen=True)

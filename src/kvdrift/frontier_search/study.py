@@ -16,10 +16,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from kvdrift.frontier.families import Budget, Family, parse_family
-from kvdrift.frontier.measure import Measure, parse_measure
-from kvdrift.frontier.result import FrontierResult
-from kvdrift.frontier.search import Sample, SearchSettings, frontier_search
+from kvdrift.frontier_search.families import Budget, Family, parse_family
+from kvdrift.frontier_search.measure import Measure, parse_measure
+from kvdrift.frontier_search.result import FrontierResult
+from kvdrift.frontier_search.search import Sample, SearchSettings, frontier_search
 from kvdrift.study_config import StudyConfig
 
 RunStage = Callable[[StudyConfig, Path], None]  # runs a study into a directory (resumable)
