@@ -84,12 +84,25 @@ def test_a_much_worse_family_is_reported_dominated():
     assert json.loads(json.dumps(r.to_json()))["families"]["recent"]["dominated"] is True
 
 
-def test_search_spends_fewer_calls_than_the_full_grid():
-    w = world({"snapkv": 0.6, "recent": 1.0}, seed=1)
-    r = _search(w)
-    grid = 2 * (RATIO_STEPS - 1) * 2 * w.documents * w.replicates * 4  # budgets x looks x ...
-    assert r.full_grid_calls == grid
-    assert r.calls == w.calls < grid / 2
+def test_search_spends_fewer_calls_than_the_full_grid_at_the_same_decision():
+    """The full grid (every budget at every look, same seeds) certifies the same budget per
+    family in 30 of 30 seeds on this world at about 30% of its calls; asserted on 4 seeds."""
+    same, calls, grid_calls = 0, 0, 0
+    for seed in range(4):
+        found = []
+        for exhaustive in (False, True):
+            w = world({"snapkv": 0.6, "recent": 1.0}, seed=seed)
+            fams = [f for f, _ in w.families.values()]
+            r = frontier_search(fams, MEASURE, w, SearchSettings(0.1, 2, 8, exhaustive))
+            assert r.calls == w.calls
+            found.append(r)
+        search, grid = found
+        assert grid.calls == grid.full_grid_calls == search.full_grid_calls
+        same += [f.certified and f.certified.label for f in search.families] == [
+            f.certified and f.certified.label for f in grid.families]
+        calls, grid_calls = calls + search.calls, grid_calls + grid.calls
+    assert same == 4
+    assert calls < 0.5 * grid_calls
 
 
 def test_same_seed_same_search_and_other_seed_other_samples():

@@ -49,6 +49,7 @@ class SearchSettings:
     alpha: float = 0.05
     looks: int = 2
     replicates: int = 8
+    exhaustive: bool = False  # every budget at every look (the full grid, for comparison)
 
     def __post_init__(self) -> None:
         checks.number(self.alpha, "alpha", 0, 1, open_lo=True, open_hi=True)
@@ -118,6 +119,9 @@ class _FamilySearch:
 
     def requests(self) -> list[tuple[int, int]]:
         """(budget index, look) to run next; empty when the family's answer is settled."""
+        if self.settings.exhaustive:
+            done = min(len(t.samples) for t in self.tried.values())
+            return [(i, done + 1) for i in self.tried] if done < self.settings.looks else []
         if not any(t.samples for t in self.tried.values()):
             return [(i, 1) for i in self.family.coarse]
         c = self.cheapest()  # undecided budgets with less cache than it could still win
