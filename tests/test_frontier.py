@@ -246,3 +246,16 @@ def test_python_api_frontier_returns_a_typed_result(tiny_model_dir, frontier_doc
     assert (frame["family"] == "recent").all() and frame["pareto"].any()
     with pytest.raises(ValueError, match="no actions"):
         kvdrift.frontier(["recent"], actions=("snapkv-half",))
+
+
+def test_frontier_never_writes_into_another_folder(tmp_path):
+    from typer.testing import CliRunner
+
+    from kvdrift.cli import app
+
+    (tmp_path / "notes.txt").write_text("mine")
+    result = CliRunner().invoke(app, ["frontier", "--out", str(tmp_path), "--families", "snapkv"])
+    assert result.exit_code == 2 and "notes.txt" in result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+    root = CliRunner().invoke(app, ["frontier", "--out", "/", "--families", "snapkv"])
+    assert root.exit_code == 2 and "file-system root" in root.output

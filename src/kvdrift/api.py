@@ -95,11 +95,13 @@ def load_records(directory: str | Path) -> Records:
 
 
 def analyze(directory: str | Path, bootstrap: int | None = None,
-            alpha: float | None = None) -> StudyAnalysis:
-    """The study analysis of a run or study directory (its saved options, or these)."""
+            alpha: float | None = None, wait: bool = False) -> StudyAnalysis:
+    """The study analysis of a run or study directory (its saved options, or these); with
+    ``wait``, after a run writing it has finished. A partial store says so in ``meta.notes``
+    and ``meta.run["partial"]``."""
     from kvdrift.analysis.directory import analyze_directory
 
-    return analyze_directory(directory, bootstrap, alpha)
+    return analyze_directory(directory, bootstrap, alpha, wait)
 
 
 def finite_state(systems: int = 24, replicates: int = 512, horizon: int = 3,

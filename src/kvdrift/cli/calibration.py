@@ -8,6 +8,7 @@ import typer
 from rich.markup import escape
 
 from kvdrift.cli.common import console, say, strict_json, user_errors
+from kvdrift.text import printable
 
 
 @user_errors
@@ -37,7 +38,7 @@ def predict(
         result = predict_directories(
             dev_dir, eval_dir, contrast, window=window, margin=margin, alpha=alpha,
             draws=bootstrap, seed=seed, target=target,
-            on_cell=lambda m, o: status.update(escape(f"{m} · {o}")))
+            on_cell=lambda m, o: status.update(escape(printable(f"{m} · {o}"))))
     if report_path is not None:
         from kvdrift.report.paper import write_prediction_report
 

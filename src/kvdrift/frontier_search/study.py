@@ -24,6 +24,8 @@ from kvdrift.study_config import StudyConfig
 
 RunStage = Callable[[StudyConfig, Path], None]  # runs a study into a directory (resumable)
 CONFIG_FILE = "frontier.json"
+#: What a frontier directory holds at its top level.
+ENTRIES = frozenset({CONFIG_FILE, "analysis.json", "stages", "report"})
 
 
 @dataclass(frozen=True)
@@ -109,7 +111,7 @@ def check_saved(out: Path, config: FrontierConfig) -> None:
 def _write_json(path: Path, data: dict) -> None:
     from kvdrift.report.numbers import to_json_safe
 
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text(json.dumps(to_json_safe(data), indent=2, allow_nan=False), encoding="utf-8")
     os.replace(tmp, path)
 
@@ -118,7 +120,9 @@ def run_frontier(config: FrontierConfig, out: str | Path, run_stage: RunStage
                  ) -> FrontierResult:
     """Search the frontier into ``out`` (resumable); writes ``frontier.json`` (settings and
     result) and ``analysis.json`` (``{"frontier": ...}``), returns the result."""
-    out = Path(out)
+    from kvdrift.run.outdir import check_output_dir
+
+    out = check_output_dir(out, CONFIG_FILE, ENTRIES)  # never outside it, nor into another's
     check_saved(out, config)
     evaluator = StudyEvaluator(config, out, run_stage)
     result = frontier_search(config.families, config.measure, evaluator, config.settings)

@@ -198,7 +198,7 @@ def load_tokenizer(name_or_path: str = DEFAULT_MODEL, allow_download: bool = Fal
     except (OSError, ValueError) as exc:
         if name_or_path == DEFAULT_MODEL:
             raise
-        raise ValueError(unloadable_model_message(name_or_path, exc)) from exc
+        raise ValueError(unloadable_model_message(name_or_path, exc, allow_download)) from exc
 
 
 def context_window(name_or_path: str = DEFAULT_MODEL, allow_download: bool = False) -> int | None:
@@ -213,7 +213,7 @@ def context_window(name_or_path: str = DEFAULT_MODEL, allow_download: bool = Fal
     except (OSError, ValueError) as exc:
         if name_or_path == DEFAULT_MODEL:
             raise
-        raise ValueError(unloadable_model_message(name_or_path, exc)) from exc
+        raise ValueError(unloadable_model_message(name_or_path, exc, allow_download)) from exc
     window = getattr(config.get_text_config(), "max_position_embeddings", None)
     return int(window) if window else None
 
@@ -255,7 +255,7 @@ def load_model(
         except (OSError, ValueError) as exc:
             if name_or_path == DEFAULT_MODEL:
                 raise
-            raise ValueError(unloadable_model_message(name_or_path, exc)) from exc
+            raise ValueError(unloadable_model_message(name_or_path, exc, allow_download)) from exc
     model.to(torch_device).eval()
     return LoadedModel(model=model, tokenizer=tokenizer, name=name_or_path, device=torch_device,
                        dtype=torch_dtype)
