@@ -31,6 +31,7 @@ from statistics import NormalDist
 import numpy as np
 import pandas as pd
 
+from kvdrift import checks
 from kvdrift.analysis.endpoints import parse_endpoint
 from kvdrift.analysis.features import single_value
 from kvdrift.divergence import diverged
@@ -233,8 +234,7 @@ def _target_values(reps: pd.DataFrame, target: str, actions: list[str]):
 def plan_study(replicates: pd.DataFrame, target: str, halfwidth_target: float,
                alpha: float = 0.05) -> PlanResult:
     """Plans for each model of a development run's replicate records."""
-    if not 0 < alpha < 1:
-        raise ValueError(f"alpha must be within (0, 1); got {alpha}")
+    checks.alpha(alpha)
     if not (math.isfinite(halfwidth_target) and halfwidth_target > 0):
         raise ValueError("the target half-width must be a finite number > 0; got "
                          f"{halfwidth_target}")

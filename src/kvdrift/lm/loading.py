@@ -80,11 +80,6 @@ def cached_config(repo_id: str) -> Path | None:
     return Path(found) if isinstance(found, str) else None
 
 
-def in_local_cache(repo_id: str) -> bool:
-    """Whether the local Hugging Face cache holds ``repo_id``'s ``config.json`` (no request)."""
-    return cached_config(repo_id) is not None
-
-
 def custom_code_message(name_or_path: str) -> str:
     return (f"cannot load model {name_or_path!r}: it needs its own Python code (auto_map in "
             "config.json), which kvdrift never runs (trust_remote_code=False); allowed: "
