@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from kvdrift.analysis.predict import PredictionResult
     from kvdrift.analysis.results import StudyAnalysis
     from kvdrift.finite.check import FiniteStudyResult
+    from kvdrift.frontier_search.result import FrontierResult
     from kvdrift.run.records import UnitKey
     from kvdrift.study_config import StudyConfig
 
@@ -132,5 +133,46 @@ def plan(dev: str | Path, target: str, halfwidth: float, alpha: float = 0.05,
     return plan_directory(dev, target, halfwidth, alpha, endpoints)
 
 
-__all__ = ["analyze", "finite_state", "load_records", "load_study", "plan", "predict",
+def frontier(
+    families: Sequence[str] = ("snapkv", "recent", "kivi"),
+    measure: str = "R_tv <= 0.1",
+    out: str | Path = "runs/frontier",
+    *,
+    alpha: float = 0.05,
+    looks: int = 2,
+    replicates: int = 8,
+    **study: object,
+) -> FrontierResult:
+    """The least KV cache per family whose ``measure`` stays within its tolerance, certified
+    at level ``1 - alpha`` over the whole search (``kvdrift frontier``); resumable in ``out``.
+
+    ``study`` takes :func:`study_from_arguments`' keywords (``model``, ``docs``, ``horizon``,
+    ``temperature``, ``seed``, ``device``, ...); its actions are the budgets searched.
+    """
+    from kvdrift.frontier_search.search import SearchSettings
+    from kvdrift.frontier_search.study import FrontierConfig, run_frontier
+    from kvdrift.study import run_study as run
+
+    if "actions" in study or "estimator" in study:
+        raise ValueError("frontier takes no actions or estimator: it runs each family's "
+                         "budgets with complete coupled rollouts")
+    config = FrontierConfig.parse(
+        study_from_arguments(actions=("full",), name="frontier", **study), families, measure,
+        SearchSettings(alpha=alpha, looks=looks, replicates=replicates))
+    models: dict[str, object] = {}
+
+    def run_stage(stage: StudyConfig, where: Path) -> None:
+        from kvdrift.lm.model import load_model
+
+        def load(name: str) -> object:
+            if name not in models:
+                models[name] = load_model(name, stage.device, stage.dtype)
+            return models[name]
+
+        run(stage, where, load=load)
+
+    return run_frontier(config, out, run_stage)
+
+
+__all__ = ["analyze", "finite_state", "frontier", "load_records", "load_study", "plan", "predict",
            "run_study", "shipped_config", "study_from_arguments"]

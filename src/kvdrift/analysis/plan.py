@@ -37,6 +37,7 @@ from statistics import NormalDist
 import numpy as np
 import pandas as pd
 
+from kvdrift import checks
 from kvdrift.analysis.endpoints import parse_endpoint
 from kvdrift.analysis.features import SATURATION, single_value
 from kvdrift.divergence import diverged
@@ -280,11 +281,9 @@ def plan_study(replicates: pd.DataFrame, target: str, halfwidth_target: float,
     interval at ``1 - alpha / endpoints``); ``steps``: the step records (columns
     :data:`STEP_COLUMNS`), needed for ``S99`` targets.
     """
-    if not 0 < alpha < 1:
-        raise ValueError(f"alpha must be within (0, 1); got {alpha}")
-    if isinstance(endpoints, bool) or not isinstance(endpoints, int) or endpoints < 1:
-        raise ValueError(f"endpoints must be an integer >= 1 (the number of prespecified "
-                         f"endpoints sharing alpha); got {endpoints!r}")
+    checks.alpha(alpha)
+    checks.integer(endpoints, "endpoints", 1, rule="an integer >= 1 (the number of "
+                   "prespecified endpoints sharing alpha)")
     if steps is not None and needs_steps(target):
         replicates = with_saturation(replicates, steps)
     if not (math.isfinite(halfwidth_target) and halfwidth_target > 0):

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from kvdrift import checks
 from kvdrift.analysis.bootstrap import (
     percentile_interval,
     stratified_counts,
@@ -53,7 +54,6 @@ from kvdrift.analysis.ridge import fit_ridge
 PREDICTORS = ("cell_mean", "flat", "ridge")
 FOLDS = 6
 RIDGE_ALPHA = 10.0
-DECISIONS = ("Equivalent", "Not equivalent", "Unresolved")
 TARGETS = {"tv": "R_tv", "tokens": "R"}
 """``--target``: the observation column each reads (rollout TV, the default, or mismatch)."""
 
@@ -366,8 +366,7 @@ def predict_study(
         raise ValueError(f"the cohorts were sampled at different temperatures: development "
                          f"{temperatures[0]:g}, evaluation {temperatures[1]:g}; run both at "
                          "one temperature")
-    if not 0 < alpha < 1:
-        raise ValueError(f"alpha must be within (0, 1); got {alpha}")
+    checks.alpha(alpha)
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r}; allowed: {', '.join(TARGETS)}")
     dev = _complete(document_observations(*dev_records, window))

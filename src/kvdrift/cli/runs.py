@@ -34,8 +34,11 @@ def _unit_label(*parts: str) -> str:
     return escape(printable(" · ".join(parts)))
 
 
-def run_with_progress(config, out: Path, recompute: bool, allow_download: bool) -> None:
-    """Run every unit of a study into ``out`` with a progress bar; Ctrl-C keeps finished units."""
+def run_with_progress(config, out: Path, recompute: bool, allow_download: bool,
+                      models: dict | None = None) -> None:
+    """Run every unit of a study into ``out`` with a progress bar; Ctrl-C keeps finished units.
+
+    ``models`` keeps loaded models by name across calls (the frontier runs several stages)."""
     from kvdrift.lm.loading import check_model_name
     from kvdrift.study import fixed_documents, run_study
 
@@ -67,9 +70,14 @@ def run_with_progress(config, out: Path, recompute: bool, allow_download: bool) 
             def load(name):
                 from kvdrift.lm.model import load_model
 
+                if models is not None and name in models:
+                    return models[name]
                 progress.update(task, description=f"loading {escape(printable(name))}")
-                return load_model(name, config.device, config.dtype,
-                                  allow_download=allow_download)
+                model = load_model(name, config.device, config.dtype,
+                                   allow_download=allow_download)
+                if models is not None:
+                    models[name] = model
+                return model
 
             run_study(config, out, load=load, on_unit=on_unit, on_model=on_model,
                       on_workers=on_workers, recompute=recompute,

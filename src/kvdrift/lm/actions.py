@@ -6,7 +6,7 @@ optionally followed by one decoding-time press. kvpress expresses budgets as
 ``ratio`` is the fraction *kept* (``kept = floor(ratio * n)``) and ``budget`` a fixed count
 (``kept = min(budget, n)``), and the press is built so that kvpress keeps exactly that.
 
-Named actions (SPEC.md section 8)::
+Named actions (docs/method.md section 1)::
 
     full          no eviction (same-path control)
     snapkv-half   SnapKV (window 64, kernel 5) keeping floor(n/2)

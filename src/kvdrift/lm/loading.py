@@ -80,11 +80,6 @@ def cached_config(repo_id: str) -> Path | None:
     return Path(found) if isinstance(found, str) else None
 
 
-def in_local_cache(repo_id: str) -> bool:
-    """Whether the local Hugging Face cache holds ``repo_id``'s ``config.json`` (no request)."""
-    return cached_config(repo_id) is not None
-
-
 def custom_code_message(name_or_path: str) -> str:
     return (f"cannot load model {name_or_path!r}: it needs its own Python code (auto_map in "
             "config.json), which kvdrift never runs (trust_remote_code=False); allowed: "
@@ -127,7 +122,7 @@ def check_model_name(name: str, allow_download: bool = False) -> None:
     download when the hub cannot be reached (:class:`HubUnreachable`)."""
     if name and name != EMBEDDED_MODEL:
         pretrained_options(name, allow_download)
-        if not Path(name).is_dir() and not in_local_cache(name):
+        if not Path(name).is_dir() and cached_config(name) is None:
             check_hub_reachable(name)  # a download is next: fail at once without the network
 
 

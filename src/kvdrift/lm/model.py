@@ -29,7 +29,6 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_CACHE_NAME = "smollm2-135m-instruct-q4_1"
 SMOLLM2_EOS = "<|im_end|>"
 
-DEVICES = ("auto", "cpu", "cuda")
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "bfloat16": torch.bfloat16,

@@ -26,19 +26,23 @@ def _refuse(out: object, reason: str) -> OutputDirRefused:
     return OutputDirRefused(f"output directory {str(out)!r} {reason}; {ALLOWED}")
 
 
-def _foreign_entry(root: Path) -> str | None:
+def _foreign_entry(root: Path, entries: frozenset[str]) -> str | None:
     """An entry of ``root`` that no kvdrift store holds, or None."""
     for entry in sorted(os.listdir(root)):
-        if entry not in STORE_ENTRIES and not entry.startswith(".run.json.tmp-"):
+        if entry not in entries and not any(entry.startswith(f".{e}.tmp-") for e in entries):
             return entry
     return None
 
 
-def check_output_dir(out: str | os.PathLike[str]) -> Path:
-    """``out`` as a path if a run may write there; else :class:`OutputDirRefused`."""
+def check_output_dir(out: str | os.PathLike[str], marker: str = "run.json",
+                     entries: frozenset[str] = STORE_ENTRIES) -> Path:
+    """``out`` as a path if a run may write there; else :class:`OutputDirRefused`.
+
+    A directory holding ``marker`` is kvdrift's (resumed); another non-empty directory may
+    hold only ``entries`` (the frontier passes its own marker and entries)."""
     path = check_writable_path(out)
-    if path.is_dir() and not (path / "run.json").exists():
-        entry = _foreign_entry(path)
+    if path.is_dir() and not (path / marker).exists():
+        entry = _foreign_entry(path, entries)
         if entry is not None:
             raise _refuse(out, f"already holds files that are not a kvdrift run (e.g. {entry!r})")
     return path
