@@ -122,7 +122,7 @@ def check_model_name(name: str, allow_download: bool = False) -> None:
     download when the hub cannot be reached (:class:`HubUnreachable`)."""
     if name and name != EMBEDDED_MODEL:
         pretrained_options(name, allow_download)
-        if not Path(name).is_dir() and not in_local_cache(name):
+        if not Path(name).is_dir() and cached_config(name) is None:
             check_hub_reachable(name)  # a download is next: fail at once without the network
 
 
