@@ -176,10 +176,10 @@ class RowCounter:
         self._advance_many = pair.advance_many
         pair.advance_many = self
 
-    def __call__(self, states, tokens):
+    def __call__(self, states, tokens, **kwargs):
         self.calls += 1
         self.rows += sum(s.n for s in states)
-        return self._advance_many(states, tokens)
+        return self._advance_many(states, tokens, **kwargs)
 
 
 def swrb_against_rollouts(pair: LMKernelPair, k: int, h: int) -> dict:

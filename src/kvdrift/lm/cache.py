@@ -90,14 +90,21 @@ class SharedPromptLayer(DynamicLayer):
         cache_kwargs: dict[str, Any] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Append the new entries in place; returns the generated keys/values of every row."""
-        length, added = self.keys.shape[SEQ], key_states.shape[SEQ]
+        key_slots, value_slots = self.reserve(key_states.shape[SEQ])
+        key_slots.copy_(key_states)
+        value_slots.copy_(value_states)
+        return self.keys, self.values
+
+    def reserve(self, added: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Extend ``keys``/``values`` by ``added`` slots (regrowing the buffers if needed) and
+        return the views of the new slots, for the caller to write."""
+        length = self.keys.shape[SEQ]
         if length + added > self.capacity:
             self._rebuffer(self.keys, self.values, length + added)
-        self._key_buf[:, :, length:length + added].copy_(key_states)
-        self._value_buf[:, :, length:length + added].copy_(value_states)
         self.keys = self._key_buf[:, :, :length + added]
         self.values = self._value_buf[:, :, :length + added]
-        return self.keys, self.values
+        return (self._key_buf[:, :, length:length + added],
+                self._value_buf[:, :, length:length + added])
 
     def get_seq_length(self) -> int:
         """Generated slots held (the prompt is not counted: it is not part of the buffers)."""
@@ -188,9 +195,14 @@ class GroupedLayer(DynamicLayer):
         cache_kwargs: dict[str, Any] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Append each part's rows to that part; returns the new entries (the attention reads
-        every part's generated entries from ``parts``)."""
+        every part's generated entries from ``parts``). Every part's keys and values are
+        written by one multi-tensor copy (one operator, not two per part)."""
+        added = key_states.shape[SEQ]
+        targets, sources = [], []
         for part, start, stop in zip(self.parts, self.bounds, self.bounds[1:], strict=False):
-            part.update(key_states[start:stop], value_states[start:stop])
+            targets.extend(part.reserve(added))
+            sources.extend((key_states[start:stop], value_states[start:stop]))
+        torch._foreach_copy_(targets, sources)
         return key_states, value_states
 
     def get_seq_length(self) -> int:
