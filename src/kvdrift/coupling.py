@@ -61,7 +61,7 @@ def absorb_eos(
 
     Reads nothing back from the device (no ``absorbed.any()``): every row goes through one
     ``where``, which keeps the other rows' values exactly."""
-    if eos_token_id is None:
+    if eos_token_id is None or eos_token_id >= probs.shape[-1]:  # no row can draw it
         return probs
     point = torch.zeros_like(probs[:1])
     point[0, eos_token_id] = 1.0

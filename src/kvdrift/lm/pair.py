@@ -54,7 +54,15 @@ from kvdrift.lm.decoding import (
     capture_attention_inputs,
     compress_rows,
 )
-from kvdrift.lm.prefill import PromptCache, as_prompt, attention_modules, prefill, unwrap_model
+from kvdrift.lm.prefill import (
+    PromptCache,
+    as_prompt,
+    attention_modules,
+    own_prefill_reason,
+    prefill,
+    prefill_shared,
+    unwrap_model,
+)
 from kvdrift.lm.quantization import GeneratedView, kv_memory
 from kvdrift.lm.shared_attention import ATTENTION_NAME, attention_implementation, hidden_bias
 
@@ -118,6 +126,13 @@ class LMKernelPair:
             raise ValueError(f"the prompt has {self.n_prompt} tokens, more than the model's "
                              f"context window allows ({window} positions, including generated "
                              f"ones); shorten the document")
+        if (reference is None and compressed is None and own_prefill_reason(self.action) is None
+                and not self.action.prefill_is_noop(self.n_prompt)):
+            # set-up close to one prefill: P's cache and Q's from one forward, entry for entry
+            # what a prefill inside the press keeps (lm/prefill.py)
+            shared = prefill_shared(self.model, ids, [self.action])
+            reference = shared.reference
+            compressed = shared.compressed[self.action.name]
         if reference is None:
             reference = prefill(self.model, ids)
         elif reference.n_prompt != self.n_prompt or not reference.is_full:
