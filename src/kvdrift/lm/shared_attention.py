@@ -258,17 +258,22 @@ def _cuda_attention(
     sessions; see docs/engine.md). Mirrors the CPU call: same scaled queries, same additive
     mask, log-sum-exp returned for the same merge."""
     b, h, r, dim = q.shape
+    flash, efficient = _cuda_kernels()
     if bias is None and q.dtype in (torch.float16, torch.bfloat16) and dim <= 256:
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention(
-            q, keys, values, 0.0, False, False, scale=1.0)[:2]
+        out, lse = flash(q, keys, values, 0.0, False, False, scale=1.0)[:2]
         return out, lse.float()
     if bias is not None:  # the kernel reads the mask with its last axis aligned to 16 entries
         s = bias.shape[-1]
         aligned = torch.nn.functional.pad(bias, (0, -s % 16))[..., :s]
         bias = aligned.expand(b, h, r, s)
-    out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(
-        q, keys, values, bias, True, 0.0, False, scale=1.0)[:2]
-    return out, lse[..., :r].float()
+    out, lse = efficient(q, keys, values, bias, True, 0.0, False, scale=1.0)[:2]
+    return out, lse[..., :r].float()  # the kernel pads the query axis of lse (to 32)
+
+
+def _cuda_kernels() -> tuple[Any, Any]:
+    """PyTorch's CUDA flash and memory-efficient attention operators (looked up when used)."""
+    return (torch.ops.aten._scaled_dot_product_flash_attention,
+            torch.ops.aten._scaled_dot_product_efficient_attention)
 
 
 def _softmax_attention(
