@@ -47,7 +47,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the kvdrift command sets it
 
 import torch  # noqa: E402
-from dispatch_count import DispatchCounter  # noqa: E402
+from dispatch_count import DispatchCounter, RowCounter  # noqa: E402
 from transformers import DynamicCache, StoppingCriteria, StoppingCriteriaList  # noqa: E402
 
 from kvdrift.data.document import Document  # noqa: E402
@@ -180,20 +180,6 @@ def seconds_per_position_generate(lm: LoadedModel, ids: torch.Tensor, k: int, h:
                           top_p=1.0, max_new_tokens=h, min_new_tokens=h,
                           stopping_criteria=StoppingCriteriaList([clock]))
     return statistics.median(b - a for a, b in zip(clock.stamps, clock.stamps[1:], strict=False))
-
-
-class RowCounter:
-    """Counts the model calls and rows of a kernel pair's joint steps (wraps ``advance_many``)."""
-
-    def __init__(self, pair: LMKernelPair) -> None:
-        self.calls = self.rows = 0
-        self._advance_many = pair.advance_many
-        pair.advance_many = self
-
-    def __call__(self, states, tokens, **kwargs):
-        self.calls += 1
-        self.rows += sum(s.n for s in states)
-        return self._advance_many(states, tokens, **kwargs)
 
 
 def swrb_against_rollouts(pair: LMKernelPair, k: int, h: int) -> dict:

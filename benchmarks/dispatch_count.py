@@ -16,6 +16,8 @@ Use::
     with DispatchCounter() as counts:
         ...
     counts.ops, counts.syncs, counts.by_name.most_common(10)
+
+``RowCounter`` counts the model calls and rows of a kernel pair's joint steps.
 """
 
 from __future__ import annotations
@@ -75,3 +77,17 @@ class DispatchCounter(TorchDispatchMode):
     def __exit__(self, *exc: Any) -> None:
         torch.Tensor.tolist = self._tolist
         return super().__exit__(*exc)
+
+
+class RowCounter:
+    """Counts the model calls and rows of a kernel pair's joint steps (wraps ``advance_many``)."""
+
+    def __init__(self, pair: Any) -> None:
+        self.calls = self.rows = 0
+        self._advance_many = pair.advance_many
+        pair.advance_many = self
+
+    def __call__(self, states: Any, tokens: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        self.rows += sum(s.n for s in states)
+        return self._advance_many(states, tokens, **kwargs)

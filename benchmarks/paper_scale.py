@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 
 import torch
-from dispatch_count import DispatchCounter
+from dispatch_count import DispatchCounter, RowCounter
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from kvdrift.estimate import coupled_rollouts, swrb
@@ -69,20 +69,6 @@ def median_seconds(fn: Callable[[], object], now: Callable[[], float], repeats: 
         fn()
         times.append(now() - start)
     return statistics.median(times)
-
-
-class RowCounter:
-    """Counts the rows a kernel pair's joint steps run (wraps ``advance_many``)."""
-
-    def __init__(self, pair: LMKernelPair) -> None:
-        self.calls = self.rows = 0
-        self._inner = pair.advance_many
-        pair.advance_many = self
-
-    def __call__(self, states, tokens, **kwargs):
-        self.calls += 1
-        self.rows += sum(s.n for s in states)
-        return self._inner(states, tokens, **kwargs)
 
 
 def main() -> None:
