@@ -1,9 +1,22 @@
 #!/usr/bin/env bash
-# Set up .venv if needed, then lint and run the whole test suite.
+# Set up .venv if needed, lint, then run the tests.
+#   bash scripts/test.sh          the fast lane: every test not marked slow (minutes)
+#   bash scripts/test.sh --slow   the slow lane: only the tests marked slow (embedded SmolLM2)
+#   bash scripts/test.sh --all    every test, both lanes (what .ci/run runs)
+# Other arguments go to pytest.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
+lane=(-m "not slow")
+args=()
+for arg in "$@"; do
+  case "$arg" in
+    --slow) lane=(-m slow) ;;
+    --all) lane=() ;;
+    *) args+=("$arg") ;;
+  esac
+done
 bash scripts/setup.sh
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 .venv/bin/ruff check src tests benchmarks
-.venv/bin/python -m pytest -q "$@"
+.venv/bin/python -m pytest -q ${lane[@]+"${lane[@]}"} ${args[@]+"${args[@]}"}

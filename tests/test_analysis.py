@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 from kvdrift.analysis.bounds import (
-    Interval,
     certainly_better,
     certified_order,
     contrast_interval,
@@ -15,6 +14,7 @@ from kvdrift.analysis.bounds import (
     window_terms,
 )
 from kvdrift.analysis.decompose import Contrast, Decomposition, decompose, trajectory_terms
+from kvdrift.analysis.interval import Interval
 
 # Rows: never diverges; diverges at 2 and re-agrees; diverges at 1 and stays apart.
 MISMATCH = np.array(

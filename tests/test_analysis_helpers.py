@@ -106,7 +106,8 @@ def test_endpoint_refusals_whole():
 
 def test_interval_edges():
     from kvdrift import checks
-    from kvdrift.analysis.bounds import Interval, certainly_better
+    from kvdrift.analysis.bounds import certainly_better
+    from kvdrift.analysis.interval import Interval
 
     iv = Interval.enclosing(0.25, 0.5)
     assert iv.contains(0.25) and iv.contains(0.5) and not iv.contains(0.5625)

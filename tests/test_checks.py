@@ -36,6 +36,9 @@ from tests.messages import whole
     (lambda: checks.depth(4, 3), "depth L must be an integer within 1..H = 1..3; got 4"),
     (lambda: checks.choice("gpu", "device", ("cpu", "cuda")),
      "unknown device 'gpu'; allowed: cpu, cuda"),
+    (lambda: checks.alpha(0), "alpha must be within (0, 1); got 0"),
+    (lambda: checks.alpha(1.0), "alpha must be within (0, 1); got 1.0"),
+    (lambda: checks.alpha(float("nan")), "alpha must be within (0, 1); got nan"),
 ])
 def test_refusals_name_the_value_and_what_is_allowed(call, message):
     with pytest.raises(ValueError, match=whole(message)):
@@ -51,3 +54,4 @@ def test_accepted_values_come_back_as_plain_python_numbers():
     assert checks.number(1.0, "p", 0, 1) == 1.0 and checks.number(1.0, "t", hi=1) == 1.0
     assert checks.integer(8, "folds", 2, 8) == 8 and checks.depth(3, 3) == 3
     assert checks.choice("cpu", "device", ("cpu", "cuda")) == "cpu"
+    assert checks.alpha(0.05) == 0.05

@@ -173,6 +173,20 @@ def test_plan_json_and_table(cohorts):
     assert "cheaper under equal variance" in table.stdout
 
 
+def test_plan_sizes_s99_from_step_records_for_one_of_several_endpoints(cohorts):
+    dev, _ = cohorts
+    args = ["plan", dev, "--target", "S99(strong) - S99(mild)", "--halfwidth", "0.05",
+            "--endpoints", "4"]
+    result = runner.invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["endpoints"] == 4 and data["level"] == pytest.approx(1 - 0.05 / 4)
+    assert data["models"][0]["recommended"]["halfwidth"] <= 0.05
+    table = runner.invoke(app, args)
+    assert table.exit_code == 0, table.output
+    assert "Bonferroni" in table.stdout
+
+
 @pytest.mark.parametrize("args, message", [
     (["--contrast", "strong - full", "--window", "3"],
      "names action 'full', which the cohorts did not run"),

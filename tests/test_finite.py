@@ -1,5 +1,5 @@
 """Tests for kvdrift.finite: the finite kernel pair, exact enumeration, random systems and
-the extremal construction of SPEC.md section 5."""
+the extremal construction of docs/method.md section 6."""
 
 from __future__ import annotations
 
@@ -226,7 +226,7 @@ def test_exact_identities(make) -> None:
     assert ex.B_L(H) == 0.0
     assert abs(ex.B_L(1) - ex.E) < TOL  # (H - s)_+ when L = 1
     assert ex.p_tau.sum() <= 1 + TOL and (ex.p_tau >= 0).all()
-    # the generation clock (SPEC 7): E[delta_t] = p_t + sum_{s<t} P(tau=s, I_t=1)
+    # the generation clock (docs/method.md section 8): E[delta_t] = p_t + sum_{s<t} P(tau=s, I_t=1)
     for t in range(1, H + 1):
         clock = sum(ex.tau_mismatch[s - 1, t - s] for s in range(1, t + 1))
         assert abs(ex.expected_delta[t - 1] - clock) < TOL
@@ -403,7 +403,7 @@ def test_monte_carlo_matches_exact(make, seed) -> None:
         assert abs(z_score((tau == t + 1).astype(float), ex.p_tau[t])) < 4.5
 
 
-# Extremal construction (SPEC section 5) -------------------------------------------------
+# Extremal construction (docs/method.md section 6) -------------------------------------------------
 
 
 def random_inputs(rng: np.random.Generator, H: int):
@@ -414,7 +414,7 @@ def random_inputs(rng: np.random.Generator, H: int):
 
 
 def sharp_bounds(p_tau: np.ndarray, rho: np.ndarray, L: int) -> tuple[float, float]:
-    """R_L and B_L straight from the SPEC formulas on (p, rho)."""
+    """R_L and B_L straight from docs/method.md's formulas on (p, rho)."""
     H = p_tau.size
     r_l = sum(p_tau[s - 1] * rho[s - 1, : min(L, H - s + 1)].sum() for s in range(1, H + 1))
     b_l = sum(p_tau[s - 1] * max(H - s - L + 1, 0) for s in range(1, H + 1))

@@ -1,5 +1,5 @@
 """Finite pairs at their edges: whole refusal messages, defaults, ``info``, the path
-operations, and the paper's system rebuilt from its recipe (SPEC.md section 6)."""
+operations, and the paper's system rebuilt from its recipe (docs/method.md section 11)."""
 
 from __future__ import annotations
 
@@ -107,7 +107,7 @@ def test_defaults_info_and_smallest_sizes() -> None:
 
 
 def test_paper_system_follows_its_recipe() -> None:
-    """Rebuilt from SPEC.md section 6 and the docstring: u, v, then per prefix (shortest
+    """Rebuilt from docs/method.md section 11 and the docstring: u, v, then per prefix (shortest
     first, lexicographic) P's Gamma(1.5, 1) + 0.05 weights before A's."""
     c, n_systems, H, seed = 7, 24, 3, 11
     rng = np.random.default_rng([seed, c])

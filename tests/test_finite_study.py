@@ -98,7 +98,7 @@ def test_run_finite_study_defaults_progress_and_refusals():
 
     defaults = {k: p.default for k, p in
                 inspect.signature(finite_study.run_finite_study).parameters.items()}
-    # the method's protocol (SPEC.md section 6): 24 systems, 512 replicates, H = 3, seed 0
+    # the method's protocol (docs/method.md section 11): 24 systems, 512 replicates, H = 3, seed 0
     assert defaults == {"systems": 24, "replicates": 512, "horizon": 3, "seed": 0,
                         "progress": None}
     calls = []

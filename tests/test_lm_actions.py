@@ -281,6 +281,7 @@ def test_actions_command_lists_quantizations_with_bits_per_element():
             for name, t in types.items()}
     # KIVI: b bits plus a float16 scale and zero point per group of 32 (2 x 16 / 32 = 1 bit)
     want |= {f"kivi:bits={b}[,group=32][,residual=128]": b + 2 * 16 / 32 for b in (2, 4, 8)}
+    want |= {f"fp8:{f}[,scale=1]": 8 for f in ("e4m3", "e5m2")}  # one byte an entry
     assert set(rows) == set(want)
     for spec, bits in want.items():
         assert float(rows[spec][0]) == bits and rows[spec][1] == "bits", spec

@@ -3,6 +3,8 @@ reference quantized cache, row independence, no-ops, chains and bad specs."""
 
 from __future__ import annotations
 
+import contextlib
+
 import gguf
 import numpy as np
 import pytest
@@ -12,8 +14,8 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 from kvdrift.lm.actions import parse_action
 from kvdrift.lm.pair import LMKernelPair
 from kvdrift.lm.prefill import prefill, prefill_shared
-from kvdrift.lm.quantization import Quantization
-from kvdrift.lm.quantize import GGUF_TYPES, gguf_roundtrip, minmax_roundtrip
+from kvdrift.lm.quantization import KIVIQuantization
+from kvdrift.lm.quantize import GGUF_TYPES, fp8_roundtrip, gguf_roundtrip, minmax_roundtrip
 from tests.test_lm_pair import greedy
 
 TOL = 5e-5
@@ -89,7 +91,7 @@ def test_kivi_numerics_equal_a_few_line_reference(bits):
 
 
 def test_kivi_prompt_rule_quantizes_whole_residual_blocks_and_keeps_the_tail():
-    q = Quantization("kivi", bits=2, group=16, residual=32)
+    q = KIVIQuantization(bits=2, group=16, residual=32)
     gen = torch.Generator().manual_seed(1)
     k, v = torch.randn(1, 2, 75, 64, generator=gen), torch.randn(1, 2, 75, 64, generator=gen)
     qk, qv = q.prompt(k, v)
@@ -208,7 +210,7 @@ def test_a_rows_logits_do_not_depend_on_other_rows(llama64, spec):
 
 
 def test_generated_view_is_per_row_exactly():
-    q = Quantization("kivi", bits=2, group=4, residual=8)
+    q = KIVIQuantization(bits=2, group=4, residual=8)
     gen = torch.Generator().manual_seed(7)
     keys, values = torch.randn(3, 2, 21, 64, generator=gen), torch.randn(3, 2, 21, 64,
                                                                           generator=gen)
@@ -329,10 +331,150 @@ def test_kv_fraction_counts_bits_scales_and_full_precision_tails(llama64):
 
 
 @pytest.mark.parametrize("spec", ["kivi:bits=2,group=4,residual=4", "gguf:k=q4_0,v=q8_0",
-                                  "snapkv:ratio=0.5+kivi:bits=4,group=4,residual=4"])
+                                  "snapkv:ratio=0.5+kivi:bits=4,group=4,residual=4",
+                                  "snapkv:ratio=0.5+fp8:e4m3"])
 def test_joint_step_quantizes_each_q_row_as_separate_steps_do(llama64, spec):
     """P, Q-along-Y and forced rows in one model call: each Q row reads its generated entries
     quantized exactly as a separate step does (P rows stay unquantized)."""
     from tests.test_joint_step import assert_steps_agree
 
     assert_steps_agree(LMKernelPair(llama64, prompt(90), spec), steps=7)
+
+
+# --- fp8 (vLLM / SGLang --kv-cache-dtype fp8) -----------------------------------------------
+
+FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+
+
+def _fp8_values(fmt: str) -> torch.Tensor:
+    """Normal, subnormal, tie-at-half, zero and signed entries inside the format's range."""
+    gen = torch.Generator().manual_seed(20)
+    top = torch.finfo(FP8[fmt]).max
+    x = torch.randn(3, 2, 17, 64, generator=gen) * torch.logspace(-9, 2, 64)
+    x[0, 0, 0, :6] = torch.tensor([0.0, -0.0, top, -top, 2.0 ** -9, 1.0 + 2.0 ** -4])
+    return x.clamp(-top, top)
+
+
+@pytest.mark.parametrize("fmt", list(FP8))
+@pytest.mark.parametrize("scale", [1.0, 0.37, 8.0])
+def test_fp8_roundtrip_equals_pytorch_float8_bit_for_bit(fmt, scale):
+    x = _fp8_values(fmt) * scale
+    expected = (x / scale).to(FP8[fmt]).to(torch.float32) * scale
+    ours = fp8_roundtrip(x, fmt, scale)
+    assert ours.dtype == x.dtype
+    assert torch.equal(ours.view(torch.int32), expected.view(torch.int32))
+
+
+@pytest.mark.parametrize("fmt", list(FP8))
+def test_fp8_out_of_range_entries_saturate_as_the_engines_kernels_do(fmt):
+    top = torch.finfo(FP8[fmt]).max
+    x = torch.tensor([top * 1.5, -1e9, 1e9])
+    assert fp8_roundtrip(x, fmt).tolist() == [top, -top, top]
+
+
+def _double(model):
+    """A float64 copy: float32 noise between two paths that should agree can move an entry
+    across an fp8 rounding boundary (a step of 1/16 of the entry for e4m3)."""
+    copy = LlamaForCausalLM(model.config).eval()
+    copy.load_state_dict(model.state_dict())
+    return copy.double()
+
+
+class FP8ReferenceCache(DynamicCache):
+    """vLLM's fp8 cache written out: every entry cast to PyTorch's float8 as it enters (scale
+    1), before attention reads it."""
+
+    def __init__(self, fmt: str, **kwargs):
+        super().__init__(**kwargs)
+        self.dtype = FP8[fmt]
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        return super().update(key_states.to(self.dtype).to(key_states.dtype),
+                              value_states.to(self.dtype).to(key_states.dtype), layer_idx,
+                              *args, **kwargs)
+
+
+def _reference_logprobs(model, ids, tokens, cache, press=None) -> torch.Tensor:
+    """Q's log-probabilities along ``tokens`` by plain forwards on ``cache`` (explicit
+    positions: after eviction the cache is shorter than the text)."""
+    ctx = press(model) if press is not None else contextlib.nullcontext()
+    with torch.no_grad():
+        with ctx:
+            out = model(input_ids=ids, past_key_values=cache, use_cache=True)
+        rows = [out.logits[0, -1]]
+        n = ids.shape[1]
+        for t, token in enumerate(tokens.tolist()):
+            out = model(input_ids=torch.tensor([[token]]), past_key_values=cache,
+                        position_ids=torch.tensor([[n + t]]),
+                        cache_position=torch.tensor([cache.get_seq_length()]), use_cache=True)
+            rows.append(out.logits[0, -1])
+    return torch.log_softmax(torch.stack(rows).double(), -1)
+
+
+@pytest.mark.parametrize("spec", ["fp8:e4m3", "fp8:e5m2", "snapkv:ratio=0.5+fp8:e4m3"])
+def test_fp8_step_logits_equal_a_reference_fp8_cache(llama64, spec):
+    """The pair's Q logprobs along a history equal forwards on a cache that casts every entry
+    to float8 as it enters (after the action's own press for the chain) within 1e-4
+    (float64: see :func:`_double`)."""
+    model = _double(llama64)
+    ids, steps = prompt(70, seed=21), 30
+    action = parse_action(spec)
+    tokens = torch.randint(3, 128, (steps,), generator=torch.Generator().manual_seed(22))
+    pair = LMKernelPair(model, ids, spec)
+    press = action.make_press(ids.shape[1]) if action.stages else None
+    expected = _reference_logprobs(model, ids, tokens,
+                                   FP8ReferenceCache(action.quantization.format,
+                                                     config=model.config), press)
+    state, ours = pair.start("q", 1), []
+    for token in tokens.tolist() + [None]:
+        ours.append(pair.logprobs(state)[0])
+        if token is not None:
+            state = pair.advance(state, torch.tensor([token]))
+    assert torch.allclose(torch.stack(ours), expected, atol=1e-4, rtol=0)
+    if action.stages:
+        assert pair.prompt_cache("q").kept == 35
+
+
+@pytest.mark.parametrize("fmt", list(FP8))
+def test_fp8_greedy_equals_generate_with_a_float8_cache(llama64, fmt):
+    ids, steps = prompt(60, seed=23), 80
+    expected = _generate(llama64, ids, steps, FP8ReferenceCache(fmt, config=llama64.config))
+    assert greedy(LMKernelPair(llama64, ids, f"fp8:{fmt}"), "q", steps) == expected
+
+
+def test_fp8_first_position_differs_and_rows_are_independent(llama64):
+    ids = prompt(60, seed=12)
+    tokens = torch.randint(3, 128, (1, 3), generator=torch.Generator().manual_seed(1))
+    assert float(_tv_along(LMKernelPair(llama64, ids, "fp8:e5m2"), tokens)[0]) > 0
+    pair = LMKernelPair(_double(llama64), prompt(50, seed=5), "fp8:e4m3")
+    rows = torch.randint(3, 128, (3, 20), generator=torch.Generator().manual_seed(6))
+    together = pair.logprobs(_advance(pair, pair.start("q", 3), rows))
+    for i in range(3):
+        alone = pair.logprobs(_advance(pair, pair.start("q", 1), rows[i:i + 1]))
+        assert torch.allclose(together[i], alone[0], atol=TOL, rtol=0), i
+
+
+def test_fp8_kv_bytes_are_one_byte_per_entry_plus_two_float32_scales_per_layer(llama64):
+    ids = prompt(256, seed=15)
+    # 2 layers x 2 KV heads x head_dim 64; the float32 full cache holds 4 bytes an entry
+    per_layer = {"fp8:e4m3": 2 * 256 * 64 * 2 + 8, "fp8:e5m2,scale=2": 2 * 256 * 64 * 2 + 8,
+                 "snapkv:ratio=0.5+fp8:e4m3": 2 * 128 * 64 * 2 + 8}
+    for spec, layer in per_layer.items():
+        kv_bytes, fraction = LMKernelPair(llama64, ids, spec).kv_memory()
+        assert kv_bytes == 2 * layer
+        assert fraction == layer / (2 * 256 * 64 * 2 * 4)
+
+
+def test_fp8_specs_parse_and_bad_ones_get_one_line():
+    q = parse_action("snapkv:ratio=0.5+fp8:E5M2,scale=0.5").quantization
+    assert (q.format, q.scale, q.label) == ("e5m2", 0.5, "fp8:e5m2,scale=0.5")
+    assert parse_action("fp8:e4m3").quantization.label == "fp8:e4m3"
+    for spec, message in [("fp8:e3m4", "format must be one of e4m3, e5m2"),
+                          ("fp8:scale=2", "fp8 needs one format"),
+                          ("fp8:e4m3,scale=0", "finite number > 0"),
+                          ("fp8:e4m3,scale=x", "scale must be a number"),
+                          ("fp8:e4m3,bits=4", "fp8 takes scale="),
+                          ("fp8:e4m3+snapkv:ratio=0.5", "must come last")]:
+        with pytest.raises(ValueError, match=message) as info:
+            parse_action(spec)
+        assert "\n" not in str(info.value)

@@ -15,6 +15,7 @@ from kvdrift.analysis.plan import (
     recommend,
     swrb_evaluations,
     variance_components,
+    with_saturation,
 )
 
 Z = NormalDist().inv_cdf(0.975)
@@ -140,7 +141,8 @@ def test_plan_of_a_rollout_run_field_by_field():
     reps = _replicates(PAIRED_A, PAIRED_B, ["s"] * 3, setup=(2.0, 1.0), per_rep=(0.5, 0.5))
     out = plan_study(reps, "R(a) - R(b)", 0.1).to_json()
     [m] = out.pop("models")
-    assert out == {"target": "R(a) - R(b)", "halfwidth": 0.1, "alpha": 0.05, "z": Z}
+    assert out == {"target": "R(a) - R(b)", "halfwidth": 0.1, "alpha": 0.05, "endpoints": 1,
+                   "level": 0.95, "z": Z}
     v = VarianceComponents(1 / 6, 1 / 6, 1, 3, 2)
     cmp = m.pop("comparison")
     assert m == {
@@ -233,8 +235,8 @@ def test_fixed_history_targets():
     [m] = plan_study(reps, "R_minus_F(a)", 0.1).to_json()["models"]
     assert m["variance"]["within"] == pytest.approx(0.5) and m["variance"]["between"] == 0.0
     assert m["comparison"] == {"cheaper": "rollout", "assumption": None,
-                               "reason": "SWRB does not estimate fixed-history risk F or "
-                                         "rollout TV"}
+                               "reason": "SWRB does not estimate fixed-history risk F, "
+                                         "rollout TV or S99"}
     assert m["notes"] == ["the between-document variance estimate is 0 (floored): the plan keeps "
                           "the minimum of 2 documents per stratum and leans on replicates; more "
                           "development documents would firm it up"]
@@ -243,8 +245,9 @@ def test_fixed_history_targets():
     reps["estimator"] = "swrb"
     for target in ("F(a)", "R(a) - F(b)", "R_tv(a)"):
         with pytest.raises(ValueError, match=r"^target '" + re.escape(target) + "' needs "
-                           "complete rollouts \\(fixed-history risk F or rollout TV\\), which "
-                           "SWRB runs do not measure; plan it from a rollout development run$"):
+                           "complete rollouts \\(fixed-history risk F, rollout TV or S99\\), "
+                           "which SWRB runs do not measure; plan it from a rollout "
+                           "development run$"):
             plan_study(reps, target, 0.1).to_json()
     assert plan_study(reps, "R(a)", 0.1).to_json()["models"][0]["estimator"] == "swrb"
 
@@ -307,7 +310,7 @@ def test_refusals_say_what_the_development_run_lacks():
         variance_components(np.zeros((2, 2)), np.array(["s", "t"]))
     with pytest.raises(ValueError, match="^" + re.escape(
             "plan sizes document-level means; 'B' is not one; allowed: R, R_tv, O, E, Pi, F, "
-            "R_minus_F, p_diverge") + "$"):
+            "R_minus_F, p_diverge, S99") + "$"):
         plan_study(reps, "R(a) - B(b)", 0.1).to_json()
     with pytest.raises(ValueError, match="^" + re.escape(
             "target 'R(z)' names action 'z', which the development run did not run; actions: "
@@ -333,3 +336,79 @@ def test_recommend_edges_by_hand():
 
 def test_swrb_evaluations_count_a_mismatch_at_the_first_step():
     assert swrb_evaluations(4, np.array([1, 0])) == 7.0  # 4 + (4 - 1)
+
+
+# --- S99 from step records; several endpoints -------------------------------------------------
+
+
+def _steps(deltas: dict[str, np.ndarray]) -> pd.DataFrame:
+    """Step records from ``{action: [n_docs, K, H] deltas}``."""
+    rows = []
+    for action, cube in deltas.items():
+        for i, doc in enumerate(cube):
+            for k, rep in enumerate(doc):
+                for t, d in enumerate(rep):
+                    rows.append(dict(model="m", action=action, doc_id=f"d{i}", replicate=k,
+                                     t=t + 1, delta=d))
+    return pd.DataFrame(rows)
+
+
+def test_s99_is_planned_from_per_replicate_saturation_fractions():
+    # H = 4: S99 per replicate is the fraction of positions with delta > 0.99 (0.99 itself
+    # is not saturated); fractions [0, 1/4], [1/2, 1/2], [1, 0]: the hand example's shape.
+    sat = np.array([[0, 0.25], [0.5, 0.5], [1.0, 0.0]])
+    deltas = np.zeros((3, 2, 4))
+    for i, j in np.ndindex(3, 2):
+        deltas[i, j, :round(4 * sat[i, j])] = 1.0
+        deltas[i, j, round(4 * sat[i, j]):] = 0.99
+    reps = _replicates(np.zeros((3, 2)), np.zeros((3, 2)), ["s"] * 3)
+    steps = _steps({"a": deltas, "b": np.zeros((3, 2, 4))})
+    assert with_saturation(reps, steps).query("action == 'a'")["saturation"].tolist() == \
+        sat.flatten().tolist()
+    [m] = plan_study(reps, "S99(a)", 0.1, steps=steps).to_json()["models"]
+    v = variance_components(sat, np.array(["s"] * 3))
+    assert m["variance"]["within"] == pytest.approx(v.within)
+    assert m["variance"]["between"] == pytest.approx(v.between)
+    rec = recommend(v, 0.1, 2.0, 0.5, Z)
+    assert (m["recommended"]["documents_per_stratum"], m["recommended"]["replicates"]) == (
+        rec.documents_per_stratum, rec.replicates)
+    assert m["comparison"]["reason"] == ("SWRB does not estimate fixed-history risk F, "
+                                         "rollout TV or S99")
+    # a paired contrast of saturations, and the refusals
+    [d] = plan_study(reps, "S99(a) - S99(b)", 0.1, steps=steps).to_json()["models"]
+    assert d["variance"] == m["variance"]
+    with pytest.raises(ValueError, match=r"S99 is computed from the step records"):
+        plan_study(reps, "S99(a)", 0.1)
+    with pytest.raises(ValueError, match=r"needs complete rollouts"):
+        plan_study(reps.assign(estimator="swrb"), "S99(a)", 0.1, steps=steps)
+
+
+@pytest.mark.parametrize("k", [1, 4, 8])
+def test_endpoints_adjust_z_by_bonferroni(k):
+    reps = _replicates(PAIRED_A, PAIRED_B, ["s"] * 3, setup=(2.0, 1.0), per_rep=(0.5, 0.5))
+    out = plan_study(reps, "R(a) - R(b)", 0.1, endpoints=k)
+    z = NormalDist().inv_cdf(1 - 0.05 / (2 * k))
+    assert out.z == pytest.approx(z) and out.level == pytest.approx(1 - 0.05 / k)
+    assert out.to_json()["endpoints"] == k
+    v = VarianceComponents(1 / 6, 1 / 6, 1, 3, 2)
+    rec = recommend(v, 0.1, 3.0, 1.0, z)
+    assert out.models[0].recommended.documents_per_stratum == rec.documents_per_stratum
+    assert out.models[0].recommended.halfwidth == pytest.approx(rec.halfwidth)
+    if k > 1:  # more endpoints, wider z: more documents for the same half-width
+        one = plan_study(reps, "R(a) - R(b)", 0.1)
+        assert out.models[0].recommended.seconds > one.models[0].recommended.seconds
+
+
+@pytest.mark.parametrize("k", [0, -1, 1.5, True])
+def test_bad_endpoint_counts_are_named(k):
+    reps = _replicates(PAIRED_A, PAIRED_B, ["s"] * 3)
+    with pytest.raises(ValueError, match=r"^endpoints must be an integer >= 1"):
+        plan_study(reps, "R(a)", 0.1, endpoints=k)
+
+
+def test_an_action_named_like_a_statistic_is_not_read_as_one():
+    # R(a) - R(F) under SWRB: F is the action's name here, not fixed-history risk.
+    reps = _replicates(PAIRED_A, PAIRED_B, ["s"] * 3).assign(estimator="swrb")
+    reps["action"] = reps["action"].replace({"b": "F"})
+    [m] = plan_study(reps, "R(a) - R(F)", 0.1).to_json()["models"]
+    assert m["estimator"] == "swrb" and m["comparison"]["assumption"] is not None

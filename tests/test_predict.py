@@ -170,6 +170,8 @@ def _shifted(rows, shift):
     # Strata weigh equally: (0.06 + 0.04) / 2, not the document mean 0.0467.
     ({"s1": [0.06, 0.06], "s2": [0.04] * 4}, "Not equivalent", 0.05),
     ({"s1": [0.0, 0.04] * 5}, "Unresolved", 0.02),
+    # MAE: (0.06 + 0.0) / 2 = 0.03 with strata equal, 0.02 with documents equal.
+    ({"s1": [0.06, 0.06], "s2": [0.0] * 4}, "Not equivalent", 0.03),
 ])
 def test_evaluation_error_and_decision_at_each_outcome(errors, decision, estimate):
     dev = _rows(12, lambda F, s, a: F)  # flat is exact on development documents
@@ -185,9 +187,14 @@ def test_evaluation_error_and_decision_at_each_outcome(errors, decision, estimat
     out = evaluate(dev, ev, FIXED, C, margin=0.02, alpha=0.05, draws=2000, seed=0).to_json()
     assert out["selected"] == "flat" and out["decision"] == decision
     assert out["error"]["estimate"] == pytest.approx(estimate)
-    all_errors = np.concatenate([np.asarray(v) for v in errors.values()])
-    assert out["mae"] == pytest.approx(np.abs(all_errors).mean())
-    assert out["rmse"] == pytest.approx(np.sqrt((all_errors ** 2).mean()))
+    # MAE and RMSE weigh strata equally, as the error estimate does; the *_documents ones
+    # weigh every document equally.
+    per_stratum = [np.asarray(v) for v in errors.values()]
+    all_errors = np.concatenate(per_stratum)
+    assert out["mae"] == pytest.approx(np.mean([np.abs(v).mean() for v in per_stratum]))
+    assert out["rmse"] == pytest.approx(np.sqrt(np.mean([(v ** 2).mean() for v in per_stratum])))
+    assert out["mae_documents"] == pytest.approx(np.abs(all_errors).mean())
+    assert out["rmse_documents"] == pytest.approx(np.sqrt((all_errors ** 2).mean()))
     # Supporting contrasts: the flat gap is F(a) - F(b) = 0, so full minus fixed = full gap.
     sup = out["supporting"]
     assert sup["fixed_history_gap"]["estimate"] == pytest.approx(0.0)
@@ -317,7 +324,7 @@ def test_evaluate_reports_every_field_and_its_supporting_contrasts():
         out = evaluate(rows_dev, rows_ev, obs, C, margin=0.02, alpha=0.1, draws=300, seed=3,
                        folds=3).to_json()
         assert set(out) == {"observation", "label", "selected", "cv_mse", "error", "decision",
-                            "mae", "rmse", "supporting"}
+                            "mae", "rmse", "mae_documents", "rmse_documents", "supporting"}
         assert out["observation"] == obs.name and out["label"] == obs.label
         assert set(out["cv_mse"]) == {"cell_mean", "flat", "ridge"}
         assert out["cv_mse"] == cross_validate(rows_dev, obs, C, folds=3)

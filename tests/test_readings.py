@@ -1,4 +1,4 @@
-"""Teacher-forced and speculative readings of the coupling (SPEC.md section 10).
+"""Teacher-forced and speculative readings of the coupling (docs/method.md section 10).
 
 - The speculative identities on finite systems: an exact enumeration of Leviathan et al.'s
   speculative sampler (written here, target P, drafter Q) against exact expectations of

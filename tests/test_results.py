@@ -128,8 +128,9 @@ def test_from_json_reads_analysis_json_back(study, tmp_path):
 
 def test_analyze_directory_uses_the_saved_options_and_overrides(tmp_path):
     steps, reps = _records(models=("toy",), docs=6)
-    config = {"temperature": 0.7, "analysis": {"bootstrap": 30, "alpha": 0.2, "seed": 2,
-                                               "endpoints": ["C(noisy)"]}}
+    H = int(reps["horizon"].iloc[0])  # a kvdrift run.json always names its horizon
+    analysis = {"bootstrap": 30, "alpha": 0.2, "seed": 2, "endpoints": ["C(noisy)"]}
+    config = {"horizon": H, "temperature": 0.7, "analysis": analysis}
     store = RunStore.open(tmp_path / "run", config)
     for name, table in (("steps", steps), ("replicates", reps)):
         (store.root / name).mkdir(exist_ok=True)

@@ -11,7 +11,8 @@ from kvdrift.analysis.bootstrap import percentile_interval, stratified_counts, w
 from kvdrift.analysis.endpoints import parse_endpoint
 from kvdrift.analysis.features import eos_categories
 from kvdrift.analysis.lags import LagWindows, lag_terms
-from kvdrift.analysis.study import AnalysisOptions, analyze, contrast_terms
+from kvdrift.analysis.quantities import contrast_terms
+from kvdrift.analysis.study import AnalysisOptions, analyze
 from kvdrift.data.document import Document
 from kvdrift.finite import exact, random_pair
 from kvdrift.run.runner import RunConfig, run_units

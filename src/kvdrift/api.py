@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from kvdrift.analysis.predict import PredictionResult
     from kvdrift.analysis.results import StudyAnalysis
     from kvdrift.finite.check import FiniteStudyResult
+    from kvdrift.frontier_search.result import FrontierResult
     from kvdrift.run.records import UnitKey
     from kvdrift.study_config import StudyConfig
 
@@ -94,11 +95,13 @@ def load_records(directory: str | Path) -> Records:
 
 
 def analyze(directory: str | Path, bootstrap: int | None = None,
-            alpha: float | None = None) -> StudyAnalysis:
-    """The study analysis of a run or study directory (its saved options, or these)."""
+            alpha: float | None = None, wait: bool = False) -> StudyAnalysis:
+    """The study analysis of a run or study directory (its saved options, or these); with
+    ``wait``, after a run writing it has finished. A partial store says so in ``meta.notes``
+    and ``meta.run["partial"]``."""
     from kvdrift.analysis.directory import analyze_directory
 
-    return analyze_directory(directory, bootstrap, alpha)
+    return analyze_directory(directory, bootstrap, alpha, wait)
 
 
 def finite_state(systems: int = 24, replicates: int = 512, horizon: int = 3,
@@ -121,12 +124,55 @@ def predict(dev: str | Path, evaluation: str | Path, contrast: str, *, window: i
                                alpha=alpha, draws=bootstrap, seed=seed, target=target)
 
 
-def plan(dev: str | Path, target: str, halfwidth: float, alpha: float = 0.05) -> PlanResult:
-    """Documents per stratum and K for a target half-width, from a development directory."""
+def plan(dev: str | Path, target: str, halfwidth: float, alpha: float = 0.05,
+         endpoints: int = 1) -> PlanResult:
+    """Documents per stratum and K for a target half-width, from a development directory
+    (``endpoints``: prespecified endpoints sharing ``alpha``, Bonferroni)."""
     from kvdrift.analysis.directory import plan_directory
 
-    return plan_directory(dev, target, halfwidth, alpha)
+    return plan_directory(dev, target, halfwidth, alpha, endpoints)
 
 
-__all__ = ["analyze", "finite_state", "load_records", "load_study", "plan", "predict",
+def frontier(
+    families: Sequence[str] = ("snapkv", "recent", "kivi"),
+    measure: str = "R_tv <= 0.1",
+    out: str | Path = "runs/frontier",
+    *,
+    alpha: float = 0.05,
+    looks: int = 2,
+    replicates: int = 8,
+    **study: object,
+) -> FrontierResult:
+    """The least KV cache per family whose ``measure`` stays within its tolerance, certified
+    at level ``1 - alpha`` over the whole search (``kvdrift frontier``); resumable in ``out``.
+
+    ``study`` takes :func:`study_from_arguments`' keywords (``model``, ``docs``, ``horizon``,
+    ``temperature``, ``seed``, ``device``, ...); its actions are the budgets searched.
+    """
+    from kvdrift.frontier_search.search import SearchSettings
+    from kvdrift.frontier_search.study import FrontierConfig, run_frontier
+    from kvdrift.study import run_study as run
+
+    if "actions" in study or "estimator" in study:
+        raise ValueError("frontier takes no actions or estimator: it runs each family's "
+                         "budgets with complete coupled rollouts")
+    config = FrontierConfig.parse(
+        study_from_arguments(actions=("full",), name="frontier", **study), families, measure,
+        SearchSettings(alpha=alpha, looks=looks, replicates=replicates))
+    models: dict[str, object] = {}
+
+    def run_stage(stage: StudyConfig, where: Path) -> None:
+        from kvdrift.lm.model import load_model
+
+        def load(name: str) -> object:
+            if name not in models:
+                models[name] = load_model(name, stage.device, stage.dtype)
+            return models[name]
+
+        run(stage, where, load=load)
+
+    return run_frontier(config, out, run_stage)
+
+
+__all__ = ["analyze", "finite_state", "frontier", "load_records", "load_study", "plan", "predict",
            "run_study", "shipped_config", "study_from_arguments"]

@@ -85,3 +85,13 @@ def choice(value: Any, what: str, allowed: Iterable[str]) -> str:
 def depth(L: Any, horizon: int) -> int:
     """An observation depth ``L`` within ``1..H``."""
     return integer(L, "depth L", 1, horizon, rule=f"an integer within 1..H = 1..{horizon}")
+
+
+def alpha(value: Any) -> Any:
+    """A significance level ``alpha`` within (0, 1), returned unchanged; else one clear error.
+
+    The level of an interval is ``1 - alpha``; 0 and 1 (and NaN) are refused.
+    """
+    if not 0 < value < 1:
+        raise ValueError(f"alpha must be within (0, 1); got {value}")
+    return value

@@ -1,4 +1,4 @@
-"""The stepwise maximal coupling of two next-token distributions (SPEC.md section 2).
+"""The stepwise maximal coupling of two next-token distributions (docs/method.md section 2).
 
 All functions are batched over rows: distributions enter as ``[n, V]`` tensors and
 tokens leave as ``[n]`` long tensors. Overlaps and TV are computed in float64.

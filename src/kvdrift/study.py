@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 from collections.abc import Callable
 from pathlib import Path
 
 from kvdrift.data.document import Document
 from kvdrift.run.executors import open_executor
 from kvdrift.run.lock import StoreLock
+from kvdrift.run.outdir import check_output_dir
 from kvdrift.run.records import UnitKey
-from kvdrift.run.store import RunStore
+from kvdrift.run.store import DOCUMENTS_HASH, RunStore
 from kvdrift.study_config import StudyConfig
 
 
@@ -21,6 +24,18 @@ def _unique(docs: list[Document]) -> list[Document]:
             raise ValueError(f"document id {d.id!r} appears in two sources; ids must be unique")
         seen[d.id] = i
     return docs
+
+
+def documents_sha256(docs: list[Document]) -> str:
+    """A content hash of documents (ids, prompts, strata, answers, meta), in order: what a
+    store compares on resume instead of the file they were read from."""
+    digest = hashlib.sha256()
+    for d in docs:
+        record = {"id": d.id, "prompt": d.prompt, "stratum": d.stratum, "answer": d.answer,
+                  "meta": d.meta}
+        digest.update(json.dumps(record, sort_keys=True, ensure_ascii=False, default=str)
+                      .encode("utf-8", "surrogatepass") + b"\n")
+    return digest.hexdigest()
 
 
 def fixed_documents(config: StudyConfig) -> list[Document]:
@@ -62,19 +77,26 @@ def run_study(
     models in its workers and only the tokenizer and config here); ``on_model(name, units)``,
     ``on_unit(key, skipped)`` and ``on_workers(live_workers)`` report progress, ``notice``
     hears which damaged units are recomputed; ``fixed`` are the study's
-    :func:`fixed_documents` when the caller has read them already. The store's lock is held
+    :func:`fixed_documents` when the caller has read them already. ``out`` is checked first
+    (:func:`~kvdrift.run.outdir.check_output_dir`: not the root, not empty, not another
+    program's folder). The store's lock is held
     throughout (one writer per store); ``recompute`` recomputes units stored under other
     settings instead of refusing them; ``allow_download`` lets a hub id missing from the local
     cache download.
     """
     from kvdrift.lm.factory import LMPairSource, check_fits, driver_side
+    from kvdrift.lm.loading import check_model_name
 
+    out = check_output_dir(out)  # nothing is written outside it, nor into another folder
+    for name in config.models:  # no network, no model code, no download without a network
+        check_model_name(name, allow_download)
     fixed = fixed_documents(config) if fixed is None else fixed
     if not fixed and not any(s.needs_tokenizer for s in config.documents):
         raise ValueError("the study's document sources produced no documents")
     lock = StoreLock(out).acquire()
     try:
-        store = RunStore.open(out, config.as_dict(), recompute=recompute, notice=notice)
+        recorded = config.as_dict() | {DOCUMENTS_HASH: documents_sha256(fixed)}
+        store = RunStore.open(out, recorded, recompute=recompute, notice=notice)
         settings = config.executor.for_device(config.device)
         with open_executor(settings, on_workers=on_workers) as executor:
             for name in config.models:

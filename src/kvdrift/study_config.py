@@ -13,7 +13,6 @@ See ``configs/`` for shipped examples. Layout::
 
 from __future__ import annotations
 
-import re
 import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -48,7 +47,6 @@ TOP_KEYS = ("study", "documents", "analysis")
 _KIND_NAMES = {int: "an integer", str: "a string", list: "a list", bool: "true or false",
                float: "a number"}
 _ITEM_NAMES = {int: "integers", str: "strings"}
-_PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9 ._+=@,-]*")
 
 
 @dataclass(frozen=True)
@@ -112,10 +110,17 @@ def _check_table(table: Any, allowed: dict, where: str) -> dict:
 
 
 def check_study_name(name: str) -> str:
-    """A study name is a plain directory name (it becomes ``runs/<name>``): no path."""
-    if not _PLAIN_NAME.fullmatch(name) or ".." in name:
-        raise ValueError(f"[study].name must be a plain name (letters, digits, and . _ - + = @ , "
-                         f"or spaces; no '/', '..' or leading '.'); got {name!r}")
+    """A study name is one directory name (it becomes ``runs/<name>``): any letters, digits,
+    spaces and punctuation of any script, but no path (``/``, ``\\``, ``.``, ``..``) and no
+    control characters."""
+    from kvdrift.text import printable
+
+    if (not isinstance(name, str) or not name.strip() or name in (".", "..")
+            or any(c in name for c in "/\\") or printable(name) != name
+            or len(name.encode("utf-8", "surrogatepass")) > 255):
+        raise ValueError(f"[study].name must be one directory name (any script, spaces and "
+                         f"punctuation; no '/', '\\', control characters, '.' or '..'; at most "
+                         f"255 bytes); got {name!r}")
     return name
 
 

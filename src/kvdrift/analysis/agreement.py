@@ -1,4 +1,4 @@
-"""Local agreement within branches, and the branch cohort's support (SPEC.md section 9).
+"""Local agreement within branches, and the branch cohort's support (docs/method.md section 8).
 
 After the first divergence the two branches may emit the same token again. Among trajectories
 in the branch cohort (``1 <= tau <= max_entry``, the lag profile's entry cohort: ``tau <= 64``

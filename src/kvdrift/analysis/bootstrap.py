@@ -50,8 +50,7 @@ def weighted_means(
 
 def percentile_interval(samples: np.ndarray, alpha: float) -> tuple[np.ndarray, np.ndarray]:
     """Pointwise ``(lo, hi)`` percentile interval over the first axis at level ``1 - alpha``."""
-    if not 0 < alpha < 1:
-        raise ValueError(f"alpha must be within (0, 1); got {alpha}")
+    checks.alpha(alpha)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns stay NaN
         lo = np.nanpercentile(samples, 100 * alpha / 2, axis=0)

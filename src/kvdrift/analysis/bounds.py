@@ -1,4 +1,4 @@
-"""Sharp bounds from a finite observation window (SPEC.md section 5).
+"""Sharp bounds from a finite observation window (docs/method.md section 6).
 
 Observing each divergent trajectory for only ``L`` positions from ``tau`` leaves the
 full-horizon risk anywhere in ``[R_L, R_L + B_L]`` and nowhere else; these helpers
@@ -17,7 +17,7 @@ from kvdrift import checks
 from kvdrift.analysis.interval import Interval
 from kvdrift.divergence import diverged, divergence_time
 
-__all__ = ["Interval", "WindowTerms", "certainly_better", "certified_order",
+__all__ = ["WindowTerms", "certainly_better", "certified_order",
            "contrast_interval", "hoeffding_enclosure", "sharp_interval", "window_terms"]
 
 
@@ -91,8 +91,7 @@ def hoeffding_enclosure(
     lo_v, hi_v = np.asarray(lower, dtype=float), np.asarray(upper, dtype=float)
     if lo_v.shape != hi_v.shape or lo_v.ndim != 1 or lo_v.size == 0:
         raise ValueError("lower and upper must be non-empty 1-D arrays of equal length")
-    if not 0 < alpha < 1:
-        raise ValueError(f"alpha must be within (0, 1); got {alpha}")
+    checks.alpha(alpha)
     w = np.ones(lo_v.size) if weights is None else np.asarray(weights, float)
     if w.shape != lo_v.shape or (w < 0).any() or w.sum() <= 0:
         raise ValueError("weights must be non-negative, one per document, and not all 0")

@@ -1,4 +1,5 @@
-"""The exact risk decomposition R = O_H + E_H * C_H and two-action contrasts (SPEC.md section 4).
+"""The exact risk decomposition R = O_H + E_H * C_H and two-action contrasts
+(docs/method.md sections 4-5).
 
 Everything here works on samples: per-trajectory terms are averaged with optional
 weights (documents as units, strata weighted equally), and the identities hold

@@ -4,15 +4,17 @@ the records as DataFrames, and ``predict``/``plan`` on directories."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pandas as pd
 
-from kvdrift.analysis.plan import PlanResult, plan_study
+from kvdrift.analysis.plan import STEP_COLUMNS, PlanResult, needs_steps, plan_study
 from kvdrift.analysis.predict import PredictionResult, predict_study
 from kvdrift.analysis.results import StudyAnalysis
 from kvdrift.analysis.study import CONFIRMATORY_DRAWS, AnalysisOptions, analyze
+from kvdrift.run.completeness import completeness
+from kvdrift.run.lock import StoreLock
 from kvdrift.run.store import RunStore
 
 
@@ -26,7 +28,7 @@ def saved_options(config: dict, bootstrap: int | None = None,
 
 
 def analyze_directory(path: str | Path, bootstrap: int | None = None,
-                      alpha: float | None = None) -> StudyAnalysis:
+                      alpha: float | None = None, wait: bool = False) -> StudyAnalysis:
     """Analyse the records of a run or study directory.
 
     Parameters
@@ -35,19 +37,38 @@ def analyze_directory(path: str | Path, bootstrap: int | None = None,
         A directory written by ``kvdrift run`` or ``kvdrift study``.
     bootstrap, alpha : optional
         Override the bootstrap draws and the interval level saved with the study.
+    wait : bool
+        Wait for a run that is writing the directory to finish first.
 
     Returns
     -------
     StudyAnalysis
-        Its meta holds the run's config, package versions and temperature.
+        Its meta holds the run's config, package versions and temperature. A partial store
+        (being written, or units missing) adds a note naming the missing units, and
+        ``meta.run["partial"]`` with the writer's PID and the missing units.
     """
     store = RunStore(Path(path))
+    if wait:
+        StoreLock(store.root).wait()
     meta = store.metadata
     config = meta["config"]
-    return analyze(store.read("steps").to_pandas(), store.read("replicates").to_pandas(),
-                   saved_options(config, bootstrap, alpha),
-                   meta={"config": config, "versions": meta["versions"],
-                         "temperature": config.get("temperature")})
+    replicates = store.read("replicates").to_pandas()
+    state = completeness(store.root, config, zip(replicates["model"], replicates["doc_id"],
+                                                 replicates["action"], strict=True))
+    run = {"config": config, "versions": meta["versions"],
+           "temperature": config.get("temperature")}
+    if state.partial:
+        run["partial"] = {"writer": state.writer, "missing": list(state.missing)}
+    steps = store.read("steps").to_pandas()
+    if state.writer is not None:  # units finished after the replicates were read: not yet
+        unit = ["model", "doc_id", "action"]
+        steps = steps[pd.MultiIndex.from_frame(steps[unit]).isin(
+            pd.MultiIndex.from_frame(replicates[unit]))]
+    analysis = analyze(steps, replicates, saved_options(config, bootstrap, alpha), meta=run)
+    note = state.note(store.root)
+    if note is None:
+        return analysis
+    return replace(analysis, meta=replace(analysis.meta, notes=(note, *analysis.meta.notes)))
 
 
 @dataclass(frozen=True)
@@ -105,7 +126,10 @@ def predict_directories(dev: str | Path, evaluation: str | Path, contrast: str, 
 
 
 def plan_directory(dev: str | Path, target: str, halfwidth: float,
-                   alpha: float = 0.05) -> PlanResult:
-    """:func:`~kvdrift.analysis.plan.plan_study` on a development directory's records."""
-    return plan_study(RunStore(Path(dev)).read("replicates").to_pandas(), target, halfwidth,
-                      alpha)
+                   alpha: float = 0.05, endpoints: int = 1) -> PlanResult:
+    """:func:`~kvdrift.analysis.plan.plan_study` on a development directory's records (its
+    step records too when the target is ``S99``)."""
+    store = RunStore(Path(dev))
+    steps = store.read("steps", STEP_COLUMNS).to_pandas() if needs_steps(target) else None
+    return plan_study(store.read("replicates").to_pandas(), target, halfwidth, alpha,
+                      endpoints, steps)

@@ -1,4 +1,4 @@
-"""The EOS split of ``R - F`` as paired contrasts between actions (SPEC.md section 9).
+"""The EOS split of ``R - F`` as paired contrasts between actions (docs/method.md section 8).
 
 With ``e = min(e_X, e_Y)`` and ``e' = max(e_X, e_Y)`` (first EOS positions of the two
 branches), positions fall into ``S_0 = {t < e}`` (pre-EOS), ``S_1 = {t = e}`` (first EOS),

@@ -1,4 +1,4 @@
-"""The branch-aligned lag profile and its early/late windows (SPEC.md section 7).
+"""The branch-aligned lag profile and its early/late windows (docs/method.md section 8).
 
 ``b_j = E[delta_{tau+j} | tau <= max_entry]``: how far apart the two branches' next-token
 distributions are ``j`` steps after the first divergence. ``B(a) = mean(late) - mean(early)``

@@ -11,6 +11,12 @@ A study costs ``S n (c_doc + K c_rep)`` seconds (``c_doc``: prefill and eviction
 document, ``c_rep``: one replicate, both measured by the runner); the plan is the
 cheapest ``(n, K)`` whose expected half-width ``z sqrt(variance)`` meets the target.
 
+Targets are document-level means of one value per replicate (docs/method.md, section 9),
+including the saturation ``S99``: per replicate ``(1/H) sum_t 1{delta_t > 0.99}``, read from
+the step records (its replicate mean estimates the document's ``S_.99``, so the same
+components apply). With ``endpoints = k`` the target is one of ``k`` prespecified endpoints
+and its interval is Bonferroni-adjusted as the study's are: ``z`` at ``1 - alpha / (2k)``.
+
 Rollouts against SWRB: a development run measures one estimator. The other is costed by
 its kernel-pair evaluations per replicate (SWRB: the H-step scan plus a continuation of
 ``H - J`` steps, ``J`` distributed like the first mismatch given divergence; rollouts: H),
@@ -31,14 +37,18 @@ from statistics import NormalDist
 import numpy as np
 import pandas as pd
 
+from kvdrift import checks
 from kvdrift.analysis.endpoints import parse_endpoint
-from kvdrift.analysis.features import single_value
+from kvdrift.analysis.features import SATURATION, single_value
 from kvdrift.divergence import diverged
 
 PLAN_STATS = {"R": ("risk",), "R_tv": ("risk_tv",), "O": ("occurrence",),
               "E": ("exposure",), "Pi": ("occupation",), "F": ("fixed_risk",),
-              "R_minus_F": ("risk_tv", "fixed_risk"), "p_diverge": ("divergence_mass",)}
-NEEDS_ROLLOUTS = ("F", "R_minus_F", "R_tv")  # SWRB follows no fixed-history path
+              "R_minus_F": ("risk_tv", "fixed_risk"), "p_diverge": ("divergence_mass",),
+              "S99": ("saturation",)}
+NEEDS_ROLLOUTS = ("F", "R_minus_F", "R_tv", "S99")  # SWRB records neither f_t nor branch delta_t
+STEP_STATS = ("S99",)  # per-replicate values computed from step records
+STEP_COLUMNS = ["model", "action", "doc_id", "replicate", "delta"]
 MIN_DOCUMENTS = 2  # per stratum: fewer carries no between-document variation
 MAX_REPLICATES = 4096
 
@@ -142,11 +152,18 @@ class PlanResult:
     alpha: float
     z: float
     models: tuple[ModelPlan, ...]
+    endpoints: int = 1  # Bonferroni: the interval is at 1 - alpha / endpoints
+
+    @property
+    def level(self) -> float:
+        """The target's interval level, ``1 - alpha / endpoints``."""
+        return 1 - self.alpha / self.endpoints
 
     def to_json(self) -> dict:
         """The structure ``kvdrift plan --json`` prints."""
         return {"target": self.target, "halfwidth": self.halfwidth, "alpha": self.alpha,
-                "z": self.z, "models": [m.to_json() for m in self.models]}
+                "endpoints": self.endpoints, "level": self.level, "z": self.z,
+                "models": [m.to_json() for m in self.models]}
 
     def to_frame(self) -> pd.DataFrame:
         """One row per model: variance, cost, current and recommended design, cheaper."""
@@ -202,9 +219,34 @@ def swrb_evaluations(horizon: int, tau: np.ndarray) -> float:
     return horizon + (float((horizon - entered).mean()) if entered.size else 0.0)
 
 
+def target_stats(target: str) -> tuple[str, ...]:
+    """The statistics a target reads (``R(a) - F(b)``: ``("R", "F")``)."""
+    e = parse_endpoint(target)
+    return (e.stat,) + ((e.minus[0],) if e.minus else ())
+
+
+def needs_steps(target: str) -> bool:
+    """Whether a target's per-replicate values come from the step records (``S99``)."""
+    return any(s in STEP_STATS for s in target_stats(target))
+
+
+def with_saturation(replicates: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """``replicates`` with a ``saturation`` column: per replicate, the fraction of positions
+    with ``delta_t > 0.99`` (``S99``'s value; steps: model, action, doc_id, replicate,
+    delta)."""
+    keys = ["model", "action", "doc_id", "replicate"]
+    flags = steps[keys].assign(saturation=(steps["delta"] > SATURATION).astype(float))
+    per_rep = flags.groupby(keys, sort=False, as_index=False)["saturation"].mean()
+    return replicates.drop(columns="saturation", errors="ignore").merge(per_rep, on=keys,
+                                                                        how="left")
+
+
 def _values(reps: pd.DataFrame, stat: str, action: str) -> pd.DataFrame:
     cols = PLAN_STATS[stat]
     sub = reps[reps["action"] == action]
+    if stat in STEP_STATS and cols[0] not in sub:
+        raise ValueError(f"{stat} is computed from the step records; pass them "
+                         "(plan_study(..., steps=...))")
     if "risk_tv" in cols and ("risk_tv" not in sub or sub["risk_tv"].isna().all()):
         raise ValueError(f"{stat} needs the replicates' rollout TV (risk_tv), which this "
                          "development run predates; run it again with this kvdrift")
@@ -231,10 +273,19 @@ def _target_values(reps: pd.DataFrame, target: str, actions: list[str]):
 
 
 def plan_study(replicates: pd.DataFrame, target: str, halfwidth_target: float,
-               alpha: float = 0.05) -> PlanResult:
-    """Plans for each model of a development run's replicate records."""
-    if not 0 < alpha < 1:
-        raise ValueError(f"alpha must be within (0, 1); got {alpha}")
+               alpha: float = 0.05, endpoints: int = 1,
+               steps: pd.DataFrame | None = None) -> PlanResult:
+    """Plans for each model of a development run's replicate records.
+
+    ``endpoints``: how many prespecified endpoints share ``alpha`` (Bonferroni, the target's
+    interval at ``1 - alpha / endpoints``); ``steps``: the step records (columns
+    :data:`STEP_COLUMNS`), needed for ``S99`` targets.
+    """
+    checks.alpha(alpha)
+    checks.integer(endpoints, "endpoints", 1, rule="an integer >= 1 (the number of "
+                   "prespecified endpoints sharing alpha)")
+    if steps is not None and needs_steps(target):
+        replicates = with_saturation(replicates, steps)
     if not (math.isfinite(halfwidth_target) and halfwidth_target > 0):
         raise ValueError("the target half-width must be a finite number > 0; got "
                          f"{halfwidth_target}")
@@ -242,17 +293,17 @@ def plan_study(replicates: pd.DataFrame, target: str, halfwidth_target: float,
     if missing:
         raise ValueError("the development run has no wall-time records (it predates them); "
                          "run it again with this kvdrift to measure the cost per replicate")
-    z = NormalDist().inv_cdf(1 - alpha / 2)
+    z = NormalDist().inv_cdf(1 - alpha / (2 * endpoints))
     models = []
     for model, reps in replicates.groupby("model", sort=False):
         actions = list(dict.fromkeys(reps["action"]))
         measured = str(single_value(reps, "estimator"))
         e, values = _target_values(reps, target, actions)
-        needs_rollouts = any(s in NEEDS_ROLLOUTS for s in (e.stat, *(e.minus or ())))
+        needs_rollouts = any(s in NEEDS_ROLLOUTS for s in target_stats(target))
         if measured == "swrb" and needs_rollouts:
-            raise ValueError(f"target {e.text!r} needs complete rollouts (fixed-history risk F "
-                             "or rollout TV), which SWRB runs do not measure; plan it from a "
-                             "rollout development run")
+            raise ValueError(f"target {e.text!r} needs complete rollouts (fixed-history risk F, "
+                             "rollout TV or S99), which SWRB runs do not measure; plan it from "
+                             "a rollout development run")
         strata = reps.drop_duplicates("doc_id").set_index("doc_id")["stratum"]
         v = variance_components(values.to_numpy(), strata.loc[values.index].to_numpy())
         units = reps[reps["action"].isin(e.actions)]
@@ -275,8 +326,8 @@ def plan_study(replicates: pd.DataFrame, target: str, halfwidth_target: float,
             notes.append(f"K reached the search limit {MAX_REPLICATES}")
         if needs_rollouts:  # measured by rollouts (SWRB runs were refused above)
             comparison = EstimatorComparison(
-                "rollout", None, reason="SWRB does not estimate fixed-history risk F or "
-                                        "rollout TV")
+                "rollout", None, reason="SWRB does not estimate fixed-history risk F, "
+                                        "rollout TV or S99")
         else:
             comparison = _compare(v, halfwidth_target, setup, per_rep, z, measured, evals,
                                   other_evals)
@@ -285,7 +336,7 @@ def plan_study(replicates: pd.DataFrame, target: str, halfwidth_target: float,
             CurrentDesign(v.documents / v.strata, v.replicates,
                           halfwidth(v, v.documents / v.strata, v.replicates, z)),
             tuple(notes), comparison))
-    return PlanResult(target, halfwidth_target, alpha, z, tuple(models))
+    return PlanResult(target, halfwidth_target, alpha, z, tuple(models), endpoints)
 
 
 def _compare(v: VarianceComponents, target: float, setup: float, per_rep: float, z: float,

@@ -20,7 +20,11 @@ Each action's prediction is clipped to [0, 1] before the contrast. The selected 
 refitted on all development documents, predicts the evaluation documents; the error
 ``e = Delta R - predicted Delta R`` (strata weighted equally) gets a document-bootstrap
 interval at level ``1 - alpha/k`` (k = models x observation types), an equivalence
-decision against a margin, and document-level MAE and RMSE. The supporting contrasts (the
+decision against a margin, and the MAE and RMSE of the documents' errors, weighted as the
+error estimate is (strata equally, documents equally within a stratum; ``mae``, ``rmse``)
+and, beside them, with every document weighted equally (``mae_documents``,
+``rmse_documents``; the two agree when strata have equal numbers of documents). The
+supporting contrasts (the
 full-horizon gap, the observed gap and their difference) are descriptive: pointwise
 intervals at ``1 - alpha`` (the paper's Table 4: 95%).
 """
@@ -34,6 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from kvdrift import checks
 from kvdrift.analysis.bootstrap import (
     percentile_interval,
     stratified_counts,
@@ -49,7 +54,6 @@ from kvdrift.analysis.ridge import fit_ridge
 PREDICTORS = ("cell_mean", "flat", "ridge")
 FOLDS = 6
 RIDGE_ALPHA = 10.0
-DECISIONS = ("Equivalent", "Not equivalent", "Unresolved")
 TARGETS = {"tv": "R_tv", "tokens": "R"}
 """``--target``: the observation column each reads (rollout TV, the default, or mismatch)."""
 
@@ -89,15 +93,18 @@ class ObservationResult:
     cv_mse: Mapping[str, float]
     error: Interval
     decision: str
-    mae: float
+    mae: float  # strata weighted equally, as the error estimate
     rmse: float
     supporting: Mapping[str, Interval]
+    mae_documents: float = float("nan")  # every document weighted equally
+    rmse_documents: float = float("nan")
 
     def to_json(self) -> dict:
         return {"observation": self.observation, "label": self.label,
                 "selected": self.selected, "cv_mse": dict(self.cv_mse),
                 "error": _with_level(self.error), "decision": self.decision, "mae": self.mae,
-                "rmse": self.rmse,
+                "rmse": self.rmse, "mae_documents": self.mae_documents,
+                "rmse_documents": self.rmse_documents,
                 "supporting": {k: _with_level(v) for k, v in self.supporting.items()}}
 
 
@@ -144,7 +151,8 @@ class PredictionResult:
 
     def to_frame(self) -> pd.DataFrame:
         """One row per model x observation type: ``model``, ``observation``, ``selected``,
-        ``error`` with ``error_lo``/``error_hi``, ``decision``, ``mae``, ``rmse``, then the
+        ``error`` with ``error_lo``/``error_hi``, ``decision``, ``mae``, ``rmse`` (strata
+        weighted equally), ``mae_documents``, ``rmse_documents`` (documents equally), then the
         supporting contrasts with ``_lo``/``_hi``."""
         rows = []
         for m in self.models:
@@ -152,7 +160,9 @@ class PredictionResult:
                 rows.append({"model": m.model, "observation": o.observation,
                              "selected": o.selected}
                             | interval_columns({"error": o.error})
-                            | {"decision": o.decision, "mae": o.mae, "rmse": o.rmse}
+                            | {"decision": o.decision, "mae": o.mae, "rmse": o.rmse,
+                               "mae_documents": o.mae_documents,
+                               "rmse_documents": o.rmse_documents}
                             | interval_columns(o.supporting))
         return pd.DataFrame(rows)
 
@@ -289,9 +299,12 @@ def evaluate(dev: pd.DataFrame, ev: pd.DataFrame, obs: Observation, c: ActionCon
     err = _intervals({"error": error}, docs, alpha, draws, seed)["error"]
     stats = _intervals({"full_horizon_gap": actual, gap: observed, minus: actual - observed},
                        docs, alpha if support_alpha is None else support_alpha, draws, seed)
+    weights = stratum_weights(docs["stratum"].reset_index(drop=True))
+    e = error.loc[docs.index].to_numpy(float)
     return ObservationResult(
         obs.name, obs.label, chosen, mse, err, equivalence(err.lo, err.hi, margin),
-        float(error.abs().mean()), float(np.sqrt((error ** 2).mean())), stats)
+        float(weights @ np.abs(e)), float(np.sqrt(weights @ e ** 2)), stats,
+        float(np.abs(e).mean()), float(np.sqrt((e ** 2).mean())))
 
 
 def _check_cohorts(dev: pd.DataFrame, ev: pd.DataFrame, c: ActionContrast, folds: int) -> None:
@@ -353,8 +366,7 @@ def predict_study(
         raise ValueError(f"the cohorts were sampled at different temperatures: development "
                          f"{temperatures[0]:g}, evaluation {temperatures[1]:g}; run both at "
                          "one temperature")
-    if not 0 < alpha < 1:
-        raise ValueError(f"alpha must be within (0, 1); got {alpha}")
+    checks.alpha(alpha)
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r}; allowed: {', '.join(TARGETS)}")
     dev = _complete(document_observations(*dev_records, window))

@@ -1,4 +1,4 @@
-"""Teacher-forced and speculative readings of the coupling, per action (SPEC.md section 10).
+"""Teacher-forced and speculative readings of the coupling, per action (docs/method.md section 10).
 
 Per document (replicate means, like every feature of :mod:`kvdrift.analysis.features`), over
 the generation a speculative decoder would produce, positions ``t <= N = min(e_X, H)``:
@@ -39,7 +39,6 @@ from kvdrift.analysis.speculative import (
 
 TEACHER_FORCED = ("kl", "top1", "dp", "ppl_ratio")
 FORCED_FEATURES = ("tf_kl", "tf_top1", "tf_dp", "tf_logratio")
-SPECULATIVE_FEATURES = ("spec_rejections", "spec_rounds", "spec_first_round")
 
 NOT_ROLLOUT = ("the teacher-forced and speculative readings need complete rollouts (SWRB does "
                "not follow the reference path X from the start); they are absent")

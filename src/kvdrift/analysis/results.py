@@ -98,7 +98,8 @@ class Bound:
 
 @dataclass(frozen=True)
 class EosSplit:
-    """One action's ``R``, ``F`` and ``G_r = (R - F)_r`` per EOS category (SPEC.md section 9)."""
+    """One action's ``R``, ``F`` and ``G_r = (R - F)_r`` per EOS category (docs/method.md
+    section 8)."""
 
     categories: tuple[str, ...]
     R: tuple[float, ...]
@@ -164,8 +165,8 @@ class ActionResult:
     @classmethod
     def from_json(cls, data: Mapping, level: float) -> ActionResult:
         split = data.get("eos_split")
-        memory = {k: float("nan") if data.get(k) is None else float(data[k])
-                  for k in ("kv_bytes", "kv_fraction")}  # absent before issue 22
+        memory = {k: float("nan") if data[k] is None else float(data[k])
+                  for k in ("kv_bytes", "kv_fraction")}
         return cls(str(data["model"]), str(data["action"]), int(data["documents"]),
                    _intervals_from_json(data["scalars"], data["scalars"], level),
                    {k: Curve.from_json(v, level) for k, v in (data.get("curves") or {}).items()},

@@ -1,4 +1,4 @@
-"""Self-speculative decoding read off the coupling (SPEC.md section 10).
+"""Self-speculative decoding read off the coupling (docs/method.md section 10).
 
 Target P (full cache), drafter Q (the action's cache, computing its own entries for the
 accepted tokens), Leviathan et al. 2023, Algorithm 1 (https://arxiv.org/abs/2211.17192): a

@@ -15,32 +15,24 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from kvdrift import checks
 from kvdrift.analysis.agreement import cohort_support, local_agreement_result
 from kvdrift.analysis.bootstrap import stratified_counts, stratum_weights, weighted_means
-from kvdrift.analysis.bounds import (
-    Interval,
-    certified_order,
-    hoeffding_enclosure,
-    sharp_interval,
-)
+from kvdrift.analysis.bounds import certified_order, hoeffding_enclosure, sharp_interval
 from kvdrift.analysis.clocks import two_clock_entries
 from kvdrift.analysis.endpoints import Endpoint, parse_endpoint
 from kvdrift.analysis.eos import eos_contrast_entries, eos_split_entry
 from kvdrift.analysis.features import DocFeatures, action_features, single_value
+from kvdrift.analysis.interval import Interval
 from kvdrift.analysis.lags import LagWindows
 from kvdrift.analysis.memory import memory_means
 from kvdrift.analysis.quantities import (
-    CONTRAST_TERMS,
-    SCALARS,
     action_pairs,
     action_scalars,
-    block_gap,
     contrast_result,
-    contrast_terms,
     curve,
     derive,
     interval,
-    position_blocks,
 )
 from kvdrift.analysis.readings import reading_entries, reading_notes
 from kvdrift.analysis.results import (
@@ -54,10 +46,7 @@ from kvdrift.analysis.results import (
 from kvdrift.analysis.strata import stratum_derived, stratum_results
 from kvdrift.analysis.task import SWRB_REASON, task_outcomes
 
-# Moved to kvdrift.analysis.quantities; re-exported for callers that import them from here.
-__all__ = ["CONFIRMATORY_DRAWS", "CONTRAST_TERMS", "EXPLORATORY_DRAWS", "SCALARS",
-           "AnalysisOptions", "analyze", "block_gap",
-           "contrast_terms", "derive", "position_blocks"]
+__all__ = ["CONFIRMATORY_DRAWS", "EXPLORATORY_DRAWS", "AnalysisOptions", "analyze"]
 
 
 EXPLORATORY_DRAWS = 2000
@@ -86,8 +75,7 @@ class AnalysisOptions:
         if isinstance(self.bootstrap, bool) or not isinstance(self.bootstrap, int) \
                 or self.bootstrap < 1:
             raise ValueError(f"bootstrap draws must be an integer >= 1; got {self.bootstrap!r}")
-        if not 0 < self.alpha < 1:
-            raise ValueError(f"alpha must be within (0, 1); got {self.alpha}")
+        checks.alpha(self.alpha)
         for text in self.endpoints:
             parse_endpoint(text)
 

@@ -1,4 +1,4 @@
-"""Task outcomes under the coupling (SPEC.md section 10): accuracy under P and Q, the paired
+"""Task outcomes under the coupling (docs/method.md section 8): accuracy under P and Q, the paired
 difference, flips, the variance gain of coupling, and accuracy by divergence time.
 
 Each replicate of a scored document carries ``score_x`` (X, sampled from P) and ``score_y``

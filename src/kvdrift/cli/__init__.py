@@ -9,6 +9,7 @@ import typer
 
 from kvdrift.cli.calibration import plan, predict
 from kvdrift.cli.finite_state import finite_state
+from kvdrift.cli.frontier import frontier
 from kvdrift.cli.reports import report
 from kvdrift.cli.runs import run, study
 
@@ -36,6 +37,7 @@ app.command("report")(report)
 app.command("study")(study)
 app.command("predict")(predict)
 app.command("plan")(plan)
+app.command("frontier")(frontier)
 
 
 def main() -> None:

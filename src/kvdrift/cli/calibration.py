@@ -8,6 +8,7 @@ import typer
 from rich.markup import escape
 
 from kvdrift.cli.common import console, say, strict_json, user_errors
+from kvdrift.text import printable
 
 
 @user_errors
@@ -37,7 +38,7 @@ def predict(
         result = predict_directories(
             dev_dir, eval_dir, contrast, window=window, margin=margin, alpha=alpha,
             draws=bootstrap, seed=seed, target=target,
-            on_cell=lambda m, o: status.update(escape(f"{m} · {o}")))
+            on_cell=lambda m, o: status.update(escape(printable(f"{m} · {o}"))))
     if report_path is not None:
         from kvdrift.report.paper import write_prediction_report
 
@@ -55,9 +56,13 @@ def predict(
 @user_errors
 def plan(
     dev_dir: Path = typer.Argument(..., metavar="DEV_DIR", help="Development run or study."),
-    target: str = typer.Option(..., help="Quantity or contrast, e.g. 'R(a) - R(b)'."),
+    target: str = typer.Option(..., help="Quantity or contrast, e.g. 'R(a) - R(b)' or "
+                               "'S99(a)'."),
     halfwidth: float = typer.Option(..., help="Target interval half-width (0.01 = 1 pp)."),
-    alpha: float = typer.Option(0.05, help="Interval level alpha."),
+    alpha: float = typer.Option(0.05, help="Interval level alpha (family alpha with "
+                                "--endpoints)."),
+    endpoints: int = typer.Option(1, help="Prespecified endpoints sharing alpha: the "
+                                  "interval is at 1 - alpha/k (Bonferroni)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Recommend documents per stratum and K for a target half-width, from a development
@@ -65,7 +70,7 @@ def plan(
     from kvdrift.analysis.directory import plan_directory
     from kvdrift.report.terminal import plan_table, print_whole
 
-    result = plan_directory(dev_dir, target, halfwidth, alpha)
+    result = plan_directory(dev_dir, target, halfwidth, alpha, endpoints)
     if as_json:
         print(strict_json(result.to_json()))
         return

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from kvdrift.run import UnitFailed
+from kvdrift.text import printable
 
 console = Console()
 err_console = Console(stderr=True)
@@ -32,7 +33,8 @@ def user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
     full disk) or a unit whose workers kept dying into one clear line and exit code 2.
 
     The message is printed literally (user text such as ``[study]`` or a document id is never
-    read as console markup). Set ``KVDRIFT_DEBUG=1`` to see the traceback instead.
+    read as console markup) with control characters escaped (:func:`kvdrift.text.printable`).
+    Set ``KVDRIFT_DEBUG=1`` to see the traceback instead.
     """
 
     @functools.wraps(func)
@@ -45,7 +47,7 @@ def user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
             message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
             if isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError):
                 message = _os_error_line(exc)
-            err_console.print(f"[bold red]error:[/] {escape(str(message))}", highlight=False,
+            err_console.print(f"[bold red]error:[/] {escape(printable(message))}", highlight=False,
                               markup=True, soft_wrap=True)
             raise typer.Exit(2) from None
 
@@ -60,8 +62,9 @@ def strict_json(obj: Any) -> str:
 
 
 def say(text: str) -> None:
-    """Print a line of plain text (user text inside it is never read as markup)."""
-    console.print(text, markup=False, highlight=False, soft_wrap=True)
+    """Print a line of plain text (user text inside it is never read as markup, and its
+    control characters are escaped)."""
+    console.print(printable(text), markup=False, highlight=False, soft_wrap=True)
 
 
 def progress_bar():
@@ -81,12 +84,13 @@ def progress_bar():
 
 
 def notice(message: str) -> None:
-    err_console.print(f"[yellow]note:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    err_console.print(f"[yellow]note:[/] {escape(printable(message))}", highlight=False,
+                      soft_wrap=True)
 
 
 def interrupted(store_dir: Path) -> typer.Exit:
     err_console.print(f"[yellow]interrupted:[/] finished units are saved in "
-                      f"{escape(str(store_dir))}; run the same command again to resume.")
+                      f"{escape(printable(store_dir))}; run the same command again to resume.")
     return typer.Exit(130)
 
 

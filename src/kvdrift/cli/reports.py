@@ -5,30 +5,39 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 
-from kvdrift.cli.common import console, say, user_errors
+from kvdrift.cli.common import console, notice, say, user_errors
+from kvdrift.text import printable
 
 
 def write_report(store_dir: Path, out: Path | None, bootstrap: int | None = None,
-                 alpha: float | None = None):
-    """Analyse a store with its saved analysis options (``bootstrap``/``alpha`` override)."""
+                 alpha: float | None = None, wait: bool = False):
+    """Analyse a store with its saved analysis options (``bootstrap``/``alpha`` override);
+    a partial store (being written, or units missing) is said on stderr."""
     from kvdrift.analysis.directory import analyze_directory
     from kvdrift.report import write_report as write
 
-    with console.status("analysing (bootstrap over documents)"):
-        analysis = analyze_directory(store_dir, bootstrap, alpha)
+    if wait:
+        with console.status(f"waiting for the run writing {escape(printable(store_dir))}"):
+            analysis = analyze_directory(store_dir, bootstrap, alpha, wait=True)
+    else:
+        with console.status("analysing (bootstrap over documents)"):
+            analysis = analyze_directory(store_dir, bootstrap, alpha)
+    if "partial" in analysis.meta.run:
+        notice(analysis.meta.notes[0])
     with console.status("writing the report"):
         path = write(analysis, out or store_dir / "report")
     return analysis, path
 
 
 def write_and_summarize(store_dir: Path, out: Path | None, bootstrap: int | None = None,
-                        alpha: float | None = None) -> Path:
+                        alpha: float | None = None, wait: bool = False) -> Path:
     """Write the report, then print the summary table and where the report is."""
     from kvdrift.report import summary_table
     from kvdrift.report.terminal import print_whole
 
-    analysis, path = write_report(store_dir, out, bootstrap, alpha)
+    analysis, path = write_report(store_dir, out, bootstrap, alpha, wait)
     print_whole(console, summary_table(analysis))
     say(f"report: {path}")
     return path
@@ -37,14 +46,19 @@ def write_and_summarize(store_dir: Path, out: Path | None, bootstrap: int | None
 @user_errors
 def report(
     directory: Path = typer.Argument(..., help="A run or study directory."),
-    out: Path | None = typer.Option(None, help="Report directory (default: DIR/report)."),
+    out: str | None = typer.Option(None, help="Report directory (default: DIR/report)."),
     bootstrap: int | None = typer.Option(None, help="Bootstrap draws (default: the study's)."),
     alpha: float | None = typer.Option(None, help="Interval level alpha (default: the study's)."),
     as_json: bool = typer.Option(False, "--json", help="Also print every number as JSON."),
+    wait: bool = typer.Option(False, "--wait", help="If a run is writing DIR, wait for it to "
+                              "finish (else the report is partial, and says so)."),
 ) -> None:
     """Analyse a run or study directory and write an HTML report with figures."""
+    from kvdrift.run.outdir import check_writable_path
+
+    out = None if out is None else check_writable_path(out)
     if as_json:
-        _, path = write_report(directory, out, bootstrap, alpha)
+        _, path = write_report(directory, out, bootstrap, alpha, wait)
         print((path.parent / "analysis.json").read_text())
         return
-    write_and_summarize(directory, out, bootstrap, alpha)
+    write_and_summarize(directory, out, bootstrap, alpha, wait)

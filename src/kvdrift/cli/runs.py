@@ -18,6 +18,7 @@ from kvdrift.cli.common import (
     strict_json,
     user_errors,
 )
+from kvdrift.text import printable
 
 RECOMPUTE_HELP = "Recompute finished units stored under other settings instead of refusing them."
 DOWNLOAD_HELP = "Download a hub id that is not in the local Hugging Face cache."
@@ -30,11 +31,14 @@ def _workers_label(n: int) -> str:
 
 def _unit_label(*parts: str) -> str:
     """A progress description naming a unit, printed literally (ids are user text)."""
-    return escape(" · ".join(parts))
+    return escape(printable(" · ".join(parts)))
 
 
-def run_with_progress(config, out: Path, recompute: bool, allow_download: bool) -> None:
-    """Run every unit of a study into ``out`` with a progress bar; Ctrl-C keeps finished units."""
+def run_with_progress(config, out: Path, recompute: bool, allow_download: bool,
+                      models: dict | None = None) -> None:
+    """Run every unit of a study into ``out`` with a progress bar; Ctrl-C keeps finished units.
+
+    ``models`` keeps loaded models by name across calls (the frontier runs several stages)."""
     from kvdrift.lm.loading import check_model_name
     from kvdrift.study import fixed_documents, run_study
 
@@ -50,7 +54,7 @@ def run_with_progress(config, out: Path, recompute: bool, allow_download: bool) 
                 progress.update(task, description=shown["workers"] + shown["unit"])
 
             def on_model(name, units):
-                shown["unit"] = escape(name)
+                shown["unit"] = escape(printable(name))
                 progress.reset(task, total=units, description=shown["workers"] + shown["unit"])
 
             def on_unit(key, skipped):
@@ -66,15 +70,31 @@ def run_with_progress(config, out: Path, recompute: bool, allow_download: bool) 
             def load(name):
                 from kvdrift.lm.model import load_model
 
-                progress.update(task, description=f"loading {escape(name)}")
-                return load_model(name, config.device, config.dtype,
-                                  allow_download=allow_download)
+                if models is not None and name in models:
+                    return models[name]
+                progress.update(task, description=f"loading {escape(printable(name))}")
+                model = load_model(name, config.device, config.dtype,
+                                   allow_download=allow_download)
+                if models is not None:
+                    models[name] = model
+                return model
 
             run_study(config, out, load=load, on_unit=on_unit, on_model=on_model,
                       on_workers=on_workers, recompute=recompute,
                       allow_download=allow_download, notice=notice, fixed=fixed)
     except KeyboardInterrupt:
         raise interrupted(out) from None
+
+
+def _run_name(out: Path) -> str:
+    """The study name of ``kvdrift run``: its folder's name where that is a valid study name,
+    else "run" (the name is a label only; resuming never compares it)."""
+    from kvdrift.study_config import check_study_name
+
+    try:
+        return check_study_name(out.resolve().name)
+    except ValueError:
+        return "run"
 
 
 def _depths(text: str) -> tuple[int, ...]:
@@ -101,7 +121,8 @@ def run(
     seed: int = typer.Option(0, help="Seed of the run (each document derives its own)."),
     batch: int = typer.Option(0, help="Most replicates per forward batch (0 = all); lower it "
                               "when long prompts do not fit in memory."),
-    out: Path = typer.Option(Path("runs/run"), help="Output directory (resumable)."),
+    out: str = typer.Option("runs/run", help="Output directory (resumable): new, empty, or a "
+                            "kvdrift run to resume."),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
     dtype: str = typer.Option("float32", help="float32, bfloat16 or float16."),
     chat_template: bool = typer.Option(True, help="Wrap prompts in the model's chat template."),
@@ -120,6 +141,9 @@ def run(
         print(actions_help())
         return
     check_model_name(model, allow_download)  # at once: before torch and kvpress are imported
+    from kvdrift.run.outdir import check_output_dir
+
+    out = check_output_dir(out)
     from kvdrift.analysis.directory import load_records
     from kvdrift.analysis.summary import summarize
     from kvdrift.lm.actions import split_actions
@@ -131,7 +155,7 @@ def run(
         model, split_actions(actions), docs, replicates=replicates, horizon=horizon,
         temperature=temperature, estimator=estimator, depths=_depths(depths), seed=seed,
         batch=batch, device=device, dtype=dtype, chat_template=chat_template,
-        name=out.name or "run")
+        name=_run_name(out))
     config = replace(config, executor=config.executor.overridden(executor, ray_address))
     if config.executor.kind == "local":  # Ray workers check the device where the model goes
         resolve_device(device)
@@ -148,7 +172,8 @@ def run(
 @user_errors
 def study(
     config_path: Path = typer.Argument(..., metavar="CONFIG.toml", help="Study configuration."),
-    out: Path | None = typer.Option(None, help="Study directory (default: runs/<name>)."),
+    out: str | None = typer.Option(None, help="Study directory (default: runs/<name>): new, "
+                                   "empty, or a kvdrift study to resume."),
     report_after: bool = typer.Option(True, "--report/--no-report",
                                       help="Write the report when the runs finish."),
     executor: str | None = typer.Option(None, help="local or ray (default: the config's "
@@ -163,7 +188,9 @@ def study(
 
     config = load_study(config_path)
     config = replace(config, executor=config.executor.overridden(executor, ray_address))
-    out = out or Path("runs") / config.name
+    from kvdrift.run.outdir import check_output_dir
+
+    out = check_output_dir(Path("runs") / config.name if out is None else out)
     run_with_progress(config, out, recompute, allow_download)
     if not report_after:
         say(f"records: {out}")

@@ -1,7 +1,7 @@
 """Document sources: the built-in RULER-style generator, JSONL files, Hugging Face datasets
 (and :mod:`kvdrift.data.sources`, the typed sources a study config is parsed into)."""
 
-from kvdrift.data.document import Document
+from kvdrift.data.document import Document, DocumentError
 from kvdrift.data.loaders import load_hf_dataset, load_jsonl, write_jsonl
 from kvdrift.data.ruler import (
     MIN_TARGET_TOKENS,
@@ -25,6 +25,7 @@ __all__ = [
     "NEEDLE_TYPES",
     "RULER_FAMILIES",
     "Document",
+    "DocumentError",
     "DocumentSource",
     "Fit",
     "HFSource",

@@ -6,6 +6,47 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+class DocumentError(ValueError):
+    """A document (or a line of a documents file) that cannot be measured or scored."""
+
+
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _is_answer(value: Any) -> bool:
+    return isinstance(value, str) and bool(value.strip())
+
+
+def answer_problem(answer: Any, meta: dict[str, Any]) -> str | None:
+    """What is wrong with a document's expected answers and metric, or None.
+
+    An empty answer would be found in every output (every output scored correct), so
+    answers must be strings with visible text; ``meta["answers"]`` must be a non-empty list
+    of them; a ``metric`` must name a known metric and needs answers to score against.
+    """
+    from kvdrift.data.scoring import METRICS  # scoring imports this module
+
+    if answer is not None and not _is_answer(answer):
+        return f"key 'answer' must be a non-empty string or null; got {answer!r:.80}"
+    answers = meta.get("answers")
+    if answers is not None and (not isinstance(answers, list | tuple) or not answers
+                                or not all(_is_answer(a) for a in answers)):
+        return f"key 'answers' must be a non-empty list of non-empty strings; got {answers!r:.80}"
+    metric = meta.get("metric")
+    if metric is not None:
+        if not isinstance(metric, str) or metric not in METRICS:
+            return f"unknown metric {metric!r:.80}; allowed: {', '.join(METRICS)}"
+        if answer is None and answers is None:
+            return (f"metric {metric!r} needs expected answers to score against; give 'answer' "
+                    "or 'answers', or leave out 'metric' for a free-form prompt")
+    return None
+
+
 @dataclass(frozen=True)
 class Document:
     """A prompt with a stable id, the stratum it is averaged in, and an optional expected answer.
@@ -40,9 +81,13 @@ class Document:
             raise ValueError(
                 f"document {self.id!r}: stratum must be a non-empty string; got {self.stratum!r}"
             )
-        if self.answer is not None and not isinstance(self.answer, str):
-            raise ValueError(
-                f"document {self.id!r}: answer must be a string or None; got {self.answer!r}"
-            )
+        for name in ("id", "prompt", "stratum", "answer"):
+            value = getattr(self, name)
+            if isinstance(value, str) and not _is_unicode(value):
+                raise DocumentError(f"document {self.id!r}: {name} holds half of a surrogate "
+                                    "pair (not a character); text must be valid Unicode")
         if not isinstance(self.meta, dict):
-            raise ValueError(f"document {self.id!r}: meta must be a dict; got {self.meta!r}")
+            raise DocumentError(f"document {self.id!r}: meta must be a dict; got {self.meta!r}")
+        problem = answer_problem(self.answer, self.meta)
+        if problem is not None:
+            raise DocumentError(f"document {self.id!r}: {problem}")

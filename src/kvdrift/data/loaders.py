@@ -16,8 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from kvdrift import checks
-from kvdrift.data.document import Document
-from kvdrift.data.scoring import METRICS
+from kvdrift.data.document import Document, DocumentError, answer_problem
 
 _KNOWN_KEYS = ("id", "prompt", "stratum", "answer", "meta")
 
@@ -25,32 +24,36 @@ _KNOWN_KEYS = ("id", "prompt", "stratum", "answer", "meta")
 def _document_from_record(record: Any, where: str) -> Document:
     """Validate one decoded JSONL object; ``where`` (``file:line``) prefixes every error."""
     if not isinstance(record, dict):
-        raise ValueError(f"{where}: expected a JSON object; got {type(record).__name__}")
+        raise DocumentError(f"{where}: expected a JSON object; got {type(record).__name__}")
     for key in ("id", "prompt"):
         if key not in record:
-            raise ValueError(f"{where}: missing key {key!r}")
+            raise DocumentError(f"{where}: missing key {key!r}")
     doc_id = record["id"]
     if isinstance(doc_id, bool) or not isinstance(doc_id, str | int) or doc_id == "":
-        raise ValueError(f"{where}: key 'id' must be a non-empty string or integer; got {doc_id!r}")
+        raise DocumentError(f"{where}: key 'id' must be a non-empty string or integer; "
+                            f"got {doc_id!r:.80}")
     prompt = record["prompt"]
     if not isinstance(prompt, str) or not prompt.strip():
-        raise ValueError(f"{where}: key 'prompt' must be a non-empty string; got {prompt!r:.80}")
+        raise DocumentError(f"{where}: key 'prompt' must be a non-empty string; "
+                            f"got {prompt!r:.80}")
     stratum = record.get("stratum", "default")
     if not isinstance(stratum, str) or not stratum:
-        raise ValueError(f"{where}: key 'stratum' must be a non-empty string; got {stratum!r}")
+        raise DocumentError(f"{where}: key 'stratum' must be a non-empty string; "
+                            f"got {stratum!r:.80}")
     answer = record.get("answer")
-    if answer is not None and not isinstance(answer, str):
-        raise ValueError(f"{where}: key 'answer' must be a string or null; got {answer!r}")
     meta = record.get("meta", {})
     if not isinstance(meta, dict):
-        raise ValueError(f"{where}: key 'meta' must be an object; got {meta!r}")
+        raise DocumentError(f"{where}: key 'meta' must be an object; got {meta!r:.80}")
     extra = {k: v for k, v in record.items() if k not in _KNOWN_KEYS}
-    metric = extra.get("metric", meta.get("metric"))
-    if metric is not None and metric not in METRICS:
-        raise ValueError(f"{where}: unknown metric {metric!r}; allowed: {', '.join(METRICS)}")
-    return Document(
-        id=str(doc_id), prompt=prompt, stratum=stratum, answer=answer, meta={**extra, **meta}
-    )
+    for key in set(extra) & set(meta):
+        if extra[key] != meta[key]:
+            raise DocumentError(f"{where}: key {key!r} is given twice with different values "
+                                f"({extra[key]!r:.40} and meta's {meta[key]!r:.40}); give it once")
+    meta = {**extra, **meta}
+    problem = answer_problem(answer, meta)
+    if problem is not None:
+        raise DocumentError(f"{where}: {problem}")
+    return Document(id=str(doc_id), prompt=prompt, stratum=stratum, answer=answer, meta=meta)
 
 
 def load_jsonl(path: str | os.PathLike[str]) -> list[Document]:
@@ -62,25 +65,31 @@ def load_jsonl(path: str | os.PathLike[str]) -> list[Document]:
         for lineno, raw in enumerate(handle, start=1):
             where = f"{path}:{lineno}"
             try:
-                line = raw.decode("utf-8")
+                line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")  # a BOM is fine
             except UnicodeDecodeError as err:
-                raise ValueError(f"{where}: not UTF-8 text (byte {err.start + 1} of the line); "
+                raise DocumentError(f"{where}: not UTF-8 text (byte {err.start + 1} of the line); "
                                  "JSONL files must be UTF-8") from None
             if not line.strip():
                 continue
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as err:
-                raise ValueError(f"{where}: not valid JSON ({err.msg})") from None
+                raise DocumentError(f"{where}: not valid JSON ({err.msg})") from None
+            try:
+                json.dumps(record, ensure_ascii=False).encode("utf-8")
+            except UnicodeEncodeError as err:
+                bad = err.object[err.start:err.end]
+                raise DocumentError(f"{where}: holds {bad!r}, half of a surrogate pair (not a "
+                                    "character); JSONL text must be valid Unicode") from None
             doc = _document_from_record(record, where)
             if doc.id in first_line:
-                raise ValueError(
+                raise DocumentError(
                     f"{where}: duplicate id {doc.id!r} (first on line {first_line[doc.id]})"
                 )
             first_line[doc.id] = lineno
             docs.append(doc)
     if not docs:
-        raise ValueError(f"no documents in {path}")
+        raise DocumentError(f"no documents in {path}")
     return docs
 
 

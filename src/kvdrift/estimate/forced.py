@@ -1,4 +1,4 @@
-"""Teacher-forced numbers along the reference path X (SPEC.md section 10).
+"""Teacher-forced numbers along the reference path X (docs/method.md section 10).
 
 At each position t the rollouts already compute P's next-token distribution on ``X_<t`` and
 Q's on ``X_<t`` (before divergence Q along Y, after it Q forced along X). From the two

@@ -1,4 +1,4 @@
-"""Complete coupled rollouts: the naive estimator (SPEC.md section 6).
+"""Complete coupled rollouts: the naive estimator (docs/method.md section 7).
 
 Each replicate runs the stepwise maximal coupling for ``H`` steps on three paths:
 the reference branch ``X`` under P, the intervention branch ``Y`` under Q, and Q

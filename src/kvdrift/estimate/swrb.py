@@ -1,4 +1,4 @@
-"""Survival-Weighted Residual Branching (SWRB), SPEC.md section 6.
+"""Survival-Weighted Residual Branching (SWRB), docs/method.md section 7.
 
 One replicate: (1) scan one shared prefix ``U`` drawn from the overlaps, recording the
 divergence weights ``w_s = S_{s-1} e_s``; (2) draw a branch position ``J ~ w / M``;

@@ -1,7 +1,7 @@
 """The finite-state world: kernel pairs as explicit tables, and the exact truth they allow.
 
 P and Q are explicit next-token tables over a small vocabulary and horizon. Here every
-quantity of SPEC.md (R, O_H, E_H, Pi_H, C_H, F, p_s, rho, R_L, B_L) can be computed exactly,
+quantity of docs/method.md (R, O_H, E_H, Pi_H, C_H, F, p_s, rho, R_L, B_L) can be computed exactly,
 so estimators are tested against exact values rather than against other estimators.
 
 - :mod:`kvdrift.finite.pair`: :class:`FinitePair`, the kernel pair of two tables;

@@ -1,4 +1,5 @@
-"""The paper's finite-state check (SPEC.md section 6): naive rollouts vs SWRB on exact systems.
+"""The paper's finite-state check: naive rollouts vs SWRB on exact systems (docs/method.md
+section 11).
 
 For each random binary system the exact risk ``R`` comes from enumeration; both
 estimators run ``replicates`` times, and we compare their means against ``R`` and

@@ -1,4 +1,4 @@
-"""Exact enumeration: every quantity of SPEC.md for a finite pair, by enumeration.
+"""Exact enumeration: every quantity of docs/method.md for a finite pair, by enumeration.
 
 :func:`exact` walks the joint law of the stepwise maximal coupling and returns
 :class:`ExactRisk` (R, O_H, E_H, Pi_H, C_H, F, p_s, rho, R_L, B_L), so estimators are tested
@@ -32,7 +32,7 @@ def _tv(p: np.ndarray, q: np.ndarray) -> float:
 
 @dataclass(frozen=True, eq=False)
 class ExactRisk:
-    """Exact population quantities of a finite pair (SPEC.md sections 3-5, 7).
+    """Exact population quantities of a finite pair (docs/method.md sections 3, 4, 6 and 8).
 
     Arrays are read-only; position ``t`` (1-based) is index ``t - 1``.
     """

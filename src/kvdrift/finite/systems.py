@@ -1,8 +1,8 @@
 """Finite systems: random pairs, the paper's systems and the extremal construction.
 
 :func:`random_pair` (Dirichlet rows), :func:`paper_system` (system ``c`` of the paper's
-finite-state check, SPEC.md section 6) and :func:`extremal_pair` (the pair that attains
-``R = R_L + alpha * B_L``, SPEC.md section 5). Method: arXiv 2609.16617.
+finite-state check, docs/method.md section 11) and :func:`extremal_pair` (the pair that attains
+``R = R_L + alpha * B_L``, docs/method.md section 6). Method: arXiv 2609.16617.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def random_pair(
 
 
 def paper_system(c: int, n_systems: int = 24, H: int = 3, seed: int = 0) -> FinitePair:
-    """System ``c`` of the paper's finite-state check (SPEC.md section 6).
+    """System ``c`` of the paper's finite-state check (docs/method.md section 11).
 
     Binary tokens. For every prefix (lengths ``0..H-1``, shortest first, then
     lexicographic) ``P`` and ``A`` are independent normalised ``Gamma(1.5, 1) + 0.05``

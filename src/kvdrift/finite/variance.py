@@ -93,7 +93,7 @@ def _rollout_laws(pair: FinitePair, x: History, y: History, t: int, count: int,
 
 
 def estimator_laws(pair: FinitePair) -> EstimatorLaws:
-    """Enumerate both estimators' per-replicate laws on ``pair`` (SPEC.md section 6)."""
+    """Enumerate both estimators' per-replicate laws on ``pair`` (docs/method.md section 7)."""
     H = pair.horizon
     d_law: dict[float, float] = {}
     g_law: dict[float, float] = {}

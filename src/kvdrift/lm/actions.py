@@ -6,7 +6,7 @@ optionally followed by one decoding-time press. kvpress expresses budgets as
 ``ratio`` is the fraction *kept* (``kept = floor(ratio * n)``) and ``budget`` a fixed count
 (``kept = min(budget, n)``), and the press is built so that kvpress keeps exactly that.
 
-Named actions (SPEC.md section 8)::
+Named actions (docs/method.md section 1)::
 
     full          no eviction (same-path control)
     snapkv-half   SnapKV (window 64, kernel 5) keeping floor(n/2)
@@ -320,8 +320,8 @@ def parse_action(spec: str | Action) -> Action:
     if is_quantization(parts[-1]):
         quantization = parse_quantization(parts.pop(), text)
     if any(is_quantization(part) for part in parts):
-        raise ValueError(f"action {text!r}: a quantization (kivi:, gguf:) must come last, "
-                         f"after any eviction presses, e.g. snapkv:ratio=0.5+kivi:bits=4")
+        raise ValueError(f"action {text!r}: a quantization (kivi:, gguf:, fp8:) must come "
+                         f"last, after any eviction presses, e.g. snapkv:ratio=0.5+kivi:bits=4")
     stages = [_parse_stage(part, text) for part in parts]
     decoding = stages.pop() if stages and stages[-1].is_decoding else None
     try:

@@ -169,6 +169,10 @@ def driver_side(
                       functools.partial(LMPairFactory, loaded, source.chat_template), window)
 
 
+class ContextWindowExceeded(ValueError):
+    """A prompt plus the horizon does not fit in the model's context window (one line)."""
+
+
 def check_fits(
     documents: Sequence[Document], horizon: int, side: DriverSide, chat_template: bool = True
 ) -> None:
@@ -177,10 +181,15 @@ def check_fits(
     window = side.context_window
     if window is None:
         return
+    if horizon >= window:  # no prompt fits at all
+        raise ContextWindowExceeded(
+            f"horizon H must be below {side.name}'s context window of {window} tokens, leaving "
+            f"room for the prompt (allowed: H <= {window - 1} minus the longest prompt's "
+            f"tokens); got {horizon}")
     for doc in documents:
         n = int(encode_prompt(side.tokenizer, doc.prompt, chat_template).shape[-1])
         if n + horizon > window:
-            raise ValueError(
+            raise ContextWindowExceeded(
                 f"document {doc.id!r} has {n} prompt tokens; with H = {horizon} generated "
                 f"positions that exceeds {side.name}'s context window of {window} tokens "
                 f"(allowed: prompt tokens <= {window - horizon})")

@@ -28,6 +28,40 @@ ALLOWED = ("allowed: 'smollm2' (embedded), a local model directory, or a Hugging
            "to download)")
 
 
+#: Seconds to wait for the hub's address before a download is given up (no retries).
+HUB_TIMEOUT = 5.0
+
+
+def allowed_text(allow_download: bool = False) -> str:
+    """What a model name may be; advises downloading only where it was not already asked for."""
+    if allow_download:
+        return ("allowed: 'smollm2' (embedded), a local model directory, a Hugging Face hub id "
+                "in the local cache, or one the hub serves (downloads need the network)")
+    return ALLOWED
+
+
+class HubUnreachable(ValueError):
+    """A download was asked for, but the hub cannot be reached (one line)."""
+
+
+def check_hub_reachable(name: str) -> None:
+    """Refuse at once, in one line, a download when the hub cannot be reached (instead of
+    huggingface_hub's retries, a minute of warnings). The endpoint is ``HF_ENDPOINT``'s."""
+    import socket
+    from urllib.parse import urlsplit
+
+    from huggingface_hub import constants
+
+    url = urlsplit(constants.ENDPOINT)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname or "", port), timeout=HUB_TIMEOUT).close()
+    except OSError as exc:
+        reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+        raise HubUnreachable(f"cannot download model {name!r}: the hub {constants.ENDPOINT} "
+                             f"cannot be reached ({reason}); {allowed_text(True)}") from None
+
+
 def downloads_allowed(allow_download: bool = False) -> bool:
     """Whether a hub id may be downloaded: only when asked (``allow_download`` or
     ``HF_HUB_OFFLINE=0``); unset, ``HF_HUB_OFFLINE`` means offline."""
@@ -44,11 +78,6 @@ def cached_config(repo_id: str) -> Path | None:
     except (HFValidationError, ValueError):
         return None
     return Path(found) if isinstance(found, str) else None
-
-
-def in_local_cache(repo_id: str) -> bool:
-    """Whether the local Hugging Face cache holds ``repo_id``'s ``config.json`` (no request)."""
-    return cached_config(repo_id) is not None
 
 
 def custom_code_message(name_or_path: str) -> str:
@@ -89,19 +118,26 @@ def pretrained_options(name_or_path: str | Path, allow_download: bool = False) -
 
 def check_model_name(name: str, allow_download: bool = False) -> None:
     """Refuse, before anything heavy is imported, a model that cannot load without the network
-    or that needs its own code (``"smollm2"``, the embedded model, always loads)."""
+    or that needs its own code (``"smollm2"``, the embedded model, always loads), and a
+    download when the hub cannot be reached (:class:`HubUnreachable`)."""
     if name and name != EMBEDDED_MODEL:
         pretrained_options(name, allow_download)
+        if not Path(name).is_dir() and cached_config(name) is None:
+            check_hub_reachable(name)  # a download is next: fail at once without the network
 
 
-def unloadable_model_message(name_or_path: str, exc: Exception) -> str:
-    """One line for a model that ``from_pretrained`` could not load, naming what is allowed."""
+def unloadable_model_message(name_or_path: str, exc: Exception,
+                             allow_download: bool = False) -> str:
+    """One line for a model that ``from_pretrained`` could not load, naming what is allowed
+    (never advising ``--allow-download`` when it was given)."""
     text = str(exc)
     if "trust_remote_code" in text or "custom code" in text:
         return custom_code_message(name_or_path)
     if isinstance(exc, OSError) and not Path(name_or_path).exists():
-        return (f"cannot load model {name_or_path!r}: not a local model directory, and no hub id "
-                f"of that name is in the local cache; {ALLOWED}")
+        where = ("neither the local cache nor the hub has it (or the hub cannot be reached)"
+                 if allow_download else "no hub id of that name is in the local cache")
+        return (f"cannot load model {name_or_path!r}: not a local model directory, and {where}; "
+                f"{allowed_text(allow_download)}")
     reason = next((line.strip() for line in text.splitlines() if line.strip()),
                   type(exc).__name__)
-    return f"cannot load model {name_or_path!r}: {reason}; {ALLOWED}"
+    return f"cannot load model {name_or_path!r}: {reason}; {allowed_text(allow_download)}"

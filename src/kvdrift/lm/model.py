@@ -29,7 +29,6 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_CACHE_NAME = "smollm2-135m-instruct-q4_1"
 SMOLLM2_EOS = "<|im_end|>"
 
-DEVICES = ("auto", "cpu", "cuda")
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "bfloat16": torch.bfloat16,
@@ -198,7 +197,7 @@ def load_tokenizer(name_or_path: str = DEFAULT_MODEL, allow_download: bool = Fal
     except (OSError, ValueError) as exc:
         if name_or_path == DEFAULT_MODEL:
             raise
-        raise ValueError(unloadable_model_message(name_or_path, exc)) from exc
+        raise ValueError(unloadable_model_message(name_or_path, exc, allow_download)) from exc
 
 
 def context_window(name_or_path: str = DEFAULT_MODEL, allow_download: bool = False) -> int | None:
@@ -213,7 +212,7 @@ def context_window(name_or_path: str = DEFAULT_MODEL, allow_download: bool = Fal
     except (OSError, ValueError) as exc:
         if name_or_path == DEFAULT_MODEL:
             raise
-        raise ValueError(unloadable_model_message(name_or_path, exc)) from exc
+        raise ValueError(unloadable_model_message(name_or_path, exc, allow_download)) from exc
     window = getattr(config.get_text_config(), "max_position_embeddings", None)
     return int(window) if window else None
 
@@ -255,7 +254,7 @@ def load_model(
         except (OSError, ValueError) as exc:
             if name_or_path == DEFAULT_MODEL:
                 raise
-            raise ValueError(unloadable_model_message(name_or_path, exc)) from exc
+            raise ValueError(unloadable_model_message(name_or_path, exc, allow_download)) from exc
     model.to(torch_device).eval()
     return LoadedModel(model=model, tokenizer=tokenizer, name=name_or_path, device=torch_device,
                        dtype=torch_dtype)

@@ -150,7 +150,7 @@ class LMKernelPair:
         quant = self.action.quantization
         if compressed is not reference and not (quant is not None and quant.before_attention):
             # the first generated position is computed before eviction (and before KIVI
-            # quantizes): share P's logits; a gguf prefill attends to quantized entries
+            # quantizes): share P's logits; a gguf or fp8 prefill attends to quantized entries
             compressed = dataclasses.replace(compressed, logits=reference.logits)
         self._prompt: dict[str, PromptCache] = {"p": reference, "q": compressed}
         self._rule = None

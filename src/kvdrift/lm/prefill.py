@@ -159,7 +159,7 @@ def _prompt_cache(keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor],
 
 def quantized(pc: PromptCache, action: Action | None) -> PromptCache:
     """``pc`` with ``action``'s KIVI quantization applied to its kept entries (a new cache;
-    gguf entries were quantized as they entered the prefill's cache, so ``pc`` as is)."""
+    gguf and fp8 entries were quantized as they entered the prefill's cache: ``pc`` as is)."""
     quant = action.quantization if action is not None else None
     if quant is None or quant.before_attention:
         return pc

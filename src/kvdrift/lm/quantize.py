@@ -25,6 +25,12 @@ KIVI (Liu et al. 2024, arXiv 2402.02750; ``minmax_roundtrip``): asymmetric min-m
 1)``, ``x' = code * scale + min``, computed in the tensor's dtype as KIVI's kernels do (a group
 whose entries are all equal keeps them: code 0). Keys are grouped along tokens (per channel),
 values along channels (per token).
+
+fp8 (``fp8_roundtrip``), the cache dtypes of vLLM and SGLang (``--kv-cache-dtype fp8_e4m3`` /
+``fp8_e5m2``): each entry divided by a per-tensor scale, converted to PyTorch's
+``float8_e4m3fn`` or ``float8_e5m2`` (round to nearest even), and multiplied back. Out-of-range
+entries saturate to the format's largest finite value, as the engines' conversion kernels do
+(``__NV_SATFINITE``); PyTorch's own cast turns e5m2 overflow into infinity.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from dataclasses import dataclass
 import torch
 
 GGUF_BLOCK = 32  # llama.cpp's block of entries along head_dim for every legacy quant type
+FP8_FORMATS: dict[str, torch.dtype] = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 
 
 @dataclass(frozen=True)
@@ -130,5 +137,14 @@ def minmax_roundtrip(x: torch.Tensor, bits: int, group: int, dim: int) -> torch.
     return minmax_dequantized(grouped, lo, hi, bits).reshape(x.shape)
 
 
-__all__ = ["GGUF_BLOCK", "GGUF_TYPES", "GGUFType", "gguf_roundtrip", "minmax_dequantized",
-           "minmax_roundtrip"]
+def fp8_roundtrip(x: torch.Tensor, fmt: str, scale: float = 1.0) -> torch.Tensor:
+    """``x`` stored as fp8 ``fmt`` (``e4m3`` or ``e5m2``) with a per-tensor ``scale`` and read
+    back, same dtype: ``sat(x / scale).to(fp8) * scale``."""
+    dtype = FP8_FORMATS[fmt]
+    top = torch.finfo(dtype).max
+    stored = (x.float() / scale).clamp(-top, top).to(dtype)
+    return (stored.float() * scale).to(x.dtype)
+
+
+__all__ = ["FP8_FORMATS", "GGUF_BLOCK", "GGUF_TYPES", "GGUFType", "fp8_roundtrip",
+           "gguf_roundtrip", "minmax_dequantized", "minmax_roundtrip"]

@@ -14,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kvdrift.report.numbers import HEADLINE, MISSING, Quantity, number_text
+from kvdrift.text import printable
 
 if TYPE_CHECKING:
     from kvdrift.analysis.interval import Interval
@@ -22,6 +23,11 @@ if TYPE_CHECKING:
     from kvdrift.analysis.results import StudyAnalysis
     from kvdrift.analysis.summary import ActionSummary
     from kvdrift.finite.check import FiniteStudyResult
+
+def _user(text: object) -> Text:
+    """User text (a model, an action, a label) as a plain cell, control characters escaped."""
+    return Text(printable(text))
+
 
 #: The terminal table's quantities, a subset of the HTML headline table.
 SUMMARY_KEYS = ("p_diverge", "R", "R_tv", "E", "C", "R_minus_F", "B")
@@ -72,7 +78,7 @@ def run_table(summaries: Sequence[ActionSummary], estimator: str = "rollout") ->
                 "E_H", "Pi_H", "C_H", "F", "KL", "accept", "tok/round(4)", "kv_fraction"):
         table.add_column(col, justify="right")
     for s in summaries:
-        table.add_row(Text(s.model), Text(s.action), str(s.documents), _percent(s.p_diverge, 1),
+        table.add_row(_user(s.model), _user(s.action), str(s.documents), _percent(s.p_diverge, 1),
                       number_text(s.mean_entry_time, digits=1), _percent(s.R, 2),
                       _percent(s.R_tv, 2), _percent(s.O, 2), _percent(s.E, 2),
                       _percent(s.Pi, 2), _percent(s.C, 1),
@@ -126,14 +132,14 @@ def summary_table(analysis: StudyAnalysis) -> Table:
         if previous is not None and model != previous:
             table.add_section()
         memory_cells = [Text(number_text(a.kv_fraction, digits=3))] if memory else []
-        table.add_row(Text(model if model != previous else ""), Text(a.action), *memory_cells,
+        table.add_row(_user(model if model != previous else ""), _user(a.action), *memory_cells,
                       *(_cell(q, a.scalars.get(q.key)) for q in quantities))
         previous = model
     return table
 
 
 def _right_table(title: str, columns: Sequence[str]) -> Table:
-    table = Table(title=Text(title))
+    table = Table(title=_user(title))
     for col in columns:
         table.add_column(col, justify="right")
     return table
@@ -187,20 +193,33 @@ def prediction_tables(result: PredictionResult, margin: float) -> tuple[Table, T
     for m in result.models:
         docs = f"{m.development_documents}/{m.evaluation_documents}"
         for o in m.observations:
-            table.add_row(Text(m.model), Text(o.label), docs, Text(o.selected),
-                          f"{1e4 * o.cv_mse[o.selected]:.2f}", _pp(o.error), Text(o.decision),
-                          f"{100 * o.mae:.2f}", f"{100 * o.rmse:.2f}")
-            support.add_row(Text(m.model), Text(o.label),
+            table.add_row(_user(m.model), _user(o.label), docs, _user(o.selected),
+                          f"{1e4 * o.cv_mse[o.selected]:.2f}", _pp(o.error), _user(o.decision),
+                          _with_documents(o.mae, o.mae_documents),
+                          _with_documents(o.rmse, o.rmse_documents))
+            support.add_row(_user(m.model), _user(o.label),
                             *(_pp(iv) for iv in o.supporting.values()))
     notes = [f"{m.model}: note: {note}." for m in result.models for note in m.notes]
+    notes.append("MAE and RMSE (pp) weigh strata equally, as the error estimate does; in "
+                 "parentheses where it differs, with every document weighted equally.")
     return table, support, notes
+
+
+def _with_documents(strata: float, documents: float) -> str:
+    """``"4.09"``, or ``"4.09 (3.87)"`` when the document-weighted value differs."""
+    text = f"{100 * strata:.2f}"
+    other = f"{100 * documents:.2f}"
+    return text if other in (text, "nan") else f"{text} ({other})"
 
 
 def plan_table(result: PlanResult, target: str, halfwidth: float,
                alpha: float) -> tuple[Table, list[str]]:
     """``kvdrift plan``: the plan per model, then notes and the rollout-vs-SWRB verdicts."""
+    level = f"{100 * result.level:.4g}%"
+    if result.endpoints > 1:
+        level += f" (Bonferroni: alpha {alpha:g} over {result.endpoints} endpoints)"
     table = _right_table(
-        f"Plan for {target}: half-width {halfwidth:g} at {100 * (1 - alpha):g}% (documents "
+        f"Plan for {target}: half-width {halfwidth:g} at {level} (documents "
         "weighted equally within strata)",
         ("model", "estimator", "strata", "between var", "within var", "s/doc", "s/replicate",
          "now: docs/stratum, K -> half-width", "plan: docs/stratum, K -> half-width",
@@ -208,7 +227,7 @@ def plan_table(result: PlanResult, target: str, halfwidth: float,
     lines = []
     for m in result.models:
         v, now, rec = m.variance, m.current, m.recommended
-        table.add_row(Text(m.model), m.estimator, str(v.strata), f"{v.between:.3g}",
+        table.add_row(_user(m.model), m.estimator, str(v.strata), f"{v.between:.3g}",
                       f"{v.within:.3g}", f"{m.setup_seconds:.1f}", f"{m.replicate_seconds:.1f}",
                       f"{now.documents_per_stratum:g}, {now.replicates} -> {now.halfwidth:.4f}",
                       f"{rec.documents_per_stratum}, {rec.replicates} -> {rec.halfwidth:.4f}",

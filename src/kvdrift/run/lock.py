@@ -52,6 +52,32 @@ class StoreLock:
         self._fd = fd
         return self
 
+    def holder(self) -> str | None:
+        """The PID (as text) of another process writing the store now, or None; a reader's
+        check that takes no lock and creates no file."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return os.read(fd, 64).decode("ascii", "replace").strip() or "unknown"
+        finally:
+            os.close(fd)  # closing releases a shared lock taken above
+        return None
+
+    def wait(self) -> None:
+        """Block until no process writes the store (a shared lock, taken and let go)."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+        finally:
+            os.close(fd)
+
     def release(self) -> None:
         if self._fd is not None:
             fd, self._fd = self._fd, None

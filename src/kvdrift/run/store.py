@@ -68,11 +68,32 @@ def _temporary(path: Path) -> Path:
     return Path(name)
 
 
+def _follow_umask(path: Path) -> None:
+    """Give a file made by ``mkstemp`` (mode 0600) the mode a plain ``open`` would: 0666
+    less the umask, so a store's files are as readable as the user's other files."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(path, 0o666 & ~mask)
+
+
+def _naming(exc: OSError, path: Path) -> OSError:
+    """``exc`` with the file named: pyarrow's write errors (a full disk) name none."""
+    if exc.filename is not None:
+        return exc
+    text = str(exc)
+    code = exc.errno or next((int(m) for m in re.findall(r"errno (\d+)", text)), None)
+    reason = os.strerror(code) if code else (exc.strerror or text)
+    return OSError(code, reason, str(path))
+
+
 def _write_atomically(table: pa.Table, path: Path) -> None:
     tmp = _temporary(path)
     try:
         pq.write_table(table, tmp)
+        _follow_umask(tmp)
         os.replace(tmp, path)
+    except OSError as exc:
+        raise _naming(exc, path) from None
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -84,21 +105,63 @@ def _with_fingerprint(table: pa.Table, fingerprint: Mapping[str, Any] | None) ->
     return table.replace_schema_metadata(meta)
 
 
+class NotARunStore(ValueError):
+    """A directory's ``run.json`` is damaged or was not written by kvdrift (one line)."""
+
+
+def _run_file_problem(meta: Any) -> str | None:
+    """What makes a decoded ``run.json`` unusable, or None."""
+    if not isinstance(meta, dict) or not isinstance(meta.get("config"), dict):
+        return "not a JSON object with a 'config' object"
+    versions = meta.get("versions", {})
+    if not isinstance(versions, dict):
+        return f"'versions' must be an object; got {versions!r:.80}"
+    horizon = meta["config"].get("horizon")
+    if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1:
+        return f"config.horizon must be an integer >= 1; got {horizon!r:.80}"
+    return None
+
+
 def read_run_file(path: Path) -> dict[str, Any]:
-    """A ``run.json``, checked: a JSON object with a ``config`` object (else one line)."""
+    """A ``run.json``, checked: a JSON object with a ``config`` object holding an integer
+    horizon, and a ``versions`` object if any; else :class:`NotARunStore` (one line)."""
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         reason = f"not valid JSON ({exc.msg if hasattr(exc, 'msg') else exc.reason})"
     else:
-        if isinstance(meta, dict) and isinstance(meta.get("config"), dict):
-            return meta
-        reason = "not a JSON object with a 'config' object"
-    raise ValueError(f"{path} is damaged: {reason}; delete it (finished units keep their own "
-                     "settings and are checked on resume) or use another output directory")
+        reason = _run_file_problem(meta)
+        if reason is None:
+            return {**meta, "versions": meta.get("versions", {})}
+    raise NotARunStore(f"{path} is damaged: {reason}; delete it (finished units keep their own "
+                       "settings and are checked on resume) or use another output directory")
+
+
+#: Keys of a recorded configuration that name where it lives, not what its records are.
+LABEL_KEYS = ("name",)
+DOCUMENTS_HASH = "documents_sha256"
+
+
+def config_identity(config: Mapping[str, Any], by_content: bool = True) -> dict[str, Any]:
+    """What a recorded configuration must match on resume: everything that determines the
+    records. The study's name (its folder's, for ``kvdrift run``) is left out, and where
+    ``by_content`` and the documents' content hash is recorded, a JSONL file's path is left
+    out too: the same documents read from another path (absolute or relative, or a copy)
+    resume. Stores written before the hash was recorded compare the path (``by_content``
+    false)."""
+    out = {k: v for k, v in config.items() if k not in LABEL_KEYS}
+    if not by_content:
+        out.pop(DOCUMENTS_HASH, None)
+    elif DOCUMENTS_HASH in config and isinstance(config.get("documents"), list):
+        out["documents"] = [
+            {k: v for k, v in d.items() if not (k == "path" and d.get("source") == "jsonl")}
+            if isinstance(d, dict) else d for d in config["documents"]]
+    return out
 
 
 def _refuse_other_config(root: Path, saved: dict, config: dict) -> None:
+    by_content = DOCUMENTS_HASH in saved
+    saved, config = config_identity(saved, by_content), config_identity(config, by_content)
     if saved != config:
         diff = sorted(k for k in set(saved) | set(config) if saved.get(k) != config.get(k))
         raise ValueError(
@@ -137,9 +200,12 @@ class RunStore:
             tmp = _temporary(path)
             try:
                 tmp.write_text(json.dumps(meta, indent=2))
+                _follow_umask(tmp)
                 os.link(tmp, path)  # fails if run.json appeared meanwhile: never overwritten
             except FileExistsError:
                 pass
+            except OSError as exc:
+                raise _naming(exc, path) from None
             finally:
                 tmp.unlink(missing_ok=True)
         _refuse_other_config(store.root, read_run_file(path)["config"], config)

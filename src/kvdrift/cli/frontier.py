@@ -1,0 +1,72 @@
+"""``kvdrift frontier``: the least KV cache per method family that keeps a measure within a
+tolerance, certified; a resumable search of study stages, then its report."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import typer
+
+from kvdrift.cli.common import console, say, split_list, strict_json, user_errors
+from kvdrift.cli.runs import DOWNLOAD_HELP, RAY_ADDRESS_HELP, RECOMPUTE_HELP, run_with_progress
+
+
+@user_errors
+def frontier(
+    families: str = typer.Option("snapkv,recent,kivi",
+                                 help="Comma list of method families whose budget the search "
+                                 "varies: eviction presses (snapkv, recent, pyramidkv, "
+                                 "adakv-snapkv, ...), kivi, gguf, or chains (snapkv+kivi:bits=4)."),
+    measure: str = typer.Option("R_tv <= 0.1", help="The measure and its tolerance: "
+                                "'R_tv <= x', 'R <= x', 'F <= x', 'kl <= x', "
+                                "'acceptance >= x' or 'task >= x'."),
+    alpha: float = typer.Option(0.05, help="1 - confidence, held over the whole search."),
+    looks: int = typer.Option(2, help="Most batches of replicates per budget."),
+    model: str = typer.Option("smollm2", help="'smollm2' (embedded) or a Hugging Face id/path."),
+    docs: Path | None = typer.Option(None, help="JSONL file of {id, prompt, stratum?, answer?} "
+                                     "(default: six generated 512-token RULER-style tasks)."),
+    replicates: int = typer.Option(8, help="Replicates per document in each batch."),
+    horizon: int = typer.Option(32, help="Generated positions H."),
+    temperature: float = typer.Option(1.0, help="Sampling temperature (0 = greedy)."),
+    seed: int = typer.Option(0, help="Seed of the search (look L uses seed + L - 1)."),
+    batch: int = typer.Option(0, help="Most replicates per forward batch (0 = all)."),
+    out: Path = typer.Option(Path("runs/frontier"), help="Output directory (resumable)."),
+    device: str = typer.Option("auto", help="auto, cpu or cuda."),
+    dtype: str = typer.Option("float32", help="float32, bfloat16 or float16."),
+    chat_template: bool = typer.Option(True, help="Wrap prompts in the model's chat template."),
+    executor: str | None = typer.Option(None, help="local (default: this process) or ray."),
+    ray_address: str | None = typer.Option(None, help=RAY_ADDRESS_HELP),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    recompute: bool = typer.Option(False, "--recompute", help=RECOMPUTE_HELP),
+    allow_download: bool = typer.Option(False, "--allow-download", help=DOWNLOAD_HELP),
+) -> None:
+    """Find, per family, the least KV cache whose measure stays within the tolerance at the
+    stated confidence; write the frontier's report."""
+    from kvdrift.frontier_search.search import SearchSettings
+    from kvdrift.frontier_search.study import FrontierConfig, run_frontier
+    from kvdrift.lm.loading import check_model_name
+    from kvdrift.report.frontier import frontier_table, write_frontier_report
+    from kvdrift.report.terminal import print_whole
+    from kvdrift.study_config import single_model_study
+
+    check_model_name(model, allow_download)
+    settings = SearchSettings(alpha=alpha, looks=looks, replicates=replicates)
+    study = single_model_study(model, ("full",), docs, replicates=replicates, horizon=horizon,
+                               temperature=temperature, estimator="rollout", depths=(),
+                               seed=seed, batch=batch, device=device, dtype=dtype,
+                               chat_template=chat_template, name="frontier")
+    study = replace(study, executor=study.executor.overridden(executor, ray_address))
+    config = FrontierConfig.parse(study, split_list(families), measure, settings)
+    cache: dict[str, object] = {}
+
+    def run_stage(stage, where: Path) -> None:
+        run_with_progress(stage, where, recompute, allow_download, models=cache)
+
+    result = run_frontier(config, out, run_stage)
+    html = write_frontier_report(result, out / "report")
+    if as_json:
+        print(strict_json(result.to_json()))
+        return
+    print_whole(console, frontier_table(result))
+    say(f"report: {html}")

@@ -1,0 +1,94 @@
+"""Method families and their budget axes: a family at a budget is an action.
+
+An eviction family (``snapkv``, ``recent``, ``pyramidkv``, ``adakv-snapkv``, ...) varies the
+ratio kept on a fine grid of sixteenths; a quantization family (``kivi``, ``gguf``) varies its
+bits or cache type; a chain (``snapkv+kivi:bits=4``) varies the ratio of its eviction and keeps
+the rest. Budgets are ordered from the most cache to the least.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+
+from kvdrift.lm.actions import parse_action
+
+#: The fine grid of ratios kept that an eviction family may be tried at (sixteenths).
+RATIO_STEPS = 16
+#: The coarse grid tried first (indices into the fine grid, in sixteenths).
+COARSE_RATIOS = (12, 8, 4, 2)
+#: Discrete axes: kivi bits and llama.cpp cache types, most memory first.
+KIVI_BITS = (8, 4, 2)
+GGUF_TYPES = ("q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
+FP8_FORMATS = ("e5m2", "e4m3")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """One point of a family's axis: its position (0 = most cache) and the action spec."""
+
+    family: str
+    index: int
+    label: str  # the axis value as the user reads it ("0.5", "4 bits", "q4_0")
+    action: str  # the kvdrift action spec
+
+
+@dataclass(frozen=True)
+class Family:
+    """A family's budgets (most cache first) and which of them the search tries first."""
+
+    name: str
+    budgets: tuple[Budget, ...]
+    coarse: tuple[int, ...]  # indices into budgets
+    continuous: bool  # True for a ratio axis (refined by bisection), False for a list
+
+    def __post_init__(self) -> None:
+        if not self.budgets:
+            raise ValueError(f"family {self.name!r} has no budgets")
+
+
+def _ratio_family(name: str, head: str, tail: str) -> Family:
+    budgets = []
+    for i, k in enumerate(range(RATIO_STEPS - 1, 0, -1)):
+        ratio = Fraction(k, RATIO_STEPS)
+        value = f"{float(ratio):g}"
+        budgets.append(Budget(name, i, value, f"{head}:ratio={value}{tail}"))
+    coarse = tuple(RATIO_STEPS - 1 - k for k in COARSE_RATIOS)
+    return Family(name, tuple(budgets), coarse, True)
+
+
+def _list_family(name: str, labels: tuple[str, ...], actions: tuple[str, ...]) -> Family:
+    budgets = tuple(Budget(name, i, lab, act) for i, (lab, act) in enumerate(zip(labels, actions,
+                                                                                 strict=True)))
+    return Family(name, budgets, tuple(range(len(budgets))), False)
+
+
+def parse_family(text: str) -> Family:
+    """``"snapkv"``, ``"kivi"``, ``"gguf"``, ``"fp8"``, ``"snapkv+kivi:bits=4"`` -> a family.
+
+    An eviction head is any press that takes ``ratio`` (see ``kvdrift actions``); what follows
+    its ``+`` is kept as written. The spec of every budget is checked by the action parser.
+    """
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"a family must be a press or quantization name; got {text!r}")
+    name = text.strip()
+    head, plus, rest = name.partition("+")
+    tail = plus + rest
+    if head == "kivi" and not tail:
+        fam = _list_family(name, tuple(f"{b} bits" for b in KIVI_BITS),
+                           tuple(f"kivi:bits={b}" for b in KIVI_BITS))
+    elif head == "gguf" and not tail:
+        fam = _list_family(name, GGUF_TYPES, tuple(f"gguf:k={t},v={t}" for t in GGUF_TYPES))
+    elif head == "fp8" and not tail:
+        fam = _list_family(name, FP8_FORMATS, tuple(f"fp8:{f}" for f in FP8_FORMATS))
+    elif ":" in head or head in ("kivi", "gguf", "fp8"):
+        raise ValueError(f"a family names its press without a budget (the frontier varies the "
+                         f"budget): 'snapkv', 'kivi', 'snapkv+kivi:bits=4'; got {name!r}")
+    else:
+        fam = _ratio_family(name, head, tail)
+    for budget in fam.budgets:  # a typo costs seconds, not a run
+        try:
+            parse_action(budget.action)
+        except ValueError as exc:
+            raise ValueError(f"family {name!r}: {exc}") from None
+    return fam

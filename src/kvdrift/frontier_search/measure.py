@@ -1,0 +1,124 @@
+"""The measure a frontier keeps within a tolerance: which per-replicate value, which side.
+
+A measure is read per replicate from a study directory's records, so its estimate over the
+documents is a mean of per-replicate values (docs/method.md, "The compression frontier").
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from kvdrift.analysis.speculative import acceptance_probs
+
+
+def _replicate_column(column: str) -> Callable[[pd.DataFrame, pd.DataFrame], pd.Series]:
+    def read(steps: pd.DataFrame, replicates: pd.DataFrame) -> pd.Series:
+        if column not in replicates or replicates[column].isna().all():
+            raise ValueError(f"the records hold no {column!r} per replicate (SWRB records "
+                             "follow no complete branch pair; use estimator = \"rollout\")")
+        return replicates.set_index(["doc_id", "replicate"])[column]
+    return read
+
+
+def _step_mean(values: Callable[[pd.DataFrame], np.ndarray], what: str
+               ) -> Callable[[pd.DataFrame, pd.DataFrame], pd.Series]:
+    """The mean over a replicate's positions up to X's end (NaN positions left out)."""
+    def read(steps: pd.DataFrame, replicates: pd.DataFrame) -> pd.Series:
+        if "logp_x" not in steps or steps["logp_x"].isna().all():
+            raise ValueError(f"the records hold no teacher-forced columns for {what} "
+                             "(SWRB records; use estimator = \"rollout\")")
+        frame = steps[["doc_id", "replicate"]].assign(value=values(steps))
+        return frame.groupby(["doc_id", "replicate"])["value"].mean()
+    return read
+
+
+def _task_gap(steps: pd.DataFrame, replicates: pd.DataFrame) -> pd.Series:
+    if "score_x" not in replicates or replicates["score_x"].isna().all():
+        raise ValueError("the task measure needs scored documents (an \"answer\" per document)")
+    reps = replicates.dropna(subset=["score_x", "score_y"]).set_index(["doc_id", "replicate"])
+    return reps["score_y"] - reps["score_x"]
+
+
+@dataclass(frozen=True)
+class MeasureKind:
+    """One measure kvdrift can hold to a tolerance."""
+
+    name: str
+    label: str
+    low: float  # the range of a per-replicate value (-inf/inf where unbounded)
+    high: float
+    read: Callable[[pd.DataFrame, pd.DataFrame], pd.Series]  # (steps, reps) -> per replicate
+    better: str  # "<=" when smaller is better (risks), ">=" when larger is
+
+
+MEASURES: dict[str, MeasureKind] = {m.name: m for m in (
+    MeasureKind("R_tv", "rollout-TV risk R_tv", 0.0, 1.0, _replicate_column("risk_tv"), "<="),
+    MeasureKind("R", "token mismatch risk R", 0.0, 1.0, _replicate_column("risk"), "<="),
+    MeasureKind("F", "fixed-history TV risk F", 0.0, 1.0, _replicate_column("fixed_risk"),
+                "<="),
+    MeasureKind("kl", "teacher-forced KL(P||Q) per token", 0.0, math.inf,
+                _step_mean(lambda s: s["kl"].to_numpy(dtype=float), "kl"), "<="),
+    MeasureKind("acceptance", "self-speculative acceptance", 0.0, 1.0,
+                _step_mean(lambda s: acceptance_probs(s["logp_x"], s["logq_x"]), "acceptance"),
+                ">="),
+    MeasureKind("task", "task score difference Q - P", -1.0, 1.0, _task_gap, ">="),
+)}
+_ALIASES = {"task diff": "task", "task_diff": "task", "r_tv": "R_tv", "kl": "kl"}
+_PATTERN = re.compile(r"^\s*(?P<name>[A-Za-z_][A-Za-z_ ]*?)\s*(?P<op><=|>=)\s*"
+                      r"(?P<tol>[-+0-9.eE]+)\s*$")
+
+
+@dataclass(frozen=True)
+class Measure:
+    """A measure and its tolerance: ``R_tv <= 0.05`` keeps rollout-TV risk at most 5%."""
+
+    kind: MeasureKind
+    op: str  # "<=" or ">="
+    tolerance: float
+
+    def __str__(self) -> str:
+        return f"{self.kind.name} {self.op} {self.tolerance:g}"
+
+    def meets(self, value: float) -> bool:
+        """Whether ``value`` is within the tolerance."""
+        return value <= self.tolerance if self.op == "<=" else value >= self.tolerance
+
+    def certified(self, lo: float, hi: float) -> bool:
+        """Whether an interval lies wholly within the tolerance (the far bound meets it)."""
+        return self.meets(hi if self.op == "<=" else lo)
+
+    def certainly_fails(self, lo: float, hi: float) -> bool:
+        """Whether an interval lies wholly outside the tolerance (the near bound breaks it)."""
+        return not self.meets(lo if self.op == "<=" else hi)
+
+
+def parse_measure(text: str) -> Measure:
+    """``"R_tv <= 0.05"`` -> :class:`Measure`; one line naming the bad part otherwise."""
+    allowed = ", ".join(f"{m.name} {m.better} x" for m in MEASURES.values())
+    match = _PATTERN.match(text) if isinstance(text, str) else None
+    if match is None:
+        raise ValueError(f"measure must read 'NAME <= x' or 'NAME >= x' ({allowed}); "
+                         f"got {text!r}")
+    name = " ".join(match["name"].split())
+    name = _ALIASES.get(name.lower(), name)
+    if name not in MEASURES:
+        raise ValueError(f"measure name must be one of {', '.join(MEASURES)}; got {name!r}")
+    kind = MEASURES[name]
+    try:
+        tolerance = float(match["tol"])
+    except ValueError:
+        raise ValueError(f"measure tolerance must be a number; got {match['tol']!r}") from None
+    if not math.isfinite(tolerance) or not kind.low <= tolerance <= kind.high:
+        raise ValueError(f"{name} tolerance must be a number in [{kind.low:g}, {kind.high:g}]; "
+                         f"got {match['tol']!r}")
+    if match["op"] != kind.better:
+        raise ValueError(f"{name} is kept within a tolerance with '{kind.better}' "
+                         f"({'smaller' if kind.better == '<=' else 'larger'} is better); "
+                         f"got {match['op']!r}")
+    return Measure(kind, match["op"], tolerance)

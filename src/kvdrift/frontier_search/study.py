@@ -1,0 +1,131 @@
+"""The frontier on a language model: each batch of budgets is a study directory (a *stage*)
+under the frontier's output directory, run and resumed like any study.
+
+Stage ``NN-lookL`` holds the budgets the search asked for at that step, with ``replicates`` per
+document; look ``L`` uses the seed ``seed + L - 1``, so every budget of one look shares each
+document's random stream (common random numbers) and a second look adds fresh replicates.
+Re-running the same command replays the search's decisions from the stored stages and
+computes only what is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from kvdrift.frontier_search.families import Budget, Family, parse_family
+from kvdrift.frontier_search.measure import Measure, parse_measure
+from kvdrift.frontier_search.result import FrontierResult
+from kvdrift.frontier_search.search import Sample, SearchSettings, frontier_search
+from kvdrift.study_config import StudyConfig
+
+RunStage = Callable[[StudyConfig, Path], None]  # runs a study into a directory (resumable)
+CONFIG_FILE = "frontier.json"
+#: What a frontier directory holds at its top level.
+ENTRIES = frozenset({CONFIG_FILE, "analysis.json", "stages", "report"})
+
+
+@dataclass(frozen=True)
+class FrontierConfig:
+    """A frontier search: the study it runs (model, documents, horizon, ...; its actions are
+    replaced by each stage's budgets), the families, the measure and the search settings."""
+
+    study: StudyConfig
+    families: tuple[Family, ...]
+    measure: Measure
+    settings: SearchSettings = SearchSettings()
+
+    @classmethod
+    def parse(cls, study: StudyConfig, families: Sequence[str], measure: str,
+              settings: SearchSettings) -> FrontierConfig:
+        return cls(study, tuple(parse_family(f) for f in families), parse_measure(measure),
+                   settings)
+
+    def as_dict(self) -> dict:
+        study = self.study.as_dict()
+        for key in ("name", "actions", "replicates"):
+            study.pop(key, None)
+        return {"study": study, "families": [f.name for f in self.families],
+                "measure": str(self.measure), "alpha": self.settings.alpha,
+                "looks": self.settings.looks, "replicates": self.settings.replicates}
+
+
+@dataclass
+class StudyEvaluator:
+    """Runs each batch of budgets as a stage study under ``out`` and reads the measure back."""
+
+    config: FrontierConfig
+    out: Path
+    run_stage: RunStage
+    stages: int = 0
+
+    def stage_config(self, budgets: Sequence[Budget], look: int, name: str) -> StudyConfig:
+        study = self.config.study
+        run = replace(study.run, actions=tuple(b.action for b in budgets),
+                      replicates=self.config.settings.replicates, seed=study.run.seed + look - 1)
+        return replace(study, name=name, run=run)
+
+    def evaluate(self, budgets: Sequence[Budget], look: int) -> dict[Budget, Sample]:
+        from kvdrift.analysis.directory import load_records
+
+        self.stages += 1
+        name = f"{self.stages:02d}-look{look}"
+        where = self.out / "stages" / name
+        self.run_stage(self.stage_config(budgets, look, name), where)
+        records = load_records(where)
+        out = {}
+        for b in budgets:
+            steps = records.steps[records.steps["action"] == b.action]
+            reps = records.replicates[records.replicates["action"] == b.action]
+            if reps.empty:
+                raise ValueError(f"stage {where} holds no records of {b.action!r}")
+            series = self.config.measure.kind.read(steps, reps)
+            values = {doc: group.to_numpy(dtype=float)
+                      for doc, group in series.groupby(level="doc_id")}
+            kv = float(reps["kv_fraction"].mean()) if "kv_fraction" in reps else float("nan")
+            out[b] = Sample(values, kv, int(reps["evaluations"].sum()))
+        return out
+
+
+def check_saved(out: Path, config: FrontierConfig) -> None:
+    """Refuse to resume a frontier directory written with other settings; record them."""
+    path = out / CONFIG_FILE
+    mine = config.as_dict()
+    if path.exists():
+        try:
+            saved = json.loads(path.read_text(encoding="utf-8")).get("config")
+        except (OSError, ValueError, AttributeError):
+            raise ValueError(f"{path} is damaged; use a new --out") from None
+        if saved != mine:
+            keys = sorted(k for k in mine if saved is None or saved.get(k) != mine[k])
+            raise ValueError(f"{out} holds a frontier with other settings (differs in: "
+                             f"{', '.join(keys)}); use a new --out or the same settings")
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    _write_json(path, {"config": mine})
+
+
+def _write_json(path: Path, data: dict) -> None:
+    from kvdrift.report.numbers import to_json_safe
+
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(to_json_safe(data), indent=2, allow_nan=False), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def run_frontier(config: FrontierConfig, out: str | Path, run_stage: RunStage
+                 ) -> FrontierResult:
+    """Search the frontier into ``out`` (resumable); writes ``frontier.json`` (settings and
+    result) and ``analysis.json`` (``{"frontier": ...}``), returns the result."""
+    from kvdrift.run.outdir import check_output_dir
+
+    out = check_output_dir(out, CONFIG_FILE, ENTRIES)  # never outside it, nor into another's
+    check_saved(out, config)
+    evaluator = StudyEvaluator(config, out, run_stage)
+    result = frontier_search(config.families, config.measure, evaluator, config.settings)
+    _write_json(out / CONFIG_FILE, {"config": config.as_dict(), "result": result.to_json()})
+    _write_json(out / "analysis.json", {"frontier": result.to_json()})
+    return result
