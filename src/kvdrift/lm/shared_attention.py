@@ -299,9 +299,10 @@ def _merge(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
     """Attention over the union of two disjoint sets of entries from each set's normalised
     output ``[..., dim]`` and log-sum-exp ``[...]`` (``lse_b`` finite): part ``a`` takes the
     share ``exp(lse_a) / (exp(lse_a) + exp(lse_b)) = sigmoid(lse_a - lse_b)`` of the softmax
-    mass, part ``b`` the rest (float32; ``lse_a = -inf``: exactly ``out_b``)."""
-    share = torch.sigmoid(lse_a - lse_b)[..., None]
-    return torch.lerp(out_b.float(), out_a.float(), share)
+    mass, part ``b`` the rest (in float32 at least; ``lse_a = -inf``: exactly ``out_b``)."""
+    dtype = torch.promote_types(torch.promote_types(out_a.dtype, lse_a.dtype), torch.float32)
+    share = torch.sigmoid(lse_a - lse_b).to(dtype)[..., None]
+    return torch.lerp(out_b.to(dtype), out_a.to(dtype), share)
 
 
 _FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
