@@ -15,6 +15,7 @@ from kvdrift.analysis.bootstrap import percentile_interval
 from kvdrift.analysis.interval import Interval
 from kvdrift.analysis.lags import LagWindows
 from kvdrift.analysis.results import ContrastResult, Curve
+from kvdrift.records.schema import is_depth_column
 
 SCALARS = ("p_diverge", "mean_entry_time", "R", "R_tv", "O", "E", "Pi", "C", "F", "R_minus_F",
            "S99", "B", "B_strict", "var_R", "var_R_tv", "var_ratio")
@@ -67,7 +68,7 @@ def derive(m: dict[str, np.ndarray], windows: LagWindows | None) -> dict[str, np
         else:
             out[name] = _nan(lead)
     for key in m:
-        if key.startswith(("observed_L", "capacity_L")):
+        if is_depth_column(key):
             out[key] = m[key][..., 0]
     return out
 

@@ -10,6 +10,7 @@ models together) for endpoints. The result is a :class:`~kvdrift.analysis.result
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,6 +46,7 @@ from kvdrift.analysis.results import (
 )
 from kvdrift.analysis.strata import stratum_derived, stratum_results
 from kvdrift.analysis.task import SWRB_REASON, task_outcomes
+from kvdrift.records.schema import depth_columns, record_depths
 
 __all__ = ["CONFIRMATORY_DRAWS", "EXPLORATORY_DRAWS", "AnalysisOptions", "analyze"]
 
@@ -78,6 +80,12 @@ class AnalysisOptions:
         checks.alpha(self.alpha)
         for text in self.endpoints:
             parse_endpoint(text)
+
+    @classmethod
+    def from_table(cls, table: Mapping[str, object]) -> AnalysisOptions:
+        """The options of an ``[analysis]`` table (a study file's, or the one a study
+        directory recorded); its keys are checked by the caller."""
+        return cls(**(dict(table) | {"endpoints": tuple(table.get("endpoints", ()))}))
 
 
 def _common_documents(features: dict[str, DocFeatures]) -> dict[str, DocFeatures]:
@@ -149,12 +157,11 @@ def analyze(
                     model, a, means[a], boot_means[a], windows, options.alpha))
                 out["cohort_support"].append(cohort_support(
                     model, a, reps_m[reps_m["action"] == a], f.doc_ids, windows))
-            for key in sorted((k for k in f.columns if k.startswith("observed_L")),
-                              key=lambda k: int(k[len("observed_L"):])):
-                L = int(key[len("observed_L"):])
-                lower = f.columns[key][:, 0]
-                upper = lower + f.columns[f"capacity_L{L}"][:, 0]
-                sharp = sharp_interval(float(p[key]), max(0.0, float(p[f"capacity_L{L}"])))
+            for L in record_depths(f.columns):
+                observed, capacity = depth_columns(L)
+                lower = f.columns[observed][:, 0]
+                upper = lower + f.columns[capacity][:, 0]
+                sharp = sharp_interval(float(p[observed]), max(0.0, float(p[capacity])))
                 upper = np.minimum(upper, 1.0)
                 enc = hoeffding_enclosure(lower, upper, options.alpha, weights)
                 # For ordering, every action's enclosure must hold at once: alpha / actions.

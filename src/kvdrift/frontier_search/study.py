@@ -69,13 +69,13 @@ class StudyEvaluator:
         return replace(study, name=name, run=run)
 
     def evaluate(self, budgets: Sequence[Budget], look: int) -> dict[Budget, Sample]:
-        from kvdrift.analysis.directory import load_records
+        from kvdrift.directory import StudyDirectory
 
         self.stages += 1
         name = f"{self.stages:02d}-look{look}"
         where = self.out / "stages" / name
         self.run_stage(self.stage_config(budgets, look, name), where)
-        records = load_records(where)
+        records = StudyDirectory(where).records()
         out = {}
         for b in budgets:
             steps = records.steps[records.steps["action"] == b.action]

@@ -19,7 +19,6 @@ from typing import Any
 import pyarrow as pa
 
 from kvdrift import checks
-from kvdrift.analysis.memory import MEMORY_COLUMNS
 from kvdrift.data.document import Document
 from kvdrift.estimate import coupled_rollouts, swrb
 from kvdrift.estimate.common import (
@@ -30,6 +29,7 @@ from kvdrift.estimate.common import (
     make_generator,
 )
 from kvdrift.kernel import KernelPair
+from kvdrift.records.schema import MEMORY_COLUMNS, TIMING_COLUMNS
 from kvdrift.run.fingerprint import kvdrift_version
 from kvdrift.run.outcomes import with_scores
 from kvdrift.run.records import UnitKey, rollout_tables, swrb_tables
@@ -94,10 +94,6 @@ def unit_seed(seed: int, doc_id: str) -> int:
     """A 63-bit seed for one document, stable across processes and runs."""
     digest = hashlib.sha256(f"{seed}\0{doc_id}".encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1
-
-
-TIMING_COLUMNS = ("setup_seconds", "replicate_seconds")
-"""Replicate-table columns of measured cost: the only ones that differ between two runs."""
 
 
 def with_timing(replicates: pa.Table, setup: float, estimator: float) -> pa.Table:
