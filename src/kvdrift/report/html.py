@@ -16,14 +16,13 @@ from html import escape
 from pathlib import Path
 
 from kvdrift.analysis.interval import Interval
+from kvdrift.analysis.registry import Quantity, quantity
 from kvdrift.analysis.results import ContrastResult, StudyAnalysis
 from kvdrift.report import page
 from kvdrift.report.figures import FIGURES, by_model
 from kvdrift.report.numbers import (
-    B_STRICT,
-    HEADLINE,
     MISSING,
-    Quantity,
+    headline_quantities,
     number_text,
     to_json_safe,
 )
@@ -210,10 +209,10 @@ def _what_was_run(analysis: StudyAnalysis) -> str:
 def _headline(analysis: StudyAnalysis) -> str:
     H = analysis.meta.horizon
     actions = analysis.actions
-    quantities = list(HEADLINE)
+    quantities = headline_quantities()
     if any(a.scalars.get("B_strict") is not None and a.scalars["B_strict"].defined
            for a in actions):
-        quantities.append(B_STRICT)
+        quantities.append(quantity("B_strict"))
     memory = any(math.isfinite(a.kv_fraction) for a in actions)
     headers = ["action", "documents"] + (
         ["kv_fraction", "kv_bytes (KiB)"] if memory else []) + [
@@ -243,7 +242,7 @@ def _headline(analysis: StudyAnalysis) -> str:
             body.append([escape(a.action), _meta_value(a.documents)]
                         + ([number_text(a.kv_fraction, digits=3),
                             number_text(a.kv_bytes, 1 / 1024, 1)] if memory else [])
-                        + [_quantity_cell(q, a.scalars.get(q.key)) for q in quantities])
+                        + [_quantity_cell(q, a.scalars.get(q.name)) for q in quantities])
         parts.append(f"<h3>{escape(model)}</h3>")
         parts.append(page.table(headers, body))
     return page.section("Headline numbers", "headline", "\n".join(parts))
@@ -601,7 +600,7 @@ def _strata(analysis: StudyAnalysis) -> str:
              "documents weigh equally, and intervals come from the bootstrap within that "
              "stratum (paired across actions).</p>"]
     for model, rows in by_model(strata).items():
-        quantities = list(HEADLINE)
+        quantities = headline_quantities()
         headers = (["stratum", "action", "documents"]
                    + [f"{q.html.format(H=H)} ({q.unit})" for q in quantities])
         body, starts, contrast_rows, labelled = [], set(), [], []
@@ -611,7 +610,7 @@ def _strata(analysis: StudyAnalysis) -> str:
             for i, a in enumerate(st.actions):
                 body.append([name if i == 0 else "", escape(a.action),
                              _meta_value(st.documents) if i == 0 else ""]
-                            + [_quantity_cell(q, a.scalars.get(q.key)) for q in quantities])
+                            + [_quantity_cell(q, a.scalars.get(q.name)) for q in quantities])
             for c in st.contrasts:
                 contrast_rows.append([name, _contrast_name(c)] + _contrast_cells(c))
                 labelled.append((name, c))

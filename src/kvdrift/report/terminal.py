@@ -13,7 +13,9 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from kvdrift.report.numbers import HEADLINE, MISSING, Quantity, number_text
+from kvdrift.analysis import registry
+from kvdrift.analysis.registry import Quantity
+from kvdrift.report.numbers import MISSING, number_text
 from kvdrift.text import printable
 
 if TYPE_CHECKING:
@@ -30,7 +32,6 @@ def _user(text: object) -> Text:
 
 
 #: The terminal table's quantities, a subset of the HTML headline table.
-SUMMARY_KEYS = ("p_diverge", "R", "R_tv", "E", "C", "R_minus_F", "B")
 
 #: Widest page :func:`print_whole` measures a table on (wider than any real table).
 _WIDEST = 100_000
@@ -108,7 +109,7 @@ def summary_table(analysis: StudyAnalysis) -> Table:
     ``[lo, hi]``; cells are plain :class:`rich.text.Text`, so brackets are never read as markup.
     """
     H = analysis.meta.horizon
-    quantities: list[Quantity] = [q for key in SUMMARY_KEYS for q in HEADLINE if q.key == key]
+    quantities = [q for q in registry.QUANTITIES if q.summary]
     estimator = analysis.meta.estimator
     caption = ("estimate over [lo, hi]; %: of positions (P(τ≤H): of trajectories); "
                "pp: percentage points")
@@ -133,7 +134,7 @@ def summary_table(analysis: StudyAnalysis) -> Table:
             table.add_section()
         memory_cells = [Text(number_text(a.kv_fraction, digits=3))] if memory else []
         table.add_row(_user(model if model != previous else ""), _user(a.action), *memory_cells,
-                      *(_cell(q, a.scalars.get(q.key)) for q in quantities))
+                      *(_cell(q, a.scalars.get(q.name)) for q in quantities))
         previous = model
     return table
 
