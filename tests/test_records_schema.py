@@ -57,3 +57,13 @@ def test_a_store_of_units_run_without_a_study_has_no_study(tmp_path):
     directory = StudyDirectory(tmp_path)
     assert directory.study is None and directory.temperature == 1.0
     assert directory.options().endpoints == ()
+
+
+def test_an_estimator_is_parsed_once_and_stored_by_name():
+    from kvdrift.run.estimators import SWRB, parse_estimator
+
+    cfg = RunConfig(model="f", estimator="swrb")
+    assert cfg.estimator == SWRB() and parse_estimator(cfg.estimator) is cfg.estimator
+    assert cfg.as_dict()["estimator"] == "swrb"
+    with pytest.raises(ValueError, match="^unknown estimator 'magic'; allowed: rollout, swrb$"):
+        RunConfig(model="f", estimator="magic")

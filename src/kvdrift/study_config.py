@@ -21,7 +21,7 @@ from typing import Any
 from kvdrift.analysis.study import AnalysisOptions
 from kvdrift.data.sources import DocumentSource, source_from_table
 from kvdrift.run.executors import ExecutorConfig
-from kvdrift.run.runner import ESTIMATORS, RunConfig
+from kvdrift.run.runner import RunConfig
 
 STUDY_KEYS = {
     "name": str, "models": list, "actions": list, "replicates": int, "horizon": int,
@@ -182,9 +182,6 @@ def parse_study(data: dict, source: str | None = None) -> StudyConfig:
         if missing:
             raise ValueError(f"endpoint {text!r} names action {missing[0]!r}, which the study "
                              f"does not run; actions: {', '.join(actions)}")
-    if study.get("estimator", "rollout") not in ESTIMATORS:
-        raise ValueError(f"unknown estimator {study['estimator']!r}; allowed: "
-                         f"{', '.join(ESTIMATORS)}")
     cohort = study.get("cohort")
     if cohort is not None and cohort not in COHORTS:
         raise ValueError(f"[study].cohort must be one of {', '.join(COHORTS)}; got {cohort!r}")
