@@ -10,6 +10,8 @@ Prints:
    through the same kernel pair, and the three-forward floor is three K-row steps (what the
    coupled step cost before the joint step). Also the largest float difference of the joint
    step from separate steps at n = 1,000 (logits and log-probabilities, three paths).
+   At n = 1,000 also the non-view operators and host synchronisations per coupled position
+   against one plain forward of the same 3K rows (counts, ``dispatch_count.py``).
 2. coupled step / ``generate(num_return_sequences=K)`` per position at n = 1,000 (generate's
    prompt cache is prefilled once and repeated K times, so only its decoding steps are timed).
 3. SWRB wall time / rollout wall time at the same K and H on one document (median of five),
@@ -45,6 +47,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the kvdrift command sets it
 
 import torch  # noqa: E402
+from dispatch_count import DispatchCounter, RowCounter  # noqa: E402
 from transformers import DynamicCache, StoppingCriteria, StoppingCriteriaList  # noqa: E402
 
 from kvdrift.data.document import Document  # noqa: E402
@@ -114,6 +117,17 @@ def fused_against_separate(pair: LMKernelPair, k: int, steps: int) -> tuple[floa
     return logits, logprobs
 
 
+def operators_per_position(lm: LoadedModel, pair: LMKernelPair, k: int,
+                           h: int) -> tuple[float, float, int, dict]:
+    """Non-view operators and host syncs per position of the coupled rollouts
+    (``dispatch_count.py``), and the operators of one plain forward of 3K rows without cache."""
+    with DispatchCounter() as counts:
+        coupled_rollouts(pair, k, h, seed=0)
+    with DispatchCounter() as plain, torch.no_grad():
+        lm.model(input_ids=torch.zeros(3 * k, 1, dtype=torch.long), use_cache=False)
+    return counts.ops / h, counts.syncs / h, plain.ops, dict(counts.sync_names)
+
+
 def seconds_per_position_coupled(pair: LMKernelPair, k: int, h: int) -> float:
     start = time.perf_counter()
     coupled_rollouts(pair, k, h, seed=0)
@@ -166,20 +180,6 @@ def seconds_per_position_generate(lm: LoadedModel, ids: torch.Tensor, k: int, h:
                           top_p=1.0, max_new_tokens=h, min_new_tokens=h,
                           stopping_criteria=StoppingCriteriaList([clock]))
     return statistics.median(b - a for a, b in zip(clock.stamps, clock.stamps[1:], strict=False))
-
-
-class RowCounter:
-    """Counts the model calls and rows of a kernel pair's joint steps (wraps ``advance_many``)."""
-
-    def __init__(self, pair: LMKernelPair) -> None:
-        self.calls = self.rows = 0
-        self._advance_many = pair.advance_many
-        pair.advance_many = self
-
-    def __call__(self, states, tokens):
-        self.calls += 1
-        self.rows += sum(s.n for s in states)
-        return self._advance_many(states, tokens)
 
 
 def swrb_against_rollouts(pair: LMKernelPair, k: int, h: int) -> dict:
@@ -315,6 +315,10 @@ def main() -> None:
             gen = seconds_per_position_generate(lm, ids, k, h)
             print(f"n = {ids.shape[1]}: generate({k} sampled sequences) {1000 * gen:.0f} ms / "
                   f"position; ratio coupled / generate = {coupled / gen:.2f}")
+            ops, syncs, plain_ops, names = operators_per_position(lm, pair, k, 8)
+            print(f"n = {ids.shape[1]}: operators per coupled position {ops:.0f}, one plain "
+                  f"forward of {3 * k} rows {plain_ops} (ratio {ops / plain_ops:.2f}); host "
+                  f"syncs per position {syncs:.2f} ({names}; 8 positions)")
             d_logits, d_logprobs = fused_against_separate(pair, k, 4 if q else 8)
             print(f"n = {ids.shape[1]}: joint step vs separate steps, largest |difference|: "
                   f"logits {d_logits:.1e}, log-probabilities {d_logprobs:.1e}")

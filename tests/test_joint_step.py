@@ -24,8 +24,8 @@ TOL = 1e-4
 class SeparatePair(LMKernelPair):
     """The separate-forward path: ``advance_many`` as one ``advance`` per state."""
 
-    def advance_many(self, states, tokens):
-        return [LMKernelPair.advance_many(self, [s], [t])[0]
+    def advance_many(self, states, tokens, **kwargs):
+        return [LMKernelPair.advance_many(self, [s], [t], **kwargs)[0]
                 for s, t in zip(states, tokens, strict=True)]
 
 

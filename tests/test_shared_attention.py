@@ -477,3 +477,47 @@ def test_bfloat16_under_masks_on_both_prompt_paths(prompt_path):
     for t in range(3):
         state = pair.advance(state, _tokens(3, 3, seed=22)[:, t])
     assert bool(torch.isfinite(state.logits).all())
+
+
+def test_cuda_kernel_calls_mirror_the_cpu_path(monkeypatch):
+    """The CUDA branch (no GPU here) with PyTorch's two kernels replaced by a math stand-in
+    that checks what they are handed: the same scaled queries and additive mask as on CPU,
+    the mask's last axis 16-aligned in memory, the efficient kernel's padded log-sum-exp
+    sliced back. Its results must equal the CPU path's."""
+    from kvdrift.lm import shared_attention
+
+    calls = []
+
+    def reference(q, k, v, bias):
+        scores = q @ k.transpose(-2, -1) + (0 if bias is None else bias)
+        lse = torch.logsumexp(scores, -1)
+        return torch.softmax(scores, -1) @ v, lse
+
+    def efficient(q, k, v, bias, compute_lse, dropout, causal, scale):
+        assert compute_lse and dropout == 0.0 and not causal and scale == 1.0
+        assert bias is None or (bias.shape == q.shape[:3] + k.shape[2:3] and bias.stride(-1) == 1
+                                and all(s % 16 == 0 for s in bias.stride()[:-1]))
+        calls.append("efficient")
+        out, lse = reference(q, k, v, bias)
+        padded = torch.full(lse.shape[:-1] + (-(-lse.shape[-1] // 32) * 32,), 7.0)
+        padded[..., :lse.shape[-1]] = lse
+        return out, padded, None, None
+
+    def flash(q, k, v, dropout, causal, debug, scale):
+        assert scale == 1.0 and q.dtype in (torch.float16, torch.bfloat16)
+        calls.append("flash")
+        out, lse = reference(q.float(), k.float(), v.float(), None)
+        return (out.to(q.dtype), lse) + (None,) * 7
+
+    monkeypatch.setattr(shared_attention, "_cuda_kernels", lambda: (flash, efficient))
+    g = torch.Generator().manual_seed(30)
+    q, k, v = (torch.randn(2, 3, 5, 8, generator=g) for _ in range(3))
+    k, v = torch.randn(2, 3, 21, 8, generator=g), torch.randn(2, 3, 21, 8, generator=g)
+    hidden = torch.rand(2, 1, 1, 21, generator=g) < 0.3
+    bias = shared_attention.hidden_bias(hidden, q.dtype)
+    out, lse = shared_attention._cuda_attention(q, k, v, bias)
+    want_out, want_lse = shared_attention._FLASH_CPU(q, k, v, attn_mask=bias, scale=1.0)
+    assert calls == ["efficient"] and lse.shape == (2, 3, 5)
+    assert (out - want_out).abs().max() < 1e-5 and (lse - want_lse).abs().max() < 1e-5
+    out, lse = shared_attention._cuda_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), None)
+    assert calls[-1] == "flash" and lse.dtype == torch.float32 and lse.shape == (2, 3, 5)

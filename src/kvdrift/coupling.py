@@ -57,13 +57,15 @@ def tempered_probs(logprobs: torch.Tensor, temperature: float) -> torch.Tensor:
 def absorb_eos(
     probs: torch.Tensor, absorbed: torch.Tensor, eos_token_id: int | None
 ) -> torch.Tensor:
-    """Replace the rows of branches that already emitted EOS by a point mass on EOS."""
-    if eos_token_id is None or not bool(absorbed.any()):
+    """Replace the rows of branches that already emitted EOS by a point mass on EOS.
+
+    Reads nothing back from the device (no ``absorbed.any()``): every row goes through one
+    ``where``, which keeps the other rows' values exactly."""
+    if eos_token_id is None or eos_token_id >= probs.shape[-1]:  # no row can draw it
         return probs
-    probs = probs.clone()
-    probs[absorbed] = 0.0
-    probs[absorbed, eos_token_id] = 1.0
-    return probs
+    point = torch.zeros_like(probs[:1])
+    point[0, eos_token_id] = 1.0
+    return torch.where(absorbed.to(probs.device)[:, None], point, probs)
 
 
 def tv_distance(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:

@@ -39,10 +39,14 @@ class KernelPair(Protocol):
       which is how the finite pair implements it. A language model runs every row of every
       state through one forward (the weights are read once per position, not once per path);
       rows of P and Q with equal inputs still get bit-identical distributions. Each state
-      must appear once (advancing consumes it).
+      must appear once (advancing consumes it). ``checked=False`` (keyword) tells the pair
+      the tokens come from its own ``[n, vocab_size]`` distributions (an estimator's draws), so
+      it may skip their range check, which on an accelerator is a host synchronisation.
     - ``truncate(state, lengths)`` returns a state whose row ``i`` holds the first
       ``lengths[i]`` tokens of row ``i``'s history; it may consume ``state`` too.
-    - ``select(state, rows)`` returns a state made of the given rows (in that order).
+    - ``select(state, rows)`` returns a state made of the given rows (in that order);
+      ``checked=False`` (keyword): the rows are known to be in range (e.g. from ``nonzero``
+      over the state's rows), so the pair may skip the check.
     - ``join(states)`` returns one state holding all rows of the given states of one side,
       in order (rows may have different lengths).
     - Estimators never ask for ``logprobs`` of a history of length ``H`` or more, and
@@ -67,12 +71,13 @@ class KernelPair(Protocol):
 
     def advance(self, state: PathState, tokens: torch.Tensor) -> PathState: ...
 
-    def advance_many(self, states: list[PathState], tokens: list[torch.Tensor]
-                     ) -> list[PathState]: ...
+    def advance_many(self, states: list[PathState], tokens: list[torch.Tensor], *,
+                     checked: bool = True) -> list[PathState]: ...
 
     def truncate(self, state: PathState, lengths: torch.Tensor) -> PathState: ...
 
-    def select(self, state: PathState, rows: torch.Tensor) -> PathState: ...
+    def select(self, state: PathState, rows: torch.Tensor, *,
+               checked: bool = True) -> PathState: ...
 
     def join(self, states: list[PathState]) -> PathState: ...
 

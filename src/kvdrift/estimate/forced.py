@@ -84,7 +84,7 @@ def forced_step(
         "kl": kl_divergence(logp, logq),
         "top1": (p_logprobs.argmax(-1) == q_logprobs.argmax(-1)).to(torch.float64),
     }
-    if after_eos is not None and bool(after_eos.any()):
+    if after_eos is not None:  # NaN after X's EOS (no host read of after_eos.any())
         mask = after_eos.to(logp.device)
         out = {k: v.masked_fill(mask, float("nan")) for k, v in out.items()}
     return ForcedStep(**out)

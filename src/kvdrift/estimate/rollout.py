@@ -128,16 +128,18 @@ def coupled_rollouts(
         if t + 1 < H:
             new = torch.nonzero(mismatch & ~diverged).squeeze(-1)
             if new.numel() > 0:  # fork Y at its divergence, before it appends its own token
-                fork = pair.select(q_state, new)
+                fork = pair.select(q_state, new, checked=False)  # rows of nonzero
                 forced = fork if forced is None else pair.join([forced, fork])
                 forced_rows = torch.cat([forced_rows, new])
                 diverged[new] = True
             # one joint step: P along X, Q along Y, Q forced along X (diverged rows)
             if forced is None:
-                p_state, q_state = pair.advance_many([p_state, q_state], [draw.x, draw.y])
+                p_state, q_state = pair.advance_many([p_state, q_state], [draw.x, draw.y],
+                                                     checked=False)
             else:
                 p_state, q_state, forced = pair.advance_many(
-                    [p_state, q_state, forced], [draw.x, draw.y, draw.x[forced_rows]])
+                    [p_state, q_state, forced], [draw.x, draw.y, draw.x[forced_rows]],
+                    checked=False)
 
     def stack(k: str) -> torch.Tensor:
         return torch.stack(cols[k], dim=1).cpu()

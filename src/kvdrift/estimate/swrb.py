@@ -111,7 +111,8 @@ def swrb(
         u_done[:, s + 1] = u_done[:, s] | ((u == eos) if eos is not None else False)
         if s + 1 == H or not bool((survival > 0).any()):
             break
-        p_state, q_state = pair.advance_many([p_state, q_state], [u, u])  # one joint step
+        p_state, q_state = pair.advance_many([p_state, q_state], [u, u],  # one joint step
+                                             checked=False)  # draws: in range
 
     # 2-3. Total divergence mass, capacities, and the branch position J ~ w / M.
     M = weights.sum(dim=1)
@@ -128,8 +129,8 @@ def swrb(
         pos = J[rows] - 1  # 0-based column of position J; the states keep U_<J
         x = x_res[rows, pos]
         y = y_res[rows, pos]
-        x_state = pair.truncate(pair.select(p_state, rows), pos)
-        y_state = pair.truncate(pair.select(q_state, rows), pos)
+        x_state = pair.truncate(pair.select(p_state, rows, checked=False), pos)
+        y_state = pair.truncate(pair.select(q_state, rows, checked=False), pos)
         x_done, y_done = u_done[rows, pos], u_done[rows, pos].clone()
         while True:
             x_out[rows, pos] = x
@@ -142,10 +143,11 @@ def swrb(
             if keep.numel() == 0:
                 break
             if keep.numel() < rows.numel():  # rows that reached H leave the batch
-                x_state, y_state = pair.select(x_state, keep), pair.select(y_state, keep)
+                x_state = pair.select(x_state, keep, checked=False)  # rows of nonzero
+                y_state = pair.select(y_state, keep, checked=False)
                 rows, pos, x_done, y_done = rows[keep], pos[keep], x_done[keep], y_done[keep]
                 x, y = x[keep], y[keep]
-            x_state, y_state = pair.advance_many([x_state, y_state], [x, y])
+            x_state, y_state = pair.advance_many([x_state, y_state], [x, y], checked=False)
             evaluations[rows] += 1
             p = absorb_eos(tempered_probs(pair.logprobs(x_state), temperature), x_done, eos)
             q = absorb_eos(tempered_probs(pair.logprobs(y_state), temperature), y_done, eos)

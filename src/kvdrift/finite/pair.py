@@ -191,9 +191,10 @@ class FinitePair:
         return FinitePath(state.side,
                           tuple(h + (t,) for h, t in zip(state.histories, toks, strict=True)))
 
-    def advance_many(self, states: list[FinitePath], tokens: list[torch.Tensor]
-                     ) -> list[FinitePath]:
-        """``advance`` of each state (tables have no forward pass to share)."""
+    def advance_many(self, states: list[FinitePath], tokens: list[torch.Tensor], *,
+                     checked: bool = True) -> list[FinitePath]:
+        """``advance`` of each state (tables have no forward pass to share; the tokens are
+        always checked: a host list costs no synchronisation)."""
         if len(states) != len(tokens):
             raise ValueError(f"need one token tensor per state; got {len(states)} states and "
                              f"{len(tokens)} token tensors")
@@ -208,8 +209,9 @@ class FinitePair:
         return FinitePath(state.side,
                           tuple(h[:k] for h, k in zip(state.histories, lens, strict=True)))
 
-    def select(self, state: FinitePath, rows: torch.Tensor) -> FinitePath:
-        """The given rows (``[m]`` ints, in that order, repeats allowed)."""
+    def select(self, state: FinitePath, rows: torch.Tensor, *,
+               checked: bool = True) -> FinitePath:
+        """The given rows (``[m]`` ints, in that order, repeats allowed; always checked)."""
         idx = _as_index_list(rows, None, "rows")
         if any(i < 0 or i >= len(state) for i in idx):
             raise ValueError(f"rows must lie in 0..{len(state) - 1}; got {idx}")

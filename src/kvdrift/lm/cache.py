@@ -90,39 +90,70 @@ class SharedPromptLayer(DynamicLayer):
         cache_kwargs: dict[str, Any] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Append the new entries in place; returns the generated keys/values of every row."""
-        length, added = self.keys.shape[SEQ], key_states.shape[SEQ]
+        key_slots, value_slots = self.reserve(key_states.shape[SEQ])
+        key_slots.copy_(key_states)
+        value_slots.copy_(value_states)
+        return self.keys, self.values
+
+    def reserve(self, added: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Extend ``keys``/``values`` by ``added`` slots (regrowing the buffers if needed) and
+        return the views of the new slots, for the caller to write."""
+        length = self.keys.shape[SEQ]
         if length + added > self.capacity:
             self._rebuffer(self.keys, self.values, length + added)
-        self._key_buf[:, :, length:length + added].copy_(key_states)
-        self._value_buf[:, :, length:length + added].copy_(value_states)
         self.keys = self._key_buf[:, :, :length + added]
         self.values = self._value_buf[:, :, :length + added]
-        return self.keys, self.values
+        return (self._key_buf[:, :, length:length + added],
+                self._value_buf[:, :, length:length + added])
 
     def get_seq_length(self) -> int:
         """Generated slots held (the prompt is not counted: it is not part of the buffers)."""
         return self.keys.shape[SEQ]
 
+    def _adopt(self, key_buf: torch.Tensor, value_buf: torch.Tensor,
+               length: int) -> SharedPromptLayer:
+        """A layer over this one's prompt whose generated buffers are ``key_buf``/``value_buf``
+        (``[rows, kv_heads, capacity, head_dim]``, the first ``length`` slots filled), taken
+        as they are: no copy."""
+        layer = SharedPromptLayer.__new__(SharedPromptLayer)
+        DynamicLayer.__init__(layer)
+        layer.dtype, layer.device, layer.is_initialized = key_buf.dtype, key_buf.device, True
+        layer.prompt_keys, layer.prompt_values = self.prompt_keys, self.prompt_values
+        layer.prompt_live = self.prompt_live
+        layer._key_buf, layer._value_buf = key_buf, value_buf
+        layer.keys = key_buf[:, :, :length]
+        layer.values = value_buf[:, :, :length]
+        return layer
+
     def take(self, rows: torch.Tensor) -> SharedPromptLayer:
-        """A layer of the given rows: shares the prompt, copies only the generated entries."""
-        return SharedPromptLayer(self.prompt_keys, self.prompt_values,
-                                 self.keys.index_select(0, rows), self.values.index_select(0, rows),
-                                 self.prompt_live)
+        """A layer of the given rows: shares the prompt, copies only the generated entries
+        (the rows of the buffers, spare slots included: one operator per buffer)."""
+        return self._adopt(self._key_buf.index_select(0, rows),
+                           self._value_buf.index_select(0, rows), self.keys.shape[SEQ])
 
     @staticmethod
     def join(layers: list[SharedPromptLayer], width: int) -> SharedPromptLayer:
-        """Rows of several layers with the same prompt, generated parts padded to ``width``."""
+        """Rows of several layers with the same prompt, generated parts padded to ``width``
+        (padding slots hold zeros: masked, but never NaN)."""
         first = layers[0]
         if any(layer.prompt_keys is not first.prompt_keys for layer in layers):
             raise ValueError("only rows that share one prompt can be joined")
-
-        def padded(t: torch.Tensor) -> torch.Tensor:
-            return torch.nn.functional.pad(t, (0, 0, 0, width - t.shape[SEQ]))
-
-        keys = torch.cat([padded(layer.keys) for layer in layers])  # along rows
-        values = torch.cat([padded(layer.values) for layer in layers])
-        return SharedPromptLayer(first.prompt_keys, first.prompt_values, keys, values,
-                                 first.prompt_live)
+        rows = sum(layer.rows for layer in layers)
+        heads, dim, value_dim = first.keys.shape[1], first.keys.shape[3], first.values.shape[3]
+        capacity = width + spare_slots(width)
+        key_buf = first.keys.new_empty(rows, heads, capacity, dim)
+        value_buf = first.values.new_empty(rows, heads, capacity, value_dim)
+        targets, sources, start = [], [], 0
+        for layer in layers:
+            stop, length = start + layer.rows, layer.keys.shape[SEQ]
+            if length < width:  # holes up to the common width
+                key_buf[start:stop, :, length:width].zero_()
+                value_buf[start:stop, :, length:width].zero_()
+            targets += [key_buf[start:stop, :, :length], value_buf[start:stop, :, :length]]
+            sources += [layer.keys, layer.values]
+            start = stop
+        torch._foreach_copy_(targets, sources)  # every part's entries in one operator
+        return first._adopt(key_buf, value_buf, width)
 
 
 class SharedPromptCache(DynamicCache):
@@ -188,9 +219,14 @@ class GroupedLayer(DynamicLayer):
         cache_kwargs: dict[str, Any] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Append each part's rows to that part; returns the new entries (the attention reads
-        every part's generated entries from ``parts``)."""
+        every part's generated entries from ``parts``). Every part's keys and values are
+        written by one multi-tensor copy (one operator, not two per part)."""
+        added = key_states.shape[SEQ]
+        targets, sources = [], []
         for part, start, stop in zip(self.parts, self.bounds, self.bounds[1:], strict=False):
-            part.update(key_states[start:stop], value_states[start:stop])
+            targets.extend(part.reserve(added))
+            sources.extend((key_states[start:stop], value_states[start:stop]))
+        torch._foreach_copy_(targets, sources)
         return key_states, value_states
 
     def get_seq_length(self) -> int:

@@ -54,9 +54,17 @@ from kvdrift.lm.decoding import (
     capture_attention_inputs,
     compress_rows,
 )
-from kvdrift.lm.prefill import PromptCache, as_prompt, attention_modules, prefill, unwrap_model
+from kvdrift.lm.prefill import (
+    PromptCache,
+    as_prompt,
+    attention_modules,
+    own_prefill_reason,
+    prefill,
+    prefill_shared,
+    unwrap_model,
+)
 from kvdrift.lm.quantization import GeneratedView, kv_memory
-from kvdrift.lm.shared_attention import ATTENTION_NAME, attention_implementation
+from kvdrift.lm.shared_attention import ATTENTION_NAME, attention_implementation, hidden_bias
 
 HOLE_STEP = torch.iinfo(torch.long).max  # slot_step of a slot that never holds a generated token
 
@@ -74,6 +82,9 @@ class LMPathState:
     logits: torch.Tensor  # [n, V] float32 (rows flagged in ``stale`` hold old values)
     stale: torch.Tensor  # [n] bool, rows whose logits must be recomputed (after truncate)
     evictions: DecodeEvictions | None = None  # Q rows under decode-time eviction
+    # host-side: whether any row may be stale (False: ``logprobs`` reads nothing from ``stale``,
+    # so a decoding loop without truncation never waits for the device)
+    maybe_stale: bool = False
 
     @property
     def n(self) -> int:
@@ -115,6 +126,13 @@ class LMKernelPair:
             raise ValueError(f"the prompt has {self.n_prompt} tokens, more than the model's "
                              f"context window allows ({window} positions, including generated "
                              f"ones); shorten the document")
+        if (reference is None and compressed is None and own_prefill_reason(self.action) is None
+                and not self.action.prefill_is_noop(self.n_prompt)):
+            # set-up close to one prefill: P's cache and Q's from one forward, entry for entry
+            # what a prefill inside the press keeps (lm/prefill.py)
+            shared = prefill_shared(self.model, ids, [self.action])
+            reference = shared.reference
+            compressed = shared.compressed[self.action.name]
         if reference is None:
             reference = prefill(self.model, ids)
         elif reference.n_prompt != self.n_prompt or not reference.is_full:
@@ -142,6 +160,7 @@ class LMKernelPair:
         self._modules = sorted(attention_modules(self.model), key=lambda m: m.layer_idx)
         self._eos = eos_token_id if eos_token_id is not None else _primary_eos(self.model)
         self._vocab = self.model.get_output_embeddings().weight.shape[0]
+        self._dtype = reference.keys[0].dtype  # the attention's queries and keys
 
     # --- protocol properties -------------------------------------------------------------
     @property
@@ -204,7 +223,7 @@ class LMKernelPair:
     def logprobs(self, state: LMPathState) -> torch.Tensor:
         """``[n, V]`` float64 log-softmax of each row's next-token logits (temperature 1)."""
         logits = state.logits
-        if bool(state.stale.any()):
+        if state.maybe_stale and bool(state.stale.any()):
             rows = torch.nonzero(state.stale).squeeze(-1)
             logits = logits.index_copy(0, rows, self._refed_logits(self.select(state, rows)))
         return torch.log_softmax(logits.to(torch.float64), dim=-1)
@@ -227,7 +246,7 @@ class LMKernelPair:
         return self.advance_many([state], [tokens])[0]
 
     def advance_many(
-        self, states: list[LMPathState], tokens: list[torch.Tensor],
+        self, states: list[LMPathState], tokens: list[torch.Tensor], *, checked: bool = True,
     ) -> list[LMPathState]:
         """Advance several states (of either side) in one model call: ``advance`` of each.
 
@@ -237,6 +256,10 @@ class LMKernelPair:
         ``advance`` calls to float noise (matrix products over a different number of rows).
         When Q is P by construction (:attr:`q_is_p`, e.g. ``full``) the two sides are two
         forwards, so rows of P and Q with equal inputs stay bit-identical whatever the BLAS.
+
+        ``checked=False`` skips the range check of the tokens (a host read of the device): the
+        estimators pass tokens drawn from the pair's own ``[n, V]`` distributions, in range by
+        construction.
         """
         if len(states) != len(tokens):
             raise ValueError(f"need one token tensor per state; got {len(states)} states and "
@@ -246,7 +269,7 @@ class LMKernelPair:
         if len({id(s.cache) for s in states}) < len(states):
             raise ValueError("a state appears twice in advance_many (a state is consumed by "
                              "advancing it); select a copy of its rows instead")
-        toks = [self._check_tokens(s, t) for s, t in zip(states, tokens, strict=True)]
+        toks = [self._check_tokens(s, t, checked) for s, t in zip(states, tokens, strict=True)]
         rows = [_Rows(s, s.mask, tok, self.n_prompt + s.lengths,
                       torch.ones_like(tok, dtype=torch.bool), live_after=s.lengths)
                 for s, tok in zip(states, toks, strict=True)]
@@ -266,7 +289,9 @@ class LMKernelPair:
                   mask: torch.Tensor, seen: dict[int, Any]) -> LMPathState:
         """The state after its decoding step wrote ``tok``'s slot (logits ``[n, V]``)."""
         history = state.tokens
-        if history.shape[1] <= int(state.lengths.max()):
+        # lengths <= generated slots (every advance adds one slot to every row, truncate only
+        # shortens): a bound the host knows, so growing the history never reads the device
+        if history.shape[1] <= state.mask.shape[1]:
             grow = max(16, history.shape[1])
             history = torch.cat([history, history.new_zeros(state.n, grow)], dim=1)
         history = history.scatter(1, state.lengths[:, None], tok[:, None])
@@ -283,7 +308,7 @@ class LMKernelPair:
                                           {i: seen[i][1] for i in seen})
         return dataclasses.replace(
             state, mask=mask, slot_step=slot_step, tokens=history, lengths=lengths, logits=logits,
-            stale=torch.zeros_like(state.stale), evictions=evictions,
+            stale=torch.zeros_like(state.stale), evictions=evictions, maybe_stale=False,
         )
 
     def truncate(self, state: LMPathState, lengths: torch.Tensor) -> LMPathState:
@@ -302,14 +327,16 @@ class LMKernelPair:
             logits = torch.where(empty[:, None], self._prompt[state.side].logits, logits)
         evictions = state.evictions.truncated(new) if state.evictions is not None else None
         return dataclasses.replace(state, mask=mask, lengths=new, logits=logits, stale=stale,
-                                   evictions=evictions)
+                                   evictions=evictions, maybe_stale=bool(stale.any()))
 
-    def select(self, state: LMPathState, rows: torch.Tensor) -> LMPathState:
-        """A state made of the given rows, in that order (copies only generated entries)."""
+    def select(self, state: LMPathState, rows: torch.Tensor, *,
+               checked: bool = True) -> LMPathState:
+        """A state made of the given rows, in that order (copies only generated entries).
+        ``checked=False`` skips the range check (a host read of the device)."""
         idx = torch.as_tensor(rows, dtype=torch.long, device=self.device).reshape(-1)
         if idx.numel() == 0:
             raise ValueError("select needs at least one row")
-        if bool((idx < 0).any()) or bool((idx >= state.n).any()):
+        if checked and bool(((idx < 0) | (idx >= state.n)).any()):
             raise ValueError(f"rows must be in [0, {state.n}); got {idx.tolist()}")
         return LMPathState(
             side=state.side, cache=state.cache.take(idx), mask=state.mask.index_select(0, idx),
@@ -319,6 +346,7 @@ class LMKernelPair:
             logits=state.logits.index_select(0, idx),
             stale=state.stale.index_select(0, idx),
             evictions=state.evictions.take(idx) if state.evictions is not None else None,
+            maybe_stale=state.maybe_stale,
         )
 
     def join(self, states: list[LMPathState]) -> LMPathState:
@@ -350,14 +378,16 @@ class LMKernelPair:
             evictions=None if states[0].evictions is None else DecodeEvictions.join(
                 [s.evictions for s in states], width,
                 max(s.evictions.inputs[0].shape[1] for s in states)),
+            maybe_stale=any(s.maybe_stale for s in states),
         )
 
     # --- internals ----------------------------------------------------------------------------
-    def _check_tokens(self, state: LMPathState, tokens: torch.Tensor) -> torch.Tensor:
+    def _check_tokens(self, state: LMPathState, tokens: torch.Tensor,
+                      checked: bool = True) -> torch.Tensor:
         tok = torch.as_tensor(tokens, device=self.device).reshape(-1).long()  # [n]
         if tok.shape[0] != state.n:
             raise ValueError(f"need one token per row ({state.n}); got {tok.shape[0]}")
-        if bool((tok < 0).any()) or bool((tok >= self._vocab).any()):
+        if checked and bool(((tok < 0) | (tok >= self._vocab)).any()):
             raise ValueError(f"tokens must be in [0, {self._vocab}); got {tok.tolist()}")
         return tok
 
@@ -369,7 +399,7 @@ class LMKernelPair:
         The query always attends to its own new slot; ``valid`` only decides whether later
         steps see it (a re-fed token leaves a hole).
         """
-        slots, lives = [], []
+        slots, lives, biases = [], [], []
         for part in parts:
             if part.state.cache.get_seq_length() != part.mask.shape[1]:
                 raise RuntimeError("path state was already consumed (cache and mask lengths "
@@ -377,6 +407,8 @@ class LMKernelPair:
                                    "returned state")
             slots.append(torch.cat([part.mask.bool(), part.mask.new_ones(part.mask.shape[0], 1,
                                                                          dtype=torch.bool)], 1))
+            # the same as an additive mask [n, 1, 1, G + 1], built once for every layer
+            biases.append(hidden_bias(~slots[-1][:, None, None, :], self._dtype))
             ev = part.state.evictions
             lives.append(None if ev is None else ev.live(part.live_after))
         extra: dict[str, Any] = {}
@@ -384,6 +416,7 @@ class LMKernelPair:
             cache: Any = parts[0].state.cache
             physical = parts[0].mask.shape[1]
             extra["kvdrift_slots"] = slots[0]
+            extra["kvdrift_slot_bias"] = biases[0]
             if lives[0] is not None:
                 extra["kvdrift_live"] = lives[0]
         else:  # states of one side next to each other share one pass over their prompt
@@ -394,6 +427,7 @@ class LMKernelPair:
             cache = GroupedCache([part.state.cache for part in parts], groups)
             physical = 0  # per part; the grouped layers do not read it
             extra["kvdrift_slots"] = slots
+            extra["kvdrift_slot_bias"] = biases
             if any(live is not None for live in lives):
                 extra["kvdrift_live"] = lives
         capture: Any = contextlib.nullcontext({})

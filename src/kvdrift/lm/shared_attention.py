@@ -30,6 +30,7 @@ before the softmax, so they take exactly zero weight.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -54,6 +55,7 @@ def shared_prompt_attention(
     kvdrift_slots: torch.Tensor | list[torch.Tensor] | None = None,  # [n, G] bool (per part)
     kvdrift_live: Any = None,
     kvdrift_quant: Any = None,  # GeneratedView (per part when grouped): Q rows quantized
+    kvdrift_slot_bias: Any = None,  # [n, 1, 1, G] additive mask of kvdrift_slots (per part)
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """Exact attention of one new query per row over shared prompt + own generated entries.
@@ -61,6 +63,8 @@ def shared_prompt_attention(
     With a :class:`~kvdrift.lm.cache.GroupedCache` (a joint step of several path states),
     ``kvdrift_slots`` and ``kvdrift_live`` hold one entry per part (state); each run of parts
     of one group reads its prompt in one call, and each part its own generated entries.
+    ``kvdrift_slot_bias`` (optional) is ``kvdrift_slots`` as an additive mask
+    (:func:`hidden_bias` of its negation), built once per step instead of once per layer.
     """
     if kvdrift_cache is None or kvdrift_slots is None:
         raise RuntimeError(f"the {ATTENTION_NAME!r} attention needs kvdrift_cache= and "
@@ -74,19 +78,20 @@ def shared_prompt_attention(
         live = None if kvdrift_live is None else kvdrift_live[module.layer_idx]
         if kvdrift_quant is not None:  # generated entries as the quantized cache holds them
             key, value = kvdrift_quant(key, value)
-        return _attend(query, scale, [(layer, key, value, kvdrift_slots, live)]), None
+        return _attend_groups(query, scale, [[(layer, key, value, kvdrift_slots, live)]],
+                              [kvdrift_slot_bias]), None
     grouped = kvdrift_cache.layers[module.layer_idx]
-    lives = kvdrift_live if kvdrift_live is not None else [None] * len(grouped.parts)
-    quants = kvdrift_quant if kvdrift_quant is not None else [None] * len(grouped.parts)
-    outs, start = [], 0
+    parts_n = len(grouped.parts)
+    lives = kvdrift_live if kvdrift_live is not None else [None] * parts_n
+    quants = kvdrift_quant if kvdrift_quant is not None else [None] * parts_n
+    biases = kvdrift_slot_bias if kvdrift_slot_bias is not None else [None] * parts_n
+    groups, start = [], 0
     for stop in _group_ends(kvdrift_cache.groups):
-        parts = [(part, *_generated(quants[i], part.keys, part.values), kvdrift_slots[i],
-                  None if lives[i] is None else lives[i][module.layer_idx])
-                 for i, part in enumerate(grouped.parts[start:stop], start)]
-        rows = slice(grouped.bounds[start], grouped.bounds[stop])
-        outs.append(_attend(query[rows], scale, parts))
+        groups.append([(part, *_generated(quants[i], part.keys, part.values), kvdrift_slots[i],
+                        None if lives[i] is None else lives[i][module.layer_idx])
+                       for i, part in enumerate(grouped.parts[start:stop], start)])
         start = stop
-    return torch.cat(outs), None
+    return _attend_groups(query, scale, groups, biases), None
 
 
 def _generated(quant: Any, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -100,60 +105,103 @@ def _group_ends(groups: list[int]) -> list[int]:
     return [i + 1 for i in range(len(groups)) if i + 1 == len(groups) or groups[i + 1] != groups[i]]
 
 
+def hidden_bias(hidden: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The additive attention mask of ``hidden`` (bool, True = entry not attended): ``-inf``
+    there, 0 elsewhere. Every mask (head-adaptive, per-row, generated slots) reaches every
+    attention path (fused CPU kernel, CUDA kernels, matrix products) in this one form."""
+    return torch.zeros(hidden.shape, dtype=dtype, device=hidden.device).masked_fill_(
+        hidden, float("-inf"))
+
+
 def _attend(
     query: torch.Tensor,  # [n, heads, 1, head_dim], rows of every part in order
     scale: float,
     parts: list[tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor, Any]],
 ) -> torch.Tensor:
-    """Attention of the rows of parts that share one prompt: ``(layer, generated keys
-    [m, kv, G, dim], generated values, slots [m, G] bool, decode-time live masks or None)``
-    per part. The prompt is read once for all rows (:func:`_prompt_attention`); each part's
-    rows attend their own generated entries, and the two partial results are merged by their
-    log-sum-exps (:func:`_merge`), which is exact softmax attention over prompt + generated
-    entries. Returns ``[n, 1, heads, head_dim]`` as transformers expects."""
+    """Attention of the rows of parts that share one prompt (one group of
+    :func:`_attend_groups`): ``(layer, generated keys [m, kv, G, dim], generated values,
+    slots [m, G] bool, decode-time live masks or None)`` per part."""
+    return _attend_groups(query, scale, [parts])
+
+
+def _attend_groups(
+    query: torch.Tensor,  # [n, heads, 1, head_dim], rows of every part of every group in order
+    scale: float,
+    groups: list[list[tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor, Any]]],
+    slot_biases: list[torch.Tensor | None] | None = None,  # per part: [m, 1, 1, G] or None
+) -> torch.Tensor:
+    """Attention of the rows of groups of parts; the parts of a group share one prompt:
+    ``(layer, generated keys [m, kv, G, dim], generated values, slots [m, G] bool,
+    decode-time live masks or None)`` per part. Each group's prompt is read once for all its
+    rows (one fused call, :func:`_prompt_part`); each part's rows attend their own generated
+    entries (one fused call per part); the two partial results of every row are merged by
+    their log-sum-exps (:func:`_merge`, once for all rows), which is exact softmax attention
+    over prompt + generated entries. Returns ``[n, 1, heads, head_dim]`` as transformers
+    expects."""
     n, heads, _, dim = query.shape
+    kv_heads = groups[0][0][0].prompt_keys.shape[1]
+    g = heads // kv_heads
+    q = query.reshape(n, kv_heads, g, dim) * scale  # [n, kv, g, dim], once for all rows
+    outs_p, lses_p, outs_o, lses_o = [], [], [], []
+    start, index = 0, 0
+    for parts in groups:
+        m = sum(part[1].shape[0] for part in parts)
+        q_group = q[start:start + m]
+        out, lse = _prompt_part(q_group, parts)  # [m, kv, g, dim], [m, kv, g]
+        outs_p.append(out)
+        lses_p.append(lse)
+        row = 0
+        for _, key, value, slots, live in parts:
+            rows = key.shape[0]
+            bias = None if slot_biases is None else slot_biases[index]
+            if live is not None:  # decode-time eviction: per-row, per-head generated masks
+                bias = hidden_bias(~(slots[:, None, None, :] & live[1][:, :, None, :]), q.dtype)
+            elif bias is None or bias.dtype != q.dtype:
+                bias = hidden_bias(~slots[:, None, None, :], q.dtype)  # [m, 1, 1, G]
+            # lse is finite: a row always sees its new slot
+            out, lse = _fused_attention(q_group[row:row + rows], key, value, bias)
+            outs_o.append(out)
+            lses_o.append(lse)
+            row += rows
+            index += 1
+        start += m
+
+    def joined(items: list[torch.Tensor]) -> torch.Tensor:
+        return items[0] if len(items) == 1 else torch.cat(items)
+
+    out = _merge(joined(outs_p), joined(lses_p), joined(outs_o), joined(lses_o))
+    return out.to(query.dtype).reshape(n, 1, heads, dim)
+
+
+def _prompt_part(
+    q: torch.Tensor,  # [m, kv, g, dim], already scaled: the rows of one group
+    parts: list[tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor, Any]],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One group's attention over its prompt: ``[m, kv, g, dim]`` and log-sum-exps
+    ``[m, kv, g]``, all the group's rows as one query block per KV head."""
+    m, kv_heads, g, dim = q.shape
     layer = parts[0][0]
     prompt_keys, prompt_values = layer.prompt_keys[0], layer.prompt_values[0]  # [kv, P, dim]
-    kv_heads, n_prompt = prompt_keys.shape[0], prompt_keys.shape[1]
-    groups = heads // kv_heads
-
-    q = query.reshape(n, kv_heads, groups, dim) * scale  # [n, kv, g, dim]
-    hidden = None  # [kv, 1 or n g, P] bool: prompt entries a row does not attend
+    n_prompt = prompt_keys.shape[1]
+    hidden = None  # [kv, 1 or m g, P] bool: prompt entries a row does not attend
     if layer.prompt_live is not None:
         hidden = ~layer.prompt_live[0][:, None, :]
     if any(live is not None for *_, live in parts):  # decode-time eviction: per-row masks
         per_row = []
         for _, key, _, _, live in parts:
-            m = key.shape[0]
+            rows = key.shape[0]
             if live is None:
-                per_row.append(torch.zeros(kv_heads, m * groups, n_prompt, dtype=torch.bool,
-                                           device=query.device))
-            else:  # [m, kv, P] -> [kv, m g, P]
-                rows_hidden = ~live[0].permute(1, 0, 2)[:, :, None, :].expand(-1, -1, groups, -1)
-                per_row.append(rows_hidden.reshape(kv_heads, m * groups, n_prompt))
+                per_row.append(torch.zeros(kv_heads, rows * g, n_prompt, dtype=torch.bool,
+                                           device=q.device))
+            else:  # [rows, kv, P] -> [kv, rows g, P]
+                rows_hidden = ~live[0].permute(1, 0, 2)[:, :, None, :].expand(-1, -1, g, -1)
+                per_row.append(rows_hidden.reshape(kv_heads, rows * g, n_prompt))
         rows_hidden = torch.cat(per_row, dim=1)
         hidden = rows_hidden if hidden is None else hidden | rows_hidden
-    q_shared = q.permute(1, 0, 2, 3).reshape(kv_heads, n * groups, dim)  # [kv, n g, dim]
-    out_prompt, lse_prompt = _prompt_attention(q_shared, prompt_keys, prompt_values, hidden)
-    out_prompt = out_prompt.reshape(kv_heads, n, groups, dim).permute(1, 0, 2, 3)
-    lse_prompt = lse_prompt.reshape(kv_heads, n, groups).permute(1, 0, 2)  # [n, kv, g]
-
-    outs_own, lses_own, start = [], [], 0
-    for _, key, value, slots, live in parts:
-        m = key.shape[0]
-        q_part = q[start:start + m]
-        start += m
-        own_slots = slots[:, None, None, :]  # [m, 1, 1, G]
-        if live is not None:
-            own_slots = own_slots & live[1][:, :, None, :]  # [m, kv, 1, G]
-        # lse is finite: a row always sees its new slot
-        out, lse = _softmax_attention(q_part, key, value, ~own_slots)  # [m, kv, g, dim]
-        outs_own.append(out)
-        lses_own.append(lse)
-    out_own = outs_own[0] if len(parts) == 1 else torch.cat(outs_own)
-    lse_own = lses_own[0] if len(parts) == 1 else torch.cat(lses_own)
-    out = _merge(out_prompt, lse_prompt, out_own, lse_own)
-    return out.to(query.dtype).reshape(n, 1, heads, dim)
+    q_shared = q.permute(1, 0, 2, 3).reshape(kv_heads, m * g, dim)  # [kv, m g, dim]
+    out, lse = _prompt_attention(q_shared, prompt_keys, prompt_values, hidden)
+    return (out.reshape(kv_heads, m, g, dim).permute(1, 0, 2, 3),
+            lse.reshape(kv_heads, m, g).permute(1, 0, 2))
 
 
 def _prompt_attention(
@@ -166,36 +214,80 @@ def _prompt_attention(
     ``[kv, r, dim]`` and each row's log-sum-exp of scores ``[kv, r]`` (float32; ``-inf`` for a
     row that sees no prompt entry, whose output is then 0).
 
-    On CPU this is PyTorch's fused flash-attention kernel (it never builds the ``[kv, r, P]``
-    score matrix and measured 2.6x faster than two matrix products and a softmax over a
-    4,000-entry prompt); elsewhere, or without that kernel, matrix products and a softmax.
+    One fused call (:func:`_fused_attention`): on CPU PyTorch's flash-attention kernel, which
+    never builds the ``[kv, r, P]`` score matrix (measured 2.6x faster than two matrix
+    products and a softmax over a 4,000-entry prompt); on CUDA PyTorch's flash or
+    memory-efficient kernel; elsewhere matrix products and a softmax.
     """
-    if q.device.type == "cpu" and _FLASH_CPU is not None:
-        mask = None
-        if hidden is not None:
-            mask = torch.zeros(hidden.shape, dtype=q.dtype, device=q.device).masked_fill_(
-                hidden, float("-inf"))[None]
-        out, lse = _FLASH_CPU(q[None], keys[None], values[None], attn_mask=mask, scale=1.0)
-        out, lse = out[0], lse[0]
-    else:
-        out, lse = _softmax_attention(q, keys, values, hidden)
+    bias = None if hidden is None else hidden_bias(hidden, q.dtype)[None]
+    out, lse = _fused_attention(q[None], keys[None], values[None], bias)
+    out, lse = out[0], lse[0]
     if hidden is not None:  # the fused kernel returns lse 0 for a row with no entry
         lse = lse.masked_fill(hidden.all(dim=-1).expand_as(lse), float("-inf"))
     return out, lse
+
+
+def _fused_attention(
+    q: torch.Tensor,  # [b, h, r, dim], already scaled
+    keys: torch.Tensor,  # [b, h, S, dim]
+    values: torch.Tensor,  # [b, h, S, dim]
+    bias: torch.Tensor | None,  # additive mask broadcast to [b, h, r, S] (hidden_bias)
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax attention with the log-sum-exp ``[b, h, r]`` (float32) in one kernel where the
+    device has one: on CPU ``_scaled_dot_product_flash_attention_for_cpu``; on CUDA
+    ``_scaled_dot_product_flash_attention`` (no mask, half precision) or
+    ``_scaled_dot_product_efficient_attention`` (any mask); else, or if the kernel refuses the
+    inputs, matrix products and a softmax (:func:`_softmax_attention`). The log-sum-exp of a
+    row that sees no entry is not defined here (callers that allow such rows fix it)."""
+    if q.device.type == "cpu" and _FLASH_CPU is not None:
+        return _FLASH_CPU(q, keys, values, attn_mask=bias, scale=1.0)
+    if q.device.type == "cuda" and _CUDA_KERNELS_OK[0]:
+        try:
+            return _cuda_attention(q, keys, values, bias)
+        except RuntimeError as exc:  # an input the kernels refuse: the matrix products
+            _CUDA_KERNELS_OK[0] = False
+            warnings.warn(f"kvdrift: PyTorch's fused CUDA attention refused the shared-prompt "
+                          f"attention's inputs ({exc}); using matrix products", stacklevel=2)
+    return _softmax_attention(q, keys, values, bias)
+
+
+def _cuda_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_fused_attention` on CUDA (not measured in this project: no GPU was lent to its
+    sessions; see docs/engine.md). Mirrors the CPU call: same scaled queries, same additive
+    mask, log-sum-exp returned for the same merge."""
+    b, h, r, dim = q.shape
+    flash, efficient = _cuda_kernels()
+    if bias is None and q.dtype in (torch.float16, torch.bfloat16) and dim <= 256:
+        out, lse = flash(q, keys, values, 0.0, False, False, scale=1.0)[:2]
+        return out, lse.float()
+    if bias is not None:  # the kernel reads the mask with its last axis aligned to 16 entries
+        s = bias.shape[-1]
+        aligned = torch.nn.functional.pad(bias, (0, -s % 16))[..., :s]
+        bias = aligned.expand(b, h, r, s)
+    out, lse = efficient(q, keys, values, bias, True, 0.0, False, scale=1.0)[:2]
+    return out, lse[..., :r].float()  # the kernel pads the query axis of lse (to 32)
+
+
+def _cuda_kernels() -> tuple[Any, Any]:
+    """PyTorch's CUDA flash and memory-efficient attention operators (looked up when used)."""
+    return (torch.ops.aten._scaled_dot_product_flash_attention,
+            torch.ops.aten._scaled_dot_product_efficient_attention)
 
 
 def _softmax_attention(
     q: torch.Tensor,  # [..., r, dim], already scaled
     keys: torch.Tensor,  # [..., S, dim]
     values: torch.Tensor,  # [..., S, dim]
-    hidden: torch.Tensor | None,  # bool, broadcast to [..., r, S]: entries a row does not see
+    bias: torch.Tensor | None,  # additive mask (hidden_bias), broadcast to [..., r, S]
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax attention by matrix products: the output ``[..., r, dim]`` (in ``q``'s dtype)
     and each row's log-sum-exp ``[..., r]`` (float32; a row that sees nothing: ``-inf``, output
-    0). The generated part of every step, and the prompt part off CPU."""
+    0). Where no fused kernel runs."""
     scores = torch.matmul(q, keys.transpose(-2, -1))  # [..., r, S]
-    if hidden is not None:
-        scores = scores.masked_fill(hidden, float("-inf"))
+    if bias is not None:
+        scores = scores + bias  # s + 0 is s, s + -inf is -inf: a masked_fill
     scores = scores.float()
     lse = torch.logsumexp(scores, dim=-1)
     probs = torch.exp(scores - lse[..., None]).nan_to_num_(0.0)  # rows that see nothing: 0
@@ -205,15 +297,16 @@ def _softmax_attention(
 def _merge(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
            lse_b: torch.Tensor) -> torch.Tensor:
     """Attention over the union of two disjoint sets of entries from each set's normalised
-    output ``[..., dim]`` and log-sum-exp ``[...]`` (``lse_b`` finite): each part is weighted by
-    its share ``exp(lse - logaddexp(lse_a, lse_b))`` of the total softmax mass (float32)."""
-    total = torch.logaddexp(lse_a, lse_b)
-    w_a = torch.exp(lse_a - total)[..., None]
-    w_b = torch.exp(lse_b - total)[..., None]
-    return out_a.float() * w_a + out_b.float() * w_b
+    output ``[..., dim]`` and log-sum-exp ``[...]`` (``lse_b`` finite): part ``a`` takes the
+    share ``exp(lse_a) / (exp(lse_a) + exp(lse_b)) = sigmoid(lse_a - lse_b)`` of the softmax
+    mass, part ``b`` the rest (in float32 at least; ``lse_a = -inf``: exactly ``out_b``)."""
+    dtype = torch.promote_types(torch.promote_types(out_a.dtype, lse_a.dtype), torch.float32)
+    share = torch.sigmoid(lse_a - lse_b).to(dtype)[..., None]
+    return torch.lerp(out_b.to(dtype), out_a.to(dtype), share)
 
 
 _FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+_CUDA_KERNELS_OK = [True]  # cleared (with a warning) the first time a CUDA kernel refuses
 
 
 # kvpress wraps every attention function registered when it is imported (to hide keys per head
