@@ -23,7 +23,7 @@ class Estimator:
 
     name: str = ""
 
-    def run(self, pair: KernelPair, replicates: int, horizon: int, depths: tuple[int, ...],
+    def estimate(self, pair: KernelPair, replicates: int, horizon: int, depths: tuple[int, ...],
             temperature: float, generator: torch.Generator) -> RolloutResult | SWRBResult:
         """``replicates`` replicates on ``pair``, drawing from ``generator``."""
         raise NotImplementedError
@@ -52,7 +52,7 @@ class Rollouts(Estimator):
 
     name = "rollout"
 
-    def run(self, pair, replicates, horizon, depths, temperature, generator):
+    def estimate(self, pair, replicates, horizon, depths, temperature, generator):
         return coupled_rollouts(pair, replicates, horizon, temperature, generator)
 
     def tables(self, key, result, depths, doc, pair, decoder):
@@ -66,7 +66,7 @@ class SWRB(Estimator):
 
     name = "swrb"
 
-    def run(self, pair, replicates, horizon, depths, temperature, generator):
+    def estimate(self, pair, replicates, horizon, depths, temperature, generator):
         return swrb(pair, replicates, horizon, depths or (horizon,), temperature, generator)
 
     def tables(self, key, result, depths, doc, pair, decoder):

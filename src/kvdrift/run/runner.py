@@ -121,7 +121,7 @@ def run_estimator(config: RunConfig, pair: KernelPair, seed: int):
     results = []
     for start in range(0, K, size):
         n = min(size, K - start)
-        results.append(config.estimator.run(pair, n, config.horizon, config.depths,
+        results.append(config.estimator.estimate(pair, n, config.horizon, config.depths,
                                             config.temperature, gen))
     return concat_results(results)
 
