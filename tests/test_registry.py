@@ -44,3 +44,8 @@ def test_plan_reads_its_columns_and_limits_from_the_registry():
     q = registry.quantity("R_minus_F")
     assert q.plan == ("risk_tv", "fixed_risk") and q.rollouts_only and not q.from_steps
     assert registry.quantity("S99").from_steps
+
+
+def test_an_unknown_quantity_is_named_with_what_is_allowed():
+    with pytest.raises(ValueError, match="^unknown quantity 'Q'; allowed: p_diverge, "):
+        registry.quantity("Q")

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvdrift import checks
 from kvdrift.analysis.lags import LagWindows
 
 
@@ -138,4 +139,5 @@ QUANTITIES: tuple[Quantity, ...] = (
 
 def quantity(name: str) -> Quantity:
     """The registry's entry named ``name``."""
-    return next(q for q in QUANTITIES if q.name == name)
+    entries = {q.name: q for q in QUANTITIES}
+    return entries[checks.choice(name, "quantity", entries)]

@@ -74,9 +74,7 @@ class AnalysisOptions:
         if self.bootstrap is None:
             object.__setattr__(self, "bootstrap", CONFIRMATORY_DRAWS if self.endpoints
                                else EXPLORATORY_DRAWS)
-        if isinstance(self.bootstrap, bool) or not isinstance(self.bootstrap, int) \
-                or self.bootstrap < 1:
-            raise ValueError(f"bootstrap draws must be an integer >= 1; got {self.bootstrap!r}")
+        object.__setattr__(self, "bootstrap", checks.integer(self.bootstrap, "bootstrap draws", 1))
         checks.alpha(self.alpha)
         for text in self.endpoints:
             parse_endpoint(text)

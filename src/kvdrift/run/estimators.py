@@ -11,6 +11,7 @@ from __future__ import annotations
 import pyarrow as pa
 import torch
 
+from kvdrift import checks
 from kvdrift.data.document import Document
 from kvdrift.estimate import RolloutResult, SWRBResult, coupled_rollouts, swrb
 from kvdrift.kernel import KernelPair
@@ -81,6 +82,4 @@ def parse_estimator(name: str | Estimator) -> Estimator:
     """The estimator named ``name`` (an estimator is returned as it is)."""
     if isinstance(name, Estimator):
         return name
-    if name not in ESTIMATORS:
-        raise ValueError(f"unknown estimator {name!r}; allowed: {', '.join(ESTIMATORS)}")
-    return ESTIMATORS[name]
+    return ESTIMATORS[checks.choice(name, "estimator", ESTIMATORS)]
