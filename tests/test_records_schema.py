@@ -67,3 +67,14 @@ def test_an_estimator_is_parsed_once_and_stored_by_name():
     assert cfg.as_dict()["estimator"] == "swrb"
     with pytest.raises(ValueError, match="^unknown estimator 'magic'; allowed: rollout, swrb$"):
         RunConfig(model="f", estimator="magic")
+
+
+def test_the_records_say_what_their_estimator_holds():
+    from kvdrift.records.schema import recorded_estimator
+    from kvdrift.run.estimators import ESTIMATORS
+
+    assert recorded_estimator("rollout").complete_branches
+    assert not recorded_estimator("swrb").complete_branches
+    assert all(e.records is recorded_estimator(name) for name, e in ESTIMATORS.items())
+    with pytest.raises(ValueError, match="^unknown estimator 'x'; allowed: rollout, swrb$"):
+        recorded_estimator("x")

@@ -16,7 +16,7 @@ from kvdrift.analysis.agreement import agreement_terms
 from kvdrift.analysis.lags import LagWindows, lag_terms
 from kvdrift.analysis.readings import reading_features
 from kvdrift.divergence import diverged
-from kvdrift.records.schema import TERM_COLUMNS, is_depth_column
+from kvdrift.records.schema import TERM_COLUMNS, is_depth_column, recorded_estimator
 
 EOS_CATEGORIES = ("pre-EOS", "first EOS", "one absorbed", "both absorbed")
 SATURATION = 0.99
@@ -107,8 +107,7 @@ def action_features(
     if len(reps) != n * K:
         raise ValueError("replicate records are incomplete: every document needs K replicates"
                          + _short_units(doc.size(), K, reps))
-    estimator = str(single_value(steps, "estimator"))
-    if estimator == "swrb":
+    if not recorded_estimator(str(single_value(steps, "estimator"))).complete_branches:
         weight = _cube(steps, "weight", n, K, H)
         cols["timing"] = weight.cumsum(axis=-1).mean(axis=1)
         return DocFeatures(doc_ids, strata, cols)

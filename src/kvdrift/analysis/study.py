@@ -46,7 +46,7 @@ from kvdrift.analysis.results import (
 )
 from kvdrift.analysis.strata import stratum_derived, stratum_results
 from kvdrift.analysis.task import SWRB_REASON, task_outcomes
-from kvdrift.records.schema import depth_columns, record_depths
+from kvdrift.records.schema import depth_columns, record_depths, recorded_estimator
 
 __all__ = ["CONFIRMATORY_DRAWS", "EXPLORATORY_DRAWS", "AnalysisOptions", "analyze"]
 
@@ -300,8 +300,8 @@ def analyze(
     if replicates.empty:
         raise ValueError("no finished units to analyze")
     H = int(single_value(replicates, "horizon"))
-    estimator = str(single_value(replicates, "estimator"))
-    rollouts = estimator == "rollout"
+    estimator = recorded_estimator(str(single_value(replicates, "estimator")))
+    rollouts = estimator.complete_branches
     windows = LagWindows.for_horizon(H) if rollouts else None
     endpoints = [parse_endpoint(t) for t in options.endpoints]
     models = list(dict.fromkeys(replicates["model"]))
@@ -326,11 +326,11 @@ def analyze(
             for key, entries in section.items():
                 out[key] += entries
     notes = out.pop("notes")
-    if estimator == "swrb":
+    if not rollouts:
         notes.append(SWRB_REASON[0].upper() + SWRB_REASON[1:] + ".")
     notes += reading_notes(estimator, out.pop("unforced"))
     study_meta = StudyMeta(
-        estimator=estimator, horizon=H,
+        estimator=estimator.name, horizon=H,
         replicates=int(replicates.groupby(["model", "action", "doc_id"]).size().max()),
         bootstrap=options.bootstrap, alpha=options.alpha, documents=documents,
         notes=tuple(notes), run=dict(meta or {}))

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
+from kvdrift import checks
+
 
 @dataclass(frozen=True)
 class Column:
@@ -99,6 +101,28 @@ REPLICATES = KEY + (
     *TERMS[5:],
 ) + TIMING + MEMORY + SCORES
 """Replicate columns, depth columns aside (:func:`depth_columns`)."""
+
+
+@dataclass(frozen=True)
+class RecordedEstimator:
+    """What the records of one estimator hold; the ``estimator`` column names it.
+
+    ``complete_branches``: both branches are followed from t = 1, so the step columns
+    ``delta`` and ``f``, the teacher-forced columns, ``risk_tv``, ``fixed_risk``, the lag
+    windows and the task scores hold values (SWRB's records hold NaN or nothing there).
+    """
+
+    name: str
+    complete_branches: bool
+
+
+RECORDED_ESTIMATORS = {e.name: e for e in (RecordedEstimator("rollout", True),
+                                           RecordedEstimator("swrb", False))}
+
+
+def recorded_estimator(name: str) -> RecordedEstimator:
+    """The estimator a table's ``estimator`` column names."""
+    return RECORDED_ESTIMATORS[checks.choice(name, "estimator", RECORDED_ESTIMATORS)]
 
 
 def names(columns: Iterable[Column]) -> tuple[str, ...]:

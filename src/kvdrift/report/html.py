@@ -229,7 +229,7 @@ def _headline(analysis: StudyAnalysis) -> str:
                      "model's dtype, and kv_bytes that size, each a mean over the documents "
                      "(strata equally weighted); &ldquo;&mdash;&rdquo; where the records do not "
                      "tell it.</p>")
-    if analysis.meta.estimator == "swrb":
+    if not analysis.meta.records.complete_branches:  # SWRB
         parts.append('<p class="note">Under SWRB, C<sub>H</sub> = &Pi;<sub>H</sub>/E<sub>H</sub> '
                      "is a ratio of two unbiased estimates, so it and its interval can leave "
                      "[0, 1] (e.g. above 100%) in a finite sample; this is sampling noise, not a "
@@ -499,7 +499,7 @@ def _task_outcomes(analysis: StudyAnalysis) -> str:
     title, anchor = "Task outcomes", "task"
     if not analysis.task:
         why = ("SWRB does not sample both complete texts from the start; run rollouts for them"
-               if analysis.meta.estimator == "swrb" else
+               if not analysis.meta.records.complete_branches else
                "no document has an expected answer, or the run could not decode text")
         return page.section(title, anchor, f"<p>No task outcomes in this analysis: {why}.</p>")
     rows = [[escape(t.model), escape(t.action)] + _task_cells(t) for t in analysis.task]

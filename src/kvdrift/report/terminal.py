@@ -15,6 +15,7 @@ from rich.text import Text
 
 from kvdrift.analysis import registry
 from kvdrift.analysis.registry import Quantity
+from kvdrift.records.schema import recorded_estimator
 from kvdrift.report.numbers import MISSING, number_text
 from kvdrift.text import printable
 
@@ -72,7 +73,8 @@ def run_table(summaries: Sequence[ActionSummary], estimator: str = "rollout") ->
     speculative acceptance, tokens per round at draft length 4) is "—"; a mean entry time
     needs at least one divergence.
     """
-    caption = Text(swrb_rate_note("--json")) if estimator == "swrb" else None
+    swrb = not recorded_estimator(estimator).complete_branches
+    caption = Text(swrb_rate_note("--json")) if swrb else None
     table = Table(title="Per action (documents weighted equally within strata, strata equally)",
                   caption=caption)
     for col in ("model", "action", "docs", "P(tau<=H)", "entry time", "R", "R_TV", "O_H",
@@ -113,7 +115,7 @@ def summary_table(analysis: StudyAnalysis) -> Table:
     estimator = analysis.meta.estimator
     caption = ("estimate over [lo, hi]; %: of positions (P(τ≤H): of trajectories); "
                "pp: percentage points")
-    if estimator == "swrb":
+    if not analysis.meta.records.complete_branches:
         caption += "\n" + swrb_rate_note("analysis.json")
     table = Table(
         title="kvdrift study summary" + (f" ({estimator})" if estimator else ""),

@@ -15,6 +15,7 @@ from kvdrift import checks
 from kvdrift.data.document import Document
 from kvdrift.estimate import RolloutResult, SWRBResult, coupled_rollouts, swrb
 from kvdrift.kernel import KernelPair
+from kvdrift.records.schema import RECORDED_ESTIMATORS, RecordedEstimator
 from kvdrift.run.outcomes import with_scores
 from kvdrift.run.records import UnitKey, rollout_tables, swrb_tables
 
@@ -23,6 +24,7 @@ class Estimator:
     """One estimator. Instances are stateless and compare (and copy) as their name."""
 
     name: str = ""
+    records: RecordedEstimator  # what its records hold
 
     def estimate(self, pair: KernelPair, replicates: int, horizon: int, depths: tuple[int, ...],
             temperature: float, generator: torch.Generator) -> RolloutResult | SWRBResult:
@@ -52,6 +54,7 @@ class Rollouts(Estimator):
     from the start; window terms per depth, and task scores where the document has answers."""
 
     name = "rollout"
+    records = RECORDED_ESTIMATORS["rollout"]
 
     def estimate(self, pair, replicates, horizon, depths, temperature, generator):
         return coupled_rollouts(pair, replicates, horizon, temperature, generator)
@@ -66,6 +69,7 @@ class SWRB(Estimator):
     it observes the whole horizon."""
 
     name = "swrb"
+    records = RECORDED_ESTIMATORS["swrb"]
 
     def estimate(self, pair, replicates, horizon, depths, temperature, generator):
         return swrb(pair, replicates, horizon, depths or (horizon,), temperature, generator)
