@@ -66,7 +66,7 @@ class Quantity:
     minus the second, if two) ``kvdrift plan`` sizes it from (empty: plan does not take it);
     ``rollouts_only``: SWRB records cannot give it; ``from_steps``: its per-replicate value
     comes from the step records; ``headline``/``summary``: a column of the report's
-    headline table / of the terminal summary.
+    headline table / of the terminal summary; ``description``: what it is, in words.
     """
 
     name: str
@@ -81,6 +81,7 @@ class Quantity:
     from_steps: bool = False
     headline: bool = True
     summary: bool = False
+    description: str = ""
 
     @property
     def scale(self) -> float:
@@ -103,10 +104,11 @@ QUANTITIES: tuple[Quantity, ...] = (
              "steps", "mean entry time", "entry", 1),
     # The token-mismatch risk; the decomposition R = O + E C is on it.
     Quantity("R", lambda m: m["occurrence"] + m["occupation"], "%", "R", "R",
-             plan=("risk",), summary=True),
+             plan=("risk",), summary=True, description="token mismatch risk"),
     # The rollout-TV risk (1/H) sum_t E[delta_t]: R's expectation, never a larger variance.
     Quantity("R_tv", lambda m: m["risk_tv"], "%", "R<sub>TV</sub>", "R_TV",
-             plan=("risk_tv",), rollouts_only=True, summary=True),
+             plan=("risk_tv",), rollouts_only=True, summary=True,
+             description="rollout-TV risk"),
     Quantity("O", lambda m: m["occurrence"], "%", "O<sub>H</sub>", "O_H", plan=("occurrence",)),
     Quantity("E", lambda m: m["exposure"], "%", "E<sub>H</sub>", "E_H", plan=("exposure",),
              summary=True),
@@ -114,7 +116,7 @@ QUANTITIES: tuple[Quantity, ...] = (
              plan=("occupation",)),
     Quantity("C", _rate, "%", "C<sub>H</sub>", "C_H", summary=True),
     Quantity("F", lambda m: m["fixed_risk"], "%", "F", "F", plan=("fixed_risk",),
-             rollouts_only=True),
+             rollouts_only=True, description="fixed-history TV risk"),
     # As in the paper, R_TV - F, so that the EOS split sums to it.
     Quantity("R_minus_F", lambda m: m["risk_tv"] - m["fixed_risk"], "pp",
              "R<sub>TV</sub> &minus; F", "R_TV−F", plan=("risk_tv", "fixed_risk"),
