@@ -14,6 +14,7 @@ from kvdrift.cli import app
 from kvdrift.lm.actions import (
     NAMED_ACTIONS,
     Action,
+    ActionError,
     actions_help,
     parse_action,
     split_actions,
@@ -293,7 +294,7 @@ def test_actions_help_and_readme_list_every_action():
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     for name in NAMED_ACTIONS:
         assert name in text and f"`{name}`" in readme
-    for form, press, _ in family_table():
+    for form, press, *_ in family_table():
         assert form in text and f"`{form}`" in readme, form
         if press.endswith("Press"):
             assert press in readme
@@ -308,3 +309,83 @@ def test_cli_prints_the_action_list():
         result = CliRunner().invoke(app, args)
         assert result.exit_code == 0, result.output
         assert "adakv-<scorer>" in result.output and "QFilterPress" in result.output
+
+
+# --- hostile specs (issue 34): one line naming the value and what is allowed ---------------
+
+
+@pytest.mark.parametrize("spec, match", [
+    ("snapkv:ratio=0.5,window_size=-5", r"window_size must be an integer >= 1; got -5$"),
+    ("snapkv:ratio=0.5,window_size=0", r"window_size must be an integer >= 1; got 0$"),
+    ("snapkv:ratio=0.5,kernel_size=-1", r"kernel_size must be an odd integer >= 1; got -1$"),
+    ("snapkv:ratio=0.5,kernel_size=100000",
+     r"kernel_size must be an odd integer >= 1; got 100000$"),
+    ("snapkv:ratio=0.5,kernel_size=4", r"kernel_size must be an odd integer >= 1; got 4$"),
+    ("adakv-snapkv:ratio=0.5,alpha_safeguard=2", r"alpha_safeguard must be a number within"),
+    ("pyramidkv:ratio=0.5,beta=0", r"beta must be an integer >= 1; got 0$"),
+    ("recent:ratio=0.5,n_sink=-1", r"n_sink must be an integer >= 0; got -1$"),
+    ("snapkv:ratio=0.5,ratio=0.9", r"ratio must be given once; got ratio=0.5 and ratio=0.9$"),
+    ("snapkv:ratio=0.5,window_size=4,window_size=8", r"window_size must be given once"),
+    ("kivi:bits=4,bits=8", r"bits must be given once; got bits=4 and bits=8$"),
+    ("snapkv:ratio=0.5+kivi:bits=4,bits=8", r"bits must be given once"),
+])
+def test_hostile_fields_raise_one_typed_line(spec, match):
+    with pytest.raises(ActionError, match=match) as info:
+        parse_action(spec)
+    assert isinstance(info.value, ValueError) and "\n" not in str(info.value)
+
+
+def test_empty_action_list_names_actions_not_a_toml_table():
+    for text in ("", " , ", ","):
+        with pytest.raises(ActionError, match=r"--actions must be a comma list of at least one "
+                                              r"action .*; got "):
+            split_actions(text)
+
+
+def test_chains_with_fields_split_on_the_command_line():
+    assert split_actions("snapkv:ratio=0.5,window_size=4+kivi:bits=4,recent-half") == (
+        "snapkv:ratio=0.5,window_size=4+kivi:bits=4", "recent-half")
+    assert split_actions("snapkv:ratio=0.5,window_size=4+knorm:ratio=0.5,kivi:bits=4,group=32"
+                         ) == ("snapkv:ratio=0.5,window_size=4+knorm:ratio=0.5",
+                               "kivi:bits=4,group=32")
+    action = parse_action(split_actions("snapkv:ratio=0.5,window_size=4+kivi:bits=4")[0])
+    assert action.stages[0].field("window_size") == 4 and action.quantization is not None
+
+
+@pytest.mark.parametrize("actions, match", [
+    ("", "--actions must be a comma list of at least one action"),
+    ("snapkv:ratio=0.5,window_size=-5", "window_size must be an integer >= 1; got -5"),
+    ("snapkv:ratio=0.5,kernel_size=100000", "kernel_size must be an odd integer >= 1"),
+    ("snapkv:ratio=0.5,ratio=0.9", "ratio must be given once"),
+    ("kivi:bits=4,bits=8", "bits must be given once"),
+])
+def test_cli_refuses_hostile_actions_in_one_line(tmp_path, actions, match):
+    result = CliRunner().invoke(app, ["run", "--actions", actions, "--out", str(tmp_path / "r")])
+    assert result.exit_code != 0
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.output, result.output
+    assert match in lines[0] and "[study]" not in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("spec", [
+    "snapkv-half", "recent-90", "knorm:ratio=0.3", "snapkv:ratio=0.5,window_size=32",
+    "adakv-snapkv:ratio=0.5,alpha_safeguard=0.1", "criticalkv-knorm:ratio=0.8",
+    "block-knorm:ratio=0.5,block_size=8", "chunk-knorm:ratio=0.5,chunk_length=16",
+    "chunkkv-snapkv:ratio=0.3,chunk_length=8", "pyramidkv:ratio=0.5", "pyramidkv:ratio=0.3",
+    "perlayer-knorm:ratios=0.9/0.3", "snapkv:ratio=0.8+knorm:ratio=0.5",
+    "snapkv:ratio=0.5+decoding-knorm:interval=32,target=256"])
+def test_kvpress_call_rebuilds_the_press_kvdrift_runs(spec):
+    # the Python that `kvdrift actions` and run.json print is the press kvdrift builds
+    action = parse_action(spec)
+    rebuilt = eval(action.kvpress_call(), vars(kvpress))  # noqa: S307 (kvdrift's own text)
+    assert repr(rebuilt) == repr(action.make_press(200)), action.kvpress_call()
+
+
+def test_departures_are_named_and_hold():
+    text = actions_help()
+    assert "= PyramidKVPress" not in text and "= SnapKVPress(compression_ratio=0.5)" in text
+    assert text.count("departs from kvpress:") == len([f for f in FAMILIES.values()
+                                                       if f.departs])
+    # ratio 0.1 at n = 20: kvpress's int(20 x (1 - 0.9)) keeps 1, kvdrift floor(2.0) = 2
+    assert compute_n_kept(20, 0.9) == 1 and parse_action("knorm:ratio=0.1").kept(20) == 2
+    assert "r=0.1, n=20: 2, not 1" in parse_action("knorm:ratio=0.1").departures()[0]

@@ -15,7 +15,9 @@ from __future__ import annotations
 import contextlib
 import math
 from fractions import Fraction
+from types import SimpleNamespace
 
+import kvpress
 import pytest
 import torch
 
@@ -38,21 +40,17 @@ def floor_kept(ratio: float, n: int) -> int:
     return max(1, math.floor(Fraction(repr(ratio)) * n))
 
 
-def pyramid_budgets(n: int, ratio_kept: float, layers: int, window: int = 64,
-                    beta: int = 20) -> list[int]:
-    """PyramidKV's layer budgets (its paper's arithmetic progression from max_num down to
-    min_num, with the uniform fallback when the pyramid does not fit)."""
-    window = min(window, n - 1)
-    mean = floor_kept(ratio_kept, n)  # kvdrift's mean layer budget, at least 1
-    min_num = mean / beta
-    max_num = 2 * mean - min_num
-    if max_num >= n - window:
-        max_num = n - window
-        min_num = 2 * mean - max_num
-    if not (n >= max_num >= min_num >= window):
-        return [max(1, round(mean))] * layers
-    step = (max_num - min_num) / (layers - 1)
-    return [round(max_num - i * step) for i in range(layers)]
+def pyramid_budgets(n: int, ratio_kept: float, layers: int, window: int = 64) -> list[int]:
+    """kvpress's own PyramidKV layer budgets for ``compression_ratio = 1 - ratio_kept`` (the
+    window clamped to ``n - 1`` below it, kvdrift's documented fallback for short prompts;
+    a one-entry prompt is left whole)."""
+    if n == 1:
+        return [1] * layers
+    press = kvpress.PyramidKVPress(compression_ratio=float(1 - Fraction(repr(ratio_kept))),
+                                   window_size=min(window, n - 1))
+    config = SimpleNamespace(num_hidden_layers=layers)
+    return [press.get_layer_budget(SimpleNamespace(layer_idx=i, config=config), n)
+            for i in range(layers)]
 
 
 def expected_counts(spec: str, n: int, layers: int, kv: int) -> list[list[int]] | str:
@@ -95,6 +93,9 @@ def check_counts(spec: str, counts: torch.Tensor, n: int) -> None:
         assert int(counts.max()) <= n
     elif want == "chunks":
         size = int(fields["chunk_length"])
+        if n < size:  # no whole chunk: kvpress runs the scorer alone
+            assert counts.tolist() == [[floor_kept(float(fields["ratio"]), n)] * kv] * layers
+            return
         n_chunks = -(-n // size)
         k = floor_kept(float(fields["ratio"]), n_chunks)
         last = n - (n_chunks - 1) * size
@@ -115,8 +116,10 @@ def greedy_pair(pair: LMKernelPair, steps: int) -> tuple[list[int], torch.Tensor
     return tokens, torch.stack(lps)
 
 
-def greedy_generate(model, ids: torch.Tensor, press, steps: int, eager: bool):
-    """kvpress's documented usage: ``with press(model): model.generate(...)``."""
+def greedy_generate(model, ids: torch.Tensor, press, steps: int, eager: bool,
+                    with_cache: bool = False):
+    """kvpress's documented usage: ``with press(model): model.generate(...)`` (and the cache
+    it leaves, ``with_cache``)."""
     current = model.config._attn_implementation
     if eager:
         model.set_attn_implementation("eager")
@@ -129,7 +132,8 @@ def greedy_generate(model, ids: torch.Tensor, press, steps: int, eager: bool):
     finally:
         model.set_attn_implementation(current)
     logits = torch.stack(out.logits)[:, 0].double()
-    return out.sequences[0, ids.shape[1]:].tolist(), torch.log_softmax(logits, -1)
+    tokens, lps = out.sequences[0, ids.shape[1]:].tolist(), torch.log_softmax(logits, -1)
+    return (tokens, lps, out.past_key_values) if with_cache else (tokens, lps)
 
 
 def check_against_generate(model, ids: torch.Tensor, spec: str, steps: int) -> LMKernelPair:

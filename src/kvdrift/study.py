@@ -84,6 +84,7 @@ def run_study(
     settings instead of refusing them; ``allow_download`` lets a hub id missing from the local
     cache download.
     """
+    from kvdrift.lm.actions import describe_actions
     from kvdrift.lm.factory import LMPairSource, check_fits, driver_side
     from kvdrift.lm.loading import check_model_name
 
@@ -96,7 +97,8 @@ def run_study(
     lock = StoreLock(out).acquire()
     try:
         recorded = config.as_dict() | {DOCUMENTS_HASH: documents_sha256(fixed)}
-        store = RunStore.open(out, recorded, recompute=recompute, notice=notice)
+        store = RunStore.open(out, recorded, recompute=recompute, notice=notice,
+                              presses=describe_actions(config.run.actions))
         settings = config.executor.for_device(config.device)
         with open_executor(settings, on_workers=on_workers) as executor:
             for name in config.models:

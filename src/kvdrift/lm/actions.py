@@ -4,7 +4,10 @@ An action is a chain of kvpress presses (:class:`~kvdrift.lm.presses.Stage`) run
 optionally followed by one decoding-time press. kvpress expresses budgets as
 ``compression_ratio`` (the fraction *removed*, rounded by ``int(k_len * (1 - r))``); kvdrift's
 ``ratio`` is the fraction *kept* (``kept = floor(ratio * n)``) and ``budget`` a fixed count
-(``kept = min(budget, n)``), and the press is built so that kvpress keeps exactly that.
+(``kept = min(budget, n)``). The press is kvpress's own with ``compression_ratio = 1 - ratio``
+(:meth:`Action.kvpress_call` prints it); where kvpress's float rounding would keep one entry
+fewer, kvdrift departs on purpose and keeps ``floor(ratio * n)`` (each family names its
+departures).
 
 Named actions (docs/method.md section 1)::
 
@@ -25,6 +28,7 @@ with ``+`` run one after the other at prefill (kvpress's ``ComposedPress``); a f
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +52,7 @@ from kvdrift.lm.quantization import (
     parse_quantization,
     quantization_table,
 )
+from kvdrift.lm.spec_fields import ActionError, split_fields
 
 
 @dataclass(frozen=True)
@@ -170,6 +175,27 @@ class Action:
             return decoding
         return kvpress.PrefillDecodingPress(prefilling_press=prefill, decoding_press=decoding)
 
+    def kvpress_call(self) -> str:
+        """The kvpress press this action is, as the Python call that rebuilds it (kvpress's
+        ``compression_ratio`` is the fraction removed: ``1 - ratio``); a quantization is
+        kvdrift's own and is named after it."""
+        calls = [s.kvpress_call() for s in self.stages]
+        press = None if not calls else calls[0] if len(calls) == 1 else \
+            f"ComposedPress(presses=[{', '.join(calls)}])"
+        if self.decoding is not None:
+            decoding = self.decoding.kvpress_call()
+            press = decoding if press is None else \
+                f"PrefillDecodingPress(prefilling_press={press}, decoding_press={decoding})"
+        if self.quantization is not None:
+            quantized = f"kvdrift's {self.quantization.label} quantization (no kvpress press)"
+            return quantized if press is None else f"{press}, then {quantized}"
+        return press or "no press (every entry kept)"
+
+    def departures(self) -> list[str]:
+        """Where this action departs from its kvpress press on purpose, one line per family."""
+        return list(dict.fromkeys(s.kind.departs for s in (*self.stages, self.decoding)
+                                  if s is not None and s.kind.departs))
+
     def check_counts(self, n_prompt: int, counts: Any, config: Any) -> None:
         """Raise RuntimeError unless ``counts`` ``[layers, kv_heads]`` (entries each KV head
         of each layer attends to after prefill) is what the action promises."""
@@ -263,11 +289,7 @@ def _parse_stage(text: str, whole: str) -> Stage:
     defaults = _field_defaults(family, scorer)
     values: dict[str, Any] = {}
     kwargs: list[tuple[str, Any]] = []
-    for item in filter(None, (part.strip() for part in tail.split(","))):
-        key, eq, value = item.partition("=")
-        key = key.strip()
-        if not eq or not key or not value.strip():
-            raise ValueError(f"action {whole!r}: expected key=value, got {item!r}")
+    for key, value in split_fields(tail, whole):
         if key == "ratio":
             try:
                 values["ratio"] = float(value)
@@ -297,13 +319,23 @@ def _parse_stage(text: str, whole: str) -> Stage:
     try:
         return Stage(family=family, scorer=scorer, kwargs=tuple(kwargs), **values)
     except ValueError as exc:
-        raise ValueError(f"action {whole!r}: {exc}") from None
+        raise ActionError(f"action {whole!r}: {exc}") from None
 
 
 def parse_action(spec: str | Action) -> Action:
-    """Parse an action spec: a named action or ``+``-joined press specs (module docstring)."""
+    """Parse an action spec: a named action or ``+``-joined press specs (module docstring);
+    :class:`ActionError` (a ValueError) with one line for a spec kvdrift cannot run."""
     if isinstance(spec, Action):
         return spec
+    try:
+        return _parse_action(spec)
+    except ActionError:
+        raise
+    except ValueError as exc:
+        raise ActionError(str(exc)) from None
+
+
+def _parse_action(spec: str) -> Action:
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"empty action spec; named actions: {', '.join(NAMED_ACTIONS)}; "
                          f"or <press>:ratio=R / <press>:budget=B")
@@ -331,21 +363,36 @@ def parse_action(spec: str | Action) -> Action:
         raise ValueError(str(exc)) from None
 
 
-def split_actions(text: str) -> tuple[str, ...]:
-    """Split a comma list of action specs; ``key=value`` pieces belong to the spec before.
+def describe_actions(specs: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """``{spec: {"kvpress": the press as Python, "departs": [...]}}`` for ``run.json``."""
+    out = {}
+    for spec in specs:
+        action = parse_action(spec)
+        out[spec] = {"kvpress": action.kvpress_call(), "departs": action.departures()}
+    return out
 
-    ``snapkv-half,snapkv:budget=256,window_size=32`` -> ``("snapkv-half",
-    "snapkv:budget=256,window_size=32")``.
+
+def split_actions(text: str) -> tuple[str, ...]:
+    """Split a comma list of action specs (the command line's ``--actions``).
+
+    A piece that starts with ``key=`` (no ``:`` before its first ``=``) continues the spec
+    before it; any other piece (a named action, ``<press>:...``, ``kivi:...``) starts a new
+    one. So ``snapkv-half,snapkv:budget=256,window_size=32+kivi:bits=4`` ->
+    ``("snapkv-half", "snapkv:budget=256,window_size=32+kivi:bits=4")``. ActionError for a
+    list with no action.
     """
     specs: list[str] = []
     for part in (p.strip() for p in text.split(",")):
         if not part:
             continue
-        tail = part.rpartition("+")[2]
-        if specs and "=" in tail and ":" not in tail and "+" not in part:
+        head, eq, _ = part.partition("=")
+        if specs and eq and ":" not in head:
             specs[-1] = f"{specs[-1]},{part}"
         else:
             specs.append(part)
+    if not specs:
+        raise ActionError(f"--actions must be a comma list of at least one action (e.g. "
+                          f"snapkv-half,knorm:ratio=0.5; 'help' lists them); got {text!r}")
     return tuple(specs)
 
 
@@ -354,11 +401,15 @@ def actions_help() -> str:
     lines = ["Named actions:"]
     for name, named in NAMED_ACTIONS.items():
         lines.append(f"  {name:<14} {named.spec or 'no eviction (same-path control)'}")
+        if named.spec:
+            lines.append(f"  {'':<14} = {parse_action(name).kvpress_call()}")
     lines.append("")
     lines.append("Presses (r = ratio kept, n = prompt entries); join with '+' to chain:")
-    for form, press, keeps in family_table():
+    for form, press, keeps, departs in family_table():
         lines.append(f"  {form}")
         lines.append(f"      {press}: {keeps}")
+        if departs:
+            lines.append(f"      departs from kvpress: {departs}")
     lines.append("")
     lines.append("Quantizations (last in a chain; bits per element with scales, head_dim 64):")
     for form, what, bits in quantization_table():
@@ -373,4 +424,5 @@ def actions_help() -> str:
     return "\n".join(lines)
 
 
-__all__ = ["NAMED_ACTIONS", "Action", "Stage", "actions_help", "parse_action", "split_actions"]
+__all__ = ["NAMED_ACTIONS", "Action", "ActionError", "Stage", "actions_help", "describe_actions",
+           "parse_action", "split_actions"]

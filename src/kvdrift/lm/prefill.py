@@ -80,6 +80,13 @@ class PromptCache:
         return torch.stack(rows)
 
     @property
+    def kept_per_layer(self) -> list[int]:
+        """Prompt entries each layer keeps per KV head (head-adaptive presses: the mean over
+        its KV heads, a whole number since they split a per-layer total)."""
+        counts = self.counts
+        return [int(row.sum()) // counts.shape[1] for row in counts]
+
+    @property
     def kept(self) -> int:
         """Prompt entries per layer and KV head; ValueError if layers or heads differ."""
         counts = self.counts

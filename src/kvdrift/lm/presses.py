@@ -15,8 +15,9 @@ criticalkv      CriticalKVPress             as plain, scores weighted by ||W_o v
 block           BlockPress                  as plain, chosen block by block
 rerotate        KeyRerotationPress          as plain, kept keys re-rotated to positions 0..k-1
 chunk           ChunkPress                  floor(r len) of every chunk of chunk_length entries
-chunkkv         ChunkKVPress                floor(r c) whole chunks of the c chunks
-pyramidkv       PyramidKVPress              PyramidKV's layer budgets, layers x floor(r n) total
+chunkkv         ChunkKVPress                floor(r c) whole chunks of the c chunks (n < chunk:
+                                            floor(r n), the scorer alone, as kvpress)
+pyramidkv       PyramidKVPress              kvpress's layer budgets for compression_ratio 1 - r
 perlayer        PerLayerCompressionPress    floor(r_l n) in layer l (ratios=r_0/r_1/...)
 decoding        DecodingPress               prefill untouched; every `interval` generated tokens
                                             the cache (prompt + generated) is cut to `target`
@@ -41,6 +42,8 @@ from typing import Any, ClassVar
 
 import kvpress
 import torch
+
+from kvdrift.lm.spec_fields import check_field
 
 # Short names of kvpress scorer presses: same count in every layer and KV head, no download.
 SCORERS: dict[str, str] = {
@@ -107,6 +110,7 @@ class Family:
     press: str | None  # kvpress class wrapping the scorer (None: the scorer itself)
     keeps: str  # what it keeps, for the README table and ``--actions help``
     fields: tuple[tuple[str, str], ...] = ()  # spec field -> kvpress field of the wrapper
+    departs: str = ""  # where kvdrift departs from the kvpress press on purpose (one line)
 
     budgets: ClassVar[tuple[str, ...]] = ("ratio", "budget")  # exactly one of these is given
     head_adaptive: ClassVar[bool] = False  # kept entries differ per KV head (masked, not cut)
@@ -145,13 +149,21 @@ class Family:
 
     def compression_ratio(self, stage: Stage, n: int) -> float:
         """The scorer's kvpress ``compression_ratio`` for a prompt of ``n`` entries."""
-        return mid_ratio(self.kept(stage, n), n)
+        return press_ratio(stage, self.kept(stage, n), n)
 
     def build(self, stage: Stage, n: int) -> Any:
         scorer = stage.clamped_scorer(n, self.compression_ratio(stage, n))
         if self.press is None:
             return scorer
         return getattr(kvpress, self.press)(press=scorer, **self.wrapper_kwargs(stage))
+
+    def kvpress_call(self, stage: Stage) -> str:
+        """The kvpress press, as the Python call that rebuilds it from the user's numbers."""
+        scorer = scorer_call(stage, user_ratio(stage))
+        if self.press is None:
+            return scorer
+        wrapper = [f"{k}={v!r}" for k, v in self.wrapper_kwargs(stage).items()]
+        return f"{self.press}({', '.join([f'press={scorer}', *wrapper])})"
 
     def wrapper_kwargs(self, stage: Stage) -> dict[str, Any]:
         """The wrapper press's fields, by their kvpress names."""
@@ -199,7 +211,11 @@ class Chunk(Family):
         return sum(max(1, _exact_floor(stage.ratio, c)) for c in stage.chunks(n))
 
     def compression_ratio(self, stage: Stage, n: int) -> float:
-        # int(len * (1 - r)) must be floor(ratio * len) for every chunk length
+        # int(len * (1 - c)) must be floor(ratio * len) for every chunk length
+        user = removed_fraction(Fraction(repr(stage.ratio)))
+        if all(_kvpress_kept(c, user) == max(1, _exact_floor(stage.ratio, c))
+               for c in set(stage.chunks(n))):
+            return user
         return 1.0 - stage.ratio - 1e-9 if stage.ratio < 1.0 else 0.0
 
 
@@ -213,17 +229,33 @@ class Varying(Family):
 
 
 class ChunkKV(Varying):
-    """``floor(r c)`` (at least 1) whole chunks of the ``c`` chunks, in every layer."""
+    """``floor(r c)`` (at least 1) whole chunks of the ``c`` chunks, in every layer (a prompt
+    shorter than one chunk: ``floor(r n)`` by the scorer alone, as kvpress does)."""
 
     budgets = ("ratio",)
+
+    def expected_counts(self, stage: Stage, n: int, n_layers: int, config: Any
+                        ) -> list[int] | None:
+        if self.below_one_chunk(stage, n):
+            return [_ratio_or_budget(stage, n)] * n_layers
+        return None
 
     def chunks_kept(self, stage: Stage, n: int) -> int:
         return max(1, _exact_floor(stage.ratio, len(stage.chunks(n))))
 
+    def below_one_chunk(self, stage: Stage, n: int) -> bool:
+        """Whether ``n`` is shorter than one chunk: kvpress then runs the scorer alone."""
+        return n < int(stage.field("chunk_length"))
+
     def is_noop(self, stage: Stage, n: int) -> bool:
+        if self.below_one_chunk(stage, n):
+            return _ratio_or_budget(stage, n) >= n
         return self.chunks_kept(stage, n) >= len(stage.chunks(n))
 
     def check_counts(self, stage: Stage, n: int, counts: Any, config: Any) -> None:
+        if self.below_one_chunk(stage, n):
+            Family.check_counts(self, stage, n, counts, config)
+            return
         k, chunks = self.chunks_kept(stage, n), stage.chunks(n)
         allowed = {k * chunks[0], (k - 1) * chunks[0] + chunks[-1]}
         for i, row in enumerate(counts.tolist()):
@@ -232,34 +264,33 @@ class ChunkKV(Varying):
                                    f"expected {k} whole chunks ({sorted(allowed)} entries)")
 
     def compression_ratio(self, stage: Stage, n: int) -> float:
-        return mid_ratio(self.chunks_kept(stage, n), len(stage.chunks(n)))
+        if self.below_one_chunk(stage, n):
+            return press_ratio(stage, _ratio_or_budget(stage, n), n)
+        return press_ratio(stage, self.chunks_kept(stage, n), len(stage.chunks(n)))
 
 
 class PyramidKV(Varying):
-    """PyramidKV's per-layer budgets, ``layers x floor(r n)`` (or ``min(B, n)``) in total."""
+    """PyramidKV's per-layer budgets, as kvpress computes them for the user's ratio.
 
-    def mean(self, stage: Stage, n: int) -> int:
-        """PyramidKV's mean layer budget: floor(r n) or min(B, n)."""
-        return _ratio_or_budget(stage, n)
+    kvpress's ``PyramidKVPress(compression_ratio=1 - r)`` (``1 - B/n`` for a budget) is built
+    as it is; its own ``get_layer_budget`` gives each layer's count, which add up to about
+    ``layers x r n`` (not exactly: kvpress rounds each layer, and falls back to SnapKV's
+    ``round(r n)`` in every layer where the pyramid does not fit).
+    """
 
     def is_noop(self, stage: Stage, n: int) -> bool:
-        return stage.ratio == 1.0 or (stage.budget is not None and stage.budget >= n)
+        # one entry: kvpress's budget is 1 (it would assert on the window), nothing to evict
+        return n == 1 or stage.ratio == 1.0 or (stage.budget is not None and stage.budget >= n)
 
     def expected_counts(self, stage: Stage, n: int, n_layers: int, config: Any) -> list[int]:
         press = stage.build(n)
         return [press.get_layer_budget(SimpleNamespace(layer_idx=i, config=config), n)
                 for i in range(n_layers)]
 
-    def check_counts(self, stage: Stage, n: int, counts: Any, config: Any) -> None:
-        n_layers = counts.shape[0]
-        expected = self.expected_counts(stage, n, n_layers, config)
-        if sum(expected) != n_layers * self.mean(stage, n):
-            raise RuntimeError(f"{stage.label}: PyramidKV's layer budgets {expected} do not add "
-                               f"up to {n_layers} x {self.mean(stage, n)}")
-        super().check_counts(stage, n, counts, config)
-
     def compression_ratio(self, stage: Stage, n: int) -> float:
-        return 1.0 - self.mean(stage, n) / n
+        if stage.budget is not None:
+            return removed_fraction(Fraction(min(stage.budget, n), n))
+        return removed_fraction(Fraction(repr(stage.ratio)))
 
     def table_row(self) -> tuple[str, str, str]:
         return "pyramidkv:ratio=R | budget=B", PYRAMIDKV, self.keeps
@@ -280,9 +311,14 @@ class PerLayer(Varying):
         return [min(n, max(1, _exact_floor(r, n))) for r in stage.ratios]
 
     def build(self, stage: Stage, n: int) -> Any:
-        ratios = [mid_ratio(min(n, max(1, _exact_floor(r, n))), n) for r in stage.ratios]
+        ratios = [_ratio_for(r, min(n, max(1, _exact_floor(r, n))), n) for r in stage.ratios]
         return kvpress.PerLayerCompressionPress(press=stage.clamped_scorer(n, 0.0),
                                                 compression_ratios=ratios)
+
+    def kvpress_call(self, stage: Stage) -> str:
+        ratios = [removed_fraction(Fraction(repr(r))) for r in stage.ratios]
+        return (f"PerLayerCompressionPress(press={scorer_call(stage, None)}, "
+                f"compression_ratios={ratios})")
 
 
 class Decoding(Family):
@@ -311,35 +347,54 @@ class Decoding(Family):
     def build(self, stage: Stage, n: int) -> Any:
         return kvpress.DecodingPress(base_press=stage.scorer_press(), **self.wrapper_kwargs(stage))
 
+    def kvpress_call(self, stage: Stage) -> str:
+        wrapper = [f"{k}={v!r}" for k, v in self.wrapper_kwargs(stage).items()]
+        return f"DecodingPress({', '.join([f'base_press={scorer_call(stage, None)}', *wrapper])})"
+
     def table_row(self) -> tuple[str, str, str]:
         return f"{self.name}-<scorer>:interval=I,target=T", self.press, self.keeps
 
 
+# kvdrift's departures from the kvpress press (each family's ``departs``)
+_EXACT = ("keeps floor(r n) (at least 1) where kvpress's float int(n (1 - c)) lands lower "
+          "(r=0.1, n=20: 2, not 1); window_size and n_sink clamped to n - 1 where kvpress "
+          "asserts on short prompts")
+
 FAMILIES: dict[str, Family] = {f.name: f for f in (
-    Plain("", None, "floor(r n) (or min(B, n)) entries in every layer and KV head"),
+    Plain("", None, "floor(r n) (or min(B, n)) entries in every layer and KV head",
+          departs=_EXACT),
     HeadAdaptive("adakv", "AdaKVPress", "kv_heads x floor(r n) entries per layer, split across "
                  "KV heads by score (each head keeps at least alpha_safeguard of floor(r n))",
-                 (("alpha_safeguard", "alpha_safeguard"),)),
+                 (("alpha_safeguard", "alpha_safeguard"),),
+                 departs="hidden entries are masked exactly where kvpress writes fake keys "
+                 "(equal up to float noise); " + _EXACT),
     HeadAdaptive("criticaladakv", "CriticalAdaKVPress", "as adakv, with scores weighted by the "
                  "output-projected value norm", (("alpha_safeguard", "alpha_safeguard"),
                                                  ("epsilon", "epsilon"),
-                                                 ("first_stage_ratio", "first_stage_ratio"))),
+                                                 ("first_stage_ratio", "first_stage_ratio")),
+                 departs="as adakv"),
     Family("criticalkv", "CriticalKVPress", "floor(r n) in every layer and KV head, scores "
            "weighted by the output-projected value norm",
-           (("epsilon", "epsilon"), ("first_stage_ratio", "first_stage_ratio"))),
+           (("epsilon", "epsilon"), ("first_stage_ratio", "first_stage_ratio")),
+           departs=_EXACT),
     Family("block", "BlockPress", "floor(r n) in every layer and KV head, chosen block by block",
-           (("block_size", "block_size"),)),
+           (("block_size", "block_size"),), departs=_EXACT),
     Family("rerotate", "KeyRerotationPress", "floor(r n) in every layer and KV head; kept keys "
-           "are re-rotated to positions 0..kept-1"),
+           "are re-rotated to positions 0..kept-1", departs=_EXACT),
     Chunk("chunk", "ChunkPress", "floor(r len) (at least 1) of every chunk of chunk_length "
-          "entries, in every layer and KV head", (("chunk_length", "chunk_length"),)),
+          "entries, in every layer and KV head", (("chunk_length", "chunk_length"),),
+          departs=_EXACT + " (per chunk)"),
     ChunkKV("chunkkv", "ChunkKVPress", "floor(r c) (at least 1) whole chunks of the c chunks of "
-            "chunk_length entries, the same in every layer and KV head",
-            (("chunk_length", "chunk_length"),)),
-    PyramidKV("pyramidkv", None, "PyramidKV's per-layer budgets (more in lower layers), "
-              "layers x floor(r n) in total; SnapKV scores"),
+            "chunk_length entries, the same in every layer and KV head (a prompt shorter than "
+            "one chunk: floor(r n), as kvpress)", (("chunk_length", "chunk_length"),),
+            departs=_EXACT + " (of chunks)"),
+    PyramidKV("pyramidkv", None, "kvpress's PyramidKV layer budgets for compression_ratio "
+              "1 - r (more in lower layers; SnapKV's round(r n) in every layer where the pyramid "
+              "does not fit); SnapKV scores",
+              departs="a one-token prompt is left whole, and window_size is clamped to n - 1 "
+              "where kvpress asserts on short prompts"),
     PerLayer("perlayer", "PerLayerCompressionPress", "floor(r_l n) entries in layer l, every KV "
-             "head (ratios=r_0/r_1/... one per layer)"),
+             "head (ratios=r_0/r_1/... one per layer)", departs=_EXACT + " (per layer)"),
     Decoding("decoding", "DecodingPress", "prompt untouched at prefill; after every `interval` "
              "generated tokens the row's cache (prompt + generated) is cut to `target` entries "
              "per layer and KV head", (("interval", "compression_interval"),
@@ -380,6 +435,22 @@ def resolve_scorer(name: str) -> str:
                      f"families: {', '.join(f for f in FAMILIES if f)}")
 
 
+def user_ratio(stage: Stage) -> str:
+    """kvpress's ``compression_ratio`` for the stage's budget, as text: ``1 - ratio`` (a
+    budget B: ``1 - min(B, n) / n``, which depends on the prompt length n)."""
+    if stage.budget is not None:
+        return f"1 - min({stage.budget}, n) / n"
+    return repr(removed_fraction(Fraction(repr(stage.ratio))))
+
+
+def scorer_call(stage: Stage, compression_ratio: str | None) -> str:
+    """``SnapKVPress(compression_ratio=0.5, window_size=32)``: the stage's scorer as Python."""
+    fam = stage.kind
+    args = [] if compression_ratio is None else [f"compression_ratio={compression_ratio}"]
+    args += [f"{k}={v!r}" for k, v in stage.kwargs if k not in fam.field_map]
+    return f"{stage.scorer}({', '.join(args)})"
+
+
 def _exact_floor(ratio: float, n: int) -> int:
     """floor(ratio * n) in exact decimal arithmetic (floor(0.9 * 10) must be 9)."""
     return math.floor(Fraction(repr(ratio)) * n)
@@ -390,6 +461,33 @@ def _ratio_or_budget(stage: Stage, n: int) -> int:
     if stage.budget is not None:
         return min(stage.budget, n)
     return min(n, max(1, _exact_floor(stage.ratio, n)))
+
+
+def removed_fraction(kept: Fraction) -> float:
+    """kvpress's ``compression_ratio`` (fraction removed) for a kept fraction, ``1 - kept``
+    in exact decimal arithmetic (kept 0.7 -> 0.3, as a user writing the press would)."""
+    return float(1 - kept)
+
+
+def _kvpress_kept(n: int, compression_ratio: float) -> int:
+    """Entries kvpress's scorers keep of ``n`` (``max(1, int(n (1 - c)))``)."""
+    return max(1, int(n * (1 - compression_ratio)))
+
+
+def _ratio_for(ratio: float, kept: int, n: int) -> float:
+    """The user's ``1 - ratio`` where kvpress keeps ``kept`` of ``n`` under it; else
+    :func:`mid_ratio` (kvdrift's exact floor where kvpress's float product lands one lower,
+    e.g. ratio 0.1 at n = 20: kvpress keeps int(20 x 0.09999999999999998) = 1, kvdrift 2)."""
+    user = removed_fraction(Fraction(repr(ratio)))
+    return user if int(n * (1 - user)) == kept else mid_ratio(kept, n)
+
+
+def press_ratio(stage: Stage, kept: int, n: int) -> float:
+    """kvpress ``compression_ratio`` keeping ``kept`` of ``n`` for ``stage``'s budget (every
+    scorer's ``int(n (1 - c))``, StreamingLLM's included, lands on ``kept``)."""
+    if stage.ratio is None:
+        return mid_ratio(kept, n)
+    return _ratio_for(stage.ratio, kept, n)
 
 
 def mid_ratio(kept: int, n: int) -> float:
@@ -484,12 +582,7 @@ class Stage:
             if key not in allowed:
                 raise ValueError(f"{label}: unknown field {key!r}; allowed: "
                                  f"{', '.join(allowed) or 'none'} (plus ratio= or budget=)")
-            if key in ("interval", "target", "block_size", "chunk_length") and (
-                    isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"{label}: {key} must be an integer >= 1; got {value!r}")
-            if key == "buffer" and (not isinstance(value, int) or value < 0):
-                raise ValueError(f"{label}: buffer (hidden states kept for scoring) must be an "
-                                 f"integer >= 0; got {value!r}")
+            check_field(label, key, value)
         object.__setattr__(self, "kwargs", tuple(sorted(self.kwargs)))
 
     # --- what it keeps (the family decides) ---------------------------------------------
@@ -565,6 +658,10 @@ class Stage:
         kwargs = {k: v for k, v in self.kwargs if k not in fam.field_map and k in fields}
         return getattr(kvpress, self.scorer)(compression_ratio=compression_ratio, **kwargs)
 
+    def kvpress_call(self) -> str:
+        """The kvpress press this stage is, as the Python call that rebuilds it."""
+        return self.kind.kvpress_call(self)
+
     def build(self, n: int) -> Any:
         """A fresh kvpress press for a prompt of ``n`` entries (fields that kvpress requires
         below the prompt length, such as SnapKV's ``window_size``, are clamped to ``n - 1``)."""
@@ -583,6 +680,6 @@ class Stage:
         return press
 
 
-def family_table() -> list[tuple[str, str, str]]:
-    """(spec form, kvpress press, what it keeps) for every offered family."""
-    return [fam.table_row() for fam in FAMILIES.values()]
+def family_table() -> list[tuple[str, str, str, str]]:
+    """(spec form, kvpress press, what it keeps, where kvdrift departs) for every family."""
+    return [(*fam.table_row(), fam.departs) for fam in FAMILIES.values()]

@@ -64,6 +64,7 @@ from kvdrift.lm.quantize import (
     minmax_dequantized,
     minmax_roundtrip,
 )
+from kvdrift.lm.spec_fields import check_once
 
 KIVI_BITS = (2, 4, 8)
 SCALE_BITS = 16  # KIVI's and llama.cpp's scales and minima are float16
@@ -138,6 +139,7 @@ def _key_values(kind: str, items: list[str], allowed: tuple[str, ...],
         if not eq or key not in allowed:
             raise ValueError(f"action {whole!r}: {kind} takes "
                              f"{', '.join(f + '=' for f in allowed)}; got {item!r}")
+        check_once(values, key, value, whole)
         values[key] = value
     return values
 

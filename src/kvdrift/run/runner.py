@@ -153,14 +153,16 @@ def unit_records(
 
 def with_memory(replicates: pa.Table, pair: KernelPair) -> pa.Table:
     """Add the size of Q's prompt cache where the pair can tell it (language models):
-    ``kv_bytes`` and ``kv_fraction`` of the full cache in the model's dtype, on each row."""
+    ``kv_bytes`` and ``kv_fraction`` of the full cache in the model's dtype, and
+    ``kept_per_layer`` (prompt entries each layer keeps per KV head), on each row."""
     memory = getattr(pair, "kv_memory", None)
     if memory is None:
         return replicates
     n = replicates.num_rows
     for name, value in zip(MEMORY_COLUMNS, memory(), strict=True):
         replicates = replicates.append_column(name, pa.array([float(value)] * n, pa.float64()))
-    return replicates
+    kept = pair.prompt_cache("q").kept_per_layer
+    return replicates.append_column("kept_per_layer", pa.array([kept] * n, pa.list_(pa.int64())))
 
 
 def prepare_document(make_pair: PairFactory, doc: Document, actions: Sequence[str]) -> None:

@@ -185,8 +185,12 @@ class RunStore:
 
     @classmethod
     def open(cls, root: str | Path, config: dict[str, Any], recompute: bool = False,
-             notice: Callable[[str], None] | None = None) -> RunStore:
+             notice: Callable[[str], None] | None = None,
+             presses: dict[str, Any] | None = None) -> RunStore:
         """Create the store, or reopen it if it holds a run with the same configuration.
+
+        ``presses`` (each action's kvpress press, for readers) is written beside the
+        configuration and not compared on reopening.
 
         Creating ``run.json`` is atomic (a unique temporary file, linked to the name only if
         no other process created it first); a process that loses that race compares its
@@ -197,6 +201,8 @@ class RunStore:
         if not path.exists():
             store.root.mkdir(parents=True, exist_ok=True)
             meta = {"config": config, "versions": package_versions()}
+            if presses:
+                meta["presses"] = presses
             tmp = _temporary(path)
             try:
                 tmp.write_text(json.dumps(meta, indent=2))

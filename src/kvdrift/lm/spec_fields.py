@@ -1,0 +1,80 @@
+"""The ``key=value`` fields of an action spec: how they are split, and the values allowed.
+
+A bad spec raises :class:`ActionError` (a ``ValueError``) with one line in the shape of
+:mod:`kvdrift.checks`: ``"<what> must be <rule>; got <value>"``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from kvdrift.checks import is_integer, is_number
+
+
+class ActionError(ValueError):
+    """An action spec that kvdrift cannot run: an unknown name, a field given twice or a field
+    value outside what its press allows."""
+
+
+def split_fields(tail: str, whole: str) -> list[tuple[str, str]]:
+    """``"ratio=0.5,window_size=4"`` -> ``[("ratio", "0.5"), ("window_size", "4")]``.
+
+    ActionError for an item that is not ``key=value`` or a key given twice (``whole`` is the
+    action spec, for the message).
+    """
+    fields: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in tail.split(","))):
+        key, eq, value = item.partition("=")
+        key, value = key.strip(), value.strip()
+        if not eq or not key or not value:
+            raise ActionError(f"action {whole!r}: each field must be key=value; got {item!r}")
+        check_once(fields, key, value, whole)
+        fields[key] = value
+    return list(fields.items())
+
+
+def check_once(fields: dict[str, str], key: str, value: str, whole: str) -> None:
+    """ActionError if ``key`` is already among the ``fields`` read so far."""
+    if key in fields:
+        raise ActionError(f"action {whole!r}: {key} must be given once; got {key}="
+                          f"{fields[key]} and {key}={value}")
+
+
+def _int_at_least(lo: int) -> Callable[[Any], bool]:
+    return lambda v: is_integer(v) and v >= lo
+
+
+def _within(lo: float, hi: float, open_lo: bool = False) -> Callable[[Any], bool]:
+    return lambda v: is_number(v) and (v > lo if open_lo else v >= lo) and v <= hi
+
+
+# spec field -> (rule, test): the values kvdrift runs (kvpress asserts or fails mid-prompt
+# on the others, e.g. SnapKV's pooling on an even kernel_size)
+FIELD_RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "window_size": ("an integer >= 1", _int_at_least(1)),
+    "kernel_size": ("an odd integer >= 1", lambda v: is_integer(v) and v >= 1 and v % 2 == 1),
+    "n_sink": ("an integer >= 0", _int_at_least(0)),
+    "num_sinks": ("an integer >= 0", _int_at_least(0)),
+    "beta": ("an integer >= 1", _int_at_least(1)),
+    "interval": ("an integer >= 1", _int_at_least(1)),
+    "target": ("an integer >= 1", _int_at_least(1)),
+    "block_size": ("an integer >= 1", _int_at_least(1)),
+    "chunk_length": ("an integer >= 1", _int_at_least(1)),
+    "chunk_size": ("an integer >= 1", _int_at_least(1)),
+    "lag_size": ("an integer >= 1", _int_at_least(1)),
+    "local_window_size": ("an integer >= 1", _int_at_least(1)),
+    "sketch_dimension": ("an integer >= 1", _int_at_least(1)),
+    "n_future_positions": ("an integer >= 0", _int_at_least(0)),
+    "buffer": ("an integer >= 0", _int_at_least(0)),
+    "alpha_safeguard": ("a number within [0, 1]", _within(0.0, 1.0)),
+    "first_stage_ratio": ("a number within (0, 1]", _within(0.0, 1.0, open_lo=True)),
+    "epsilon": ("a finite number >= 0", lambda v: is_number(v) and v >= 0),
+}
+
+
+def check_field(label: str, key: str, value: Any) -> None:
+    """ActionError unless ``value`` is allowed for the press field ``key`` of ``label``."""
+    rule = FIELD_RULES.get(key)
+    if rule is not None and not rule[1](value):
+        raise ActionError(f"{label}: {key} must be {rule[0]}; got {value!r}")
