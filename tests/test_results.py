@@ -19,7 +19,7 @@ from kvdrift.analysis.predict import ActionContrast, parse_contrast, predict_stu
 from kvdrift.analysis.results import StudyAnalysis
 from kvdrift.analysis.study import AnalysisOptions, analyze
 from kvdrift.directory import StudyDirectory
-from kvdrift.report.numbers import to_json_safe
+from kvdrift.json_values import to_json_safe
 from kvdrift.run.records import UnitKey, rollout_tables
 from kvdrift.run.store import RunStore
 

@@ -109,7 +109,7 @@ def check_saved(out: Path, config: FrontierConfig) -> None:
 
 
 def _write_json(path: Path, data: dict) -> None:
-    from kvdrift.report.numbers import to_json_safe
+    from kvdrift.json_values import to_json_safe
 
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text(json.dumps(to_json_safe(data), indent=2, allow_nan=False), encoding="utf-8")

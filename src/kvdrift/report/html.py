@@ -18,14 +18,10 @@ from pathlib import Path
 from kvdrift.analysis.interval import Interval
 from kvdrift.analysis.registry import Quantity, quantity
 from kvdrift.analysis.results import ContrastResult, StudyAnalysis
+from kvdrift.json_values import to_json_safe
 from kvdrift.report import page
 from kvdrift.report.figures import FIGURES, by_model
-from kvdrift.report.numbers import (
-    MISSING,
-    headline_quantities,
-    number_text,
-    to_json_safe,
-)
+from kvdrift.report.numbers import MISSING, headline_quantities, number_text
 from kvdrift.report.paper import paper_section
 
 DEFAULT_TITLE = "KV-cache compression: divergence timing and cumulative disagreement"

@@ -1,4 +1,4 @@
-"""How the report turns analysis values into text and into strict JSON.
+"""How the report turns analysis values into text (strict JSON: :mod:`kvdrift.json_values`).
 
 The analysis stores every fraction in [0, 1]; the report multiplies by 100 only when it
 displays a value. Differences of fractions are shown in percentage points (pp).
@@ -6,12 +6,7 @@ displays a value. Differences of fractions are shown in percentage points (pp).
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from collections.abc import Mapping
-from pathlib import Path
-
-import numpy as np
 
 from kvdrift.analysis import registry
 from kvdrift.analysis.interval import Interval
@@ -44,31 +39,3 @@ def headline_quantities() -> list[Quantity]:
     """The columns of the headline table, in the registry's order (``{H}`` in a label is
     replaced by the horizon)."""
     return [q for q in registry.QUANTITIES if q.headline]
-
-
-def to_json_safe(obj):
-    """A copy of ``obj`` that ``json.dumps(..., allow_nan=False)`` accepts.
-
-    NaN and infinities become None; numpy scalars and arrays become Python numbers and lists;
-    tuples become lists; paths become strings; dataclasses become dicts.
-    """
-    if obj is None or isinstance(obj, bool | str):
-        return obj
-    if isinstance(obj, int | np.integer):
-        return int(obj)
-    if isinstance(obj, float | np.floating):
-        x = float(obj)
-        return x if math.isfinite(x) else None
-    if isinstance(obj, np.bool_):
-        return bool(obj)
-    if isinstance(obj, np.ndarray):
-        return to_json_safe(obj.tolist())
-    if isinstance(obj, Mapping):
-        return {str(k): to_json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple | set | frozenset):
-        return [to_json_safe(v) for v in obj]
-    if isinstance(obj, Path):
-        return str(obj)
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return to_json_safe(dataclasses.asdict(obj))
-    raise TypeError(f"analysis holds a {type(obj).__name__} ({obj!r}), which JSON cannot store")
