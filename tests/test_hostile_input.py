@@ -23,22 +23,10 @@ from kvdrift.run.outdir import OutputDirRefused, check_output_dir
 from kvdrift.run.store import NotARunStore
 from kvdrift.study_config import check_study_name
 from kvdrift.text import printable
+from tests.test_cli_faults import error_line, run_args
 
 runner = CliRunner()
 PROMPT = "The cat sat on the mat. " * 10
-
-
-def error_line(result):
-    """The one error line that ends the output; no traceback."""
-    lines = result.output.strip().splitlines()
-    assert "Traceback" not in result.output, result.output
-    assert [line for line in lines if "error:" in line] == lines[-1:], result.output
-    return lines[-1]
-
-
-def run_args(model, docs, out, *extra):
-    return ["run", "--model", str(model), "--docs", str(docs), "--actions", "full,snapkv-half",
-            "--replicates", "2", "--horizon", "4", "--out", str(out), *extra]
 
 
 def write_docs(path, *records):
