@@ -11,10 +11,10 @@ from kvdrift.analysis.bounds import (
     contrast_interval,
     hoeffding_enclosure,
     sharp_interval,
-    window_terms,
 )
-from kvdrift.analysis.decompose import Contrast, Decomposition, decompose, trajectory_terms
+from kvdrift.analysis.decompose import Contrast, Decomposition, decompose
 from kvdrift.analysis.interval import Interval
+from kvdrift.records.terms import trajectory_terms, window_terms
 
 # Rows: never diverges; diverges at 2 and re-agrees; diverges at 1 and stays apart.
 MISMATCH = np.array(

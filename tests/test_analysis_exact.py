@@ -285,7 +285,8 @@ def test_weighted_mean_hand_values_and_refusals():
 
 
 def test_decompose_weights_every_term():
-    from kvdrift.analysis.decompose import decompose, trajectory_terms
+    from kvdrift.analysis.decompose import decompose
+    from kvdrift.records.terms import trajectory_terms
 
     # Row 0 diverges at t = 2 of H = 4 (mismatches at 2 and 4); row 1 never diverges.
     terms = trajectory_terms(np.array([[False, True, False, True], [False] * 4]))

@@ -123,7 +123,7 @@ def test_interval_edges():
 
 
 def test_ratio_is_nan_where_undefined_without_warnings():
-    from kvdrift.analysis.quantities import ratio
+    from kvdrift.analysis.registry import ratio
 
     num, den = np.array([1.0, 2.0, 3.0]), np.array([2.0, 0.0, -1.0])
     with warnings.catch_warnings():

@@ -3,10 +3,9 @@
 import numpy as np
 import torch
 
-from kvdrift.analysis.bounds import window_terms
-from kvdrift.analysis.decompose import trajectory_terms
 from kvdrift.divergence import NEVER, diverged, divergence_time, first_true
 from kvdrift.estimate.rollout import first_mismatch
+from kvdrift.records.terms import trajectory_terms, window_terms
 
 MISMATCH = np.array([[0, 0, 0, 0],   # never
                      [1, 0, 0, 0],   # tau = 1

@@ -8,10 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from kvdrift.analysis.bounds import window_terms
-from kvdrift.analysis.decompose import trajectory_terms
 from kvdrift.estimate import coupled_rollouts, swrb
 from kvdrift.finite import exact, random_pair
+from kvdrift.records.terms import trajectory_terms, window_terms
 
 Z = 4.5
 K = 3000

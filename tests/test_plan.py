@@ -309,8 +309,8 @@ def test_refusals_say_what_the_development_run_lacks():
             "(between-document variance)") + "$"):
         variance_components(np.zeros((2, 2)), np.array(["s", "t"]))
     with pytest.raises(ValueError, match="^" + re.escape(
-            "plan sizes document-level means; 'B' is not one; allowed: R, R_tv, O, E, Pi, F, "
-            "R_minus_F, p_diverge, S99") + "$"):
+            "plan sizes document-level means; 'B' is not one; allowed: p_diverge, R, R_tv, O, "
+            "E, Pi, F, R_minus_F, S99") + "$"):
         plan_study(reps, "R(a) - B(b)", 0.1).to_json()
     with pytest.raises(ValueError, match="^" + re.escape(
             "target 'R(z)' names action 'z', which the development run did not run; actions: "

@@ -19,11 +19,12 @@ import kvdrift
 from kvdrift.cli import app
 from kvdrift.data import Document, write_jsonl
 from kvdrift.finite import random_pair
+from kvdrift.records.schema import TIMING_COLUMNS
 from kvdrift.run import UnitFailed
 from kvdrift.run.executors import ExecutorConfig
 from kvdrift.run.executors.ray import RayExecutor
 from kvdrift.run.records import UnitKey
-from kvdrift.run.runner import TIMING_COLUMNS, RunConfig, run_units
+from kvdrift.run.runner import RunConfig, run_units
 from kvdrift.run.store import KINDS, RunStore
 
 # The fault-injecting pair builders below travel to the workers by value (tests/ is not on

@@ -15,6 +15,7 @@ from rich.console import Console
 from kvdrift.analysis.interval import Interval
 from kvdrift.analysis.results import StudyAnalysis, StudyMeta
 from kvdrift.analysis.summary import ActionSummary
+from kvdrift.json_values import to_json_safe
 from kvdrift.report import summary_table, write_report
 from kvdrift.report.figures import (
     FIGURES,
@@ -24,7 +25,7 @@ from kvdrift.report.figures import (
     plot_timing,
     risk_memory_points,
 )
-from kvdrift.report.numbers import interval_text, to_json_safe
+from kvdrift.report.numbers import interval_text
 from kvdrift.report.terminal import print_whole, run_table
 
 H = 32

@@ -1,4 +1,4 @@
-"""Typed results: the interval type, frames against the JSON, analyze_directory, the grammar."""
+"""Typed results: the interval type, frames against the JSON, directory analyses, the grammar."""
 
 import json
 import math
@@ -12,14 +12,14 @@ from test_plan import PAIRED_A, PAIRED_B, _replicates
 from test_predict import _study_inputs
 
 from kvdrift.analysis.bounds import hoeffding_enclosure, sharp_interval
-from kvdrift.analysis.directory import analyze_directory
 from kvdrift.analysis.endpoints import parse_endpoint
 from kvdrift.analysis.interval import Interval
 from kvdrift.analysis.plan import plan_study
 from kvdrift.analysis.predict import ActionContrast, parse_contrast, predict_study
 from kvdrift.analysis.results import StudyAnalysis
 from kvdrift.analysis.study import AnalysisOptions, analyze
-from kvdrift.report.numbers import to_json_safe
+from kvdrift.directory import StudyDirectory
+from kvdrift.json_values import to_json_safe
 from kvdrift.run.records import UnitKey, rollout_tables
 from kvdrift.run.store import RunStore
 
@@ -126,7 +126,7 @@ def test_from_json_reads_analysis_json_back(study, tmp_path):
     assert back.lags == study.lags and back.meta.documents == study.meta.documents
 
 
-def test_analyze_directory_uses_the_saved_options_and_overrides(tmp_path):
+def test_a_directory_analysis_uses_the_saved_options_and_overrides(tmp_path):
     steps, reps = _records(models=("toy",), docs=6)
     H = int(reps["horizon"].iloc[0])  # a kvdrift run.json always names its horizon
     analysis = {"bootstrap": 30, "alpha": 0.2, "seed": 2, "endpoints": ["C(noisy)"]}
@@ -135,13 +135,13 @@ def test_analyze_directory_uses_the_saved_options_and_overrides(tmp_path):
     for name, table in (("steps", steps), ("replicates", reps)):
         (store.root / name).mkdir(exist_ok=True)
         table.to_parquet(store.root / name / "part-0.parquet")
-    got = analyze_directory(tmp_path / "run")
+    got = StudyDirectory(tmp_path / "run").analyze()
     assert (got.meta.bootstrap, got.meta.alpha, got.meta.temperature) == (30, 0.2, 0.7)
     assert [e.name for e in got.endpoints] == ["C(noisy)"]
     want = analyze(steps, reps, AnalysisOptions(bootstrap=30, alpha=0.2, seed=2,
                                                 endpoints=("C(noisy)",)))
     assert got.to_frame().equals(want.to_frame())
-    assert analyze_directory(tmp_path / "run", bootstrap=40, alpha=0.1).meta.alpha == 0.1
+    assert StudyDirectory(tmp_path / "run").analyze(bootstrap=40, alpha=0.1).meta.alpha == 0.1
 
 
 # ------------------------------------------------------------------ plan and predict results

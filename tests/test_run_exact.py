@@ -14,9 +14,9 @@ import kvdrift.run.store as store_module
 from kvdrift.data.document import Document
 from kvdrift.estimate import RolloutResult, SWRBResult, coupled_rollouts, swrb
 from kvdrift.finite import exact, random_pair
+from kvdrift.records.schema import TIMING_COLUMNS
 from kvdrift.run.records import UnitKey, rollout_tables, swrb_tables
 from kvdrift.run.runner import (
-    TIMING_COLUMNS,
     RunConfig,
     run_estimator,
     run_units,

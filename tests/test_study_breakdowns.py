@@ -520,7 +520,7 @@ def test_run_summary_is_the_analysis_point_estimate():
 def test_cache_size_is_the_stratum_weighted_mean_of_document_values():
     from kvdrift.analysis.results import StudyAnalysis
     from kvdrift.analysis.summary import summarize
-    from kvdrift.report.numbers import to_json_safe
+    from kvdrift.json_values import to_json_safe
 
     steps, reps = field_records()
     # by hand: Q's prompt cache per (document, action), in bytes, of a full cache of 4096

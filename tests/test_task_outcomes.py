@@ -16,7 +16,8 @@ from kvdrift.analysis.study import AnalysisOptions, analyze
 from kvdrift.analysis.task import standard_errors, task_outcomes
 from kvdrift.data.document import Document
 from kvdrift.finite import random_pair
-from kvdrift.run.outcomes import SCORE_COLUMNS, TextDecoder, until_eos, with_scores
+from kvdrift.records.schema import SCORE_COLUMNS
+from kvdrift.run.outcomes import TextDecoder, until_eos, with_scores
 from kvdrift.run.runner import RunConfig, run_units
 from kvdrift.run.store import RunStore
 

@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from kvdrift.analysis.directory import Records
     from kvdrift.analysis.plan import PlanResult
     from kvdrift.analysis.predict import PredictionResult
     from kvdrift.analysis.results import StudyAnalysis
+    from kvdrift.directory import Records
     from kvdrift.finite.check import FiniteStudyResult
     from kvdrift.frontier_search.result import FrontierResult
     from kvdrift.run.records import UnitKey
@@ -89,9 +89,9 @@ def run_study(
 
 def load_records(directory: str | Path) -> Records:
     """A run or study directory's step and replicate records as pandas DataFrames."""
-    from kvdrift.analysis.directory import load_records as load
+    from kvdrift.directory import StudyDirectory
 
-    return load(directory)
+    return StudyDirectory(directory).records()
 
 
 def analyze(directory: str | Path, bootstrap: int | None = None,
@@ -99,9 +99,9 @@ def analyze(directory: str | Path, bootstrap: int | None = None,
     """The study analysis of a run or study directory (its saved options, or these); with
     ``wait``, after a run writing it has finished. A partial store says so in ``meta.notes``
     and ``meta.run["partial"]``."""
-    from kvdrift.analysis.directory import analyze_directory
+    from kvdrift.directory import StudyDirectory
 
-    return analyze_directory(directory, bootstrap, alpha, wait)
+    return StudyDirectory(directory).analyze(bootstrap, alpha, wait)
 
 
 def finite_state(systems: int = 24, replicates: int = 512, horizon: int = 3,
@@ -118,19 +118,20 @@ def predict(dev: str | Path, evaluation: str | Path, contrast: str, *, window: i
     """Predict a full-horizon contrast (``"R(a) - R(b)"``) from positions 1..window,
     calibrated on the development directory and checked on the evaluation one. ``target``:
     ``"tv"`` (rollout TV, the paper's) or ``"tokens"`` (token mismatch)."""
-    from kvdrift.analysis.directory import predict_directories
+    from kvdrift.directory import StudyDirectory
 
-    return predict_directories(dev, evaluation, contrast, window=window, margin=margin,
-                               alpha=alpha, draws=bootstrap, seed=seed, target=target)
+    return StudyDirectory(dev).predict(StudyDirectory(evaluation), contrast, window=window,
+                                       margin=margin, alpha=alpha, draws=bootstrap, seed=seed,
+                                       target=target)
 
 
 def plan(dev: str | Path, target: str, halfwidth: float, alpha: float = 0.05,
          endpoints: int = 1) -> PlanResult:
     """Documents per stratum and K for a target half-width, from a development directory
     (``endpoints``: prespecified endpoints sharing ``alpha``, Bonferroni)."""
-    from kvdrift.analysis.directory import plan_directory
+    from kvdrift.directory import StudyDirectory
 
-    return plan_directory(dev, target, halfwidth, alpha, endpoints)
+    return StudyDirectory(dev).plan(target, halfwidth, alpha, endpoints)
 
 
 def frontier(

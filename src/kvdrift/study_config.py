@@ -21,7 +21,7 @@ from typing import Any
 from kvdrift.analysis.study import AnalysisOptions
 from kvdrift.data.sources import DocumentSource, source_from_table
 from kvdrift.run.executors import ExecutorConfig
-from kvdrift.run.runner import ESTIMATORS, RunConfig
+from kvdrift.run.runner import RunConfig
 
 STUDY_KEYS = {
     "name": str, "models": list, "actions": list, "replicates": int, "horizon": int,
@@ -174,7 +174,7 @@ def parse_study(data: dict, source: str | None = None) -> StudyConfig:
         estimator=study.get("estimator", "rollout"), depths=tuple(study.get("depths", ())),
         seed=study.get("seed", 0), batch=study.get("batch", 0),
     )
-    options = AnalysisOptions(**(analysis | {"endpoints": tuple(analysis.get("endpoints", ()))}))
+    options = AnalysisOptions.from_table(analysis)
     from kvdrift.analysis.endpoints import parse_endpoint
 
     for text in options.endpoints:
@@ -182,9 +182,6 @@ def parse_study(data: dict, source: str | None = None) -> StudyConfig:
         if missing:
             raise ValueError(f"endpoint {text!r} names action {missing[0]!r}, which the study "
                              f"does not run; actions: {', '.join(actions)}")
-    if study.get("estimator", "rollout") not in ESTIMATORS:
-        raise ValueError(f"unknown estimator {study['estimator']!r}; allowed: "
-                         f"{', '.join(ESTIMATORS)}")
     cohort = study.get("cohort")
     if cohort is not None and cohort not in COHORTS:
         raise ValueError(f"[study].cohort must be one of {', '.join(COHORTS)}; got {cohort!r}")
@@ -201,6 +198,16 @@ def parse_study(data: dict, source: str | None = None) -> StudyConfig:
             gpus_per_worker=study.get("gpus_per_worker"),
             cpus_per_worker=study.get("cpus_per_worker", 1.0)),
     )
+
+
+def recorded_study(recorded: dict[str, Any]) -> StudyConfig | None:
+    """The study a directory recorded (:meth:`StudyConfig.as_dict`), parsed back and checked
+    again; None for a store of units run without a study (it records no documents)."""
+    if "documents" not in recorded:
+        return None
+    return parse_study({"study": {k: v for k, v in recorded.items() if k in STUDY_KEYS},
+                        "documents": list(recorded["documents"]),
+                        "analysis": dict(recorded.get("analysis", {}))})
 
 
 def load_study(path: str | Path, overrides: dict[str, Any] | None = None) -> StudyConfig:

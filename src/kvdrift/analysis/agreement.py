@@ -21,7 +21,8 @@ import numpy as np
 import pandas as pd
 
 from kvdrift.analysis.lags import LagWindows
-from kvdrift.analysis.quantities import interval, ratio
+from kvdrift.analysis.quantities import interval
+from kvdrift.analysis.registry import ratio
 from kvdrift.analysis.results import CohortSupport, LocalAgreement
 from kvdrift.divergence import diverged, first_true
 

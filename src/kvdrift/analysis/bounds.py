@@ -9,37 +9,14 @@ finite-sample enclosure.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 
 from kvdrift import checks
 from kvdrift.analysis.interval import Interval
-from kvdrift.divergence import diverged, divergence_time
 
-__all__ = ["WindowTerms", "certainly_better", "certified_order",
-           "contrast_interval", "hoeffding_enclosure", "sharp_interval", "window_terms"]
-
-
-@dataclass(frozen=True)
-class WindowTerms:
-    """Per-trajectory window terms: ``observed`` (mean -> R_L) and ``capacity`` (mean -> B_L)."""
-
-    observed: np.ndarray
-    capacity: np.ndarray
-
-
-def window_terms(mismatch: np.ndarray, L: int) -> WindowTerms:
-    """From complete rollouts ``[N, H]``: ``(1/H) sum_{j<l} I_{tau+j}`` and ``(H-tau-L+1)_+/H``."""
-    m = np.asarray(mismatch, dtype=bool)
-    H = m.shape[1]
-    L = checks.depth(L, H)
-    tau = divergence_time(m)
-    hit = diverged(tau)
-    t = np.arange(1, H + 1)[None, :]
-    window = hit[:, None] & (t >= tau[:, None]) & (t < tau[:, None] + L)
-    capacity = np.where(hit, np.maximum(H - tau - L + 1, 0), 0) / H
-    return WindowTerms(observed=(m & window).sum(axis=1) / H, capacity=capacity)
+__all__ = ["certainly_better", "certified_order", "contrast_interval", "hoeffding_enclosure",
+           "sharp_interval"]
 
 
 def sharp_interval(R_L: float, B_L: float) -> Interval:

@@ -12,38 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvdrift.divergence import diverged, divergence_time
-
-
-@dataclass(frozen=True)
-class TrajectoryTerms:
-    """Per-trajectory terms whose means are the population quantities (all ``[N]`` arrays).
-
-    ``occurrence = 1{tau <= H}/H``, ``exposure = (H - tau)_+/H``,
-    ``occupation = (1/H) sum_{t > tau} I_t`` and ``mismatch_fraction = D_H``.
-    """
-
-    occurrence: np.ndarray
-    exposure: np.ndarray
-    occupation: np.ndarray
-    mismatch_fraction: np.ndarray
-
-
-def trajectory_terms(mismatch: np.ndarray) -> TrajectoryTerms:
-    """Terms from a ``[N, H]`` boolean mismatch matrix (one row per trajectory)."""
-    m = np.asarray(mismatch, dtype=bool)
-    if m.ndim != 2 or m.shape[1] < 1:
-        raise ValueError(f"mismatch must be a [trajectories, H] array with H >= 1; got {m.shape}")
-    H = m.shape[1]
-    tau = divergence_time(m)
-    hit = diverged(tau)
-    after = hit[:, None] & (np.arange(1, H + 1)[None, :] > tau[:, None])
-    return TrajectoryTerms(
-        occurrence=hit / H,
-        exposure=np.where(hit, H - tau, 0) / H,
-        occupation=(m & after).sum(axis=1) / H,
-        mismatch_fraction=m.sum(axis=1) / H,
-    )
+from kvdrift.records.terms import TrajectoryTerms
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-ENDPOINT_STATS = ("p_diverge", "mean_entry_time", "R", "R_tv", "O", "E", "Pi", "C", "F",
-                  "R_minus_F", "S99", "B", "B_strict")
+from kvdrift.analysis import registry
+
 _TERM = r"\s*([A-Za-z_0-9]+)\s*\(\s*([^()]+?)\s*\)\s*"
 _PATTERN = re.compile(rf"^{_TERM}(?:-{_TERM})?$")
 _SHORTHAND = re.compile(r"^\s*([^()\s]+)\s+-\s+([^()\s]+)\s*$")  # "a - b": R(a) - R(b)
@@ -32,9 +32,14 @@ class Endpoint:
         return (self.action,) if self.minus is None else (self.action, self.minus[1])
 
 
+def endpoint_stats() -> tuple[str, ...]:
+    """The statistics an endpoint may name: the registry's quantities that endpoints take."""
+    return tuple(q.name for q in registry.QUANTITIES if q.endpoint)
+
+
 def parse_endpoint(text: str) -> Endpoint:
     """Parse ``STAT(action)``, ``STAT(a) - STAT(b)`` or ``a - b`` (``R(a) - R(b)``); STAT is
-    one of :data:`ENDPOINT_STATS`."""
+    a quantity of the registry that endpoints take (:func:`endpoint_stats`)."""
     match = _PATTERN.match(text)
     if match:
         stat, action, stat2, action2 = match.groups()
@@ -44,10 +49,11 @@ def parse_endpoint(text: str) -> Endpoint:
         raise ValueError(f"cannot read {text!r}; write STAT(action), STAT(action) - "
                          "STAT(action), or 'a - b' for R(a) - R(b), e.g. "
                          "'B(snapkv-90) - B(recent-90)'")
+    allowed = endpoint_stats()
     for s in (stat, stat2):
-        if s is not None and s not in ENDPOINT_STATS:
+        if s is not None and s not in allowed:
             raise ValueError(f"unknown statistic {s!r} in endpoint {text!r}; allowed: "
-                             f"{', '.join(ENDPOINT_STATS)}")
+                             f"{', '.join(allowed)}")
     minus = (stat2, action2) if stat2 is not None else None
     if minus == (stat, action):
         raise ValueError(f"{text.strip()!r} subtracts {stat}({action}) from itself, which is "

@@ -19,7 +19,8 @@ from __future__ import annotations
 import numpy as np
 
 from kvdrift.analysis.features import EOS_CATEGORIES
-from kvdrift.analysis.quantities import action_pairs, interval, intervals, ratio
+from kvdrift.analysis.quantities import action_pairs, interval, intervals
+from kvdrift.analysis.registry import ratio
 from kvdrift.analysis.results import EosContrast, EosSplit
 
 

@@ -16,10 +16,9 @@ from kvdrift.analysis.agreement import agreement_terms
 from kvdrift.analysis.lags import LagWindows, lag_terms
 from kvdrift.analysis.readings import reading_features
 from kvdrift.divergence import diverged
+from kvdrift.records.schema import TERM_COLUMNS, is_depth_column, recorded_estimator
 
 EOS_CATEGORIES = ("pre-EOS", "first EOS", "one absorbed", "both absorbed")
-REPLICATE_COLUMNS = ("risk", "occurrence", "exposure", "occupation", "fixed_risk",
-                     "divergence_mass", "entry_time_mass")
 SATURATION = 0.99
 
 
@@ -93,7 +92,7 @@ def action_features(
     """Features of one (model, action) from its step and replicate records."""
     reps = replicates.sort_values(["doc_id", "replicate"])
     keep = [c for c in reps.columns
-            if c in REPLICATE_COLUMNS or c.startswith(("observed_L", "capacity_L"))]
+            if c in TERM_COLUMNS or is_depth_column(c)]
     doc = reps.groupby("doc_id")  # sorted by doc_id
     means = doc[keep].mean()
     doc_ids = means.index.to_numpy()
@@ -108,8 +107,7 @@ def action_features(
     if len(reps) != n * K:
         raise ValueError("replicate records are incomplete: every document needs K replicates"
                          + _short_units(doc.size(), K, reps))
-    estimator = str(single_value(steps, "estimator"))
-    if estimator == "swrb":
+    if not recorded_estimator(str(single_value(steps, "estimator"))).complete_branches:
         weight = _cube(steps, "weight", n, K, H)
         cols["timing"] = weight.cumsum(axis=-1).mean(axis=1)
         return DocFeatures(doc_ids, strata, cols)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-MEMORY_COLUMNS = ("kv_bytes", "kv_fraction")
+from kvdrift.records.schema import MEMORY_COLUMNS
 
 
 def memory_means(replicates: pd.DataFrame, doc_ids: np.ndarray,

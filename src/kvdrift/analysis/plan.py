@@ -38,16 +38,11 @@ import numpy as np
 import pandas as pd
 
 from kvdrift import checks
+from kvdrift.analysis import registry
 from kvdrift.analysis.endpoints import parse_endpoint
 from kvdrift.analysis.features import SATURATION, single_value
 from kvdrift.divergence import diverged
 
-PLAN_STATS = {"R": ("risk",), "R_tv": ("risk_tv",), "O": ("occurrence",),
-              "E": ("exposure",), "Pi": ("occupation",), "F": ("fixed_risk",),
-              "R_minus_F": ("risk_tv", "fixed_risk"), "p_diverge": ("divergence_mass",),
-              "S99": ("saturation",)}
-NEEDS_ROLLOUTS = ("F", "R_minus_F", "R_tv", "S99")  # SWRB records neither f_t nor branch delta_t
-STEP_STATS = ("S99",)  # per-replicate values computed from step records
 STEP_COLUMNS = ["model", "action", "doc_id", "replicate", "delta"]
 MIN_DOCUMENTS = 2  # per stratum: fewer carries no between-document variation
 MAX_REPLICATES = 4096
@@ -227,7 +222,7 @@ def target_stats(target: str) -> tuple[str, ...]:
 
 def needs_steps(target: str) -> bool:
     """Whether a target's per-replicate values come from the step records (``S99``)."""
-    return any(s in STEP_STATS for s in target_stats(target))
+    return any(registry.quantity(s).from_steps for s in target_stats(target))
 
 
 def with_saturation(replicates: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
@@ -242,9 +237,10 @@ def with_saturation(replicates: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFra
 
 
 def _values(reps: pd.DataFrame, stat: str, action: str) -> pd.DataFrame:
-    cols = PLAN_STATS[stat]
+    q = registry.quantity(stat)
+    cols = q.plan
     sub = reps[reps["action"] == action]
-    if stat in STEP_STATS and cols[0] not in sub:
+    if q.from_steps and cols[0] not in sub:
         raise ValueError(f"{stat} is computed from the step records; pass them "
                          "(plan_study(..., steps=...))")
     if "risk_tv" in cols and ("risk_tv" not in sub or sub["risk_tv"].isna().all()):
@@ -258,10 +254,11 @@ def _values(reps: pd.DataFrame, stat: str, action: str) -> pd.DataFrame:
 
 def _target_values(reps: pd.DataFrame, target: str, actions: list[str]):
     e = parse_endpoint(target)
+    allowed = [q.name for q in registry.QUANTITIES if q.plan]
     for stat in (e.stat, e.minus[0] if e.minus else e.stat):
-        if stat not in PLAN_STATS:
+        if stat not in allowed:
             raise ValueError(f"plan sizes document-level means; {stat!r} is not one; allowed: "
-                             f"{', '.join(PLAN_STATS)}")
+                             f"{', '.join(allowed)}")
     for name in e.actions:
         if name not in actions:
             raise ValueError(f"target {e.text!r} names action {name!r}, which the development "
@@ -299,7 +296,7 @@ def plan_study(replicates: pd.DataFrame, target: str, halfwidth_target: float,
         actions = list(dict.fromkeys(reps["action"]))
         measured = str(single_value(reps, "estimator"))
         e, values = _target_values(reps, target, actions)
-        needs_rollouts = any(s in NEEDS_ROLLOUTS for s in target_stats(target))
+        needs_rollouts = any(registry.quantity(s).rollouts_only for s in target_stats(target))
         if measured == "swrb" and needs_rollouts:
             raise ValueError(f"target {e.text!r} needs complete rollouts (fixed-history risk F, "
                              "rollout TV or S99), which SWRB runs do not measure; plan it from "

@@ -11,63 +11,31 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvdrift.analysis import registry
 from kvdrift.analysis.bootstrap import percentile_interval
 from kvdrift.analysis.interval import Interval
 from kvdrift.analysis.lags import LagWindows
+from kvdrift.analysis.registry import Means, ratio
 from kvdrift.analysis.results import ContrastResult, Curve
+from kvdrift.records.schema import is_depth_column
 
-SCALARS = ("p_diverge", "mean_entry_time", "R", "R_tv", "O", "E", "Pi", "C", "F", "R_minus_F",
-           "S99", "B", "B_strict", "var_R", "var_R_tv", "var_ratio")
-"""Scalars per action. ``R`` is the token-mismatch risk (the decomposition ``R = O + E C`` is
-on it); ``R_tv`` the rollout-TV risk ``(1/H) sum_t E[delta_t]`` (same expectation, never a
-larger variance; NaN under SWRB); ``R_minus_F = R_tv - F`` as in the paper, so the EOS split
-sums to it. ``var_R`` / ``var_R_tv``: within-document variance of one replicate's value,
-averaged over documents (strata equally weighted); ``var_ratio = var_R / var_R_tv``."""
 CONTRAST_TERMS = ("dR", "dR_tv", "dO", "dE", "dC", "occurrence_term", "exposure_term",
                   "rate_term", "exposure_share")
 
 
-def ratio(num: np.ndarray, den: np.ndarray, defined: np.ndarray | None = None) -> np.ndarray:
-    """``num / den`` where ``defined`` (default: ``den > 0``), NaN elsewhere (undefined)."""
-    num, den = np.asarray(num, dtype=float), np.asarray(den, dtype=float)
-    out = np.full(np.broadcast_shapes(num.shape, den.shape), np.nan)
-    return np.divide(num, den, out=out, where=den > 0 if defined is None else defined)
-
-
-def _nan(shape: tuple[int, ...]) -> np.ndarray:
-    return np.full(shape, np.nan)
-
-
 def derive(m: dict[str, np.ndarray], windows: LagWindows | None) -> dict[str, np.ndarray]:
-    """Every reported quantity from weighted feature means (leading axes: bootstrap draws)."""
-    lead = m["risk"].shape[:-1]
-    occ, exp_, pi = m["occurrence"][..., 0], m["exposure"][..., 0], m["occupation"][..., 0]
-    R = occ + pi
-    F = m["fixed_risk"][..., 0]
-    R_tv = m["risk_tv"][..., 0] if "risk_tv" in m else _nan(lead)
-    var_R = m["risk_var"][..., 0] if "risk_var" in m else _nan(lead)
-    var_tv = m["risk_tv_var"][..., 0] if "risk_tv_var" in m else _nan(lead)
-    out = {
-        "p_diverge": m["divergence_mass"][..., 0],
-        "mean_entry_time": ratio(m["entry_time_mass"][..., 0], m["divergence_mass"][..., 0]),
-        "R": R, "R_tv": R_tv, "O": occ, "E": exp_, "Pi": pi,
-        "C": np.where(exp_ > 0, ratio(pi, exp_), 0.0),
-        "F": F, "R_minus_F": R_tv - F,
-        "var_R": var_R, "var_R_tv": var_tv, "var_ratio": ratio(var_R, var_tv),
-        "S99": m["saturation"][..., 0] if "saturation" in m else _nan(lead),
-        "timing_cdf": m["timing"],
-    }
+    """Every quantity of the registry, and the curves, from weighted feature means (leading
+    axes: bootstrap draws)."""
+    means = Means(m, windows)
+    out = {q.name: q.formula(means) for q in registry.QUANTITIES}
+    out["timing_cdf"] = m["timing"]
     if "expected_delta" in m:
         out["expected_delta"] = m["expected_delta"]
-    for name, suffix in (("B", ""), ("B_strict", "_strict")):
+    for suffix in ("", "_strict"):
         if windows is not None and f"lag_num{suffix}" in m:
-            profile = ratio(m[f"lag_num{suffix}"], m[f"lag_den{suffix}"])
-            out[f"lag_profile{suffix}"] = profile
-            out[name] = windows.window_gap(m[f"lag_num{suffix}"], m[f"lag_den{suffix}"])
-        else:
-            out[name] = _nan(lead)
+            out[f"lag_profile{suffix}"] = ratio(m[f"lag_num{suffix}"], m[f"lag_den{suffix}"])
     for key in m:
-        if key.startswith(("observed_L", "capacity_L")):
+        if is_depth_column(key):
             out[key] = m[key][..., 0]
     return out
 
@@ -122,8 +90,8 @@ def curve(point: np.ndarray, draws: np.ndarray, alpha: float,
 
 
 def action_scalars(point: dict, draws: dict, alpha: float) -> dict[str, Interval]:
-    """Every scalar of :data:`SCALARS` with its interval."""
-    return {k: interval(point[k], draws[k], alpha) for k in SCALARS}
+    """Every quantity of the registry with its interval."""
+    return {q.name: interval(point[q.name], draws[q.name], alpha) for q in registry.QUANTITIES}
 
 
 def contrast_result(

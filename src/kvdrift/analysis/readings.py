@@ -36,6 +36,7 @@ from kvdrift.analysis.speculative import (
     first_round_survival,
     generated_lengths,
 )
+from kvdrift.records.schema import RecordedEstimator
 
 TEACHER_FORCED = ("kl", "top1", "dp", "ppl_ratio")
 FORCED_FEATURES = ("tf_kl", "tf_top1", "tf_dp", "tf_logratio")
@@ -313,8 +314,8 @@ def reading_entries(
     return out
 
 
-def reading_notes(estimator: str, models_without_forced: list[str]) -> list[str]:
+def reading_notes(estimator: RecordedEstimator, models_without_forced: list[str]) -> list[str]:
     """Why readings are absent: under SWRB, or for runs without the teacher-forced columns."""
-    if estimator != "rollout":
+    if not estimator.complete_branches:
         return [NOT_ROLLOUT]
     return [NOT_RECORDED.format(model=m) for m in models_without_forced]

@@ -21,6 +21,7 @@ import pandas as pd
 from kvdrift.analysis.interval import Interval, numbers
 from kvdrift.analysis.lags import LagWindows
 from kvdrift.analysis.readings import SpeculativeResult, TeacherForcedResult
+from kvdrift.records.schema import RecordedEstimator, recorded_estimator
 
 
 def interval_columns(intervals: Mapping[str, Interval]) -> dict[str, float]:
@@ -490,6 +491,11 @@ class StudyMeta:
     @property
     def config(self) -> Mapping[str, Any] | None:
         return self.run.get("config")
+
+    @property
+    def records(self) -> RecordedEstimator:
+        """What the analysed records hold (their estimator's)."""
+        return recorded_estimator(self.estimator)
 
     @property
     def versions(self) -> Mapping[str, str]:

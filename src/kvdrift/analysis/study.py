@@ -10,6 +10,7 @@ models together) for endpoints. The result is a :class:`~kvdrift.analysis.result
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,6 +46,7 @@ from kvdrift.analysis.results import (
 )
 from kvdrift.analysis.strata import stratum_derived, stratum_results
 from kvdrift.analysis.task import SWRB_REASON, task_outcomes
+from kvdrift.records.schema import depth_columns, record_depths, recorded_estimator
 
 __all__ = ["CONFIRMATORY_DRAWS", "EXPLORATORY_DRAWS", "AnalysisOptions", "analyze"]
 
@@ -72,12 +74,16 @@ class AnalysisOptions:
         if self.bootstrap is None:
             object.__setattr__(self, "bootstrap", CONFIRMATORY_DRAWS if self.endpoints
                                else EXPLORATORY_DRAWS)
-        if isinstance(self.bootstrap, bool) or not isinstance(self.bootstrap, int) \
-                or self.bootstrap < 1:
-            raise ValueError(f"bootstrap draws must be an integer >= 1; got {self.bootstrap!r}")
+        object.__setattr__(self, "bootstrap", checks.integer(self.bootstrap, "bootstrap draws", 1))
         checks.alpha(self.alpha)
         for text in self.endpoints:
             parse_endpoint(text)
+
+    @classmethod
+    def from_table(cls, table: Mapping[str, object]) -> AnalysisOptions:
+        """The options of an ``[analysis]`` table (a study file's, or the one a study
+        directory recorded); its keys are checked by the caller."""
+        return cls(**(dict(table) | {"endpoints": tuple(table.get("endpoints", ()))}))
 
 
 def _common_documents(features: dict[str, DocFeatures]) -> dict[str, DocFeatures]:
@@ -97,122 +103,234 @@ def _endpoint_value(e: Endpoint, derived: dict[str, dict[str, np.ndarray]]) -> n
     return value
 
 
+@dataclass(frozen=True)
+class ModelSample:
+    """One model's sample, which every section reads: its records, the features of the
+    documents every action finished (``features``), the document weights and bootstrap
+    counts, and the weighted means and derived quantities of each action, at the point
+    (``means``, ``point``) and on every draw (``boot_means``, ``boot``); ``by_stratum`` the
+    same per stratum."""
+
+    model: str
+    replicates: pd.DataFrame
+    actions: list[str]
+    features: dict[str, DocFeatures]
+    weights: np.ndarray
+    counts: np.ndarray
+    means: dict[str, dict[str, np.ndarray]]
+    boot_means: dict[str, dict[str, np.ndarray]]
+    point: dict[str, dict[str, np.ndarray]]
+    boot: dict[str, dict[str, np.ndarray]]
+    by_stratum: list
+
+    @property
+    def doc_ids(self) -> np.ndarray:
+        return next(iter(self.features.values())).doc_ids
+
+    @property
+    def strata(self) -> np.ndarray:
+        return next(iter(self.features.values())).strata
+
+    def action_replicates(self, action: str) -> pd.DataFrame:
+        return self.replicates[self.replicates["action"] == action]
+
+
+def model_sample(model: str, steps: pd.DataFrame, replicates: pd.DataFrame,
+                 windows: LagWindows | None, options: AnalysisOptions) -> ModelSample:
+    """The sample of ``model`` from the study's records."""
+    reps = replicates[replicates["model"] == model]
+    steps = steps[steps["model"] == model]
+    actions = list(dict.fromkeys(reps["action"]))
+    features = _common_documents({
+        a: action_features(steps[steps["action"] == a], reps[reps["action"] == a], windows)
+        for a in actions})
+    strata = next(iter(features.values())).strata
+    weights = stratum_weights(pd.Series(strata))
+    counts = stratified_counts(strata, options.bootstrap, options.seed)
+    means = {a: weighted_means(f.columns, weights) for a, f in features.items()}
+    boot_means = {a: weighted_means(f.columns, weights, counts) for a, f in features.items()}
+    return ModelSample(
+        model, reps, actions, features, weights, counts, means, boot_means,
+        point={a: derive(m, windows) for a, m in means.items()},
+        boot={a: derive(m, windows) for a, m in boot_means.items()},
+        by_stratum=stratum_derived(features, counts, windows))
+
+
+def lonely_strata_notes(s: ModelSample) -> list[str]:
+    """A note when some stratum has a single document."""
+    sizes = pd.Series(s.strata).value_counts().sort_index()
+    lonely = [str(k) for k, v in sizes.items() if v < 2]
+    if not lonely:
+        return []
+    return [f"{s.model}: strata with a single document ({', '.join(lonely)}) contribute no "
+            "between-document variation, so intervals understate uncertainty; use at "
+            "least two documents per stratum."]
+
+
+def bounds(s: ModelSample, alpha: float
+           ) -> tuple[dict[str, tuple[Bound, ...]], dict[int, dict[str, Interval]]]:
+    """Each action's bounds per recorded depth (the sharp interval and the Hoeffding
+    enclosure), and the enclosures at ``alpha / actions`` that the certified order needs
+    (every action's must hold at once)."""
+    per_action: dict[str, tuple[Bound, ...]] = {}
+    enclosures: dict[int, dict[str, Interval]] = {}
+    for a, f in s.features.items():
+        p, out = s.point[a], []
+        for L in record_depths(f.columns):
+            observed, capacity = depth_columns(L)
+            lower = f.columns[observed][:, 0]
+            upper = np.minimum(lower + f.columns[capacity][:, 0], 1.0)
+            sharp = sharp_interval(float(p[observed]), max(0.0, float(p[capacity])))
+            enc = hoeffding_enclosure(lower, upper, alpha, s.weights)
+            enclosures.setdefault(L, {})[a] = hoeffding_enclosure(
+                lower, upper, alpha / len(s.actions), s.weights)
+            out.append(Bound(L, sharp, enc))
+        per_action[a] = tuple(out)
+    return per_action, enclosures
+
+
+def action_section(s: ModelSample, action_bounds: dict[str, tuple[Bound, ...]],
+                   alpha: float) -> dict[str, list]:
+    """Every action's quantities, curves, EOS split, bounds and cache size."""
+    out = []
+    for a, f in s.features.items():
+        p, b = s.point[a], s.boot[a]
+        out.append(ActionResult(
+            s.model, a, int(len(f.doc_ids)), action_scalars(p, b, alpha),
+            {k: curve(p[k], b[k], alpha)
+             for k in ("timing_cdf", "expected_delta", "lag_profile", "lag_profile_strict")
+             if k in p},
+            eos_split_entry(s.means[a], s.boot_means[a], alpha) if "eos_R" in f.columns
+            else None,
+            action_bounds[a],
+            **memory_means(s.action_replicates(a), f.doc_ids, s.weights)))
+    return {"actions": out}
+
+
+def agreement_section(s: ModelSample, windows: LagWindows | None,
+                      alpha: float) -> dict[str, list]:
+    """Local agreement and cohort support of each action whose records have lag windows."""
+    out: dict[str, list] = {"local_agreement": [], "cohort_support": []}
+    for a, f in s.features.items():
+        if "branch_cohort" in f.columns:  # rollouts with lag windows
+            out["local_agreement"].append(local_agreement_result(
+                s.model, a, s.means[a], s.boot_means[a], windows, alpha))
+            out["cohort_support"].append(cohort_support(
+                s.model, a, s.action_replicates(a), f.doc_ids, windows))
+    return out
+
+
+def contrast_section(s: ModelSample, alpha: float, horizon: int) -> dict[str, list]:
+    """Every pair of actions' decomposition contrast, and their EOS split when measured."""
+    out = {"contrasts": [contrast_result(s.model, (a, b), (s.point[a], s.point[b]),
+                                         (s.boot[a], s.boot[b]), alpha, horizon)
+                         for a, b in action_pairs(s.actions)]}
+    if all("eos_R" in f.columns for f in s.features.values()):
+        out["eos_contrasts"] = eos_contrast_entries(s.model, s.means, s.boot_means, alpha)
+    return out
+
+
+def task_section(s: ModelSample, horizon: int, windows: LagWindows | None,
+                 options: AnalysisOptions) -> dict[str, list]:
+    """Task outcomes overall, by divergence and (with every quantity) per stratum."""
+    task = task_outcomes(s.model, s.replicates, s.actions, s.doc_ids, horizon,
+                         options.bootstrap, options.alpha, options.seed)
+    n = s.doc_ids.size
+    notes = ([f"{s.model}: task outcomes are over the {task.documents} of {n} documents "
+              "that have an expected answer."] if 0 < task.documents < n else [])
+    return {"task": task.actions, "task_by_divergence": task.by_divergence, "notes": notes,
+            "strata": task.attach(stratum_results(s.model, s.features, s.counts, windows,
+                                                  horizon, options.alpha, s.by_stratum))}
+
+
+def clock_section(s: ModelSample, alpha: float, horizon: int) -> dict[str, list]:
+    """The two clocks over all documents, then per stratum."""
+    out = two_clock_entries(s.model, "all", s.point, s.boot, alpha, horizon)
+    for d in s.by_stratum:
+        out += two_clock_entries(s.model, d.label, d.point, d.draws, alpha, horizon)
+    return {"two_clocks": out}
+
+
+def reading_section(s: ModelSample, rollouts: bool, alpha: float) -> dict[str, list]:
+    """Teacher-forced and speculative readings; ``unforced`` names a rollout model whose
+    records lack the teacher-forced columns."""
+    out = reading_entries(s.model, s.features, s.weights, s.counts, alpha)
+    forced = any(f.model == s.model for f in out.get("teacher_forced", ()))
+    return out | {"unforced": [s.model] if rollouts and not forced else []}
+
+
+def endpoint_section(s: ModelSample, endpoints: list[Endpoint], level: float
+                     ) -> dict[str, list]:
+    """The prespecified endpoints at the family's level."""
+    out = []
+    for e in endpoints:
+        missing = [x for x in e.actions if x not in s.point]
+        if missing:
+            raise ValueError(f"endpoint {e.text!r} names action {missing[0]!r}, which model "
+                             f"{s.model!r} did not run; actions: {', '.join(s.actions)}")
+        iv = interval(_endpoint_value(e, s.point), _endpoint_value(e, s.boot), level)
+        out.append(EndpointResult(s.model, e.text, iv, level))
+    return {"endpoints": out}
+
+
+def order_section(s: ModelSample, enclosures: dict[int, dict[str, Interval]]
+                  ) -> dict[str, list]:
+    """The certified order of actions at each depth."""
+    return {"certified_order": [CertifiedOrder(s.model, L, better, worse)
+                                for L, encs in sorted(enclosures.items())
+                                for better, worse in certified_order(encs)]}
+
+
+RESULT_KEYS = (
+    "actions", "contrasts", "endpoints", "certified_order", "strata", "eos_contrasts",
+    "local_agreement", "cohort_support", "task", "task_by_divergence", "teacher_forced",
+    "speculative", "teacher_forced_contrasts", "speculative_contrasts", "two_clocks")
+"""The lists of a :class:`StudyAnalysis`, each filled by one section."""
+
+
 def analyze(
     steps: pd.DataFrame, replicates: pd.DataFrame, options: AnalysisOptions,
     meta: dict | None = None,
 ) -> StudyAnalysis:
-    """The full study analysis; ``meta`` (config, versions, temperature) is kept in its meta."""
+    """The full study analysis; ``meta`` (config, versions, temperature) is kept in its meta.
+
+    Per model, a :class:`ModelSample`, then the sections over it (actions, agreement,
+    contrasts, task and strata, clocks, readings, endpoints, order), whose lists are
+    assembled by keyword."""
     if replicates.empty:
         raise ValueError("no finished units to analyze")
     H = int(single_value(replicates, "horizon"))
-    estimator = str(single_value(replicates, "estimator"))
-    windows = LagWindows.for_horizon(H) if estimator == "rollout" else None
+    estimator = recorded_estimator(str(single_value(replicates, "estimator")))
+    rollouts = estimator.complete_branches
+    windows = LagWindows.for_horizon(H) if rollouts else None
     endpoints = [parse_endpoint(t) for t in options.endpoints]
     models = list(dict.fromkeys(replicates["model"]))
-    family = max(1, len(endpoints) * len(models))
-    out: dict[str, list] = {k: [] for k in (
-        "actions", "contrasts", "endpoints", "certified_order", "strata", "eos_contrasts",
-        "local_agreement", "cohort_support", "task", "task_by_divergence", "teacher_forced",
-        "speculative", "teacher_forced_contrasts", "speculative_contrasts", "two_clocks")}
+    level = options.alpha / max(1, len(endpoints) * len(models))
+    out: dict[str, list] = {k: [] for k in (*RESULT_KEYS, "notes", "unforced")}
     documents: dict[str, int] = {}
-    notes: list[str] = []
-    unforced: list[str] = []  # rollout models whose records lack the teacher-forced columns
     for model in models:
-        reps_m = replicates[replicates["model"] == model]
-        steps_m = steps[steps["model"] == model]
-        actions = list(dict.fromkeys(reps_m["action"]))
-        feats = _common_documents({
-            a: action_features(steps_m[steps_m["action"] == a], reps_m[reps_m["action"] == a],
-                               windows)
-            for a in actions})
-        strata = next(iter(feats.values())).strata
-        weights = stratum_weights(pd.Series(strata))
-        counts = stratified_counts(strata, options.bootstrap, options.seed)
-        means = {a: weighted_means(f.columns, weights) for a, f in feats.items()}
-        boot_means = {a: weighted_means(f.columns, weights, counts) for a, f in feats.items()}
-        point = {a: derive(m, windows) for a, m in means.items()}
-        boot = {a: derive(m, windows) for a, m in boot_means.items()}
-        sizes = pd.Series(strata).value_counts().sort_index()
+        s = model_sample(model, steps, replicates, windows, options)
+        sizes = pd.Series(s.strata).value_counts().sort_index()
         documents = {str(k): int(v) for k, v in sizes.items()}  # the last model's counts
-        lonely = [str(k) for k, v in sizes.items() if v < 2]
-        if lonely:
-            notes.append(
-                f"{model}: strata with a single document ({', '.join(lonely)}) contribute no "
-                "between-document variation, so intervals understate uncertainty; use at "
-                "least two documents per stratum.")
-        enclosures: dict[int, dict[str, Interval]] = {}
-        for a, f in feats.items():
-            p, b = point[a], boot[a]
-            bounds = []
-            if "branch_cohort" in f.columns:  # rollouts with lag windows
-                out["local_agreement"].append(local_agreement_result(
-                    model, a, means[a], boot_means[a], windows, options.alpha))
-                out["cohort_support"].append(cohort_support(
-                    model, a, reps_m[reps_m["action"] == a], f.doc_ids, windows))
-            for key in sorted((k for k in f.columns if k.startswith("observed_L")),
-                              key=lambda k: int(k[len("observed_L"):])):
-                L = int(key[len("observed_L"):])
-                lower = f.columns[key][:, 0]
-                upper = lower + f.columns[f"capacity_L{L}"][:, 0]
-                sharp = sharp_interval(float(p[key]), max(0.0, float(p[f"capacity_L{L}"])))
-                upper = np.minimum(upper, 1.0)
-                enc = hoeffding_enclosure(lower, upper, options.alpha, weights)
-                # For ordering, every action's enclosure must hold at once: alpha / actions.
-                enclosures.setdefault(L, {})[a] = hoeffding_enclosure(
-                    lower, upper, options.alpha / len(actions), weights)
-                bounds.append(Bound(L, sharp, enc))
-            out["actions"].append(ActionResult(
-                model, a, int(len(f.doc_ids)), action_scalars(p, b, options.alpha),
-                {k: curve(p[k], b[k], options.alpha)
-                 for k in ("timing_cdf", "expected_delta", "lag_profile",
-                           "lag_profile_strict") if k in p},
-                eos_split_entry(means[a], boot_means[a], options.alpha)
-                if "eos_R" in f.columns else None,
-                tuple(bounds),
-                **memory_means(reps_m[reps_m["action"] == a], f.doc_ids, weights)))
-        for a, b_name in action_pairs(actions):
-            out["contrasts"].append(contrast_result(
-                model, (a, b_name), (point[a], point[b_name]), (boot[a], boot[b_name]),
-                options.alpha, H))
-        if all("eos_R" in f.columns for f in feats.values()):
-            out["eos_contrasts"].extend(
-                eos_contrast_entries(model, means, boot_means, options.alpha))
-        doc_ids = next(iter(feats.values())).doc_ids
-        task = task_outcomes(model, reps_m, actions, doc_ids, H, options.bootstrap,
-                             options.alpha, options.seed)
-        out["task"] += task.actions
-        out["task_by_divergence"] += task.by_divergence
-        if 0 < task.documents < doc_ids.size:
-            notes.append(f"{model}: task outcomes are over the {task.documents} of "
-                         f"{doc_ids.size} documents that have an expected answer.")
-        by_stratum = stratum_derived(feats, counts, windows)
-        out["strata"].extend(task.attach(
-            stratum_results(model, feats, counts, windows, H, options.alpha, by_stratum)))
-        out["two_clocks"] += two_clock_entries(model, "all", point, boot, options.alpha, H)
-        for d in by_stratum:
-            out["two_clocks"] += two_clock_entries(model, d.label, d.point, d.draws,
-                                                   options.alpha, H)
-        for key, entries in reading_entries(model, feats, weights, counts,
-                                            options.alpha).items():
-            out[key].extend(entries)
-        if estimator == "rollout" and not any(f.model == model for f in out["teacher_forced"]):
-            unforced.append(model)
-        for e in endpoints:
-            missing = [x for x in e.actions if x not in point]
-            if missing:
-                raise ValueError(f"endpoint {e.text!r} names action {missing[0]!r}, which model "
-                                 f"{model!r} did not run; actions: {', '.join(actions)}")
-            level = options.alpha / family
-            iv = interval(_endpoint_value(e, point), _endpoint_value(e, boot), level)
-            out["endpoints"].append(EndpointResult(model, e.text, iv, level))
-        for L, encs in sorted(enclosures.items()):
-            out["certified_order"] += [CertifiedOrder(model, L, better, worse)
-                                       for better, worse in certified_order(encs)]
-    if estimator == "swrb":
+        action_bounds, enclosures = bounds(s, options.alpha)
+        for section in (
+                {"notes": lonely_strata_notes(s)},
+                agreement_section(s, windows, options.alpha),
+                action_section(s, action_bounds, options.alpha),
+                contrast_section(s, options.alpha, H),
+                task_section(s, H, windows, options),
+                clock_section(s, options.alpha, H),
+                reading_section(s, rollouts, options.alpha),
+                endpoint_section(s, endpoints, level),
+                order_section(s, enclosures)):
+            for key, entries in section.items():
+                out[key] += entries
+    notes = out.pop("notes")
+    if not rollouts:
         notes.append(SWRB_REASON[0].upper() + SWRB_REASON[1:] + ".")
-    notes += reading_notes(estimator, unforced)
+    notes += reading_notes(estimator, out.pop("unforced"))
     study_meta = StudyMeta(
-        estimator=estimator, horizon=H,
+        estimator=estimator.name, horizon=H,
         replicates=int(replicates.groupby(["model", "action", "doc_id"]).size().max()),
         bootstrap=options.bootstrap, alpha=options.alpha, documents=documents,
         notes=tuple(notes), run=dict(meta or {}))

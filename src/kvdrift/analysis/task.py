@@ -41,7 +41,8 @@ import numpy as np
 import pandas as pd
 
 from kvdrift.analysis.bootstrap import stratified_counts, stratum_weights, weighted_means
-from kvdrift.analysis.quantities import curve, interval, ratio
+from kvdrift.analysis.quantities import curve, interval
+from kvdrift.analysis.registry import ratio
 from kvdrift.analysis.results import TASK_STATS, StratumResult, TaskDivergence, TaskResult
 from kvdrift.divergence import diverged
 

@@ -31,12 +31,12 @@ def predict(
 ) -> None:
     """Predict a full-horizon contrast from short observations, calibrated on development
     documents and checked on evaluation documents."""
-    from kvdrift.analysis.directory import predict_directories
+    from kvdrift.directory import StudyDirectory
     from kvdrift.report.terminal import prediction_tables, print_whole
 
     with console.status("reading records") as status:
-        result = predict_directories(
-            dev_dir, eval_dir, contrast, window=window, margin=margin, alpha=alpha,
+        result = StudyDirectory(dev_dir).predict(
+            StudyDirectory(eval_dir), contrast, window=window, margin=margin, alpha=alpha,
             draws=bootstrap, seed=seed, target=target,
             on_cell=lambda m, o: status.update(escape(printable(f"{m} · {o}"))))
     if report_path is not None:
@@ -67,10 +67,10 @@ def plan(
 ) -> None:
     """Recommend documents per stratum and K for a target half-width, from a development
     run's measured variance and cost, and say whether rollouts or SWRB is cheaper."""
-    from kvdrift.analysis.directory import plan_directory
+    from kvdrift.directory import StudyDirectory
     from kvdrift.report.terminal import plan_table, print_whole
 
-    result = plan_directory(dev_dir, target, halfwidth, alpha, endpoints)
+    result = StudyDirectory(dev_dir).plan(target, halfwidth, alpha, endpoints)
     if as_json:
         print(strict_json(result.to_json()))
         return

@@ -56,7 +56,7 @@ def user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
 
 def strict_json(obj: Any) -> str:
     """JSON that strict parsers accept: NaN and infinities (undefined quantities) become null."""
-    from kvdrift.report.numbers import to_json_safe
+    from kvdrift.json_values import to_json_safe
 
     return json.dumps(to_json_safe(obj), indent=2, allow_nan=False)
 

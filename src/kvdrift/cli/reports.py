@@ -15,15 +15,15 @@ def write_report(store_dir: Path, out: Path | None, bootstrap: int | None = None
                  alpha: float | None = None, wait: bool = False):
     """Analyse a store with its saved analysis options (``bootstrap``/``alpha`` override);
     a partial store (being written, or units missing) is said on stderr."""
-    from kvdrift.analysis.directory import analyze_directory
+    from kvdrift.directory import StudyDirectory
     from kvdrift.report import write_report as write
 
     if wait:
         with console.status(f"waiting for the run writing {escape(printable(store_dir))}"):
-            analysis = analyze_directory(store_dir, bootstrap, alpha, wait=True)
+            analysis = StudyDirectory(store_dir).analyze(bootstrap, alpha, wait=True)
     else:
         with console.status("analysing (bootstrap over documents)"):
-            analysis = analyze_directory(store_dir, bootstrap, alpha)
+            analysis = StudyDirectory(store_dir).analyze(bootstrap, alpha)
     if "partial" in analysis.meta.run:
         notice(analysis.meta.notes[0])
     with console.status("writing the report"):

@@ -144,8 +144,8 @@ def run(
     from kvdrift.run.outdir import check_output_dir
 
     out = check_output_dir(out)
-    from kvdrift.analysis.directory import load_records
     from kvdrift.analysis.summary import summarize
+    from kvdrift.directory import StudyDirectory
     from kvdrift.lm.actions import split_actions
     from kvdrift.lm.model import resolve_device
     from kvdrift.report.terminal import print_whole, run_table
@@ -160,7 +160,7 @@ def run(
     if config.executor.kind == "local":  # Ray workers check the device where the model goes
         resolve_device(device)
     run_with_progress(config, out, recompute, allow_download)
-    records = load_records(out)
+    records = StudyDirectory(out).records()
     summaries = summarize(records.steps, records.replicates)
     if as_json:
         print(strict_json([s.as_dict() for s in summaries]))

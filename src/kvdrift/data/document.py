@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvdrift.data.scoring import METRICS
+
 
 class DocumentError(ValueError):
     """A document (or a line of a documents file) that cannot be measured or scored."""
@@ -29,8 +31,6 @@ def answer_problem(answer: Any, meta: dict[str, Any]) -> str | None:
     answers must be strings with visible text; ``meta["answers"]`` must be a non-empty list
     of them; a ``metric`` must name a known metric and needs answers to score against.
     """
-    from kvdrift.data.scoring import METRICS  # scoring imports this module
-
     if answer is not None and not _is_answer(answer):
         return f"key 'answer' must be a non-empty string or null; got {answer!r:.80}"
     answers = meta.get("answers")

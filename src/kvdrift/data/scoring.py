@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
-from kvdrift.data.document import Document
+if TYPE_CHECKING:  # document.py checks metric names against METRICS here
+    from kvdrift.data.document import Document
 
 Metric = Callable[[str, Sequence[str]], float]
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from kvdrift.analysis import registry
 from kvdrift.analysis.speculative import acceptance_probs
 
 
@@ -57,11 +58,15 @@ class MeasureKind:
     better: str  # "<=" when smaller is better (risks), ">=" when larger is
 
 
+def _risk(name: str) -> MeasureKind:
+    """A risk of the registry of quantities, read from its per-replicate column."""
+    q = registry.quantity(name)
+    return MeasureKind(q.name, f"{q.description} {q.name}", 0.0, 1.0,
+                       _replicate_column(q.plan[0]), "<=")
+
+
 MEASURES: dict[str, MeasureKind] = {m.name: m for m in (
-    MeasureKind("R_tv", "rollout-TV risk R_tv", 0.0, 1.0, _replicate_column("risk_tv"), "<="),
-    MeasureKind("R", "token mismatch risk R", 0.0, 1.0, _replicate_column("risk"), "<="),
-    MeasureKind("F", "fixed-history TV risk F", 0.0, 1.0, _replicate_column("fixed_risk"),
-                "<="),
+    _risk("R_tv"), _risk("R"), _risk("F"),
     MeasureKind("kl", "teacher-forced KL(P||Q) per token", 0.0, math.inf,
                 _step_mean(lambda s: s["kl"].to_numpy(dtype=float), "kl"), "<="),
     MeasureKind("acceptance", "self-speculative acceptance", 0.0, 1.0,

@@ -69,13 +69,13 @@ class StudyEvaluator:
         return replace(study, name=name, run=run)
 
     def evaluate(self, budgets: Sequence[Budget], look: int) -> dict[Budget, Sample]:
-        from kvdrift.analysis.directory import load_records
+        from kvdrift.directory import StudyDirectory
 
         self.stages += 1
         name = f"{self.stages:02d}-look{look}"
         where = self.out / "stages" / name
         self.run_stage(self.stage_config(budgets, look, name), where)
-        records = load_records(where)
+        records = StudyDirectory(where).records()
         out = {}
         for b in budgets:
             steps = records.steps[records.steps["action"] == b.action]
@@ -109,7 +109,7 @@ def check_saved(out: Path, config: FrontierConfig) -> None:
 
 
 def _write_json(path: Path, data: dict) -> None:
-    from kvdrift.report.numbers import to_json_safe
+    from kvdrift.json_values import to_json_safe
 
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text(json.dumps(to_json_safe(data), indent=2, allow_nan=False), encoding="utf-8")

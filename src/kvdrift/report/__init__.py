@@ -2,7 +2,7 @@
 
 Input is a study analysis, a :class:`~kvdrift.analysis.results.StudyAnalysis` (from
 :func:`kvdrift.analysis.study.analyze` or
-:func:`kvdrift.analysis.directory.analyze_directory`); ``analysis.json`` is its ``to_json()``.
+:meth:`kvdrift.directory.StudyDirectory.analyze`); ``analysis.json`` is its ``to_json()``.
 
 Fractions are stored in [0, 1] and shown in percent; differences in percentage points.
 """

@@ -430,7 +430,7 @@ def plot_paper_figure7(analysis: StudyAnalysis, path: str | Path) -> Path | None
     """The paper's Figure 7: late-minus-early B(a) intervals per action (left; strict pre-EOS
     beside it when measured) and the EOS-stacked Delta(R_TV - F) of each contrast (right),
     its EOS share printed at the bar's end."""
-    if analysis.meta.estimator != "rollout" or analysis.lags is None:
+    if not analysis.meta.records.complete_branches or analysis.lags is None:
         return None  # B and the EOS split need complete rollouts
     actions = [a for a in analysis.actions if a.scalars.get("B") is not None
                and a.scalars["B"].defined]

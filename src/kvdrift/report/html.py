@@ -16,17 +16,12 @@ from html import escape
 from pathlib import Path
 
 from kvdrift.analysis.interval import Interval
+from kvdrift.analysis.registry import Quantity, quantity
 from kvdrift.analysis.results import ContrastResult, StudyAnalysis
+from kvdrift.json_values import to_json_safe
 from kvdrift.report import page
 from kvdrift.report.figures import FIGURES, by_model
-from kvdrift.report.numbers import (
-    B_STRICT,
-    HEADLINE,
-    MISSING,
-    Quantity,
-    number_text,
-    to_json_safe,
-)
+from kvdrift.report.numbers import MISSING, headline_quantities, number_text
 from kvdrift.report.paper import paper_section
 
 DEFAULT_TITLE = "KV-cache compression: divergence timing and cumulative disagreement"
@@ -210,10 +205,10 @@ def _what_was_run(analysis: StudyAnalysis) -> str:
 def _headline(analysis: StudyAnalysis) -> str:
     H = analysis.meta.horizon
     actions = analysis.actions
-    quantities = list(HEADLINE)
+    quantities = headline_quantities()
     if any(a.scalars.get("B_strict") is not None and a.scalars["B_strict"].defined
            for a in actions):
-        quantities.append(B_STRICT)
+        quantities.append(quantity("B_strict"))
     memory = any(math.isfinite(a.kv_fraction) for a in actions)
     headers = ["action", "documents"] + (
         ["kv_fraction", "kv_bytes (KiB)"] if memory else []) + [
@@ -230,7 +225,7 @@ def _headline(analysis: StudyAnalysis) -> str:
                      "model's dtype, and kv_bytes that size, each a mean over the documents "
                      "(strata equally weighted); &ldquo;&mdash;&rdquo; where the records do not "
                      "tell it.</p>")
-    if analysis.meta.estimator == "swrb":
+    if not analysis.meta.records.complete_branches:  # SWRB
         parts.append('<p class="note">Under SWRB, C<sub>H</sub> = &Pi;<sub>H</sub>/E<sub>H</sub> '
                      "is a ratio of two unbiased estimates, so it and its interval can leave "
                      "[0, 1] (e.g. above 100%) in a finite sample; this is sampling noise, not a "
@@ -243,7 +238,7 @@ def _headline(analysis: StudyAnalysis) -> str:
             body.append([escape(a.action), _meta_value(a.documents)]
                         + ([number_text(a.kv_fraction, digits=3),
                             number_text(a.kv_bytes, 1 / 1024, 1)] if memory else [])
-                        + [_quantity_cell(q, a.scalars.get(q.key)) for q in quantities])
+                        + [_quantity_cell(q, a.scalars.get(q.name)) for q in quantities])
         parts.append(f"<h3>{escape(model)}</h3>")
         parts.append(page.table(headers, body))
     return page.section("Headline numbers", "headline", "\n".join(parts))
@@ -500,7 +495,7 @@ def _task_outcomes(analysis: StudyAnalysis) -> str:
     title, anchor = "Task outcomes", "task"
     if not analysis.task:
         why = ("SWRB does not sample both complete texts from the start; run rollouts for them"
-               if analysis.meta.estimator == "swrb" else
+               if not analysis.meta.records.complete_branches else
                "no document has an expected answer, or the run could not decode text")
         return page.section(title, anchor, f"<p>No task outcomes in this analysis: {why}.</p>")
     rows = [[escape(t.model), escape(t.action)] + _task_cells(t) for t in analysis.task]
@@ -601,7 +596,7 @@ def _strata(analysis: StudyAnalysis) -> str:
              "documents weigh equally, and intervals come from the bootstrap within that "
              "stratum (paired across actions).</p>"]
     for model, rows in by_model(strata).items():
-        quantities = list(HEADLINE)
+        quantities = headline_quantities()
         headers = (["stratum", "action", "documents"]
                    + [f"{q.html.format(H=H)} ({q.unit})" for q in quantities])
         body, starts, contrast_rows, labelled = [], set(), [], []
@@ -611,7 +606,7 @@ def _strata(analysis: StudyAnalysis) -> str:
             for i, a in enumerate(st.actions):
                 body.append([name if i == 0 else "", escape(a.action),
                              _meta_value(st.documents) if i == 0 else ""]
-                            + [_quantity_cell(q, a.scalars.get(q.key)) for q in quantities])
+                            + [_quantity_cell(q, a.scalars.get(q.name)) for q in quantities])
             for c in st.contrasts:
                 contrast_rows.append([name, _contrast_name(c)] + _contrast_cells(c))
                 labelled.append((name, c))

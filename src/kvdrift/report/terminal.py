@@ -13,7 +13,10 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from kvdrift.report.numbers import HEADLINE, MISSING, Quantity, number_text
+from kvdrift.analysis import registry
+from kvdrift.analysis.registry import Quantity
+from kvdrift.records.schema import recorded_estimator
+from kvdrift.report.numbers import MISSING, number_text
 from kvdrift.text import printable
 
 if TYPE_CHECKING:
@@ -30,7 +33,6 @@ def _user(text: object) -> Text:
 
 
 #: The terminal table's quantities, a subset of the HTML headline table.
-SUMMARY_KEYS = ("p_diverge", "R", "R_tv", "E", "C", "R_minus_F", "B")
 
 #: Widest page :func:`print_whole` measures a table on (wider than any real table).
 _WIDEST = 100_000
@@ -71,7 +73,8 @@ def run_table(summaries: Sequence[ActionSummary], estimator: str = "rollout") ->
     speculative acceptance, tokens per round at draft length 4) is "—"; a mean entry time
     needs at least one divergence.
     """
-    caption = Text(swrb_rate_note("--json")) if estimator == "swrb" else None
+    swrb = not recorded_estimator(estimator).complete_branches
+    caption = Text(swrb_rate_note("--json")) if swrb else None
     table = Table(title="Per action (documents weighted equally within strata, strata equally)",
                   caption=caption)
     for col in ("model", "action", "docs", "P(tau<=H)", "entry time", "R", "R_TV", "O_H",
@@ -108,11 +111,11 @@ def summary_table(analysis: StudyAnalysis) -> Table:
     ``[lo, hi]``; cells are plain :class:`rich.text.Text`, so brackets are never read as markup.
     """
     H = analysis.meta.horizon
-    quantities: list[Quantity] = [q for key in SUMMARY_KEYS for q in HEADLINE if q.key == key]
+    quantities = [q for q in registry.QUANTITIES if q.summary]
     estimator = analysis.meta.estimator
     caption = ("estimate over [lo, hi]; %: of positions (P(τ≤H): of trajectories); "
                "pp: percentage points")
-    if estimator == "swrb":
+    if not analysis.meta.records.complete_branches:
         caption += "\n" + swrb_rate_note("analysis.json")
     table = Table(
         title="kvdrift study summary" + (f" ({estimator})" if estimator else ""),
@@ -133,7 +136,7 @@ def summary_table(analysis: StudyAnalysis) -> Table:
             table.add_section()
         memory_cells = [Text(number_text(a.kv_fraction, digits=3))] if memory else []
         table.add_row(_user(model if model != previous else ""), _user(a.action), *memory_cells,
-                      *(_cell(q, a.scalars.get(q.key)) for q in quantities))
+                      *(_cell(q, a.scalars.get(q.name)) for q in quantities))
         previous = model
     return table
 

@@ -19,9 +19,7 @@ import torch
 
 from kvdrift.data.document import Document
 from kvdrift.data.scoring import expected_answers, metric_name, score_text
-
-SCORE_COLUMNS = ("score_x", "score_y")
-"""Replicate-table columns of task scores (present only for scored units)."""
+from kvdrift.records.schema import SCORE_COLUMNS
 
 
 @runtime_checkable

@@ -1,10 +1,10 @@
 """Estimator results as flat tables: one row per step, one row per replicate.
 
-Both estimators produce the same step columns (the ones the issue names) so that
-stores and analyses read either; columns that an estimator cannot fill hold NaN or -1.
-The teacher-forced columns :data:`FORCED_COLUMNS` (``logp_x``, ``logq_x``, ``kl``, ``top1``;
-see :mod:`kvdrift.estimate.forced`) are null (NaN when read into pandas) after X's EOS and
-throughout SWRB records.
+Both estimators produce the same step columns (declared, with their types and meaning, in
+:mod:`kvdrift.records.schema`) so that stores and analyses read either; columns that an
+estimator cannot fill hold NaN or -1. The teacher-forced columns
+:data:`~kvdrift.records.schema.FORCED_COLUMNS` (see :mod:`kvdrift.estimate.forced`) are null
+(NaN when read into pandas) after X's EOS and throughout SWRB records.
 """
 
 from __future__ import annotations
@@ -14,12 +14,10 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from kvdrift.analysis.bounds import window_terms
-from kvdrift.analysis.decompose import trajectory_terms
 from kvdrift.divergence import diverged
 from kvdrift.estimate import RolloutResult, SWRBResult
-
-FORCED_COLUMNS = ("logp_x", "logq_x", "kl", "top1")
+from kvdrift.records.schema import FORCED_COLUMNS, depth_columns
+from kvdrift.records.terms import trajectory_terms, window_terms
 
 
 def _forced_columns(result: RolloutResult | None, n: int) -> dict[str, pa.Array]:
@@ -91,8 +89,8 @@ def rollout_tables(
     }
     for L in depths:
         window = window_terms(m, L)
-        cols[f"observed_L{L}"] = window.observed
-        cols[f"capacity_L{L}"] = window.capacity
+        observed, capacity = depth_columns(L)
+        cols[observed], cols[capacity] = window.observed, window.capacity
     return steps, pa.table(cols)
 
 
@@ -141,6 +139,6 @@ def swrb_tables(key: UnitKey, result: SWRBResult) -> tuple[pa.Table, pa.Table]:
         "entry_time_mass": (w * s).sum(axis=1),  # E[.] = sum_s s p_s
     }
     for i, L in enumerate(result.depths):
-        cols[f"observed_L{L}"] = result.z_L[:, i].numpy()
-        cols[f"capacity_L{L}"] = result.w_L[:, i].numpy()
+        observed, capacity = depth_columns(L)
+        cols[observed], cols[capacity] = result.z_L[:, i].numpy(), result.w_L[:, i].numpy()
     return steps, pa.table(cols)

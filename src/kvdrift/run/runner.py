@@ -19,9 +19,7 @@ from typing import Any
 import pyarrow as pa
 
 from kvdrift import checks
-from kvdrift.analysis.memory import MEMORY_COLUMNS
 from kvdrift.data.document import Document
-from kvdrift.estimate import coupled_rollouts, swrb
 from kvdrift.estimate.common import (
     check_depths,
     check_horizon,
@@ -30,12 +28,11 @@ from kvdrift.estimate.common import (
     make_generator,
 )
 from kvdrift.kernel import KernelPair
+from kvdrift.records.schema import MEMORY_COLUMNS, TIMING_COLUMNS
+from kvdrift.run.estimators import Estimator, parse_estimator
 from kvdrift.run.fingerprint import kvdrift_version
-from kvdrift.run.outcomes import with_scores
-from kvdrift.run.records import UnitKey, rollout_tables, swrb_tables
+from kvdrift.run.records import UnitKey
 from kvdrift.run.store import RunStore
-
-ESTIMATORS = ("rollout", "swrb")
 
 
 @dataclass(frozen=True)
@@ -47,7 +44,7 @@ class RunConfig:
     replicates: int = 8
     horizon: int = 32
     temperature: float = 1.0
-    estimator: str = "rollout"
+    estimator: Estimator | str = "rollout"  # a name is parsed into the Estimator
     depths: tuple[int, ...] = ()
     seed: int = 0
     batch: int = 0  # most replicates per forward batch (0: all K at once); bounds memory
@@ -62,9 +59,7 @@ class RunConfig:
             raise ValueError("at least one action is needed (e.g. snapkv-half)")
         if len(set(self.actions)) != len(self.actions):
             raise ValueError(f"actions must be distinct; got {', '.join(self.actions)}")
-        if self.estimator not in ESTIMATORS:
-            raise ValueError(
-                f"unknown estimator {self.estimator!r}; allowed: {', '.join(ESTIMATORS)}")
+        object.__setattr__(self, "estimator", parse_estimator(self.estimator))
         checks.integer(self.batch, "batch", 0,
                        rule="an integer >= 0 (0 = all replicates at once)")
         checks.number(self.temperature, "temperature", 0, rule="a finite number >= 0 (0 = greedy)")
@@ -74,7 +69,7 @@ class RunConfig:
         them, :mod:`kvdrift.run.fingerprint`)."""
         extra = self.extra or {}
         return {
-            "model": self.model, "dtype": extra.get("dtype"), "estimator": self.estimator,
+            "model": self.model, "dtype": extra.get("dtype"), "estimator": self.estimator.name,
             "replicates": self.replicates, "horizon": self.horizon,
             "temperature": float(self.temperature), "depths": list(self.depths),
             "seed": self.seed, "batch": self.batch,
@@ -87,6 +82,7 @@ class RunConfig:
     def as_dict(self) -> dict:
         out = asdict(self)
         out["actions"], out["depths"] = list(self.actions), list(self.depths)
+        out["estimator"] = self.estimator.name
         return out
 
 
@@ -94,10 +90,6 @@ def unit_seed(seed: int, doc_id: str) -> int:
     """A 63-bit seed for one document, stable across processes and runs."""
     digest = hashlib.sha256(f"{seed}\0{doc_id}".encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1
-
-
-TIMING_COLUMNS = ("setup_seconds", "replicate_seconds")
-"""Replicate-table columns of measured cost: the only ones that differ between two runs."""
 
 
 def with_timing(replicates: pa.Table, setup: float, estimator: float) -> pa.Table:
@@ -129,11 +121,8 @@ def run_estimator(config: RunConfig, pair: KernelPair, seed: int):
     results = []
     for start in range(0, K, size):
         n = min(size, K - start)
-        if config.estimator == "rollout":
-            results.append(coupled_rollouts(pair, n, config.horizon, config.temperature, gen))
-        else:
-            results.append(swrb(pair, n, config.horizon, config.depths or (config.horizon,),
-                                config.temperature, gen))
+        results.append(config.estimator.estimate(pair, n, config.horizon, config.depths,
+                                            config.temperature, gen))
     return concat_results(results)
 
 
@@ -158,11 +147,7 @@ def unit_records(
     built = time.perf_counter()
     result = run_estimator(config, pair, unit_seed(config.seed, doc.id))
     finished = time.perf_counter()
-    if config.estimator == "rollout":
-        steps, reps = rollout_tables(key, result, config.depths)
-        reps = with_scores(reps, doc, result.x, result.y, pair.eos_token_id, make_pair)
-    else:
-        steps, reps = swrb_tables(key, result)
+    steps, reps = config.estimator.tables(key, result, config.depths, doc, pair, make_pair)
     return steps, with_memory(with_timing(reps, built - started, finished - built), pair)
 
 

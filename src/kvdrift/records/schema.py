@@ -1,0 +1,158 @@
+"""The record schema: every column of the step and replicate tables, its dtype and meaning.
+
+A unit (model, document, action) writes one row per (replicate, position t) into the step
+table and one row per replicate into the replicate table (``run/records.py`` builds them,
+``run/store.py`` stores them as Parquet). This module is the one place the columns are
+declared; the writers and the readers (``analysis/``, ``kvdrift predict``/``plan``, the
+frontier) name them from here.
+
+The window terms of each depth ``L`` are a pair of replicate columns, ``observed_L{L}`` and
+``capacity_L{L}`` (:func:`depth_columns`); :func:`record_depths` reads the depths back from
+a table's columns, so no reader parses the names itself.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from kvdrift import checks
+
+
+@dataclass(frozen=True)
+class Column:
+    """One record column: its name, Arrow type and meaning (``when``: who writes it)."""
+
+    name: str
+    dtype: pa.DataType
+    meaning: str
+    when: str = "always"
+
+
+KEY = (
+    Column("model", pa.string(), "model name or path"),
+    Column("doc_id", pa.string(), "document id"),
+    Column("stratum", pa.string(), "document stratum (bootstrap stratum, report group)"),
+    Column("action", pa.string(), "the action's name as given (Q's cache)"),
+    Column("estimator", pa.string(), "rollout or swrb"),
+    Column("replicate", pa.int32(), "replicate index 0..K-1"),
+)
+"""The columns that say whose row it is (both tables)."""
+
+FORCED = (
+    Column("logp_x", pa.float64(), "log P(X_t | X_<t)", "rollout, up to X's EOS"),
+    Column("logq_x", pa.float64(), "log Q(X_t | X_<t)", "rollout, up to X's EOS"),
+    Column("kl", pa.float64(), "KL(P || Q) at X's history", "rollout, up to X's EOS"),
+    Column("top1", pa.float64(), "1 if P's and Q's most likely tokens agree",
+           "rollout, up to X's EOS"),
+)
+"""Teacher-forced numbers along the reference path X (null after X's EOS and for SWRB)."""
+
+STEPS = KEY + (
+    Column("t", pa.int32(), "position 1..H"),
+    Column("x_token", pa.int64(), "P's branch token (-1 before SWRB's continuation)"),
+    Column("y_token", pa.int64(), "Q's branch token (-1 before SWRB's continuation)"),
+    Column("mismatch", pa.bool_(), "the branches' tokens differ at t"),
+    Column("delta", pa.float64(), "TV(P, Q) at the branches' history (NaN for SWRB)"),
+    Column("f", pa.float64(), "TV(P, Q) along X, the fixed history (NaN for SWRB)"),
+    Column("tau", pa.int32(), "divergence time (0: never; SWRB: J)"),
+    Column("x_eos", pa.bool_(), "X has emitted EOS by t"),
+    Column("y_eos", pa.bool_(), "Y has emitted EOS by t"),
+    Column("shared_token", pa.int64(), "the scan's shared token", "swrb"),
+    Column("scan_tv", pa.float64(), "the scan's TV at t", "swrb"),
+    Column("weight", pa.float64(), "the scan's survival weight at t", "swrb"),
+) + FORCED
+
+MEMORY = (
+    Column("kv_bytes", pa.float64(), "bytes of Q's prompt cache", "language models"),
+    Column("kv_fraction", pa.float64(), "Q's prompt cache over the full cache",
+           "language models"),
+)
+TIMING = (
+    Column("setup_seconds", pa.float64(), "wall time to build the unit's pair"),
+    Column("replicate_seconds", pa.float64(), "the estimator's wall time per replicate"),
+)
+SCORES = (
+    Column("score_x", pa.float64(), "task score of X's text", "documents with answers"),
+    Column("score_y", pa.float64(), "task score of Y's text", "documents with answers"),
+)
+
+TERMS = (
+    Column("risk", pa.float64(), "mismatch fraction D_H (mean -> R)"),
+    Column("occurrence", pa.float64(), "1{tau <= H}/H (mean -> O)"),
+    Column("exposure", pa.float64(), "(H - tau)_+/H (mean -> E)"),
+    Column("occupation", pa.float64(), "(1/H) sum_{t > tau} I_t (mean -> Pi)"),
+    Column("fixed_risk", pa.float64(), "(1/H) sum_t f_t (mean -> F; NaN for SWRB)"),
+    Column("divergence_mass", pa.float64(), "1{tau <= H} (mean -> p_diverge)"),
+    Column("entry_time_mass", pa.float64(), "tau (mean -> sum_s s p_s)"),
+)
+"""The replicate terms whose document means are the method's quantities."""
+
+REPLICATES = KEY + (
+    Column("horizon", pa.int32(), "H"),
+    Column("tau", pa.int32(), "divergence time (0: never; SWRB: J)"),
+    TERMS[0],
+    Column("risk_tv", pa.float64(), "(1/H) sum_t delta_t (rollout TV; NaN for SWRB)"),
+    *TERMS[1:5],
+    Column("evaluations", pa.int64(), "kernel-pair evaluations of the replicate"),
+    *TERMS[5:],
+) + TIMING + MEMORY + SCORES
+"""Replicate columns, depth columns aside (:func:`depth_columns`)."""
+
+
+@dataclass(frozen=True)
+class RecordedEstimator:
+    """What the records of one estimator hold; the ``estimator`` column names it.
+
+    ``complete_branches``: both branches are followed from t = 1, so the step columns
+    ``delta`` and ``f``, the teacher-forced columns, ``risk_tv``, ``fixed_risk``, the lag
+    windows and the task scores hold values (SWRB's records hold NaN or nothing there).
+    """
+
+    name: str
+    complete_branches: bool
+
+
+RECORDED_ESTIMATORS = {e.name: e for e in (RecordedEstimator("rollout", True),
+                                           RecordedEstimator("swrb", False))}
+
+
+def recorded_estimator(name: str) -> RecordedEstimator:
+    """The estimator a table's ``estimator`` column names."""
+    return RECORDED_ESTIMATORS[checks.choice(name, "estimator", RECORDED_ESTIMATORS)]
+
+
+def names(columns: Iterable[Column]) -> tuple[str, ...]:
+    """The names of ``columns``, in order."""
+    return tuple(c.name for c in columns)
+
+
+KEY_COLUMNS = names(KEY)
+FORCED_COLUMNS = names(FORCED)
+MEMORY_COLUMNS = names(MEMORY)
+TIMING_COLUMNS = names(TIMING)
+"""The only columns that differ between two runs of the same settings."""
+SCORE_COLUMNS = names(SCORES)
+TERM_COLUMNS = names(TERMS)
+
+
+def depth_columns(L: int) -> tuple[str, str]:
+    """The replicate columns of depth ``L``: the observed window term (mean -> R_L) and the
+    unobserved capacity (mean -> B_L)."""
+    return f"observed_L{L}", f"capacity_L{L}"
+
+
+_DEPTH = re.compile(r"observed_L(\d+)")
+
+
+def record_depths(columns: Iterable[str]) -> tuple[int, ...]:
+    """The depths ``L`` whose window terms a table holds, ascending."""
+    return tuple(sorted(int(m.group(1)) for c in columns if (m := _DEPTH.fullmatch(c))))
+
+
+def is_depth_column(name: str) -> bool:
+    """Whether ``name`` is a depth's window term (observed or capacity)."""
+    return re.fullmatch(r"(observed|capacity)_L\d+", name) is not None
