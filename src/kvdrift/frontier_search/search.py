@@ -59,27 +59,39 @@ class SearchSettings:
 
 def pooled_interval(samples: Sequence[Sample], level: float, low: float, high: float
                     ) -> Interval:
-    """The mean over documents of each document's mean, with a t-interval (Welch's degrees of
-    freedom over the per-document variances), clipped to the measure's range.
+    """The mean over documents of each document's mean, with a t-interval, clipped to the
+    measure's range ``[low, high]``.
 
-    The documents are fixed: the interval is over replicates, for these documents.
+    The variance of one replicate is pooled within documents (``df = sum(K_d - 1)``) and,
+    for a bounded measure, shrunk toward the largest variance a value in the range can have
+    at that mean (Bhatia-Davis, ``(m - low)(high - m)``) by one pseudo-replicate, with ``m``
+    the mean of the values and one pseudo-value at the range's midpoint. Without it, rare
+    large values that a handful of replicates did not show leave the interval far too
+    narrow (a nominal 99% interval covered 66% of finite worlds at a risk of 0.025 with
+    K = 8; docs/method.md, section 12). The documents are fixed: the interval is over
+    replicates, for these documents.
     """
     docs = sorted(samples[0].values)
-    means, varis, dfs = [], [], []
+    means, squares, df, inv_k, total, count = [], 0.0, 0, 0.0, 0.0, 0
     for d in docs:
         v = np.concatenate([s.values[d] for s in samples]).astype(np.float64)
         v = v[np.isfinite(v)]
         if v.size < 2:
             raise ValueError(f"document {d!r} has fewer than 2 replicates with a value")
         means.append(v.mean())
-        varis.append(v.var(ddof=1) / v.size)
-        dfs.append(v.size - 1)
+        squares += float(((v - v.mean()) ** 2).sum())
+        df += v.size - 1
+        inv_k += 1 / v.size
+        total, count = total + float(v.sum()), count + v.size
     n = len(docs)
     estimate = float(np.mean(means))
-    var = float(np.sum(varis)) / n**2
+    pseudo = 0.0
+    if np.isfinite(low) and np.isfinite(high):
+        m = (total + (low + high) / 2) / (count + 1)
+        pseudo = (m - low) * (high - m)
+    var = (squares + pseudo) / (df + 1) * inv_k / n**2
     if var == 0:
         return Interval(estimate, estimate, estimate, level)
-    df = float(np.sum(varis)) ** 2 / float(np.sum(np.square(varis) / np.asarray(dfs)))
     half = float(stats.t.ppf(1 - (1 - level) / 2, df)) * var**0.5
     return Interval(estimate, max(low, estimate - half), min(high, estimate + half), level)
 

@@ -86,7 +86,8 @@ def frontier_section(result: FrontierResult) -> str:
     lines.append(f"<ul>{''.join(items)}</ul>")
     lines.append(
         f"<p class=\"note\">Intervals are t-intervals over replicates for these documents (not "
-        f"bootstrap intervals). Every interval is held at level {100 * result.level:.4g}% "
+        f"bootstrap intervals; the variance shrunk toward the range's largest, docs/method.md "
+        f"section 12). Every interval is held at level {100 * result.level:.4g}% "
         f"(Bonferroni over the {result.tests} intervals the search could compute), so all "
         f"hold together with probability at least {100 * (1 - result.alpha):.3g}%. The search "
         f"evaluated {result.calls:,} coupled positions; every budget at every look would "
