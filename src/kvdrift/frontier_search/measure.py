@@ -74,7 +74,7 @@ MEASURES: dict[str, MeasureKind] = {m.name: m for m in (
                 ">="),
     MeasureKind("task", "task score difference Q - P", -1.0, 1.0, _task_gap, ">="),
 )}
-_ALIASES = {"task diff": "task", "task_diff": "task", "r_tv": "R_tv", "kl": "kl"}
+_ALIASES = {"task diff": "task", "task_diff": "task", "r_tv": "R_tv"}
 _PATTERN = re.compile(r"^\s*(?P<name>[A-Za-z_][A-Za-z_ ]*?)\s*(?P<op><=|>=)\s*"
                       r"(?P<tol>[-+0-9.eE]+)\s*$")
 

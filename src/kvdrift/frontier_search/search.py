@@ -192,7 +192,6 @@ def frontier_search(families: Sequence[Family], measure: Measure, evaluator: Eva
     tests = sum(len(f.budgets) for f in families) * settings.looks
     level = 1 - settings.alpha / tests
     searches = [_FamilySearch(f, measure, settings, level) for f in families]
-    full_grid_looks = tests
     while True:
         wanted = [(s, i, look) for s in searches for i, look in s.requests()]
         if not wanted:
@@ -213,5 +212,5 @@ def frontier_search(families: Sequence[Family], measure: Measure, evaluator: Eva
     return FrontierResult.assemble(
         measure=str(measure), better=measure.op, tolerance=measure.tolerance,
         alpha=settings.alpha, tests=tests, level=level, families=tuple(families_out),
-        calls=calls, full_grid_calls=int(round(per_look * full_grid_looks)),
+        calls=calls, full_grid_calls=int(round(per_look * tests)),
         warnings=tuple(warnings))
