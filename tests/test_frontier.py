@@ -82,6 +82,12 @@ def test_a_much_worse_family_is_reported_dominated():
     assert r.best is not None and r.best.family == "snapkv"
     assert r.dominated == ("recent",)
     assert json.loads(json.dumps(r.to_json()))["families"]["recent"]["dominated"] is True
+    # failing only with less cache than the best (undecided above it) is not dominated
+    close = _search(world({"snapkv": 0.5, "recent": 4.0}, seed=3))
+    fails = [b for b in close.families[1].budgets if b.status == "fails"]
+    assert close.best is not None and fails
+    assert all(b.kv_fraction < close.best.kv_fraction for b in fails)
+    assert close.dominated == ()
 
 
 def test_search_spends_fewer_calls_than_the_full_grid_at_the_same_decision():
