@@ -12,6 +12,7 @@ from kvdrift.frontier_search.result import BudgetResult, FrontierResult
 from kvdrift.report import page
 from kvdrift.report.figures import _save, plt
 from kvdrift.report.numbers import number_text
+from kvdrift.text import printable
 
 STATUS_TEXT = {"certified": "within tolerance (certified)", "fails": "certainly outside",
                "undecided": "undecided"}
@@ -135,14 +136,14 @@ def frontier_table(result: FrontierResult):
             mark = " *" if result.best is not None and b is result.best else ""
             status = STATUS_TEXT[b.status] + (" (dominated)" if fam.family in result.dominated
                                               and b is fam.budgets[-1] else "")
-            table.add_row(Text(fam.family), Text(b.label + mark),
+            table.add_row(Text(printable(fam.family)), Text(printable(b.label) + mark),
                           f"{100 * b.kv_fraction:.1f}%", number_text(b.interval.estimate, 1, 4),
                           f"[{number_text(b.interval.lo, 1, 4)}, "
                           f"{number_text(b.interval.hi, 1, 4)}]", Text(status),
                           str(b.replicates))
     best = "none certified" if result.best is None else (
-        f"{result.best.action} at {100 * result.best.kv_fraction:.1f}% of the cache")
-    dominated = ", ".join(result.dominated) or "none"
+        f"{printable(result.best.action)} at {100 * result.best.kv_fraction:.1f}% of the cache")
+    dominated = printable(", ".join(result.dominated)) or "none"
     table.caption = (f"best: {best}; certainly dominated: {dominated}; "
                      f"{result.calls:,} coupled positions (full grid: "
                      f"{result.full_grid_calls:,})")
