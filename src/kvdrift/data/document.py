@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvdrift.data.scoring import METRICS
+from kvdrift.data.metric_names import METRIC_NAMES
 
 
 class DocumentError(ValueError):
@@ -39,8 +39,8 @@ def answer_problem(answer: Any, meta: dict[str, Any]) -> str | None:
         return f"key 'answers' must be a non-empty list of non-empty strings; got {answers!r:.80}"
     metric = meta.get("metric")
     if metric is not None:
-        if not isinstance(metric, str) or metric not in METRICS:
-            return f"unknown metric {metric!r:.80}; allowed: {', '.join(METRICS)}"
+        if not isinstance(metric, str) or metric not in METRIC_NAMES:
+            return f"unknown metric {metric!r:.80}; allowed: {', '.join(METRIC_NAMES)}"
         if answer is None and answers is None:
             return (f"metric {metric!r} needs expected answers to score against; give 'answer' "
                     "or 'answers', or leave out 'metric' for a free-form prompt")
