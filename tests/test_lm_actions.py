@@ -19,7 +19,15 @@ from kvdrift.lm.actions import (
     parse_action,
     split_actions,
 )
-from kvdrift.lm.presses import FAMILIES, NOT_OFFERED, SCORERS, Stage, family_table, mid_ratio
+from kvdrift.lm.presses import (
+    FAMILIES,
+    NOT_OFFERED,
+    PLAIN,
+    SCORERS,
+    Stage,
+    family_table,
+    mid_ratio,
+)
 
 EXPECTED_KEPT = {
     "full": lambda n: n,
@@ -113,7 +121,7 @@ def test_action_is_frozen_and_validated():
     with pytest.raises(dataclasses.FrozenInstanceError):
         action.stages[0].ratio = 0.3  # type: ignore[misc]
     with pytest.raises(ValueError, match="exactly one"):
-        Stage(family="", scorer="SnapKVPress", ratio=0.5, budget=3)
+        Stage(family=PLAIN, scorer="SnapKVPress", ratio=0.5, budget=3)
     decoding = parse_action("decoding-knorm:interval=4,target=8").decoding
     with pytest.raises(ValueError, match="must come last"):
         Action(name="x", stages=(decoding,))
@@ -227,7 +235,7 @@ def test_mid_ratio_lands_on_every_count():
 def test_every_kvpress_press_is_offered_or_refused_with_a_reason():
     presses = {name for name in dir(kvpress) if name.endswith("Press")} - {"BasePress",
                                                                           "ScorerPress"}
-    offered = set(SCORERS.values()) | {f.press for f in FAMILIES.values() if f.press} | {
+    offered = set(SCORERS.values()) | {f.press_name for f in FAMILIES.values() if f.press} | {
         "PyramidKVPress"}
     assert presses - offered == set(NOT_OFFERED)
     for name, why in NOT_OFFERED.items():
