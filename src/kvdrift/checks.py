@@ -74,11 +74,25 @@ def number(value: Any, what: str, lo: float | None = None, hi: float | None = No
     return float(value)
 
 
-def choice(value: Any, what: str, allowed: Iterable[str]) -> str:
-    """``value`` if it is one of ``allowed``; else an error that lists them."""
+def choice(value: Any, what: str, allowed: Iterable[Any]) -> Any:
+    """``value`` if it is one of ``allowed`` (names, or a fixed set of numbers such as bit
+    widths); else an error that lists them."""
     allowed = tuple(allowed)
-    if value not in allowed:
-        raise ValueError(f"unknown {what} {value!r}; allowed: {', '.join(allowed)}")
+    if isinstance(value, bool) or value not in allowed:
+        raise ValueError(f"unknown {what} {value!r}; allowed: {', '.join(map(str, allowed))}")
+    return value
+
+
+def text(value: Any, what: str, *, visible: bool = False) -> str:
+    """``value`` if it is a non-empty string; else one clear error.
+
+    ``visible`` also refuses a string of whitespace only (a prompt, an answer: text a reader
+    or a model must see).
+    """
+    ok = isinstance(value, str) and bool(value.strip() if visible else value)
+    if not ok:
+        raise _refuse(what, "a string with visible text" if visible else "a non-empty string",
+                      value)
     return value
 
 

@@ -25,7 +25,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from kvdrift.data.metric_names import METRIC_NAMES, STRING_MATCH_ALL, STRING_MATCH_PART
+from kvdrift.data.metric_names import STRING_MATCH_ALL, STRING_MATCH_PART
 
 if TYPE_CHECKING:
     from kvdrift.data.document import Document

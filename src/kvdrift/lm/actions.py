@@ -34,6 +34,7 @@ from typing import Any
 
 import kvpress
 
+from kvdrift import checks
 from kvdrift.lm.presses import (
     FAMILIES,
     NOT_OFFERED,
@@ -216,9 +217,7 @@ class Action:
 
 
 def _check_n(n_prompt: int) -> int:
-    if int(n_prompt) != n_prompt or n_prompt < 1:
-        raise ValueError(f"prompt length must be an integer >= 1; got {n_prompt}")
-    return int(n_prompt)
+    return checks.integer(n_prompt, "prompt length", 1)
 
 
 def _coerce(fields: dict[str, Any], key: str, text: str, label: str) -> Any:

@@ -45,6 +45,7 @@ from typing import Any, ClassVar
 import kvpress
 import torch
 
+from kvdrift import checks
 from kvdrift.lm.spec_fields import check_field
 
 # Short names of kvpress scorer presses: same count in every layer and KV head, no download.
@@ -597,22 +598,16 @@ class Stage:
                                 ("ratios", self.ratios)) if v is not None]
         fam.check_budget(self, given)
         if self.ratio is not None:
-            ratio = float(self.ratio)
-            if not 0.0 < ratio <= 1.0:
-                raise ValueError(f"{label}: ratio (fraction of entries kept) must be in (0, 1]; "
-                                 f"got {self.ratio}")
-            object.__setattr__(self, "ratio", ratio)
+            object.__setattr__(self, "ratio", checks.number(
+                self.ratio, f"{label}: ratio (fraction of entries kept)", 0, 1, open_lo=True))
         if self.budget is not None:
-            if isinstance(self.budget, bool) or int(self.budget) != self.budget or self.budget < 1:
-                raise ValueError(f"{label}: budget (entries kept) must be an integer >= 1; "
-                                 f"got {self.budget}")
-            object.__setattr__(self, "budget", int(self.budget))
+            object.__setattr__(self, "budget", checks.integer(
+                self.budget, f"{label}: budget (entries kept)", 1))
         if self.ratios is not None:
-            ratios = tuple(float(r) for r in self.ratios)
-            if not ratios or any(not 0.0 < r <= 1.0 for r in ratios):
-                raise ValueError(f"{label}: ratios (fraction kept per layer) must each be in "
-                                 f"(0, 1]; got {list(self.ratios)}")
-            object.__setattr__(self, "ratios", ratios)
+            checks.integer(len(self.ratios), f"{label}: number of ratios (one per layer)", 1)
+            object.__setattr__(self, "ratios", tuple(
+                checks.number(r, f"{label}: ratios[{i}] (fraction kept in layer {i})", 0, 1,
+                              open_lo=True) for i, r in enumerate(self.ratios)))
         allowed = {**{k: None for k in fam.field_map},
                    **{k: None for k in scorer_fields(self.scorer)}}
         for key, value in self.kwargs:
