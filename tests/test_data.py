@@ -28,6 +28,7 @@ from kvdrift.data import (
 )
 from kvdrift.data.filler import FillerStream, weave
 from kvdrift.data.words import KEY_ADJECTIVES, KEY_NOUNS, VALUE_WORDS
+from tests.messages import whole
 
 NIAH = ("niah_single", "niah_multikey", "niah_multivalue", "niah_multiquery")
 
@@ -148,10 +149,14 @@ def test_document_is_frozen_and_validated():
     assert doc.stratum == "default" and doc.answer is None and doc.meta == {}
     with pytest.raises(dataclasses.FrozenInstanceError):
         doc.prompt = "x"  # type: ignore[misc]
-    with pytest.raises(ValueError, match="empty prompt"):
+    with pytest.raises(ValueError, match=whole(
+            "document 'a': prompt must be a string with visible text; got '   '")):
         Document(id="a", prompt="   ")
-    with pytest.raises(ValueError, match="id"):
+    with pytest.raises(ValueError, match=whole("document id must be a non-empty string; got ''")):
         Document(id="", prompt="hello")
+    with pytest.raises(ValueError, match=whole(
+            "document 'a': stratum must be a non-empty string; got ''")):
+        Document(id="a", prompt="hello", stratum="")
 
 
 # ------------------------------------------------------------------------------ config
@@ -171,7 +176,8 @@ def test_config_validation():
         RulerConfig(families=("niah",))
     with pytest.raises(ValueError, match=r"unknown needle type 'emoji'"):
         RulerConfig(needle_types=("emoji",))
-    with pytest.raises(ValueError, match=f"minimum is {MIN_TARGET_TOKENS}"):
+    with pytest.raises(ValueError, match=whole(
+            f"a target length must be an integer >= {MIN_TARGET_TOKENS} (tokens); got 100")):
         RulerConfig(target_lengths=(100,))
     with pytest.raises(ValueError, match="duplicate stratum labels"):
         RulerConfig(target_lengths=(1000, 1024))

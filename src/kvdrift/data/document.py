@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvdrift import checks
 from kvdrift.data.metric_names import METRIC_NAMES
 
 
@@ -73,14 +74,9 @@ class Document:
     meta: dict[str, Any] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.id, str) or not self.id:
-            raise ValueError(f"document id must be a non-empty string; got {self.id!r}")
-        if not isinstance(self.prompt, str) or not self.prompt.strip():
-            raise ValueError(f"document {self.id!r} has an empty prompt")
-        if not isinstance(self.stratum, str) or not self.stratum:
-            raise ValueError(
-                f"document {self.id!r}: stratum must be a non-empty string; got {self.stratum!r}"
-            )
+        checks.text(self.id, "document id")
+        checks.text(self.prompt, f"document {self.id!r}: prompt", visible=True)
+        checks.text(self.stratum, f"document {self.id!r}: stratum")
         for name in ("id", "prompt", "stratum", "answer"):
             value = getattr(self, name)
             if isinstance(value, str) and not _is_unicode(value):

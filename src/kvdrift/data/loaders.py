@@ -166,8 +166,7 @@ def load_hf_dataset(
         where = f"{name} [{split}] row {row_index}"
         doc_id = str(row[id_field]) if id_field else f"{source}-{split}-{row_index}"
         prompt = row[prompt_field]
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise ValueError(f"{where}: {prompt_field!r} must be a non-empty string")
+        checks.text(prompt, f"{where}: {prompt_field!r}", visible=True)
         meta: dict[str, Any] = {"source": name, "split": split, "row": row_index}
         answer = row[answer_field] if answer_field else None
         if isinstance(answer, list):  # several acceptable answers, as in Document.answer

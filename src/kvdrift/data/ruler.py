@@ -88,19 +88,15 @@ class RulerConfig:
 
 
 def _check_length(length: Any) -> None:
-    checks.integer(length, "a target length")
-    if length < MIN_TARGET_TOKENS:
-        raise ValueError(
-            f"target length {length} is too short; the minimum is {MIN_TARGET_TOKENS} tokens"
-        )
+    checks.integer(length, "a target length", MIN_TARGET_TOKENS,
+                   rule=f"an integer >= {MIN_TARGET_TOKENS} (tokens)")
 
 
 def _check_choices(values: tuple, allowed: tuple[str, ...], what: str, field_name: str) -> None:
     if not values:
         raise ValueError(f"{field_name} must not be empty; allowed: {list(allowed)}")
     for value in values:
-        if value not in allowed:
-            raise ValueError(f"unknown {what} {value!r}; allowed: {list(allowed)}")
+        checks.choice(value, what, allowed)
     if len(set(values)) != len(values):
         raise ValueError(f"{field_name} has duplicates: {list(values)}")
 
@@ -137,8 +133,7 @@ def make_document(
     ``count_tokens`` is a ``str -> int`` counter or a Hugging Face tokenizer. ``needle_type``
     applies to the needle families only.
     """
-    if family not in RULER_FAMILIES:
-        raise ValueError(f"unknown family {family!r}; allowed: {list(RULER_FAMILIES)}")
+    checks.choice(family, "family", RULER_FAMILIES)
     _check_length(target_tokens)
     count = token_counter(count_tokens)
     doc_seed = document_seed(seed, family, target_tokens, index)
