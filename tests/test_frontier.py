@@ -189,8 +189,9 @@ def test_pareto_keeps_points_no_other_beats():
 
 
 @pytest.mark.parametrize(("text", "needle"), [
-    ("R_tv < 0.1", "must read"), ("risk <= 0.1", "must be one of"),
-    ("R_tv >= 0.1", "smaller is better"), ("R_tv <= 2", "number in"),
+    ("R_tv < 0.1", "must read"), ("risk <= 0.1", "^unknown measure name 'risk'; allowed: R_tv, "),
+    ("R_tv >= 0.1", "smaller is better"),
+    ("R_tv <= 2", r"^R_tv tolerance must be a number within \[0, 1\]; got 2.0$"),
     ("acceptance <= 0.9", "larger is better"), ("R_tv <= nan", "must read"),
 ])
 def test_bad_measures_are_refused_in_one_line(text, needle):

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvdrift import checks
 from kvdrift.analysis.study import AnalysisOptions
 from kvdrift.data.sources import DocumentSource, source_from_table
 from kvdrift.run.executors import ExecutorConfig
@@ -183,8 +184,8 @@ def parse_study(data: dict, source: str | None = None) -> StudyConfig:
             raise ValueError(f"endpoint {text!r} names action {missing[0]!r}, which the study "
                              f"does not run; actions: {', '.join(actions)}")
     cohort = study.get("cohort")
-    if cohort is not None and cohort not in COHORTS:
-        raise ValueError(f"[study].cohort must be one of {', '.join(COHORTS)}; got {cohort!r}")
+    if cohort is not None:
+        checks.choice(cohort, "[study].cohort", COHORTS)
     from kvdrift.lm.model import resolve_dtype
 
     resolve_dtype(study.get("dtype", "float32"))
