@@ -183,8 +183,16 @@ def test_config_validation():
         RulerConfig(target_lengths=(1000, 1024))
     with pytest.raises(ValueError, match="documents_per_stratum"):
         RulerConfig(documents_per_stratum=0)
-    with pytest.raises(ValueError, match="must not be empty"):
+    with pytest.raises(ValueError, match=whole(
+            f"families must be one or more distinct of {', '.join(RULER_FAMILIES)}; got []")):
         RulerConfig(families=())
+    with pytest.raises(ValueError, match=whole(
+            "needle_types must be one or more distinct of word, number, uuid; "
+            "got ['word', 'word']")):
+        RulerConfig(needle_types=("word", "word"))
+    with pytest.raises(ValueError, match=whole(
+            "target_lengths must be one or more distinct token counts; got []")):
+        RulerConfig(target_lengths=())
     config = RulerConfig(families="vt", target_lengths=[1000, 2000])
     assert config.families == ("vt",) and config.target_lengths == (1000, 2000)
     assert RulerConfig().families == RULER_FAMILIES

@@ -18,6 +18,7 @@ from kvdrift.frontier_search.search import (
     frontier_search,
     pooled_interval,
 )
+from tests.messages import whole
 
 MEASURE = parse_measure("R_tv <= 0.1")
 
@@ -209,6 +210,12 @@ def test_measures_parse_with_aliases():
 def test_bad_families_are_refused(text):
     with pytest.raises(ValueError):
         parse_family(text)
+
+
+def test_a_blank_family_is_refused_naming_what_is_allowed():
+    with pytest.raises(ValueError, match=whole("a family (a press or quantization name) must be "
+                                               "a string with visible text; got ' '")):
+        parse_family(" ")
 
 
 def test_families_order_budgets_from_most_cache():

@@ -83,6 +83,15 @@ def choice(value: Any, what: str, allowed: Iterable[Any]) -> Any:
     return value
 
 
+def distinct_items(values: Iterable[Any], what: str, rule: str | None = None) -> tuple:
+    """``values`` as a tuple if it holds at least one item and none twice; else one clear error
+    (``rule`` replaces the generated rule text, e.g. to list what is allowed)."""
+    items = tuple(values)
+    if not items or len(set(items)) != len(items):
+        raise _refuse(what, rule or "one or more distinct values", list(items))
+    return items
+
+
 def text(value: Any, what: str, *, visible: bool = False) -> str:
     """``value`` if it is a non-empty string; else one clear error.
 

@@ -74,8 +74,7 @@ class RulerConfig:
         object.__setattr__(self, "target_lengths", lengths)
         _check_choices(families, RULER_FAMILIES, "family", "families")
         _check_choices(needle_types, NEEDLE_TYPES, "needle type", "needle_types")
-        if not lengths:
-            raise ValueError("target_lengths must not be empty")
+        checks.distinct_items(lengths, "target_lengths", "one or more distinct token counts")
         for length in lengths:
             _check_length(length)
         bands = [length_band(n) for n in lengths]
@@ -93,12 +92,9 @@ def _check_length(length: Any) -> None:
 
 
 def _check_choices(values: tuple, allowed: tuple[str, ...], what: str, field_name: str) -> None:
-    if not values:
-        raise ValueError(f"{field_name} must not be empty; allowed: {list(allowed)}")
+    checks.distinct_items(values, field_name, f"one or more distinct of {', '.join(allowed)}")
     for value in values:
         checks.choice(value, what, allowed)
-    if len(set(values)) != len(values):
-        raise ValueError(f"{field_name} has duplicates: {list(values)}")
 
 
 def document_seed(seed: int, family: str, target_tokens: int, index: int) -> int:
