@@ -38,6 +38,8 @@ from tests.messages import whole
      "unknown device 'gpu'; allowed: cpu, cuda"),
     (lambda: checks.choice(3, "kivi bits", (2, 4)), "unknown kivi bits 3; allowed: 2, 4"),
     (lambda: checks.choice(True, "level", (1, 2)), "unknown level True; allowed: 1, 2"),
+    (lambda: checks.choice("x", "key", ("a", "b"), where="[study]"),
+     "unknown key 'x' in [study]; allowed: a, b"),
     (lambda: checks.text("", "document id"), "document id must be a non-empty string; got ''"),
     (lambda: checks.text(None, "stratum"), "stratum must be a non-empty string; got None"),
     (lambda: checks.text(" \n", "prompt", visible=True),

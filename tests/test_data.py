@@ -389,7 +389,8 @@ def test_hf_loader_on_local_json(tmp_path, offline_hub):
     docs = load_hf_dataset("json", "train", "text", stratum="mine", limit=2, **common)
     assert [(d.id, d.stratum) for d in docs] == [("json-train-0", "mine"), ("json-train-1", "mine")]
 
-    with pytest.raises(ValueError, match=r"prompt_field 'body' is not a column.*text"):
+    with pytest.raises(ValueError,
+                       match=r"^unknown prompt_field column 'body' in json; allowed: .*\btext\b"):
         load_hf_dataset("json", "train", "body", **common)
     with pytest.raises(ValueError, match="not both"):
         load_hf_dataset("json", "train", "text", stratum_field="group", stratum="x", **common)
@@ -405,5 +406,5 @@ def test_hf_loader_on_saved_dataset(tmp_path, offline_hub):
     ).save_to_disk(str(saved))
     docs = load_hf_dataset(str(saved), "test", "q")
     assert [(d.id, d.prompt) for d in docs] == [("saved-test-0", "What?"), ("saved-test-1", "Why?")]
-    with pytest.raises(ValueError, match="no split 'train'"):
+    with pytest.raises(ValueError, match=whole(f"unknown split 'train' in {saved}; allowed: test")):
         load_hf_dataset(str(saved), "train", "q")

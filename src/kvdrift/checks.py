@@ -74,12 +74,14 @@ def number(value: Any, what: str, lo: float | None = None, hi: float | None = No
     return float(value)
 
 
-def choice(value: Any, what: str, allowed: Iterable[Any]) -> Any:
+def choice(value: Any, what: str, allowed: Iterable[Any], where: str | None = None) -> Any:
     """``value`` if it is one of ``allowed`` (names, or a fixed set of numbers such as bit
-    widths); else an error that lists them."""
+    widths); else an error that lists them (``where``: the table or file it was read from)."""
     allowed = tuple(allowed)
     if isinstance(value, bool) or value not in allowed:
-        raise ValueError(f"unknown {what} {value!r}; allowed: {', '.join(map(str, allowed))}")
+        place = "" if where is None else f" in {where}"
+        raise ValueError(f"unknown {what} {value!r}{place}; allowed: "
+                         f"{', '.join(map(str, allowed))}")
     return value
 
 

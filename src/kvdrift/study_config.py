@@ -93,8 +93,7 @@ def _check_table(table: Any, allowed: dict, where: str) -> dict:
     if not isinstance(table, dict):
         raise ValueError(f"{where} must be a table")
     for key, value in table.items():
-        if key not in allowed:
-            raise ValueError(f"unknown key {key!r} in {where}; allowed: {', '.join(allowed)}")
+        checks.choice(key, "key", allowed, where)
         kinds = allowed[key]
         ok = isinstance(value, kinds) and not (isinstance(value, bool) and kinds in (int, float))
         if kinds is float and isinstance(value, int) and not isinstance(value, bool):
@@ -130,10 +129,7 @@ def _check_source(i: int, source: dict) -> DocumentSource:
     where = f"[[documents]] #{i + 1}"
     if not isinstance(source, dict) or "source" not in source:
         raise ValueError(f"{where} needs a 'source' key; allowed: {', '.join(SOURCE_KEYS)}")
-    kind = source["source"]
-    if kind not in SOURCE_KEYS:
-        raise ValueError(f"unknown document source {kind!r} in {where}; allowed: "
-                         f"{', '.join(SOURCE_KEYS)}")
+    kind = checks.choice(source["source"], "document source", SOURCE_KEYS, where)
     _check_table(source, SOURCE_KEYS[kind], where)
     for key in REQUIRED_SOURCE_KEYS[kind]:
         if key not in source:
