@@ -41,8 +41,8 @@ EXPECTED_KEPT = {
 
 def test_named_actions_are_the_documented_ones():
     assert set(NAMED_ACTIONS) == set(EXPECTED_KEPT)
-    assert parse_action("snapkv-half").stages[0].scorer == "SnapKVPress"
-    assert parse_action("recent-90").stages[0].scorer == "StreamingLLMPress"
+    assert parse_action("snapkv-half").stages[0].scorer_name == "SnapKVPress"
+    assert parse_action("recent-90").stages[0].scorer_name == "StreamingLLMPress"
     assert parse_action("full").stages == () and parse_action("full").decoding is None
 
 
@@ -72,15 +72,15 @@ def test_compression_ratio_lands_on_exact_count_under_kvpress_rounding(spec):
 
 def test_general_form():
     a = parse_action("knorm:ratio=0.5").stages[0]
-    assert (a.scorer, a.ratio, a.budget) == ("KnormPress", 0.5, None)
+    assert (a.scorer_name, a.ratio, a.budget) == ("KnormPress", 0.5, None)
     b = parse_action("snapkv:budget=256")
-    assert (b.stages[0].scorer, b.stages[0].ratio, b.stages[0].budget) == ("SnapKVPress", None,
+    assert (b.stages[0].scorer_name, b.stages[0].ratio, b.stages[0].budget) == ("SnapKVPress", None,
                                                                            256)
     assert (b.kept(1000), b.kept(100)) == (256, 100)
     c = parse_action("streaming_llm:ratio=0.25")
-    assert c.stages[0].scorer == "StreamingLLMPress" and c.kept(100) == 25
-    assert parse_action("recent:ratio=0.25").stages[0].scorer == "StreamingLLMPress"
-    assert parse_action("SnapKVPress:budget=3").stages[0].scorer == "SnapKVPress"
+    assert c.stages[0].scorer_name == "StreamingLLMPress" and c.kept(100) == 25
+    assert parse_action("recent:ratio=0.25").stages[0].scorer_name == "StreamingLLMPress"
+    assert parse_action("SnapKVPress:budget=3").stages[0].scorer_name == "SnapKVPress"
     d = parse_action("snapkv:budget=8,window_size=16,kernel_size=3")
     assert d.stages[0].kwargs == (("kernel_size", 3), ("window_size", 16))
     press = d.make_press(100)
@@ -121,7 +121,7 @@ def test_action_is_frozen_and_validated():
     with pytest.raises(dataclasses.FrozenInstanceError):
         action.stages[0].ratio = 0.3  # type: ignore[misc]
     with pytest.raises(ValueError, match="exactly one"):
-        Stage(family=PLAIN, scorer="SnapKVPress", ratio=0.5, budget=3)
+        Stage(family=PLAIN, scorer=kvpress.SnapKVPress, ratio=0.5, budget=3)
     decoding = parse_action("decoding-knorm:interval=4,target=8").decoding
     with pytest.raises(ValueError, match="must come last"):
         Action(name="x", stages=(decoding,))

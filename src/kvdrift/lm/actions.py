@@ -102,8 +102,8 @@ class Action:
                              f"head-adaptive ones")
         if self.decoding is not None:
             if self.decoding.needs_attention_weights:
-                raise ValueError(f"action {self.name!r}: {self.decoding.scorer} needs attention "
-                                 f"weights, which decoding steps do not return")
+                raise ValueError(f"action {self.name!r}: {self.decoding.scorer_name} needs "
+                                 f"attention weights, which decoding steps do not return")
             if any(s.head_adaptive for s in stages):
                 raise ValueError(f"action {self.name!r}: decoding-time compression keeps the "
                                  f"same count in every KV head; it cannot follow a "
@@ -243,7 +243,7 @@ def _coerce(fields: dict[str, Any], key: str, text: str, label: str) -> Any:
     return text.strip()
 
 
-def _field_defaults(family: Family, scorer: str) -> dict[str, Any]:
+def _field_defaults(family: Family, scorer: type) -> dict[str, Any]:
     """Every field a stage of ``family`` with ``scorer`` takes -> its kvpress default."""
     return {**{k: f.default for k, f in scorer_fields(scorer).items()},
             **family.wrapper_defaults()}
@@ -252,11 +252,12 @@ def _field_defaults(family: Family, scorer: str) -> dict[str, Any]:
 _PREFIXES: dict[str, Family] = {f.name: f for f in FAMILIES.values() if f.wraps_scorers}
 
 
-def _parse_head(head: str) -> tuple[Family, str]:
-    """``[<family>-]<scorer>`` -> (family, scorer class name)."""
+def _parse_head(head: str) -> tuple[Family, type]:
+    """``[<family>-]<scorer>`` -> (family, kvpress scorer class)."""
     text = head.strip()
     for fam in FAMILIES.values():
-        if fam.own_scorer is not None and (text.lower() == fam.name or text == fam.own_scorer):
+        if fam.own_scorer is not None and (text.lower() == fam.name
+                                           or text == fam.own_scorer.__name__):
             return fam, fam.own_scorer
     if text in NOT_OFFERED:
         raise ValueError(f"kvpress's {text} is not offered: {NOT_OFFERED[text]}")
@@ -280,7 +281,7 @@ def _parse_stage(text: str, whole: str) -> Stage:
         )
     head, _, tail = text.partition(":")
     family, scorer = _parse_head(head)
-    label = family.label(scorer)
+    label = family.label(scorer.__name__)
     defaults = _field_defaults(family, scorer)
     values: dict[str, Any] = {}
     kwargs: list[tuple[str, Any]] = []

@@ -67,7 +67,7 @@ SCORERS: dict[str, str] = {
 }
 
 # Scorers that read the attention weights of the layer: eager attention in prefill only.
-NEEDS_ATTENTION_WEIGHTS = frozenset({"ObservedAttentionPress"})
+NEEDS_ATTENTION_WEIGHTS: frozenset[type] = frozenset({kvpress.ObservedAttentionPress})
 
 # kvpress presses kvdrift does not offer, and why (shown when a user names one).
 NOT_OFFERED: dict[str, str] = {
@@ -117,7 +117,7 @@ class Family:
     head_adaptive: ClassVar[bool] = False  # kept entries differ per KV head (masked, not cut)
     uniform: ClassVar[bool] = True  # every layer and KV head keeps one count that depends on n
     is_decoding: ClassVar[bool] = False  # evicts during decoding, not at prefill
-    own_scorer: ClassVar[str | None] = None  # a family that is one fixed scorer press, named
+    own_scorer: ClassVar[type | None] = None  # a family that is one fixed scorer press, named
     #                                          alone ("pyramidkv"), not "<family>-<scorer>"
 
     @property
@@ -303,7 +303,7 @@ class PyramidKV(Varying):
     ``round(r n)`` in every layer where the pyramid does not fit).
     """
 
-    own_scorer = "PyramidKVPress"
+    own_scorer = kvpress.PyramidKVPress
 
     def is_noop(self, stage: Stage, n: int) -> bool:
         # one entry: kvpress's budget is 1 (it would assert on the window), nothing to evict
@@ -320,7 +320,7 @@ class PyramidKV(Varying):
         return removed_fraction(Fraction(repr(stage.ratio)))
 
     def table_row(self) -> tuple[str, str, str]:
-        return f"{self.name}:ratio=R | budget=B", self.own_scorer, self.keeps
+        return f"{self.name}:ratio=R | budget=B", self.own_scorer.__name__, self.keeps
 
 
 class PerLayer(Varying):
@@ -449,10 +449,9 @@ def scorer_classes() -> dict[str, type]:
     return {name: getattr(kvpress, name) for name in names if hasattr(kvpress, name)}
 
 
-def scorer_fields(scorer: str) -> dict[str, dataclasses.Field]:
+def scorer_fields(scorer: type) -> dict[str, dataclasses.Field]:
     """User-settable fields of a scorer class (``compression_ratio`` is set by the budget)."""
-    cls = getattr(kvpress, scorer)
-    return {f.name: f for f in dataclasses.fields(cls)
+    return {f.name: f for f in dataclasses.fields(scorer)
             if f.init and not f.name.startswith("_") and f.name != "compression_ratio"}
 
 
@@ -461,16 +460,16 @@ def allowed_scorers() -> str:
     return f"{short} (or a kvpress class name: {', '.join(scorer_classes())})"
 
 
-def resolve_scorer(name: str) -> str:
-    """Map a short scorer name or kvpress class name to the class name, or raise ValueError."""
+def resolve_scorer(name: str) -> type:
+    """Map a short scorer name or kvpress class name to the scorer class, or raise ValueError."""
     classes = scorer_classes()
     if name in classes:
-        return name
+        return classes[name]
     if name in NOT_OFFERED:
         raise ValueError(f"kvpress's {name} is not offered: {NOT_OFFERED[name]}")
     key = name.strip().lower().replace("-", "_")
     if key in SCORERS and SCORERS[key] in classes:
-        return SCORERS[key]
+        return classes[SCORERS[key]]
     raise ValueError(f"unknown press {name!r}; allowed scorers: {allowed_scorers()}; "
                      f"families: {family_names()}")
 
@@ -488,7 +487,7 @@ def scorer_call(stage: Stage, compression_ratio: str | None) -> str:
     fam = stage.family
     args = [] if compression_ratio is None else [f"compression_ratio={compression_ratio}"]
     args += [f"{k}={v!r}" for k, v in stage.kwargs if k not in fam.field_map]
-    return f"{stage.scorer}({', '.join(args)})"
+    return f"{stage.scorer_name}({', '.join(args)})"
 
 
 def _exact_floor(ratio: float, n: int) -> int:
@@ -578,14 +577,14 @@ class Stage:
     """One kvpress press with kvdrift's exact budget rule.
 
     ``family`` is the :class:`Family` object (from :data:`FAMILIES`), ``scorer`` the kvpress
-    scorer's class name; ``ratio`` is the fraction *kept* (``floor(ratio * n)``, at least 1),
+    scorer class; ``ratio`` is the fraction *kept* (``floor(ratio * n)``, at least 1),
     ``budget`` a fixed count (``min(budget, n)``), ``ratios`` per-layer fractions kept
     (``perlayer``) and ``kwargs`` the press fields as sorted ``(spec name, value)`` pairs
     (family fields by their spec names, e.g. ``interval``; the rest are the scorer's).
     """
 
     family: Family
-    scorer: str
+    scorer: type
     ratio: float | None = None
     budget: int | None = None
     ratios: tuple[float, ...] | None = None
@@ -620,7 +619,12 @@ class Stage:
     # --- what it keeps (the family decides) ---------------------------------------------
     @property
     def label(self) -> str:
-        return self.family.label(self.scorer)
+        return self.family.label(self.scorer_name)
+
+    @property
+    def scorer_name(self) -> str:
+        """The scorer's kvpress class name (as labels and messages show it)."""
+        return self.scorer.__name__
 
     @property
     def is_decoding(self) -> bool:
@@ -679,7 +683,7 @@ class Stage:
         fam = self.family
         fields = scorer_fields(self.scorer)
         kwargs = {k: v for k, v in self.kwargs if k not in fam.field_map and k in fields}
-        return getattr(kvpress, self.scorer)(compression_ratio=compression_ratio, **kwargs)
+        return self.scorer(compression_ratio=compression_ratio, **kwargs)
 
     def kvpress_call(self) -> str:
         """The kvpress press this stage is, as the Python call that rebuilds it."""
