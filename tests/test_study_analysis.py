@@ -195,8 +195,8 @@ def test_swrb_study_has_no_lag_windows_and_clamps_enclosures_at_one(tmp_path):
     steps, reps = store.read("steps").to_pandas(), store.read("replicates").to_pandas()
     # documents 0..9: lower 1 and capacity 0.6 (upper 1.6 -> 1); the rest: 0 and 0.1
     first = reps["doc_id"] < "d10"
-    reps["observed_L2"] = np.where(first, 1.0, 0.0)
-    reps["capacity_L2"] = np.where(first, 0.6, 0.1)
+    reps["observed"] = [np.array([v]) for v in np.where(first, 1.0, 0.0)]  # the one depth, 2
+    reps["capacity"] = [np.array([v]) for v in np.where(first, 0.6, 0.1)]
     out = analyze(steps, reps, AnalysisOptions(bootstrap=50)).to_json()
     assert out["lags"] is None and out["meta"]["estimator"] == "swrb"
     assert out["local_agreement"] == [] and out["cohort_support"] == []
