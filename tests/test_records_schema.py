@@ -1,14 +1,13 @@
 """The record schema: every column a unit writes is declared there, with the type it has."""
 
+import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pytest
 
 from kvdrift.data.document import Document
 from kvdrift.directory import StudyDirectory
 from kvdrift.finite import random_pair
-import numpy as np
-import pandas as pd
-
 from kvdrift.records.depths import DepthTerms, depth_arrays, depth_terms
 from kvdrift.records.schema import REPLICATES, STEPS
 from kvdrift.run.runner import RunConfig, run_units

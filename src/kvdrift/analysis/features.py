@@ -37,7 +37,10 @@ class DepthFeatures:
     capacity: np.ndarray
 
     def subset(self, pos: np.ndarray) -> DepthFeatures:
-        return DepthFeatures(self.depths, self.observed[:, pos], self.capacity[:, pos])
+        """The documents at positions ``pos``; each depth's row stays contiguous (a strided
+        row sums in another order in the matrix products of the bounds)."""
+        return DepthFeatures(self.depths, np.ascontiguousarray(self.observed[:, pos]),
+                             np.ascontiguousarray(self.capacity[:, pos]))
 
 
 @dataclass(frozen=True)
