@@ -71,7 +71,7 @@ def test_run_refuses_bad_input_in_one_line(tiny_model_dir, docs_file, tmp_path):
         (["--actions", "snapkv-halfish"], "snapkv-halfish"),
         (["--actions", "knorm:ratio=1.5"], "ratio"),
         (["--replicates", "0"], "replicates K must be an integer >= 1"),
-        (["--estimator", "magic"], "unknown estimator"),
+        (["--estimator", "magic"], "error: estimator must be one of rollout, swrb; got 'magic'"),
         (["--docs", str(tmp_path / "missing.jsonl")], "missing.jsonl"),
     ]
     for extra, message in cases:

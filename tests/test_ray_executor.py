@@ -222,7 +222,7 @@ path = "{docs}"
 """)
     cases = [
         (base + ["--out", str(tmp_path / "a"), "--executor", "magic"],
-         "unknown executor 'magic'; allowed: local, ray"),
+         "error: executor must be one of local, ray; got 'magic'"),
         (base + ["--out", str(tmp_path / "b"), "--ray-address", "127.0.0.1:1"],
          "cannot reach a Ray cluster at 127.0.0.1:1"),
         (["study", str(config), "--out", str(tmp_path / "c"), "--no-report"],

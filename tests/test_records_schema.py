@@ -80,7 +80,7 @@ def test_an_estimator_is_parsed_once_and_stored_by_name():
     cfg = RunConfig(model="f", estimator="swrb")
     assert cfg.estimator == SWRB() and parse_estimator(cfg.estimator) is cfg.estimator
     assert cfg.as_dict()["estimator"] == "swrb"
-    with pytest.raises(ValueError, match="^unknown estimator 'magic'; allowed: rollout, swrb$"):
+    with pytest.raises(ValueError, match="^estimator must be one of rollout, swrb; got 'magic'$"):
         RunConfig(model="f", estimator="magic")
 
 
@@ -91,5 +91,5 @@ def test_the_records_say_what_their_estimator_holds():
     assert recorded_estimator("rollout").complete_branches
     assert not recorded_estimator("swrb").complete_branches
     assert all(e.records is recorded_estimator(name) for name, e in ESTIMATORS.items())
-    with pytest.raises(ValueError, match="^unknown estimator 'x'; allowed: rollout, swrb$"):
+    with pytest.raises(ValueError, match="^estimator must be one of rollout, swrb; got 'x'$"):
         recorded_estimator("x")

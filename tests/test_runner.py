@@ -11,6 +11,7 @@ from kvdrift.finite import exact, random_pair
 from kvdrift.records.depths import depth_terms
 from kvdrift.run.runner import RunConfig, run_units
 from kvdrift.run.store import RunStore
+from tests.messages import whole
 
 MIX = {"mild": 0.2, "strong": 0.7}
 DOCS = [Document(id=f"doc{i}", prompt=f"prompt {i}", stratum="a" if i < 2 else "b")
@@ -132,9 +133,11 @@ def test_stratum_weights_give_strata_equal_weight():
 @pytest.mark.parametrize(
     "kw, message",
     [
-        (dict(estimator="magic"), "unknown estimator 'magic'; allowed: rollout, swrb"),
-        (dict(actions=()), "at least one action"),
-        (dict(actions=("mild", "mild")), "distinct"),
+        (dict(estimator="magic"), whole("estimator must be one of rollout, swrb; got 'magic'")),
+        (dict(actions=()), whole("actions must be one or more distinct names (e.g. snapkv-half); "
+                                 "got []")),
+        (dict(actions=("mild", "mild")), whole("actions must be one or more distinct names "
+                                               "(e.g. snapkv-half); got ['mild', 'mild']")),
         (dict(temperature=-1.0), "temperature must be a finite number >= 0"),
         (dict(temperature=float("inf")), r"temperature must be a finite number >= 0 \(0 = "
                                          r"greedy\); got inf"),

@@ -23,6 +23,7 @@ from kvdrift.data import (
 )
 from kvdrift.study import fixed_documents, model_documents
 from kvdrift.study_config import SOURCE_KEYS, load_study, parse_study
+from tests.messages import whole
 
 CONFIGS = Path(kvdrift.__file__).parent / "configs"
 STUDY = {"models": ["m"], "actions": ["full"]}
@@ -135,7 +136,8 @@ def test_table_keys_must_describe_the_source(make, message):
 
 
 def test_unknown_kind_is_refused():
-    with pytest.raises(ValueError, match="unknown document source 'web'; allowed: ruler, jsonl"):
+    with pytest.raises(ValueError, match=whole(
+            "document source must be one of ruler, jsonl, hf; got 'web'")):
         source_from_table({"source": "web"})
 
 

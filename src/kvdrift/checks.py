@@ -76,12 +76,12 @@ def number(value: Any, what: str, lo: float | None = None, hi: float | None = No
 
 def choice(value: Any, what: str, allowed: Iterable[Any], where: str | None = None) -> Any:
     """``value`` if it is one of ``allowed`` (names, or a fixed set of numbers such as bit
-    widths); else an error that lists them (``where``: the table or file it was read from)."""
+    widths); else an error that lists them (``where``: the table or file it was read from,
+    named after ``what``: ``"key in [study] must be one of ...; got 'x'"``)."""
     allowed = tuple(allowed)
     if isinstance(value, bool) or value not in allowed:
         place = "" if where is None else f" in {where}"
-        raise ValueError(f"unknown {what} {value!r}{place}; allowed: "
-                         f"{', '.join(map(str, allowed))}")
+        raise _refuse(f"{what}{place}", f"one of {', '.join(map(str, allowed))}", value)
     return value
 
 
@@ -94,16 +94,17 @@ def distinct_items(values: Iterable[Any], what: str, rule: str | None = None) ->
     return items
 
 
-def text(value: Any, what: str, *, visible: bool = False) -> str:
+def text(value: Any, what: str, *, visible: bool = False, rule: str | None = None) -> str:
     """``value`` if it is a non-empty string; else one clear error.
 
     ``visible`` also refuses a string of whitespace only (a prompt, an answer: text a reader
-    or a model must see).
+    or a model must see); ``rule`` replaces the generated rule text (e.g. to say what the
+    string should look like).
     """
     ok = isinstance(value, str) and bool(value.strip() if visible else value)
     if not ok:
-        raise _refuse(what, "a string with visible text" if visible else "a non-empty string",
-                      value)
+        raise _refuse(what, rule or ("a string with visible text" if visible
+                                     else "a non-empty string"), value)
     return value
 
 

@@ -54,11 +54,8 @@ class RunConfig:
         check_replicates(self.replicates)
         check_horizon(self.horizon)
         object.__setattr__(self, "depths", check_depths(self.depths, self.horizon))
-        object.__setattr__(self, "actions", tuple(self.actions))
-        if not self.actions:
-            raise ValueError("at least one action is needed (e.g. snapkv-half)")
-        if len(set(self.actions)) != len(self.actions):
-            raise ValueError(f"actions must be distinct; got {', '.join(self.actions)}")
+        object.__setattr__(self, "actions", checks.distinct_items(
+            self.actions, "actions", "one or more distinct names (e.g. snapkv-half)"))
         object.__setattr__(self, "estimator", parse_estimator(self.estimator))
         checks.integer(self.batch, "batch", 0,
                        rule="an integer >= 0 (0 = all replicates at once)")

@@ -36,6 +36,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from kvdrift import checks
 from kvdrift.records.legacy import current_layout
 from kvdrift.run import fingerprint as fp
 from kvdrift.run.records import UnitKey
@@ -302,8 +303,7 @@ class RunStore:
     def read(self, kind: str, columns: list[str] | None = None) -> pa.Table:
         """All finished units' records of one kind (``"steps"`` or ``"replicates"``), each
         file in the current layout (:func:`~kvdrift.records.legacy.current_layout`)."""
-        if kind not in KINDS:
-            raise ValueError(f"unknown record kind {kind!r}; allowed: {', '.join(KINDS)}")
+        checks.choice(kind, "record kind", KINDS)
         done = {p.name for p in (self.root / "replicates").glob("*.parquet")}
         files = sorted(p for p in (self.root / kind).glob("*.parquet") if p.name in done)
         if not files:

@@ -34,11 +34,9 @@ class ExecutorConfig:
     max_retries: int = 2
 
     def __post_init__(self) -> None:
-        if self.kind not in EXECUTORS:
-            raise ValueError(f"unknown executor {self.kind!r}; allowed: {', '.join(EXECUTORS)}")
-        if self.ray_address is not None and (
-                not isinstance(self.ray_address, str) or not self.ray_address.strip()):
-            raise ValueError(f"ray_address must be 'auto' or HOST:PORT; got {self.ray_address!r}")
+        checks.choice(self.kind, "executor", EXECUTORS)
+        if self.ray_address is not None:
+            checks.text(self.ray_address, "ray_address", visible=True, rule="'auto' or HOST:PORT")
         if self.gpus_per_worker is not None:
             checks.number(self.gpus_per_worker, "gpus_per_worker", 0, rule="a number >= 0")
         checks.number(self.cpus_per_worker, "cpus_per_worker", 0, open_lo=True,
