@@ -34,6 +34,10 @@ from tests.messages import whole
      "p must be a number within (0, 1]; got 0.0"),
     (lambda: checks.depth(0, 3), "depth L must be an integer within 1..H = 1..3; got 0"),
     (lambda: checks.depth(4, 3), "depth L must be an integer within 1..H = 1..3; got 4"),
+    (lambda: checks.within_horizon(True, "window", 3),
+     "window must be an integer within 1..H = 1..3; got True"),
+    (lambda: checks.within_horizon(2.0, "window", 3),
+     "window must be an integer within 1..H = 1..3; got 2.0"),
     (lambda: checks.choice("gpu", "device", ("cpu", "cuda")),
      "device must be one of cpu, cuda; got 'gpu'"),
     (lambda: checks.choice(3, "kivi bits", (2, 4)), "kivi bits must be one of 2, 4; got 3"),
@@ -68,6 +72,7 @@ def test_accepted_values_come_back_as_plain_python_numbers():
     assert checks.number(0.0, "t", 0) == 0.0  # closed bounds by default
     assert checks.number(1.0, "p", 0, 1) == 1.0 and checks.number(1.0, "t", hi=1) == 1.0
     assert checks.integer(8, "folds", 2, 8) == 8 and checks.depth(3, 3) == 3
+    assert checks.within_horizon(np.int64(1), "window", 3) == 1
     assert checks.choice("cpu", "device", ("cpu", "cuda")) == "cpu"
     assert checks.choice(4, "kivi bits", (2, 4)) == 4
     assert checks.distinct_items(iter(["a", "b"]), "actions") == ("a", "b")

@@ -108,9 +108,14 @@ def text(value: Any, what: str, *, visible: bool = False, rule: str | None = Non
     return value
 
 
+def within_horizon(value: Any, what: str, horizon: int) -> int:
+    """A count of positions or a position within ``1..H`` (a depth, an early window)."""
+    return integer(value, what, 1, horizon, rule=f"an integer within 1..H = 1..{horizon}")
+
+
 def depth(L: Any, horizon: int) -> int:
     """An observation depth ``L`` within ``1..H``."""
-    return integer(L, "depth L", 1, horizon, rule=f"an integer within 1..H = 1..{horizon}")
+    return within_horizon(L, "depth L", horizon)
 
 
 def alpha(value: Any) -> Any:
