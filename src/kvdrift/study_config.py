@@ -140,8 +140,7 @@ def _check_source(i: int, source: dict) -> DocumentSource:
 def parse_study(data: dict, source: str | None = None) -> StudyConfig:
     """Validate a parsed TOML document and build the study configuration."""
     for key in data:
-        if key not in TOP_KEYS:
-            raise ValueError(f"unknown section [{key}]; allowed: {', '.join(TOP_KEYS)}")
+        checks.choice(key, "section", TOP_KEYS)
     if "study" not in data:
         raise ValueError("the config needs a [study] section")
     study = _check_table(data["study"], STUDY_KEYS, "[study]")
