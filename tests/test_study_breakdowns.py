@@ -486,41 +486,54 @@ def test_agreement_flags_at_the_cohort_and_horizon_edges():
     assert (support.documents, support.trajectories) == (2, 2)
 
 
-def test_run_summary_is_the_analysis_point_estimate():
-    from kvdrift.analysis.summary import summarize
+def test_run_rows_are_the_full_analysis_point_estimates_without_intervals():
+    from kvdrift.report.terminal import run_rows
 
     steps, reps = field_records()
     swap = {"a": "b", "b": "a"}  # model n's a is m's b
     two = (pd.concat([steps.assign(model="n", action=steps["action"].map(swap)), steps]),
            pd.concat([reps.assign(model="n", action=reps["action"].map(swap)), reps]))
-    rows = summarize(*two)
-    assert [(s.model, s.action) for s in rows] == [("n", "b"), ("n", "a"), ("m", "a"),
-                                                   ("m", "b")]
-    assert rows[0].R == rows[2].R and rows[1].R == rows[3].R and rows[0].R != rows[1].R
-    out = analyze(steps, reps, AnalysisOptions(bootstrap=20)).to_json()
+    point = analyze(*two, AnalysisOptions(bootstrap=0))
+    rows = run_rows(point)
+    assert [(r["model"], r["action"]) for r in rows] == [("n", "b"), ("n", "a"), ("m", "a"),
+                                                        ("m", "b")]
+    assert rows[0]["R"] == rows[2]["R"] and rows[1]["R"] == rows[3]["R"]
+    assert rows[0]["R"] != rows[1]["R"]
+    # no resample: every bootstrap interval's ends are NaN, never a made-up width
+    assert point.meta.bootstrap == 0
+    for a in point.actions:
+        assert all(math.isnan(iv.lo) and math.isnan(iv.hi) for iv in a.scalars.values())
+        assert all(math.isnan(v) for c in a.curves.values() for v in (*c.lo, *c.hi))
+    assert all(math.isnan(iv.lo) for c in point.contrasts for iv in c.terms.values())
+    full = analyze(steps, reps, AnalysisOptions(bootstrap=20))
+    out = full.to_json()
+    assert point.to_frame()[["model", "action", "R", "E", "C"]].iloc[2:].reset_index(
+        drop=True).equals(full.to_frame()[["model", "action", "R", "E", "C"]])
     # a third model with a third action: each unit reads its own steps, not the others'
     third = [pd.concat([r.assign(model="o"), r[r.action == "a"].assign(model="o", action="c")])
              for r in (steps, reps)]
-    rows3 = summarize(*(pd.concat([t, r]) for t, r in zip(two, third, strict=True)))
-    assert [(s.model, s.action) for s in rows3[4:]] == [("o", "a"), ("o", "b"), ("o", "c")]
-    assert [s.R for s in rows3[4:]] == [rows[2].R, rows[3].R, rows[2].R]
-    for s, entry, spec in zip(rows[2:], out["actions"], out["speculative"], strict=True):
-        d = s.as_dict()
+    rows3 = run_rows(analyze(*(pd.concat([t, r]) for t, r in zip(two, third, strict=True)),
+                             AnalysisOptions(bootstrap=0)))
+    assert [(r["model"], r["action"]) for r in rows3[4:]] == [("o", "a"), ("o", "b"),
+                                                             ("o", "c")]
+    assert [r["R"] for r in rows3[4:]] == [rows[2]["R"], rows[3]["R"], rows[2]["R"]]
+    for d, entry, spec in zip(rows[2:], out["actions"], out["speculative"], strict=True):
         assert d.pop("model") == "m" and d.pop("action") == entry["action"]
         assert d.pop("documents") == 3
-        assert d.pop("acceptance") == pytest.approx(spec["acceptance"]["estimate"])
+        assert d.pop("acceptance") == spec["acceptance"]["estimate"]
         # these records have no teacher-forced columns: no KL, no tokens per round
         assert math.isnan(d.pop("kl")) and math.isnan(d.pop("tokens_per_round"))
         # nor Q's cache size (only LM pairs tell it)
         assert math.isnan(d.pop("kv_bytes")) and math.isnan(d.pop("kv_fraction"))
         for key, value in d.items():
-            assert value == pytest.approx(entry["scalars"][key]["estimate"]), key
+            want = entry["scalars"][key]["estimate"]
+            assert value == want or math.isnan(value) and math.isnan(want), key
 
 
 def test_cache_size_is_the_stratum_weighted_mean_of_document_values():
     from kvdrift.analysis.results import StudyAnalysis
-    from kvdrift.analysis.summary import summarize
     from kvdrift.json_values import to_json_safe
+    from kvdrift.report.terminal import run_rows
 
     steps, reps = field_records()
     # by hand: Q's prompt cache per (document, action), in bytes, of a full cache of 4096
@@ -533,12 +546,13 @@ def test_cache_size_is_the_stratum_weighted_mean_of_document_values():
     assert want == {"a": 2304.0, "b": 2304.0}  # same mean, different documents
     result = analyze(steps, reps, AnalysisOptions(bootstrap=20, seed=0))
     out = result.to_json()
-    for entry, summary in zip(out["actions"], summarize(steps, reps), strict=True):
+    point = run_rows(analyze(steps, reps, AnalysisOptions(bootstrap=0)))
+    for entry, row in zip(out["actions"], point, strict=True):
         action = entry["action"]
         assert entry["kv_bytes"] == pytest.approx(want[action])
         assert entry["kv_fraction"] == pytest.approx(want[action] / 4096)
-        assert (summary.action, summary.kv_bytes) == (action, pytest.approx(want[action]))
-        assert summary.kv_fraction == pytest.approx(want[action] / 4096)
+        assert (row["action"], row["kv_bytes"]) == (action, pytest.approx(want[action]))
+        assert row["kv_fraction"] == pytest.approx(want[action] / 4096)
     # a stratum of one document counts as much as a stratum of two: not the plain mean
     reps.loc[reps["doc_id"] == "d3", "kv_bytes"] = 0.0
     entry = analyze(steps, reps, AnalysisOptions(bootstrap=20)).to_json()["actions"][0]
