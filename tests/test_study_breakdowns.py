@@ -138,15 +138,17 @@ def test_cohort_support_counts_only_given_documents():
 def test_eos_contrast_by_hand():
     g_a = np.array([0.10, 0.02, 0.03, 0.0])
     g_b = np.array([0.15, 0.01, 0.08, 0.0])
-    c = eos_contrast(g_a, g_b)
+    c = eos_contrast(g_b, g_a)  # b - a
     np.testing.assert_allclose(c["dG"], [0.05, -0.01, 0.05, 0.0])
     assert c["dR_minus_F"] == pytest.approx(0.09)
     assert c["pre_eos"] == pytest.approx(0.05)
     assert c["eos_share"] == pytest.approx(0.04 / 0.09)
     assert np.isnan(eos_contrast(g_a, g_a)["eos_share"])  # Delta(R - F) = 0: undefined
     # a negative total keeps its share; draws [B, 4] give one share per draw
-    assert eos_contrast(g_a, g_a - [0.05, 0, 0.05, 0])["eos_share"] == pytest.approx(0.5)
-    draws = eos_contrast(np.stack([g_a, g_a]), np.stack([g_b, g_a]))["eos_share"]
+    negative = eos_contrast(g_a - [0.05, 0, 0.05, 0], g_a)
+    assert negative["dR_minus_F"] == pytest.approx(-0.1)
+    assert negative["eos_share"] == pytest.approx(0.5)
+    draws = eos_contrast(np.stack([g_b, g_a]), np.stack([g_a, g_a]))["eos_share"]
     assert draws.shape == (2,) and draws[0] == pytest.approx(0.04 / 0.09) and np.isnan(draws[1])
 
 
@@ -180,7 +182,7 @@ def test_eos_split_and_contrasts_in_the_analysis():
     assert split["G_total"]["estimate"] == pytest.approx(sum(expected))
     assert split["G"][0]["lo"] < split["G"][0]["hi"]  # documents differ: a real interval
     (c,) = analysis["eos_contrasts"]
-    assert (c["a"], c["b"]) == ("a", "b")
+    assert (c["a"], c["b"]) == ("b", "a")  # the later action minus the earlier
     for g, want in zip(c["dG"], [0.02, 0.02, 0.0, 0.0], strict=True):
         assert g["estimate"] == pytest.approx(want)
         assert g["lo"] == pytest.approx(want) and g["hi"] == pytest.approx(want)  # paired
@@ -239,14 +241,14 @@ def test_per_stratum_quantities_by_hand():
 def test_per_stratum_contrasts_by_hand():
     analysis = study(strata_units())
     c = {s["stratum"]: s["contrasts"][0] for s in analysis["strata"]}["s1"]
-    assert (c["a"], c["b"]) == ("a", "b")
+    assert (c["a"], c["b"]) == ("b", "a")  # the later action minus the earlier
     # a: R = O = E = C = 0; b: O = 1/8, E = 5/8, C = 2/5, R = 3/8.
     assert c["dR"]["estimate"] == pytest.approx(3 / 8)
     assert c["occurrence_term"]["estimate"] == pytest.approx(1 / 8)
     assert c["exposure_term"]["estimate"] == pytest.approx(5 / 8 * (0 + 2 / 5) / 2)
     assert c["rate_term"]["estimate"] == pytest.approx(2 / 5 * (0 + 5 / 8) / 2)
     assert c["exposure_share"]["estimate"] == pytest.approx((1 / 8) / (3 / 8))
-    # Block gap: delta = mismatch here, so E[delta_t] of b - a is 1 at t = 3, 4, 6, else 0;
+    # Block gap: delta = mismatch here, so E[delta_t] of b minus a is 1 at t = 3, 4, 6, else 0;
     # 8 positions in 8 blocks of one.
     gap = c["block_gap"]
     assert gap["blocks"] == [[t, t] for t in range(1, 9)]
@@ -313,7 +315,7 @@ def test_analysis_fields_by_hand():
                               "hoeffding_hi"}
             assert b["lo"] == b["R_L"] and b["hi"] == pytest.approx(b["R_L"] + b["B_L"])
     [c] = out["contrasts"]
-    assert (c["model"], c["a"], c["b"]) == ("m", "a", "b")
+    assert (c["model"], c["a"], c["b"]) == ("m", "b", "a")
     [e] = out["endpoints"]
     assert (e["model"], e["name"], e["alpha"]) == ("m", "R(a)", 0.1)  # one endpoint, one model
     r_a = out["actions"][0]["scalars"]["R"]["estimate"]
@@ -411,9 +413,9 @@ def test_certified_order_uses_weighted_enclosures_at_alpha_over_actions():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(bootstrap=True), "bootstrap draws must be an integer >= 1; got True"),
-    (dict(bootstrap=1.5), "bootstrap draws must be an integer >= 1; got 1.5"),
-    (dict(bootstrap=0), "bootstrap draws must be an integer >= 1; got 0"),
+    (dict(bootstrap=True), "bootstrap draws must be an integer >= 0; got True"),
+    (dict(bootstrap=1.5), "bootstrap draws must be an integer >= 0; got 1.5"),
+    (dict(bootstrap=-1), "bootstrap draws must be an integer >= 0; got -1"),
     (dict(alpha=0.0), "alpha must be within (0, 1); got 0.0"),
     (dict(alpha=1.0), "alpha must be within (0, 1); got 1.0"),
 ])
