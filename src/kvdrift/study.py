@@ -94,23 +94,25 @@ def run_study(
     fixed = fixed_documents(config) if fixed is None else fixed
     if not fixed and not any(s.needs_tokenizer for s in config.documents):
         raise ValueError("the study's document sources produced no documents")
+    fixed_sha256 = documents_sha256(fixed)  # what the store compares on resume
+    runs = [config.for_model(name) for name in config.models]  # each model's run settings
+    recorded = config.as_dict() | {DOCUMENTS_HASH: fixed_sha256}
     lock = StoreLock(out).acquire()
     try:
-        recorded = config.as_dict() | {DOCUMENTS_HASH: documents_sha256(fixed)}
         store = RunStore.open(out, recorded, recompute=recompute, notice=notice,
                               presses=describe_actions(config.run.actions))
         settings = config.executor.for_device(config.device)
         with open_executor(settings, on_workers=on_workers) as executor:
-            for name in config.models:
-                source = LMPairSource(name, config.device, config.dtype, config.chat_template,
-                                      allow_download)
+            for run in runs:
+                source = LMPairSource(run.model, config.device, config.dtype,
+                                      config.chat_template, allow_download)
                 side = driver_side(source, executor.in_process,
-                                   functools.partial(load, name) if load else None)
+                                   functools.partial(load, run.model) if load else None)
                 docs = model_documents(config, fixed, side.tokenizer)
-                check_fits(docs, config.run.horizon, side, config.chat_template)
+                check_fits(docs, run.horizon, side, config.chat_template)
                 if on_model:
-                    on_model(name, len(docs) * len(config.run.actions))
-                executor.run(config.for_model(name), docs, side.build, store, on_unit=on_unit)
+                    on_model(run.model, len(docs) * len(run.actions))
+                executor.run(run, docs, side.build, store, on_unit=on_unit)
     finally:
         lock.release()
     return store

@@ -1,13 +1,35 @@
-"""HTML building blocks shared by the report's pages: the stylesheet, the page template,
-interval cells, tables and sections (cells are already-escaped HTML)."""
+"""How a report page is written as HTML: the stylesheet, the page template, and the one
+renderer of a :mod:`~kvdrift.report.page_model` page, which formats every cell type here.
+
+:func:`table` and :func:`section` lay out already-escaped HTML; the renderer writes through
+them, and the frontier's page (:mod:`kvdrift.report.frontier`) uses them directly."""
 
 from __future__ import annotations
 
+import base64
 import math
+from collections.abc import Sequence
+from html import escape
 from string import Template
 
-from kvdrift.analysis.interval import Interval
 from kvdrift.report.numbers import MISSING, number_text
+from kvdrift.report.page_model import (
+    Block,
+    Bullets,
+    Cell,
+    Definitions,
+    Details,
+    Difference,
+    EmbeddedFigure,
+    Estimate,
+    Markup,
+    Number,
+    Page,
+    Range,
+    Section,
+    Table,
+    Text,
+)
 
 CSS = """
 :root { --ink: #1f2328; --muted: #59636e; --rule: #d0d7de; --band: #f6f8fa; --accent: #0b5cad; }
@@ -61,19 +83,6 @@ $body
 """)
 
 
-def interval_cell(interval: Interval | None, scale: float = 100.0, digits: int = 2,
-                   signed: bool = False, unit: str = "") -> str:
-    """The estimate, and under it the interval in small muted type (keeps wide tables narrow)."""
-    if interval is None or not interval.defined:
-        return MISSING
-    est, lo, hi = interval.estimate, interval.lo, interval.hi
-    cell = f'<span class="est">{number_text(est, scale, digits, signed)}{unit}</span>'
-    if math.isfinite(lo) and math.isfinite(hi):
-        cell += (f'<br><span class="ci">[{number_text(lo, scale, digits, signed)}, '
-                 f"{number_text(hi, scale, digits, signed)}]</span>")
-    return cell
-
-
 def table(headers: list[str], rows: list[list[str]], numeric_from: int = 1,
            group_starts: set[int] | None = None) -> str:
     """An HTML table; cells are already-escaped HTML; columns >= numeric_from align right."""
@@ -92,3 +101,84 @@ def table(headers: list[str], rows: list[list[str]], numeric_from: int = 1,
 
 def section(title: str, anchor: str, content: str) -> str:
     return f'<section id="{anchor}">\n<h2>{title}</h2>\n{content}\n</section>'
+
+
+def standalone(title: str, body: str) -> str:
+    """A whole HTML page around ``body`` (already HTML)."""
+    return PAGE.substitute(title=escape(title), css=CSS, body=body)
+
+
+def render_page(page: Page) -> str:
+    """The page model as one self-contained HTML page."""
+    return standalone(page.title, "\n".join(render_section(s) for s in page.sections))
+
+
+def render_section(s: Section) -> str:
+    """A section: its lines of blocks, one under another."""
+    return section(s.title, s.anchor, "\n".join(render_blocks(line) for line in s.lines))
+
+
+def render_blocks(blocks: Sequence[Block]) -> str:
+    """Blocks written side by side."""
+    return "".join(_block(b) for b in blocks)
+
+
+def _block(block: Block) -> str:
+    if isinstance(block, Markup):
+        return block.html
+    if isinstance(block, Table):
+        return table(list(block.headers), [[_cell(c) for c in row] for row in block.rows],
+                     block.numeric_from, set(block.group_starts))
+    if isinstance(block, Definitions):
+        items = "".join(f"<dt>{term}</dt><dd>{_cell(c)}</dd>" for term, c in block.items)
+        return f'<dl class="{block.css_class}">{items}</dl>'
+    if isinstance(block, Bullets):
+        items = "".join(f"<li>{_cell(c)}</li>" for c in block.items)
+        return f'<ul class="{block.css_class}">{items}</ul>'
+    if isinstance(block, Details):
+        return (f"<details><summary>{block.summary}</summary>"
+                f"<pre>{escape(block.text)}</pre></details>")
+    return _figure(block)
+
+
+def _figure(f: EmbeddedFigure) -> str:
+    data = base64.b64encode(f.path.read_bytes()).decode("ascii")
+    return (f'<figure id="fig-{f.name}"><img alt="Figure {f.number}: {f.name}" '
+            f'src="data:image/png;base64,{data}">'
+            f"<figcaption><strong>Figure {f.number}.</strong> {escape(f.caption)} "
+            f'<span class="muted">(figures/{escape(f.path.name)})</span></figcaption>'
+            "</figure>")
+
+
+def _cell(cell: Cell) -> str:
+    """Every cell type as HTML; a missing value is :data:`MISSING`."""
+    if isinstance(cell, Text):
+        value = cell.value
+        if value is None or (isinstance(value, float) and not math.isfinite(value)):
+            return MISSING + cell.suffix
+        return escape(str(value)) + cell.suffix
+    if isinstance(cell, Number):
+        text = number_text(cell.value, cell.scale, cell.digits, cell.signed)
+        return text if text == MISSING else text + cell.suffix
+    if isinstance(cell, Estimate):
+        return _estimate(cell)
+    if isinstance(cell, Range):
+        lo, hi = number_text(cell.lo, 100), number_text(cell.hi, 100)
+        return MISSING if lo == MISSING and hi == MISSING else f"[{lo}, {hi}]"
+    if isinstance(cell, Difference):
+        return f"{escape(cell.b)} &minus; {escape(cell.a)}"
+    return cell.html  # Markup
+
+
+def _estimate(cell: Estimate) -> str:
+    """The estimate, and under it the interval in small muted type (keeps wide tables narrow)."""
+    interval = cell.interval
+    if interval is None or not interval.defined:
+        return MISSING
+    def text(v: float) -> str:
+        return number_text(v, cell.scale, cell.digits, cell.signed)
+
+    html = f'<span class="est">{text(interval.estimate)}{cell.suffix}</span>'
+    if math.isfinite(interval.lo) and math.isfinite(interval.hi):
+        html += f'<br><span class="ci">[{text(interval.lo)}, {text(interval.hi)}]</span>'
+    return html

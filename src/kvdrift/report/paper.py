@@ -12,67 +12,67 @@ contrasts (:func:`prediction_table`, for ``kvdrift predict --report``). Figure 7
 from __future__ import annotations
 
 import math
-from html import escape
+from pathlib import Path
 
 from kvdrift.analysis.interval import Interval
-from kvdrift.analysis.results import StudyAnalysis
-from kvdrift.report import page
+from kvdrift.analysis.results import ActionResult, StudyAnalysis
 from kvdrift.report.numbers import MISSING
+from kvdrift.report.page import render_blocks, standalone
+from kvdrift.report.page_model import Block, Difference, Estimate, Markup, Section, Table, Text
 
 HEADLINE_T = 32  # the paper's P(tau <= 32)
 
 
-def _cell(iv: Interval | None, signed: bool = False, digits: int = 2) -> str:
-    return page.interval_cell(iv, signed=signed, digits=digits)
-
-
-def _s99_interval(analysis: StudyAnalysis, model: str, action: str) -> tuple[Interval, str]:
+def _s99(analysis: StudyAnalysis, a: ActionResult) -> tuple[Interval | None, str]:
+    """S_.99 of an action: the endpoint family's interval when the study prespecified it."""
     for e in analysis.endpoints:
-        if e.model == model and e.name.replace(" ", "") == f"S99({action})":
+        if e.model == a.model and e.name.replace(" ", "") == f"S99({a.action})":
             return e.interval, f"endpoint family, {100 * (1 - e.alpha):.4g}%"
-    iv = analysis.action(model, action).scalars.get("S99")
+    iv = a.scalars.get("S99")
     return iv, "pointwise" if iv is None else f"pointwise {100 * iv.level:.4g}%"
 
 
-def table1(analysis: StudyAnalysis) -> str:
+def table1(analysis: StudyAnalysis) -> tuple[Block, ...]:
     """S_.99 with the endpoint-family interval, and cohort documents / paths."""
     support = {(c.model, c.action): c for c in analysis.cohort_support}
     rows = []
     for a in analysis.actions:
-        iv, level = _s99_interval(analysis, a.model, a.action)
+        iv, level = _s99(analysis, a)
         c = support.get((a.model, a.action))
         docs = MISSING if c is None else f"{c.documents}/{c.documents_total}"
         paths = MISSING if c is None else f"{c.trajectories}/{c.trajectories_total}"
-        rows.append([escape(a.model), escape(a.action), _cell(iv), escape(level), docs, paths])
+        rows.append((Text(a.model), Text(a.action), Estimate(iv), Text(level),
+                     Markup(docs), Markup(paths)))
     entry = analysis.lags.max_entry if analysis.lags is not None else None
     cohort = f"&tau; &le; {entry}" if entry else "cohort"
-    return ("<h3>Table 1: saturation and branch-cohort support</h3>"
-            + page.table(["model", "action", "S<sub>.99</sub> (%)", "interval",
-                      f"cohort documents ({cohort})", f"cohort paths ({cohort})"], rows, 2))
+    return (Markup("<h3>Table 1: saturation and branch-cohort support</h3>"),
+            Table(("model", "action", "S<sub>.99</sub> (%)", "interval",
+                   f"cohort documents ({cohort})", f"cohort paths ({cohort})"), tuple(rows), 2))
 
 
-def table2(analysis: StudyAnalysis) -> str:
+def table2(analysis: StudyAnalysis) -> tuple[Block, ...]:
     """The two clocks: generation-clock gaps per block and Delta g beside B(a), B(b)."""
     if not analysis.two_clocks:
-        return ("<h3>Table 2: the two clocks</h3><p>Not available (needs complete rollouts "
-                "and H &ge; 4).</p>")
+        return (Markup("<h3>Table 2: the two clocks</h3><p>Not available (needs complete "
+                       "rollouts and H &ge; 4).</p>"),)
     blocks = analysis.two_clocks[0].blocks
-    headers = (["model", "stratum", "contrast (b &minus; a)"]
-               + [f"g t {s}&ndash;{e} (pp)" for s, e in blocks]
-               + ["&Delta;g = g<sub>last</sub> &minus; g<sub>first</sub> (pp)", "B(a) (pp)",
-                  "B(b) (pp)"])
-    rows = [[escape(x.model), escape(x.stratum), f"{escape(x.b)} &minus; {escape(x.a)}"]
-            + [_cell(g, signed=True) for g in x.g]
-            + [_cell(x.delta_g, signed=True), _cell(x.B_a, signed=True),
-               _cell(x.B_b, signed=True)] for x in analysis.two_clocks]
-    return ("<h3>Table 2: the two clocks</h3><p class=\"note\">Generation clock: "
-            "g<sub>J</sub> = mean over positions t in block J of E[&delta;<sub>t</sub>](b) "
-            "&minus; E[&delta;<sub>t</sub>](a); branch clock: B = late &minus; early branch TV "
-            "after the first divergence. Pointwise intervals (paired document bootstrap).</p>"
-            + page.table(headers, rows, 3))
+    headers = ("model", "stratum", "contrast (b &minus; a)",
+               *(f"g t {s}&ndash;{e} (pp)" for s, e in blocks),
+               "&Delta;g = g<sub>last</sub> &minus; g<sub>first</sub> (pp)", "B(a) (pp)",
+               "B(b) (pp)")
+    rows = tuple((Text(x.model), Text(x.stratum), Difference(x.b, x.a),
+                  *(Estimate(g, signed=True) for g in x.g),
+                  Estimate(x.delta_g, signed=True), Estimate(x.B_a, signed=True),
+                  Estimate(x.B_b, signed=True)) for x in analysis.two_clocks)
+    return (Markup("<h3>Table 2: the two clocks</h3><p class=\"note\">Generation clock: "
+                   "g<sub>J</sub> = mean over positions t in block J of E[&delta;<sub>t</sub>](b) "
+                   "&minus; E[&delta;<sub>t</sub>](a); branch clock: B = late &minus; early "
+                   "branch TV after the first divergence. Pointwise intervals (paired document "
+                   "bootstrap).</p>"),
+            Table(headers, rows, 3))
 
 
-def headline(analysis: StudyAnalysis) -> str:
+def headline(analysis: StudyAnalysis) -> tuple[Block, ...]:
     """P(tau <= 32) per action; Delta R (token mismatch) with its exposure share."""
     t = min(HEADLINE_T, analysis.meta.horizon)
     rows = []
@@ -81,56 +81,52 @@ def headline(analysis: StudyAnalysis) -> str:
         iv = None
         if cdf is not None and len(cdf.estimate) >= t:
             iv = Interval(cdf.estimate[t - 1], cdf.lo[t - 1], cdf.hi[t - 1], cdf.level)
-        rows.append([escape(a.model), escape(a.action), _cell(iv)])
-    gaps = [[escape(c.model), f"{escape(c.b)} &minus; {escape(c.a)}",
-             _cell(c.terms.get("dR"), signed=True), _cell(c.terms.get("dR_tv"), signed=True),
-             _cell(c.terms.get("exposure_share"), digits=1)] for c in analysis.contrasts]
-    return ("<h3>Study 1 headline</h3>"
-            + page.table(["model", "action", f"P(&tau; &le; {t}) (%)"], rows, 2)
-            + page.table(["model", "contrast (b &minus; a)", "mismatch gap &Delta;R (pp)",
-                      "rollout-TV gap &Delta;R<sub>TV</sub> (pp)", "exposure share (%)"],
-                     gaps, 2))
+        rows.append((Text(a.model), Text(a.action), Estimate(iv)))
+    gaps = tuple((Text(c.model), Difference(c.b, c.a),
+                  Estimate(c.terms.get("dR"), signed=True),
+                  Estimate(c.terms.get("dR_tv"), signed=True),
+                  Estimate(c.terms.get("exposure_share"), digits=1)) for c in analysis.contrasts)
+    return (Markup("<h3>Study 1 headline</h3>"),
+            Table(("model", "action", f"P(&tau; &le; {t}) (%)"), tuple(rows), 2),
+            Table(("model", "contrast (b &minus; a)", "mismatch gap &Delta;R (pp)",
+                   "rollout-TV gap &Delta;R<sub>TV</sub> (pp)", "exposure share (%)"), gaps, 2))
 
 
-def paper_section(analysis: StudyAnalysis) -> str:
+def paper_section(analysis: StudyAnalysis) -> Section:
     """The report's "The paper's tables" section (Figure 7 is among the figures)."""
     note = ('<p class="note">In the layout of the paper (arXiv 2609.16617): Tables 1 and 2, '
             "the study-1 headline, and Figure 7 (see Figures). Table 4 comes from "
             "<code>kvdrift predict --report</code>, which needs a development and an "
             "evaluation run.</p>")
-    return page.section("The paper's tables", "paper",
-                    note + headline(analysis) + table1(analysis) + table2(analysis))
+    return Section("The paper's tables", "paper", ((
+        Markup(note), *headline(analysis), *table1(analysis), *table2(analysis)),))
 
 
-def _pp(iv: Interval) -> str:
+def _pp(iv: Interval) -> Markup:
     if iv is None or not math.isfinite(iv.estimate):
-        return MISSING
-    return f"{100 * iv.estimate:+.2f} [{100 * iv.lo:+.2f}, {100 * iv.hi:+.2f}]"
+        return Markup(MISSING)
+    return Markup(f"{100 * iv.estimate:+.2f} [{100 * iv.lo:+.2f}, {100 * iv.hi:+.2f}]")
 
 
-def prediction_table(result) -> str:
-    """Table 4 from a :class:`~kvdrift.analysis.predict.PredictionResult` (HTML table)."""
+def prediction_table(result) -> tuple[Block, ...]:
+    """Table 4 from a :class:`~kvdrift.analysis.predict.PredictionResult`."""
     rows = []
     for m in result.models:
         for o in m.observations:
-            sup = list(o.supporting.values())
-            rows.append([escape(m.model), escape(o.label), escape(o.selected)]
-                        + [_pp(iv) for iv in sup]
-                        + [_pp(o.error), escape(o.decision)])
+            rows.append((Text(m.model), Text(o.label), Text(o.selected),
+                         *(_pp(iv) for iv in o.supporting.values()),
+                         _pp(o.error), Text(o.decision)))
     what = "rollout-TV" if result.target == "tv" else "token-mismatch"
     level = f"{100 * (1 - result.alpha):g}%"
-    headers = ["model", "observation", "selected", f"full-H {what} gap (pp, {level})",
+    headers = ("model", "observation", "selected", f"full-H {what} gap (pp, {level})",
                f"observed gap (pp, {level})", f"full minus observed (pp, {level})",
-               f"error (pp, {100 * (1 - result.alpha_adjusted):.4g}%)", "decision"]
-    return ("<h3>Table 4: aggregate prediction on evaluation documents</h3>"
-            + page.table(headers, rows, 3))
+               f"error (pp, {100 * (1 - result.alpha_adjusted):.4g}%)", "decision")
+    return (Markup("<h3>Table 4: aggregate prediction on evaluation documents</h3>"),
+            Table(headers, tuple(rows), 3))
 
 
 def write_prediction_report(result, path) -> None:
     """An HTML page with Table 4 (``kvdrift predict --report PATH``)."""
-    from pathlib import Path
-
-    body = prediction_table(result)
+    html = standalone("kvdrift prediction (Table 4)", render_blocks(prediction_table(result)))
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    html = page.PAGE.substitute(title="kvdrift prediction (Table 4)", css=page.CSS, body=body)
     Path(path).write_text(html, encoding="utf-8")

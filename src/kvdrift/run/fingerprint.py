@@ -6,13 +6,15 @@ its depths, the seed, the replicate batch, the dtype and prompt format, the docu
 and the kvdrift version. Each unit's Parquet files carry these settings (key-value metadata
 ``kvdrift.fingerprint``), and a resumed run checks them before any unit runs, so records made
 under other settings are never mixed in, whatever happened to ``run.json``. A run's settings
-make a document's fingerprint in :meth:`kvdrift.run.runner.RunConfig.fingerprint`.
+make a document's fingerprint in :meth:`kvdrift.run.runner.RunConfig.fingerprint`; a stored
+unit's files are held against it in one call, :func:`check`.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
@@ -62,3 +64,36 @@ def first_difference(stored: Mapping[str, Any] | None, wanted: Mapping[str, Any]
             return (f"it was computed with {label} = {stored.get(key)!r}, this run has "
                     f"{label} = {wanted.get(key)!r}")
     return None
+
+
+def incomplete(stored: Mapping[str, Any] | None, rows: Mapping[str, int]) -> str | None:
+    """Which records are missing rows for the replicates K and horizon H that ``stored`` names
+    (``rows``: the row counts of a unit's ``steps`` and ``replicates`` files), or None."""
+    if stored is None:
+        return None
+    K, H = stored.get("replicates"), stored.get("horizon")
+    if not (isinstance(K, int) and isinstance(H, int)):
+        return None
+    if rows.get("replicates") != K:
+        return f"replicate records are incomplete ({rows.get('replicates')} of {K} rows)"
+    if rows.get("steps") != K * H:
+        return f"step records are incomplete ({rows.get('steps')} of {K * H} rows)"
+    return None
+
+
+@dataclass(frozen=True)
+class Check:
+    """A stored unit held against this run's fingerprint: whether its records are complete
+    for the settings they were stored with, and whether those settings are this run's."""
+
+    incomplete: str | None  # rows missing (the unit is damaged), or None
+    difference: str | None  # the first setting that differs (:func:`first_difference`), or None
+
+
+def check(schema_metadata: Mapping[bytes, bytes] | None, rows: Mapping[str, int],
+          wanted: Mapping[str, Any]) -> Check:
+    """Read the fingerprint in a unit's Parquet metadata and hold the unit against ``wanted``:
+    its ``rows`` (per record kind) against the K and H it names, its settings against
+    ``wanted``'s."""
+    stored = decode(schema_metadata)
+    return Check(incomplete(stored, rows), first_difference(stored, wanted))

@@ -142,10 +142,11 @@ def unit_records(
     scores of X and Y (:mod:`kvdrift.run.outcomes`).
     """
     key = unit_key(config, doc, action)
+    seed = unit_seed(config.seed, doc.id)
     started = time.perf_counter()
     pair = make_pair(doc, action)
     built = time.perf_counter()
-    result = run_estimator(config, pair, unit_seed(config.seed, doc.id))
+    result = run_estimator(config, pair, seed)
     finished = time.perf_counter()
     steps, reps = config.estimator.tables(key, result, config.depths, doc, pair, make_pair)
     return steps, with_memory(with_timing(reps, built - started, finished - built), pair)
@@ -196,7 +197,8 @@ def store_unit(store: RunStore, config: RunConfig, doc: Document, action: str,
                tables: tuple[pa.Table, pa.Table]) -> UnitKey:
     """Write one computed unit with its fingerprint; returns its key."""
     key = unit_key(config, doc, action)
-    store.write_unit(key, *tables, fingerprint=config.fingerprint(doc))
+    fingerprint = config.fingerprint(doc)
+    store.write_unit(key, *tables, fingerprint=fingerprint)
     return key
 
 
@@ -224,7 +226,8 @@ def run_units(
                 if on_unit:
                     on_unit(key, True)
                 continue
-            store_unit(store, config, doc, action, unit_records(config, doc, action, make_pair))
+            tables = unit_records(config, doc, action, make_pair)  # computed fully, then written
+            store_unit(store, config, doc, action, tables)
             ran += 1
             if on_unit:
                 on_unit(key, False)

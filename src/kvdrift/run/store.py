@@ -28,6 +28,7 @@ import re
 import sys
 import tempfile
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -103,6 +104,16 @@ def _with_fingerprint(table: pa.Table, fingerprint: Mapping[str, Any] | None) ->
         return table
     meta = dict(table.schema.metadata or {}) | {fp.METADATA_KEY: fp.encode(fingerprint)}
     return table.replace_schema_metadata(meta)
+
+
+@dataclass(frozen=True)
+class UnitFiles:
+    """A finished unit's files as read back: each kind's row count and the replicate file's
+    key-value metadata (where its fingerprint is), or why a file is missing or unreadable."""
+
+    rows: dict[str, int] = field(default_factory=dict)
+    metadata: Mapping[bytes, bytes] | None = None
+    damage: str | None = None
 
 
 class NotARunStore(ValueError):
@@ -233,31 +244,20 @@ class RunStore:
         """Whether the unit's replicate file (its done marker) exists; see :meth:`unit_done`."""
         return self._path(key, "replicates").exists()
 
-    def _damage(self, key: UnitKey, stored: dict[str, Any] | None) -> str | None:
-        """What is wrong with a finished unit's files (rows missing, unreadable), or None."""
-        rows = {}
+    def _read_unit(self, key: UnitKey) -> UnitFiles:
+        """A finished unit's files as their Parquet footers tell them (nothing else is read)."""
+        footers = {}
         for kind in KINDS:
             path = self._path(key, kind)
             if not path.exists():
-                return f"its {kind} file is missing"
+                return UnitFiles(damage=f"its {kind} file is missing")
             try:
-                rows[kind] = pq.read_metadata(path).num_rows
+                footers[kind] = pq.read_metadata(path)
             except (OSError, pa.ArrowException) as exc:
-                return f"{path.name} is unreadable ({str(exc).strip().splitlines()[0]})"
-        if stored is not None:
-            K, H = stored.get("replicates"), stored.get("horizon")
-            if isinstance(K, int) and isinstance(H, int):
-                if rows["replicates"] != K:
-                    return f"replicate records are incomplete ({rows['replicates']} of {K} rows)"
-                if rows["steps"] != K * H:
-                    return f"step records are incomplete ({rows['steps']} of {K * H} rows)"
-        return None
-
-    def _stored_fingerprint(self, key: UnitKey) -> dict[str, Any] | None:
-        try:
-            return fp.decode(pq.read_schema(self._path(key, "replicates")).metadata)
-        except (OSError, pa.ArrowException):
-            return None
+                return UnitFiles(damage=f"{path.name} is unreadable "
+                                        f"({str(exc).strip().splitlines()[0]})")
+        return UnitFiles(rows={kind: f.num_rows for kind, f in footers.items()},
+                         metadata=footers["replicates"].metadata)
 
     def _forget(self, key: UnitKey) -> None:
         for kind in reversed(KINDS):  # the done marker first
@@ -273,22 +273,22 @@ class RunStore:
         if not self.is_done(key):
             return False
         name = f"{key.model} · {key.doc_id} · {key.action}"
-        stored = self._stored_fingerprint(key)
-        damage = self._damage(key, stored)
+        files = self._read_unit(key)
+        found = fp.check(files.metadata, files.rows, fingerprint)
+        damage = files.damage or found.incomplete
         if damage is not None:
             self.notice(f"unit {name} in {self.root} is damaged ({damage}); recomputing it")
             self._forget(key)
             return False
-        difference = fp.first_difference(stored, fingerprint)
-        if difference is None:
+        if found.difference is None:
             return True
         if self.recompute:
-            self.notice(f"unit {name}: {difference}; recomputing it (--recompute)")
+            self.notice(f"unit {name}: {found.difference}; recomputing it (--recompute)")
             self._forget(key)
             return False
-        raise ValueError(f"unit {name} in {self.root} is not mixed in: {difference}; rerun with "
-                         "the same settings, pass --recompute to recompute such units, or use "
-                         "another output directory")
+        raise ValueError(f"unit {name} in {self.root} is not mixed in: {found.difference}; rerun "
+                         "with the same settings, pass --recompute to recompute such units, or "
+                         "use another output directory")
 
     def write_unit(self, key: UnitKey, steps: pa.Table, replicates: pa.Table,
                    fingerprint: Mapping[str, Any] | None = None) -> None:
