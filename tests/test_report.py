@@ -118,6 +118,7 @@ def fake_action(model: str, action: str, hazard: float, rng: np.random.Generator
 
 
 def fake_contrast(model, a, b, rng):
+    """The contrast ``a - b`` (``a`` the later action, as the analysis names them)."""
     occ, exp_, rate = rng.normal(0.005, 0.002), rng.normal(0.15, 0.02), rng.normal(0.02, 0.01)
     dR = occ + exp_ + rate
     return {"model": model, "a": a, "b": b, "dR": interval(dR), "dO": interval(occ, 0.001),
@@ -157,8 +158,8 @@ def make_analysis() -> dict:
     actions[4]["eos_split"] = None
     actions[1]["scalars"]["F"] = interval(float("nan"))
     actions[2]["kv_bytes"] = actions[2]["kv_fraction"] = None  # cache size not recorded
-    contrasts = [fake_contrast(m, "snapkv-half", b, rng)
-                 for m in MODELS for b in ("snapkv-512", "recent-half")]
+    contrasts = [fake_contrast(m, a, "snapkv-half", rng)
+                 for m in MODELS for a in ("snapkv-512", "recent-half")]
     endpoints = [{"model": m, "name": f"{q}({a})", "estimate": 0.05, "lo": 0.01, "hi": 0.09,
                   "alpha": 0.05 / 8}
                  for m in MODELS for q in ("B", "S99") for a in ("snapkv-90", "recent-90")]
@@ -174,7 +175,7 @@ def make_analysis() -> dict:
         "certified_order": [{"model": MODELS[0], "L": H, "better": "snapkv-half",
                              "worse": "snapkv-512"}],
         "strata": [s for m in MODELS for s in fake_strata(m, contrasts)],
-        "eos_contrasts": [fake_eos_contrast(m, "snapkv-half", "recent-half") for m in MODELS],
+        "eos_contrasts": [fake_eos_contrast(m, "recent-half", "snapkv-half") for m in MODELS],
         "local_agreement": [{"model": m, "action": a, "run_length": 4, "max_entry": 16,
                              "agree_run": fraction(0.3125), "relapse": fraction(0.25)}
                             for m in MODELS for a in ACTIONS],

@@ -217,7 +217,7 @@ def plot_contrasts(analysis: StudyAnalysis, path: str | Path) -> Path | None:
                     yerr=np.array([_yerr(*v, scale=100) for v in vals]).T, fmt="D", ms=7,
                     color="black", capsize=3, label="ΔR (total)")
         ax.axhline(0, color="0.3", lw=0.8)
-        ax.set_xticks(x, [f"{r.b} − {r.a}\n{_share_text(r.terms.get('exposure_share'))}"
+        ax.set_xticks(x, [f"{r.a} − {r.b}\n{_share_text(r.terms.get('exposure_share'))}"
                           for r in rows],
                       fontsize=8)
         ax.set_xlim(-0.6, len(rows) - 0.4)
@@ -337,7 +337,7 @@ def plot_eos_split(analysis: StudyAnalysis, path: str | Path) -> Path | None:
         n_actions = len(bars)
         for c in contrasts.get(model, []):
             share = _share_text(c.eos_share, "EOS share")
-            bars.append((f"{c.b} − {c.a}\n{share}", [g.estimate for g in c.dG],
+            bars.append((f"{c.a} − {c.b}\n{share}", [g.estimate for g in c.dG],
                          _ends(c.dR_minus_F)))
         for i, (_, values, _) in enumerate(bars):
             _stack(ax, i, [100 * v for v in values], 0.6)
@@ -462,8 +462,8 @@ def plot_paper_figure7(analysis: StudyAnalysis, path: str | Path) -> Path | None
         top = max(100 * est, 100 * hi if math.isfinite(hi) else 100 * est)
         right.annotate(share, (i, top), textcoords="offset points", xytext=(0, 6),
                        ha="center", fontsize=8)
-        names.append(f"{c.b} − {c.a}" if len(analysis.models) == 1
-                     else f"{c.model}\n{c.b} − {c.a}")
+        names.append(f"{c.a} − {c.b}" if len(analysis.models) == 1
+                     else f"{c.model}\n{c.a} − {c.b}")
     _bar_axes(right, names, "Δ(R_TV − F) by EOS category (pp)",
               "EOS split of the difference (diamond: total)")
     if contrasts:

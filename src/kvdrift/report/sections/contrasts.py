@@ -66,7 +66,7 @@ def stratum_contrast_lines(labelled: Labelled) -> tuple[tuple[Block, ...], ...]:
 
 def _decomposition_rows(labelled: Labelled) -> tuple[tuple[Cell, ...], ...]:
     """The decomposition's cells of each contrast, in the order of :data:`HEADERS`."""
-    return tuple((label, Difference(c.b, c.a),
+    return tuple((label, Difference(c.a, c.b),
                   Estimate(c.terms.get("dR"), signed=True),
                   Estimate(c.terms.get("occurrence_term"), signed=True),
                   Estimate(c.terms.get("exposure_term"), signed=True),
@@ -85,7 +85,7 @@ def _block_gaps(labelled: Labelled, label: str) -> tuple[Block, ...]:
     headers = (label, "contrast (b &minus; a)",
                *(f"t {lo}&ndash;{hi} (pp)" for lo, hi in blocks))
     rows = tuple(
-        (name, Difference(c.b, c.a),
+        (name, Difference(c.a, c.b),
          *(Estimate(Interval(e, lo, hi, c.block_gap.level), signed=True)
            for e, lo, hi in zip(c.block_gap.estimate, c.block_gap.lo, c.block_gap.hi,
                                 strict=True)))

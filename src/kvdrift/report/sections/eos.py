@@ -69,7 +69,7 @@ def eos_split(analysis: StudyAnalysis) -> Section:
                    *(f"&Delta;G<sub>{r}</sub> {escape(c)} (pp)" for r, c in enumerate(categories)),
                    "&Delta;(R &minus; F) (pp)", "EOS share (%)")
         contrast_rows = tuple(
-            (Text(c.model), Difference(c.b, c.a), *(Estimate(g, signed=True) for g in c.dG),
+            (Text(c.model), Difference(c.a, c.b), *(Estimate(g, signed=True) for g in c.dG),
              Estimate(c.dR_minus_F, signed=True), Estimate(c.eos_share, digits=1))
             for c in analysis.eos_contrasts)
         line += [Markup(CONTRAST_NOTE), Table(headers, contrast_rows, numeric_from=2)]

@@ -45,7 +45,7 @@ def readings(analysis: StudyAnalysis) -> Section:
     for c in analysis.speculative_contrasts:
         t = tfc.get((c.model, c.a, c.b))
         contrast_rows.append((
-            Text(c.model), Difference(c.b, c.a),
+            Text(c.model), Difference(c.a, c.b),
             Estimate(t.kl if t else None, 1.0, 4, signed=True),
             Estimate(t.top1 if t else None, digits=1, signed=True),
             Estimate(t.dp if t else None, signed=True),
