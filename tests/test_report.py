@@ -241,6 +241,16 @@ def report_dir(tmp_path_factory):
     return out
 
 
+def test_contrasts_are_written_minuend_first(report_dir):
+    """A contrast ``a - b`` (``a`` the later action) reads "a − b" under headers that say so,
+    in the decomposition and EOS tables alike; never the other way round."""
+    html = (report_dir / "report.html").read_text(encoding="utf-8")
+    assert html.count("contrast (a &minus; b)") >= 2 and "(b &minus; a)" not in html
+    assert "R<sub>a</sub> &minus; R<sub>b</sub>" in html
+    assert "recent-half &minus; snapkv-half" in html and "snapkv-512 &minus; snapkv-half" in html
+    assert "snapkv-half &minus; recent-half" not in html
+
+
 def strict_json(text: str):
     def refuse(token):
         raise ValueError(f"non-standard JSON token {token}")

@@ -190,7 +190,7 @@ def _share_text(share: Interval | None, label: str = "exposure share") -> str:
 
 
 def plot_contrasts(analysis: StudyAnalysis, path: str | Path) -> Path | None:
-    """Per contrast (b minus a): occurrence, exposure and rate terms (pp) and the total dR.
+    """Per contrast (a minus b): occurrence, exposure and rate terms (pp) and the total dR.
 
     Bars are the three terms with their intervals; the black diamond is dR = sum of the terms;
     the tick label gives the exposure share.
@@ -225,7 +225,7 @@ def plot_contrasts(analysis: StudyAnalysis, path: str | Path) -> Path | None:
         ax.set_title(model)
         ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize=8, loc="best")
-    fig.suptitle("Contrast decomposition ΔR = ΔO + ΔE·C̄ + ΔC·Ē (b − a)")
+    fig.suptitle("Contrast decomposition ΔR = ΔO + ΔE·C̄ + ΔC·Ē (a − b)")
     fig.tight_layout()
     return _save(fig, path)
 
@@ -351,7 +351,7 @@ def plot_eos_split(analysis: StudyAnalysis, path: str | Path) -> Path | None:
         ax.set_xticks(np.arange(len(bars)), [name for name, _, _ in bars], fontsize=8)
         ax.set_xlim(-0.6, len(bars) - 0.4)
         ax.set_ylabel("R − F by EOS category (pp of positions)")
-        ax.set_title(f"{model}: actions | contrasts (b − a)" if n_actions < len(bars) else model)
+        ax.set_title(f"{model}: actions | contrasts (a − b)" if n_actions < len(bars) else model)
         ax.grid(axis="y", alpha=0.3)
         handles = [Patch(color=EOS_COLORS[r % len(EOS_COLORS)], label=c)
                    for r, c in enumerate(categories)]
@@ -540,7 +540,7 @@ FIGURES = (
            "by step t (bands: bootstrap intervals); the gap above a curve at the right edge is "
            "the mass that never diverged within H, given in the legend."),
     Figure("contrasts", plot_contrasts,
-           "For each contrast b − a, the bars split the change in risk ΔR (black diamond) into "
+           "For each contrast a − b, the bars split the change in risk ΔR (black diamond) into "
            "the change in first-divergence occurrence, in post-divergence exposure, and in the "
            "post-divergence mismatch rate; a large exposure bar means b differs mainly because "
            "its branches diverge earlier, not because they disagree more once diverged."),
