@@ -542,7 +542,7 @@ FIGURES = (
     Figure("contrasts", plot_contrasts,
            "For each contrast a − b, the bars split the change in risk ΔR (black diamond) into "
            "the change in first-divergence occurrence, in post-divergence exposure, and in the "
-           "post-divergence mismatch rate; a large exposure bar means b differs mainly because "
+           "post-divergence mismatch rate; a large exposure bar means a differs mainly because "
            "its branches diverge earlier, not because they disagree more once diverged."),
     Figure("lag_profiles", plot_lag_profiles,
            "Each curve is the mean branch-aligned TV j steps after the first divergence among "
