@@ -36,6 +36,18 @@ from tests.messages import whole
     (lambda: checks.depth(4, 3), "depth L must be an integer within 1..H = 1..3; got 4"),
     (lambda: checks.choice("gpu", "device", ("cpu", "cuda")),
      "unknown device 'gpu'; allowed: cpu, cuda"),
+    (lambda: checks.choice(3, "kivi bits", (2, 4)), "unknown kivi bits 3; allowed: 2, 4"),
+    (lambda: checks.choice(True, "level", (1, 2)), "unknown level True; allowed: 1, 2"),
+    (lambda: checks.choice("x", "key", ("a", "b"), where="[study]"),
+     "unknown key 'x' in [study]; allowed: a, b"),
+    (lambda: checks.text("", "document id"), "document id must be a non-empty string; got ''"),
+    (lambda: checks.text(None, "stratum"), "stratum must be a non-empty string; got None"),
+    (lambda: checks.text(" \n", "prompt", visible=True),
+     "prompt must be a string with visible text; got ' \\n'"),
+    (lambda: checks.distinct_items([], "families"),
+     "families must be one or more distinct values; got []"),
+    (lambda: checks.distinct_items(("a", "b", "a"), "actions", "one or more distinct names"),
+     "actions must be one or more distinct names; got ['a', 'b', 'a']"),
     (lambda: checks.alpha(0), "alpha must be within (0, 1); got 0"),
     (lambda: checks.alpha(1.0), "alpha must be within (0, 1); got 1.0"),
     (lambda: checks.alpha(float("nan")), "alpha must be within (0, 1); got nan"),
@@ -54,4 +66,8 @@ def test_accepted_values_come_back_as_plain_python_numbers():
     assert checks.number(1.0, "p", 0, 1) == 1.0 and checks.number(1.0, "t", hi=1) == 1.0
     assert checks.integer(8, "folds", 2, 8) == 8 and checks.depth(3, 3) == 3
     assert checks.choice("cpu", "device", ("cpu", "cuda")) == "cpu"
+    assert checks.choice(4, "kivi bits", (2, 4)) == 4
+    assert checks.distinct_items(iter(["a", "b"]), "actions") == ("a", "b")
+    assert checks.text(" ", "document id") == " "  # non-empty is enough unless visible
+    assert checks.text(" a ", "prompt", visible=True) == " a "
     assert checks.alpha(0.05) == 0.05

@@ -102,7 +102,7 @@ def test_temperature():
     assert tempered_probs(logp, 0.0).tolist() == [[0.0, 1.0, 0.0]]
     sharp = tempered_probs(logp, 0.5)
     assert torch.allclose(sharp, logp.exp() ** 2 / (logp.exp() ** 2).sum())
-    with pytest.raises(ValueError, match="temperature must be >= 0"):
+    with pytest.raises(ValueError, match="temperature must be a finite number >= 0"):
         tempered_probs(logp, -1.0)
 
 

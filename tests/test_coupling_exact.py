@@ -53,7 +53,8 @@ def test_tempered_probs_values_and_dtype():
     assert warm.dtype == torch.float64
     w = torch.tensor([[0.04, 0.09, 0.25], [0.36, 0.09, 0.01]], dtype=torch.float64)
     torch.testing.assert_close(warm, w / w.sum(dim=1, keepdim=True), rtol=1e-6, atol=1e-7)
-    with pytest.raises(ValueError, match="temperature must be >= 0"):
+    with pytest.raises(ValueError,
+                       match=r"^temperature must be a finite number >= 0 \(0 = greedy\); got nan$"):
         tempered_probs(logp, float("nan"))
 
 

@@ -28,6 +28,7 @@ from kvdrift.data import (
 )
 from kvdrift.data.filler import FillerStream, weave
 from kvdrift.data.words import KEY_ADJECTIVES, KEY_NOUNS, VALUE_WORDS
+from tests.messages import whole
 
 NIAH = ("niah_single", "niah_multikey", "niah_multivalue", "niah_multiquery")
 
@@ -148,10 +149,14 @@ def test_document_is_frozen_and_validated():
     assert doc.stratum == "default" and doc.answer is None and doc.meta == {}
     with pytest.raises(dataclasses.FrozenInstanceError):
         doc.prompt = "x"  # type: ignore[misc]
-    with pytest.raises(ValueError, match="empty prompt"):
+    with pytest.raises(ValueError, match=whole(
+            "document 'a': prompt must be a string with visible text; got '   '")):
         Document(id="a", prompt="   ")
-    with pytest.raises(ValueError, match="id"):
+    with pytest.raises(ValueError, match=whole("document id must be a non-empty string; got ''")):
         Document(id="", prompt="hello")
+    with pytest.raises(ValueError, match=whole(
+            "document 'a': stratum must be a non-empty string; got ''")):
+        Document(id="a", prompt="hello", stratum="")
 
 
 # ------------------------------------------------------------------------------ config
@@ -171,14 +176,23 @@ def test_config_validation():
         RulerConfig(families=("niah",))
     with pytest.raises(ValueError, match=r"unknown needle type 'emoji'"):
         RulerConfig(needle_types=("emoji",))
-    with pytest.raises(ValueError, match=f"minimum is {MIN_TARGET_TOKENS}"):
+    with pytest.raises(ValueError, match=whole(
+            f"a target length must be an integer >= {MIN_TARGET_TOKENS} (tokens); got 100")):
         RulerConfig(target_lengths=(100,))
     with pytest.raises(ValueError, match="duplicate stratum labels"):
         RulerConfig(target_lengths=(1000, 1024))
     with pytest.raises(ValueError, match="documents_per_stratum"):
         RulerConfig(documents_per_stratum=0)
-    with pytest.raises(ValueError, match="must not be empty"):
+    with pytest.raises(ValueError, match=whole(
+            f"families must be one or more distinct of {', '.join(RULER_FAMILIES)}; got []")):
         RulerConfig(families=())
+    with pytest.raises(ValueError, match=whole(
+            "needle_types must be one or more distinct of word, number, uuid; "
+            "got ['word', 'word']")):
+        RulerConfig(needle_types=("word", "word"))
+    with pytest.raises(ValueError, match=whole(
+            "target_lengths must be one or more distinct token counts; got []")):
+        RulerConfig(target_lengths=())
     config = RulerConfig(families="vt", target_lengths=[1000, 2000])
     assert config.families == ("vt",) and config.target_lengths == (1000, 2000)
     assert RulerConfig().families == RULER_FAMILIES
@@ -375,7 +389,8 @@ def test_hf_loader_on_local_json(tmp_path, offline_hub):
     docs = load_hf_dataset("json", "train", "text", stratum="mine", limit=2, **common)
     assert [(d.id, d.stratum) for d in docs] == [("json-train-0", "mine"), ("json-train-1", "mine")]
 
-    with pytest.raises(ValueError, match=r"prompt_field 'body' is not a column.*text"):
+    with pytest.raises(ValueError,
+                       match=r"^unknown prompt_field column 'body' in json; allowed: .*\btext\b"):
         load_hf_dataset("json", "train", "body", **common)
     with pytest.raises(ValueError, match="not both"):
         load_hf_dataset("json", "train", "text", stratum_field="group", stratum="x", **common)
@@ -391,5 +406,5 @@ def test_hf_loader_on_saved_dataset(tmp_path, offline_hub):
     ).save_to_disk(str(saved))
     docs = load_hf_dataset(str(saved), "test", "q")
     assert [(d.id, d.prompt) for d in docs] == [("saved-test-0", "What?"), ("saved-test-1", "Why?")]
-    with pytest.raises(ValueError, match="no split 'train'"):
+    with pytest.raises(ValueError, match=whole(f"unknown split 'train' in {saved}; allowed: test")):
         load_hf_dataset(str(saved), "train", "q")

@@ -111,7 +111,7 @@ def test_bad_probability_rows(row, match) -> None:
      ({"vocab_size": 2, "horizon": 1.5}, "horizon"),
      ({"vocab_size": 0, "horizon": 2}, "vocab_size must be an integer >= 1; got 0"),
      ({"vocab_size": 2, "horizon": 2, "eos_token_id": 2},
-      r"eos_token_id must be an integer in 0\.\.1")],
+      r"eos_token_id must be an integer within 0\.\.1; got 2$")],
 )
 def test_bad_construction(kwargs, match) -> None:
     with pytest.raises(ValueError, match=match):
@@ -342,7 +342,7 @@ def test_paper_system_lambda(c) -> None:
 
 @pytest.mark.parametrize("c", [0, 25, -1])
 def test_paper_system_bad_c(c) -> None:
-    with pytest.raises(ValueError, match=r"c must be an integer in 1\.\.24"):
+    with pytest.raises(ValueError, match=r"c must be an integer within 1\.\.24"):
         paper_system(c)
 
 
@@ -472,7 +472,8 @@ def test_extremal_round_trip_brackets_truth() -> None:
      ([0.7, 0.6], [[1, 0], [1, 0]], 1, 0.5, "sum to at most 1"),
      ([0.5, 0.2], [[1, 0], [1, 0]], 3, 0.5, r"depth L must be an integer within 1\.\.H = 1\.\.2"),
      ([0.5, 0.2], [[1, 0], [1, 0]], 0, 0.5, "depth L must be an integer"),
-     ([0.5, 0.2], [[1, 0], [1, 0]], 1, 1.5, r"alpha must be in \[0, 1\]"),
+     ([0.5, 0.2], [[1, 0], [1, 0]], 1, 1.5,
+      r"alpha \(post-window mismatch rate\) must be a number within \[0, 1\]; got 1.5$"),
      ([0.5, 0.2], [[1, 1.5], [1, 0]], 2, 0.5, r"rho entries must lie in \[0, 1\]"),
      ([0.5, 0.2], [[0.9, 0.5], [1, 0]], 2, 0.5, "must be 1"),
      ([0.5, 0.2], [[1, np.nan], [1, 0]], 2, 0.5, "must not be nan"),

@@ -118,7 +118,7 @@ def test_run_finite_study_defaults_progress_and_refusals():
     for kwargs, message in [
         ({"systems": 0}, "systems must be an integer >= 1; got 0"),
         ({"systems": True}, "systems must be an integer >= 1; got True"),
-        ({"replicates": 1}, "replicates must be >= 2 to estimate a variance; got 1"),
+        ({"replicates": 1}, "replicates must be an integer >= 2 (to estimate a variance); got 1"),
     ]:
         with pytest.raises(ValueError, match=whole(message)):
             finite_study.run_finite_study(**kwargs)

@@ -18,6 +18,7 @@ from kvdrift.frontier_search.search import (
     frontier_search,
     pooled_interval,
 )
+from tests.messages import whole
 
 MEASURE = parse_measure("R_tv <= 0.1")
 
@@ -189,8 +190,9 @@ def test_pareto_keeps_points_no_other_beats():
 
 
 @pytest.mark.parametrize(("text", "needle"), [
-    ("R_tv < 0.1", "must read"), ("risk <= 0.1", "must be one of"),
-    ("R_tv >= 0.1", "smaller is better"), ("R_tv <= 2", "number in"),
+    ("R_tv < 0.1", "must read"), ("risk <= 0.1", "^unknown measure name 'risk'; allowed: R_tv, "),
+    ("R_tv >= 0.1", "smaller is better"),
+    ("R_tv <= 2", r"^R_tv tolerance must be a number within \[0, 1\]; got 2.0$"),
     ("acceptance <= 0.9", "larger is better"), ("R_tv <= nan", "must read"),
 ])
 def test_bad_measures_are_refused_in_one_line(text, needle):
@@ -208,6 +210,12 @@ def test_measures_parse_with_aliases():
 def test_bad_families_are_refused(text):
     with pytest.raises(ValueError):
         parse_family(text)
+
+
+def test_a_blank_family_is_refused_naming_what_is_allowed():
+    with pytest.raises(ValueError, match=whole("a family (a press or quantization name) must be "
+                                               "a string with visible text; got ' '")):
+        parse_family(" ")
 
 
 def test_families_order_budgets_from_most_cache():

@@ -292,8 +292,9 @@ def test_gguf_after_eviction_keeps_the_press_count(llama64):
 
 
 @pytest.mark.parametrize("spec,message", [
-    ("kivi:bits=3", "bits must be one of 2, 4, 8"),
-    ("gguf:k=q3_k,v=q8_0", "allowed: f16, q8_0, q5_1, q5_0, q4_1, q4_0"),
+    ("kivi:bits=3", r": unknown kivi bits 3; allowed: 2, 4, 8$"),
+    ("gguf:k=q3_k,v=q8_0",
+     r": unknown llama.cpp cache type for k= 'q3_k'; allowed: f16, q8_0, q5_1, q5_0, q4_1, q4_0$"),
     ("gguf:k=q8_0", "gguf needs k=TYPE,v=TYPE"),
     ("kivi:bits=2,group=32,residual=48", "multiple of group"),
     ("kivi:bits=2,size=4", "kivi takes bits=, group=, residual="),
@@ -469,9 +470,10 @@ def test_fp8_specs_parse_and_bad_ones_get_one_line():
     q = parse_action("snapkv:ratio=0.5+fp8:E5M2,scale=0.5").quantization
     assert (q.format, q.scale, q.label) == ("e5m2", 0.5, "fp8:e5m2,scale=0.5")
     assert parse_action("fp8:e4m3").quantization.label == "fp8:e4m3"
-    for spec, message in [("fp8:e3m4", "format must be one of e4m3, e5m2"),
+    for spec, message in [("fp8:e3m4", r": unknown fp8 format 'e3m4'; allowed: e4m3, e5m2$"),
                           ("fp8:scale=2", "fp8 needs one format"),
-                          ("fp8:e4m3,scale=0", "finite number > 0"),
+                          ("fp8:e4m3,scale=0", r": fp8: scale must be a finite number > 0; "
+                                               r"got 0.0$"),
                           ("fp8:e4m3,scale=x", "scale must be a number"),
                           ("fp8:e4m3,bits=4", "fp8 takes scale="),
                           ("fp8:e4m3+snapkv:ratio=0.5", "must come last")]:

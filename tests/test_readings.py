@@ -31,6 +31,7 @@ from kvdrift.analysis.study import AnalysisOptions, analyze
 from kvdrift.estimate import coupled_rollouts, swrb
 from kvdrift.finite import FinitePair, random_pair
 from kvdrift.run.records import UnitKey, rollout_tables, swrb_tables
+from tests.messages import whole
 
 Z = 4.5
 H = 4
@@ -505,6 +506,7 @@ def test_tempered_logprobs_at_each_temperature():
     greedy = tempered_logprobs(lp, 0.0)
     assert torch.equal(greedy.argmax(-1), lp.argmax(-1))
     assert bool((greedy.exp().sum(-1) == 1).all()) and int((greedy == 0).sum()) == 3
-    for bad in (-0.5, float("nan")):
-        with pytest.raises(ValueError, match="temperature must be >= 0"):
+    for bad in (-0.5, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=whole(
+                f"temperature must be a finite number >= 0 (0 = greedy); got {bad!r}")):
             tempered_logprobs(lp, bad)

@@ -1,17 +1,15 @@
 """The record schema: every column a unit writes is declared there, with the type it has."""
 
+import numpy as np
+import pandas as pd
+import pyarrow as pa
 import pytest
 
 from kvdrift.data.document import Document
 from kvdrift.directory import StudyDirectory
 from kvdrift.finite import random_pair
-from kvdrift.records.schema import (
-    REPLICATES,
-    STEPS,
-    depth_columns,
-    is_depth_column,
-    record_depths,
-)
+from kvdrift.records.depths import DepthTerms, depth_arrays, depth_terms
+from kvdrift.records.schema import REPLICATES, STEPS
 from kvdrift.run.runner import RunConfig, run_units
 from kvdrift.run.store import RunStore
 from kvdrift.study_config import load_study, recorded_study
@@ -29,18 +27,35 @@ def test_every_written_column_is_declared_with_its_type(tmp_path, estimator):
         schema = store.read(table).schema
         types = {c.name: c.dtype for c in declared}
         for field in schema:
-            if is_depth_column(field.name):
-                assert str(field.type) == "double"
-                continue
             assert field.name in types, f"{table}.{field.name} is not in the schema"
             assert field.type == types[field.name], field.name
-    assert record_depths(store.read("replicates").column_names) == (1, 3)
+    reps = store.read("replicates")
+    assert {"depths", "observed", "capacity"} <= set(reps.column_names)
+    assert depth_terms(reps.to_pandas()).depths == (1, 3)
 
 
-def test_depth_columns_are_named_and_read_back_in_one_place():
-    names = [c for L in (12, 2) for c in depth_columns(L)] + ["risk", "observed_Lx"]
-    assert record_depths(names) == (2, 12)
-    assert [is_depth_column(n) for n in names] == [True] * 4 + [False, False]
+def test_depth_terms_are_written_and_read_back_in_one_place():
+    observed = np.array([[0.5, 0.25, 0.0], [0.1, 0.2, 0.3]])
+    capacity = np.array([[0.0, 0.5, 0.75], [0.9, 0.8, 0.7]])
+    table = pa.table(depth_arrays(DepthTerms((2, 4, 12), observed, capacity)))
+    assert table.to_pydict()["depths"] == [[2, 4, 12], [2, 4, 12]]
+    back = depth_terms(table.to_pandas())
+    assert back.depths == (2, 4, 12)
+    assert np.array_equal(back.observed, observed) and np.array_equal(back.capacity, capacity)
+    none = depth_terms(pa.table(depth_arrays(DepthTerms((), np.empty((3, 0)),
+                                                        np.empty((3, 0))))).to_pandas())
+    assert none.depths == () and none.observed.shape == (3, 0)
+
+
+def test_records_that_mix_depths_are_refused():
+    one = pa.table(depth_arrays(DepthTerms((2,), np.zeros((1, 1)), np.zeros((1, 1)))))
+    two = pa.table(depth_arrays(DepthTerms((2, 4), np.zeros((1, 2)), np.zeros((1, 2)))))
+    mixed = pd.concat([one.to_pandas(), two.to_pandas()])
+    with pytest.raises(ValueError, match=r"mix observation depths \[\(2,\), \(2, 4\)\]"):
+        depth_terms(mixed)
+    short = one.to_pandas().assign(observed=[np.zeros(2)])
+    with pytest.raises(ValueError, match="observed lists do not hold one value per depth"):
+        depth_terms(short)
 
 
 @pytest.mark.parametrize("name", ["cpu-demo", "cpu-dev", "paper-study2"])

@@ -14,6 +14,7 @@ import kvdrift.run.store as store_module
 from kvdrift.data.document import Document
 from kvdrift.estimate import RolloutResult, SWRBResult, coupled_rollouts, swrb
 from kvdrift.finite import exact, random_pair
+from kvdrift.records.depths import depth_terms
 from kvdrift.records.schema import TIMING_COLUMNS
 from kvdrift.run.records import UnitKey, rollout_tables, swrb_tables
 from kvdrift.run.runner import (
@@ -64,10 +65,9 @@ def test_rollout_tables_hand_values():
     assert r["fixed_risk"] == pytest.approx([0.3, 0.1])
     assert r["evaluations"] == [3, 3]
     assert r["divergence_mass"] == [1.0, 0.0] and r["entry_time_mass"] == [2.0, 0.0]
-    assert r["observed_L1"] == pytest.approx([1 / 3, 0])
-    assert r["capacity_L1"] == pytest.approx([1 / 3, 0])  # (H - tau - L + 1)_+ / H
-    assert r["observed_L2"] == pytest.approx([1 / 3, 0])
-    assert r["capacity_L2"] == pytest.approx([0, 0])
+    assert r["depths"] == [[1, 2], [1, 2]]  # per row, then each depth's terms in that order
+    np.testing.assert_allclose(r["observed"], [[1 / 3, 1 / 3], [0, 0]])
+    np.testing.assert_allclose(r["capacity"], [[1 / 3, 0], [0, 0]])  # (H - tau - L + 1)_+ / H
     assert set(r["estimator"]) == {"rollout"} and set(r["stratum"]) == {"s"}
 
 
@@ -110,8 +110,9 @@ def test_swrb_tables_hand_values():
     assert r["entry_time_mass"] == pytest.approx([0.5 * 2 + 0.25 * 3, 0])  # sum w_s s
     assert r["divergence_mass"] == [0.75, 0.0] and r["evaluations"] == [4, 3]
     assert np.isnan(r["fixed_risk"]).all()
-    assert r["observed_L1"] == [0.25, 0.0] and r["capacity_L1"] == [0.25, 0.0]
-    assert r["observed_L3"] == [0.25, 0.0] and r["capacity_L3"] == [0.0, 0.0]
+    assert r["depths"] == [[1, 3], [1, 3]]
+    assert r["observed"] == [[0.25, 0.25], [0.0, 0.0]]  # z_L's rows
+    assert r["capacity"] == [[0.25, 0.0], [0.0, 0.0]]  # w_L's rows
 
 
 def test_replicate_batches_continue_one_generator():
@@ -187,11 +188,13 @@ def test_units_use_document_seeds_shared_across_actions(tmp_path):
             rows = rows.sort_values(["replicate", "t"])
             assert rows["x_token"].tolist() == want.x.ravel().tolist()
             # The configured depths reach the records: window terms at L = 1 and 3.
-            for L in (1, 3):
+            terms = depth_terms(got)
+            assert terms.depths == (1, 3)
+            for i, L in enumerate(terms.depths):
                 hand = [window_by_hand(r, L) for r in want.mismatch.tolist()]
-                assert got[f"observed_L{L}"].tolist() == pytest.approx([h[0] for h in hand])
-                assert got[f"capacity_L{L}"].tolist() == pytest.approx([h[1] for h in hand])
-    assert any(c > 0 for L in (1, 3) for c in reps[f"capacity_L{L}"])  # not all zero
+                assert terms.observed[:, i].tolist() == pytest.approx([h[0] for h in hand])
+                assert terms.capacity[:, i].tolist() == pytest.approx([h[1] for h in hand])
+    assert (depth_terms(reps).capacity > 0).any()  # not all zero
     assert run_units(cfg, DOCS, factory, store, on_unit=on_unit) == 0
     assert seen[6:] == [(d.id, a, d.stratum, True) for d in DOCS for a in ("a", "b")]
     assert len(built) == 6  # finished units build no pair
@@ -205,11 +208,13 @@ def test_swrb_replicate_records_match_exact_means(tmp_path):
     reps = store.read("replicates").to_pandas()
     truth = exact(PAIR)
     s = np.arange(1, 5)
+    terms = depth_terms(reps)
+    assert terms.depths == (2,)
     for column, value in (("exposure", truth.E), ("occurrence", truth.O),
                           ("occupation", truth.Pi), ("divergence_mass", truth.p_tau.sum()),
                           ("entry_time_mass", (s * truth.p_tau).sum()),
-                          ("capacity_L2", truth.B_L(2))):
-        x = reps[column].to_numpy()
+                          ("capacity", truth.B_L(2))):
+        x = terms.capacity[:, 0] if column == "capacity" else reps[column].to_numpy()
         assert abs(x.mean() - value) < 4.5 * x.std(ddof=1) / np.sqrt(x.size), column
 
 

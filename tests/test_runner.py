@@ -8,6 +8,7 @@ from kvdrift.analysis.bootstrap import stratum_weights
 from kvdrift.analysis.study import AnalysisOptions, analyze
 from kvdrift.data.document import Document
 from kvdrift.finite import exact, random_pair
+from kvdrift.records.depths import depth_terms
 from kvdrift.report.terminal import run_rows
 from kvdrift.run.runner import RunConfig, run_units
 from kvdrift.run.store import RunStore
@@ -70,7 +71,8 @@ def test_swrb_through_the_runner(tmp_path):
     store = RunStore.open(tmp_path, cfg.as_dict())
     run_units(cfg, DOCS, factory, store)
     reps = store.read("replicates").to_pandas()
-    assert {"observed_L2", "capacity_L2", "divergence_mass"} <= set(reps.columns)
+    assert {"depths", "observed", "capacity", "divergence_mass"} <= set(reps.columns)
+    assert depth_terms(reps).depths == (2,)  # SWRB's depths as configured
     strong = point_rows(store.read("steps").to_pandas(), reps)["strong"]
     truth = exact(random_pair(3, 5, seed=7, mix=0.7, eos_token_id=2))
     risk = reps[reps.action == "strong"]["risk"]

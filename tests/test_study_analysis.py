@@ -196,8 +196,8 @@ def test_swrb_study_has_no_lag_windows_and_clamps_enclosures_at_one(tmp_path):
     steps, reps = store.read("steps").to_pandas(), store.read("replicates").to_pandas()
     # documents 0..9: lower 1 and capacity 0.6 (upper 1.6 -> 1); the rest: 0 and 0.1
     first = reps["doc_id"] < "d10"
-    reps["observed_L2"] = np.where(first, 1.0, 0.0)
-    reps["capacity_L2"] = np.where(first, 0.6, 0.1)
+    reps["observed"] = [np.array([v]) for v in np.where(first, 1.0, 0.0)]  # the one depth, 2
+    reps["capacity"] = [np.array([v]) for v in np.where(first, 0.6, 0.1)]
     out = analyze(steps, reps, AnalysisOptions(bootstrap=50)).to_json()
     assert out["lags"] is None and out["meta"]["estimator"] == "swrb"
     assert out["local_agreement"] == [] and out["cohort_support"] == []
@@ -211,3 +211,23 @@ def test_swrb_study_has_no_lag_windows_and_clamps_enclosures_at_one(tmp_path):
     eps = math.sqrt(math.log(4 / 0.05) / (2 * 40))
     assert bound["hoeffding_lo"] == pytest.approx(0.25 - eps)
     assert bound["hoeffding_hi"] == pytest.approx(0.25 * 1.0 + 0.75 * 0.1 + eps)
+
+
+def test_a_depths_bounds_do_not_depend_on_the_other_depths_recorded(tmp_path):
+    """Each depth's bound averages its own window terms: a study recording depths 1..6 gives,
+    to the last bit, the bounds at L = 3 of the same study recording L = 3 alone (a joint or
+    strided matrix product over the depths would round them differently)."""
+    docs = [Document(id=f"d{i:02d}", prompt="x", stratum="s" if i < 23 else "t")
+            for i in range(37)]
+    pair = random_pair(3, 6, seed=4, mix=0.5)
+    bounds = {}
+    for depths in ((3,), (1, 2, 3, 4, 5, 6)):
+        cfg = RunConfig(model="finite", actions=("a", "b"), replicates=7, horizon=6, seed=2,
+                        depths=depths)
+        store = RunStore.open(tmp_path / str(len(depths)), cfg.as_dict())
+        run_units(cfg, docs, lambda d, a: pair, store)
+        out = analyze(store.read("steps").to_pandas(), store.read("replicates").to_pandas(),
+                      AnalysisOptions(bootstrap=20)).to_json()
+        assert [b["L"] for b in out["actions"][0]["bounds"]] == list(depths)
+        bounds[depths] = [b for e in out["actions"] for b in e["bounds"] if b["L"] == 3]
+    assert bounds[(3,)] == bounds[(1, 2, 3, 4, 5, 6)]

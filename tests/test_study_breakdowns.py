@@ -400,9 +400,10 @@ def test_certified_order_uses_weighted_enclosures_at_alpha_over_actions():
     assert 2 * eps < 1
     for u, certified in ((2 * eps - 0.002, False), (2 * eps + 0.002, True)):
         r = reps.copy()
-        for L in (6, H):  # no capacity left at either depth: every L certifies alike
-            r.loc[r["action"] == "bad", f"observed_L{L}"] = u
-            r[f"capacity_L{L}"] = 0.0
+        # no capacity left at either depth (6 and H): every L certifies alike
+        r["observed"] = [np.array([u, u]) if a == "bad" else o
+                         for a, o in zip(r["action"], r["observed"], strict=True)]
+        r["capacity"] = [np.zeros(2)] * len(r)
         out = analyze(steps, r, AnalysisOptions(bootstrap=20)).to_json()
         want = [{"model": "m", "L": L, "better": "good", "worse": "bad"}
                 for L in (6, H)] if certified else []

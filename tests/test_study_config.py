@@ -61,7 +61,7 @@ def test_paper_study2_has_eight_endpoints():
          "names action 'recent-half', which the study does not run"),
         (base() | {"analysis": {"alpha": 2.0}}, "alpha must be within (0, 1)"),
         (base() | {"analysis": {"bootstraps": 5}}, "unknown key 'bootstraps' in [analysis]"),
-        (base(cohort="dev"), "[study].cohort must be one of development, evaluation; got 'dev'"),
+        (base(cohort="dev"), "unknown [study].cohort 'dev'; allowed: development, evaluation"),
         (base(executor="magic"), "unknown executor 'magic'; allowed: local, ray"),
         (base(executor="ray", cpus_per_worker=0), "cpus_per_worker must be a number > 0"),
         (base(executor="ray", gpus_per_worker=-1), "gpus_per_worker must be a number >= 0"),

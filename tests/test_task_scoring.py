@@ -98,3 +98,11 @@ def test_jsonl_documents_name_their_metric(tmp_path):
     path.write_text('{"id": 1, "prompt": "p", "answer": "x", "metric": "f1"}\n')
     with pytest.raises(ValueError, match=r"docs.jsonl:1: unknown metric 'f1'; allowed: string"):
         load_jsonl(path)
+
+
+def test_every_metric_name_documents_accept_has_a_scoring_function():
+    """Documents check names against metric_names without importing scoring; the two agree."""
+    from kvdrift.data.metric_names import METRIC_NAMES
+    from kvdrift.data.scoring import METRICS
+
+    assert tuple(METRICS) == METRIC_NAMES

@@ -74,11 +74,36 @@ def number(value: Any, what: str, lo: float | None = None, hi: float | None = No
     return float(value)
 
 
-def choice(value: Any, what: str, allowed: Iterable[str]) -> str:
-    """``value`` if it is one of ``allowed``; else an error that lists them."""
+def choice(value: Any, what: str, allowed: Iterable[Any], where: str | None = None) -> Any:
+    """``value`` if it is one of ``allowed`` (names, or a fixed set of numbers such as bit
+    widths); else an error that lists them (``where``: the table or file it was read from)."""
     allowed = tuple(allowed)
-    if value not in allowed:
-        raise ValueError(f"unknown {what} {value!r}; allowed: {', '.join(allowed)}")
+    if isinstance(value, bool) or value not in allowed:
+        place = "" if where is None else f" in {where}"
+        raise ValueError(f"unknown {what} {value!r}{place}; allowed: "
+                         f"{', '.join(map(str, allowed))}")
+    return value
+
+
+def distinct_items(values: Iterable[Any], what: str, rule: str | None = None) -> tuple:
+    """``values`` as a tuple if it holds at least one item and none twice; else one clear error
+    (``rule`` replaces the generated rule text, e.g. to list what is allowed)."""
+    items = tuple(values)
+    if not items or len(set(items)) != len(items):
+        raise _refuse(what, rule or "one or more distinct values", list(items))
+    return items
+
+
+def text(value: Any, what: str, *, visible: bool = False) -> str:
+    """``value`` if it is a non-empty string; else one clear error.
+
+    ``visible`` also refuses a string of whitespace only (a prompt, an answer: text a reader
+    or a model must see).
+    """
+    ok = isinstance(value, str) and bool(value.strip() if visible else value)
+    if not ok:
+        raise _refuse(what, "a string with visible text" if visible else "a non-empty string",
+                      value)
     return value
 
 

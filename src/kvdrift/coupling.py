@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from kvdrift import checks
+
 PROB_TOLERANCE = 1e-6
 
 
@@ -42,8 +44,7 @@ def tempered_probs(logprobs: torch.Tensor, temperature: float) -> torch.Tensor:
     ``temperature = 0`` means greedy decoding: a point mass on the arg-max token
     (the lowest index among ties), so the coupling compares the two greedy choices.
     """
-    if temperature < 0 or temperature != temperature:
-        raise ValueError(f"temperature must be >= 0 (0 = greedy); got {temperature}")
+    checks.number(temperature, "temperature", 0, rule="a finite number >= 0 (0 = greedy)")
     logprobs = logprobs.to(torch.float64)
     if temperature == 0:
         out = torch.zeros_like(logprobs)

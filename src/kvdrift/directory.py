@@ -30,7 +30,7 @@ class Records:
 
     ``steps``: one row per (model, document, action, replicate, position t);
     ``replicates``: one row per (model, document, action, replicate). The columns are
-    declared in :mod:`kvdrift.records.schema` (and listed in the README, "Records").
+    declared, with their types and meaning, in :mod:`kvdrift.records.schema`.
     """
 
     steps: pd.DataFrame

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvdrift import checks
 from kvdrift.analysis.study import AnalysisOptions
 from kvdrift.data.sources import DocumentSource, source_from_table
 from kvdrift.run.executors import ExecutorConfig
@@ -92,8 +93,7 @@ def _check_table(table: Any, allowed: dict, where: str) -> dict:
     if not isinstance(table, dict):
         raise ValueError(f"{where} must be a table")
     for key, value in table.items():
-        if key not in allowed:
-            raise ValueError(f"unknown key {key!r} in {where}; allowed: {', '.join(allowed)}")
+        checks.choice(key, "key", allowed, where)
         kinds = allowed[key]
         ok = isinstance(value, kinds) and not (isinstance(value, bool) and kinds in (int, float))
         if kinds is float and isinstance(value, int) and not isinstance(value, bool):
@@ -129,10 +129,7 @@ def _check_source(i: int, source: dict) -> DocumentSource:
     where = f"[[documents]] #{i + 1}"
     if not isinstance(source, dict) or "source" not in source:
         raise ValueError(f"{where} needs a 'source' key; allowed: {', '.join(SOURCE_KEYS)}")
-    kind = source["source"]
-    if kind not in SOURCE_KEYS:
-        raise ValueError(f"unknown document source {kind!r} in {where}; allowed: "
-                         f"{', '.join(SOURCE_KEYS)}")
+    kind = checks.choice(source["source"], "document source", SOURCE_KEYS, where)
     _check_table(source, SOURCE_KEYS[kind], where)
     for key in REQUIRED_SOURCE_KEYS[kind]:
         if key not in source:
@@ -183,8 +180,8 @@ def parse_study(data: dict, source: str | None = None) -> StudyConfig:
             raise ValueError(f"endpoint {text!r} names action {missing[0]!r}, which the study "
                              f"does not run; actions: {', '.join(actions)}")
     cohort = study.get("cohort")
-    if cohort is not None and cohort not in COHORTS:
-        raise ValueError(f"[study].cohort must be one of {', '.join(COHORTS)}; got {cohort!r}")
+    if cohort is not None:
+        checks.choice(cohort, "[study].cohort", COHORTS)
     from kvdrift.lm.model import resolve_dtype
 
     resolve_dtype(study.get("dtype", "float32"))

@@ -16,19 +16,42 @@ from kvdrift.analysis.agreement import agreement_terms
 from kvdrift.analysis.lags import LagWindows, lag_terms
 from kvdrift.analysis.readings import reading_features
 from kvdrift.divergence import diverged
-from kvdrift.records.schema import TERM_COLUMNS, is_depth_column, recorded_estimator
+from kvdrift.records.depths import depth_terms
+from kvdrift.records.schema import TERM_COLUMNS, recorded_estimator
 
 EOS_CATEGORIES = ("pre-EOS", "first EOS", "one absorbed", "both absorbed")
 SATURATION = 0.99
 
 
 @dataclass(frozen=True)
+class DepthFeatures:
+    """Per-document replicate means of the window terms at each observation depth:
+    ``observed[i]`` (-> R_L) and ``capacity[i]`` (-> B_L) at ``depths[i]``, each ``[n_docs]``.
+
+    Kept apart from the other features because a depth's bound reads its own two columns
+    only (``analysis/study.py``), so it does not depend on which other depths were recorded.
+    """
+
+    depths: tuple[int, ...]
+    observed: np.ndarray
+    capacity: np.ndarray
+
+    def subset(self, pos: np.ndarray) -> DepthFeatures:
+        """The documents at positions ``pos``; each depth's row stays contiguous (a strided
+        row sums in another order in the matrix products of the bounds)."""
+        return DepthFeatures(self.depths, np.ascontiguousarray(self.observed[:, pos]),
+                             np.ascontiguousarray(self.capacity[:, pos]))
+
+
+@dataclass(frozen=True)
 class DocFeatures:
-    """Feature matrices for one (model, action): each ``[n_docs, k]``, rows in ``doc_ids`` order."""
+    """Feature matrices for one (model, action): each ``[n_docs, k]``, rows in ``doc_ids``
+    order; ``depths`` the window terms at each observation depth."""
 
     doc_ids: np.ndarray
     strata: np.ndarray
     columns: dict[str, np.ndarray]
+    depths: DepthFeatures
 
     def subset(self, doc_ids: np.ndarray) -> DocFeatures:
         """The rows of the given documents, in that order."""
@@ -36,7 +59,8 @@ class DocFeatures:
         if (pos < 0).any():
             raise ValueError("some documents are missing for this action")
         return DocFeatures(self.doc_ids[pos], self.strata[pos],
-                           {k: v[pos] for k, v in self.columns.items()})
+                           {k: v[pos] for k, v in self.columns.items()},
+                           self.depths.subset(pos))
 
 
 def single_value(records: pd.DataFrame, column: str) -> object:
@@ -86,18 +110,29 @@ def _short_units(sizes: pd.Series, want: int, reps: pd.DataFrame) -> str:
     return f"; short: {named}; rerun the run or study to recompute them"
 
 
+def _depth_features(reps: pd.DataFrame) -> DepthFeatures:
+    """Per-document means of each depth's window terms (documents sorted, as ``groupby``)."""
+    terms = depth_terms(reps)
+    doc_ids = reps["doc_id"].to_numpy()
+
+    def means(values: np.ndarray) -> np.ndarray:  # [rows, depths] -> [depths, n_docs]
+        return np.ascontiguousarray(pd.DataFrame(values).groupby(doc_ids).mean().to_numpy().T)
+
+    return DepthFeatures(terms.depths, means(terms.observed), means(terms.capacity))
+
+
 def action_features(
     steps: pd.DataFrame, replicates: pd.DataFrame, windows: LagWindows | None
 ) -> DocFeatures:
     """Features of one (model, action) from its step and replicate records."""
     reps = replicates.sort_values(["doc_id", "replicate"])
-    keep = [c for c in reps.columns
-            if c in TERM_COLUMNS or is_depth_column(c)]
+    keep = [c for c in reps.columns if c in TERM_COLUMNS]
     doc = reps.groupby("doc_id")  # sorted by doc_id
     means = doc[keep].mean()
     doc_ids = means.index.to_numpy()
     strata = doc["stratum"].first().loc[doc_ids].to_numpy()
     cols = {c: means[c].to_numpy()[:, None] for c in keep}
+    depths = _depth_features(reps)
 
     steps = steps.sort_values(["doc_id", "replicate", "t"])
     n, K, H = len(doc_ids), int(reps["replicate"].nunique()), int(steps["t"].max())
@@ -110,7 +145,7 @@ def action_features(
     if not recorded_estimator(str(single_value(steps, "estimator"))).complete_branches:
         weight = _cube(steps, "weight", n, K, H)
         cols["timing"] = weight.cumsum(axis=-1).mean(axis=1)
-        return DocFeatures(doc_ids, strata, cols)
+        return DocFeatures(doc_ids, strata, cols, depths)
 
     delta = _cube(steps, "delta", n, K, H)
     f = _cube(steps, "f", n, K, H)
@@ -146,4 +181,4 @@ def action_features(
                                                                    (x_eos, y_eos))
         mismatch = _cube(steps, "mismatch", n, K, H)
         cols |= agreement_terms(mismatch, tau, x_eos, y_eos, windows)
-    return DocFeatures(doc_ids, strata, cols)
+    return DocFeatures(doc_ids, strata, cols, depths)

@@ -19,7 +19,6 @@ from kvdrift.analysis.interval import Interval
 from kvdrift.analysis.lags import LagWindows
 from kvdrift.analysis.registry import Means, ratio
 from kvdrift.analysis.results import ContrastResult, Curve
-from kvdrift.records.schema import is_depth_column
 
 CONTRAST_TERMS = ("dR", "dR_tv", "dO", "dE", "dC", "occurrence_term", "exposure_term",
                   "rate_term", "exposure_share")
@@ -36,9 +35,6 @@ def derive(m: dict[str, np.ndarray], windows: LagWindows | None) -> dict[str, np
     for suffix in ("", "_strict"):
         if windows is not None and f"lag_num{suffix}" in m:
             out[f"lag_profile{suffix}"] = ratio(m[f"lag_num{suffix}"], m[f"lag_den{suffix}"])
-    for key in m:
-        if is_depth_column(key):
-            out[key] = m[key][..., 0]
     return out
 
 

@@ -47,7 +47,7 @@ from kvdrift.analysis.results import (
 )
 from kvdrift.analysis.strata import stratum_derived, stratum_results
 from kvdrift.analysis.task import SWRB_REASON, task_outcomes
-from kvdrift.records.schema import depth_columns, record_depths, recorded_estimator
+from kvdrift.records.schema import recorded_estimator
 
 __all__ = ["CONFIRMATORY_DRAWS", "EXPLORATORY_DRAWS", "AnalysisOptions", "analyze"]
 
@@ -178,12 +178,12 @@ def bounds(s: ModelSample, alpha: float
     per_action: dict[str, tuple[Bound, ...]] = {}
     enclosures: dict[int, dict[str, Interval]] = {}
     for a, f in s.features.items():
-        p, out = s.point[a], []
-        for L in record_depths(f.columns):
-            observed, capacity = depth_columns(L)
-            lower = f.columns[observed][:, 0]
-            upper = np.minimum(lower + f.columns[capacity][:, 0], 1.0)
-            sharp = sharp_interval(float(p[observed]), max(0.0, float(p[capacity])))
+        out = []
+        for L, lower, capacity in zip(f.depths.depths, f.depths.observed, f.depths.capacity,
+                                      strict=True):
+            upper = np.minimum(lower + capacity, 1.0)
+            point = weighted_means({"R_L": lower[:, None], "B_L": capacity[:, None]}, s.weights)
+            sharp = sharp_interval(float(point["R_L"][0]), max(0.0, float(point["B_L"][0])))
             enc = hoeffding_enclosure(lower, upper, alpha, s.weights)
             enclosures.setdefault(L, {})[a] = hoeffding_enclosure(
                 lower, upper, alpha / len(s.actions), s.weights)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvdrift.data.scoring import METRICS
+from kvdrift import checks
+from kvdrift.data.metric_names import METRIC_NAMES
 
 
 class DocumentError(ValueError):
@@ -39,8 +40,8 @@ def answer_problem(answer: Any, meta: dict[str, Any]) -> str | None:
         return f"key 'answers' must be a non-empty list of non-empty strings; got {answers!r:.80}"
     metric = meta.get("metric")
     if metric is not None:
-        if not isinstance(metric, str) or metric not in METRICS:
-            return f"unknown metric {metric!r:.80}; allowed: {', '.join(METRICS)}"
+        if not isinstance(metric, str) or metric not in METRIC_NAMES:
+            return f"unknown metric {metric!r:.80}; allowed: {', '.join(METRIC_NAMES)}"
         if answer is None and answers is None:
             return (f"metric {metric!r} needs expected answers to score against; give 'answer' "
                     "or 'answers', or leave out 'metric' for a free-form prompt")
@@ -73,14 +74,9 @@ class Document:
     meta: dict[str, Any] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.id, str) or not self.id:
-            raise ValueError(f"document id must be a non-empty string; got {self.id!r}")
-        if not isinstance(self.prompt, str) or not self.prompt.strip():
-            raise ValueError(f"document {self.id!r} has an empty prompt")
-        if not isinstance(self.stratum, str) or not self.stratum:
-            raise ValueError(
-                f"document {self.id!r}: stratum must be a non-empty string; got {self.stratum!r}"
-            )
+        checks.text(self.id, "document id")
+        checks.text(self.prompt, f"document {self.id!r}: prompt", visible=True)
+        checks.text(self.stratum, f"document {self.id!r}: stratum")
         for name in ("id", "prompt", "stratum", "answer"):
             value = getattr(self, name)
             if isinstance(value, str) and not _is_unicode(value):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
+from kvdrift import checks
 from kvdrift.data.words import (
     FILLER_MOODS,
     FILLER_OBJECTS,
@@ -73,8 +74,7 @@ def weave(sentences: Sequence[str], inserts: Sequence[tuple[float, str]]) -> str
     n = len(sentences)
     at: dict[int, list[str]] = {}
     for depth, text in inserts:
-        if not 0.0 <= depth <= 1.0:
-            raise ValueError(f"insert depth must be in [0, 1]; got {depth}")
+        checks.number(depth, "insert depth", 0, 1)
         at.setdefault(round(depth * n), []).append(text)
     paragraphs: list[str] = []
     current: list[str] = []

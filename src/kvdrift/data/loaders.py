@@ -145,8 +145,7 @@ def load_hf_dataset(
     if _is_saved_dataset(Path(name)):
         table = datasets.load_from_disk(name)
         if isinstance(table, datasets.DatasetDict):
-            if split not in table:
-                raise ValueError(f"no split {split!r} in {name}; splits: {list(table)}")
+            checks.choice(split, "split", table, where=name)
             table = table[split]
     else:
         table = datasets.load_dataset(name, split=split, **load_kwargs)
@@ -155,8 +154,8 @@ def load_hf_dataset(
         ("prompt_field", prompt_field), ("id_field", id_field),
         ("stratum_field", stratum_field), ("answer_field", answer_field),
     ):
-        if column is not None and column not in columns:
-            raise ValueError(f"{label} {column!r} is not a column of {name}; columns: {columns}")
+        if column is not None:
+            checks.choice(column, f"{label} column", columns, where=name)
     if limit is not None:
         table = table.select(range(min(limit, len(table))))
     source = Path(name).name if Path(name).exists() else name
@@ -166,8 +165,7 @@ def load_hf_dataset(
         where = f"{name} [{split}] row {row_index}"
         doc_id = str(row[id_field]) if id_field else f"{source}-{split}-{row_index}"
         prompt = row[prompt_field]
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise ValueError(f"{where}: {prompt_field!r} must be a non-empty string")
+        checks.text(prompt, f"{where}: {prompt_field!r}", visible=True)
         meta: dict[str, Any] = {"source": name, "split": split, "row": row_index}
         answer = row[answer_field] if answer_field else None
         if isinstance(answer, list):  # several acceptable answers, as in Document.answer

@@ -74,8 +74,7 @@ class RulerConfig:
         object.__setattr__(self, "target_lengths", lengths)
         _check_choices(families, RULER_FAMILIES, "family", "families")
         _check_choices(needle_types, NEEDLE_TYPES, "needle type", "needle_types")
-        if not lengths:
-            raise ValueError("target_lengths must not be empty")
+        checks.distinct_items(lengths, "target_lengths", "one or more distinct token counts")
         for length in lengths:
             _check_length(length)
         bands = [length_band(n) for n in lengths]
@@ -88,21 +87,14 @@ class RulerConfig:
 
 
 def _check_length(length: Any) -> None:
-    checks.integer(length, "a target length")
-    if length < MIN_TARGET_TOKENS:
-        raise ValueError(
-            f"target length {length} is too short; the minimum is {MIN_TARGET_TOKENS} tokens"
-        )
+    checks.integer(length, "a target length", MIN_TARGET_TOKENS,
+                   rule=f"an integer >= {MIN_TARGET_TOKENS} (tokens)")
 
 
 def _check_choices(values: tuple, allowed: tuple[str, ...], what: str, field_name: str) -> None:
-    if not values:
-        raise ValueError(f"{field_name} must not be empty; allowed: {list(allowed)}")
+    checks.distinct_items(values, field_name, f"one or more distinct of {', '.join(allowed)}")
     for value in values:
-        if value not in allowed:
-            raise ValueError(f"unknown {what} {value!r}; allowed: {list(allowed)}")
-    if len(set(values)) != len(values):
-        raise ValueError(f"{field_name} has duplicates: {list(values)}")
+        checks.choice(value, what, allowed)
 
 
 def document_seed(seed: int, family: str, target_tokens: int, index: int) -> int:
@@ -137,8 +129,7 @@ def make_document(
     ``count_tokens`` is a ``str -> int`` counter or a Hugging Face tokenizer. ``needle_type``
     applies to the needle families only.
     """
-    if family not in RULER_FAMILIES:
-        raise ValueError(f"unknown family {family!r}; allowed: {list(RULER_FAMILIES)}")
+    checks.choice(family, "family", RULER_FAMILIES)
     _check_length(target_tokens)
     count = token_counter(count_tokens)
     doc_seed = document_seed(seed, family, target_tokens, index)

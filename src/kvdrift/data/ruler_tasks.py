@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvdrift import checks
 from kvdrift.data.filler import FillerStream, weave
 from kvdrift.data.words import KEY_ADJECTIVES, KEY_NOUNS, VALUE_WORDS, WordStream
 
@@ -114,8 +115,7 @@ def _quoted_list(keys: list[str]) -> str:
 
 def build_niah(family: str, rng: random.Random, needle_type: str) -> TaskDraft:
     """Needle-in-a-haystack variants: single, multikey, multivalue, multiquery."""
-    if needle_type not in NEEDLE_TYPES:
-        raise ValueError(f"unknown needle type {needle_type!r}; allowed: {list(NEEDLE_TYPES)}")
+    checks.choice(needle_type, "needle type", NEEDLE_TYPES)
     kind, kinds = _KIND[needle_type]
     filler = FillerStream(rng.getrandbits(64))
     intro = _NIAH_INTRO.format(kinds=kinds)

@@ -25,7 +25,9 @@ import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # document.py checks metric names against METRICS here
+from kvdrift.data.metric_names import STRING_MATCH_ALL, STRING_MATCH_PART
+
+if TYPE_CHECKING:
     from kvdrift.data.document import Document
 
 Metric = Callable[[str, Sequence[str]], float]
@@ -57,8 +59,8 @@ def string_match_part(prediction: str, references: Sequence[str]) -> float:
 
 
 METRICS: dict[str, Metric] = {
-    "string_match_all": string_match_all,
-    "string_match_part": string_match_part,
+    STRING_MATCH_ALL: string_match_all,
+    STRING_MATCH_PART: string_match_part,
 }
 
 
@@ -79,7 +81,7 @@ def metric_name(doc: Document) -> str:
                              f"{', '.join(METRICS)}")
         return str(named)
     family = str(doc.meta.get("family") or "")
-    return "string_match_part" if family.startswith("qa") else "string_match_all"
+    return STRING_MATCH_PART if family.startswith("qa") else STRING_MATCH_ALL
 
 
 def score_text(doc: Document, text: str) -> float:

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from kvdrift import checks
 from kvdrift.data.document import Document
 from kvdrift.data.loaders import load_hf_dataset, load_jsonl
 from kvdrift.data.ruler import RulerConfig, generate
@@ -171,13 +172,11 @@ class RulerSource(DocumentSource):
 def source_from_table(table: Mapping[str, Any]) -> DocumentSource:
     """The typed source of one ``[[documents]]`` table whose keys and value types are
     already checked (``kvdrift.study_config``); raises ValueError on values a source refuses."""
-    kind = table.get("source")
+    kind = checks.choice(table.get("source"), "document source",
+                         (c.kind for c in (RulerSource, JsonlSource, HFSource)))
     keys = tuple(table)
     if kind == JsonlSource.kind:
         return JsonlSource(table["path"], table_keys=keys)
     if kind == HFSource.kind:
         return HFSource(**{k: v for k, v in table.items() if k != "source"}, table_keys=keys)
-    if kind == RulerSource.kind:
-        return RulerSource.from_table(table)
-    raise ValueError(f"unknown document source {kind!r}; allowed: "
-                     f"{', '.join(c.kind for c in (RulerSource, JsonlSource, HFSource))}")
+    return RulerSource.from_table(table)

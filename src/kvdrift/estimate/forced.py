@@ -21,14 +21,15 @@ from dataclasses import dataclass
 
 import torch
 
+from kvdrift import checks
+
 
 def tempered_logprobs(logprobs: torch.Tensor, temperature: float) -> torch.Tensor:
     """Log-probabilities ``[n, V]`` at ``temperature`` (float64; 0: log of a greedy point mass).
 
     ``logprobs`` are temperature-1 log-probabilities (each row's exponentials sum to 1), so at
     temperature 1 they are returned as they are (float64, not copied)."""
-    if temperature < 0 or temperature != temperature:
-        raise ValueError(f"temperature must be >= 0 (0 = greedy); got {temperature}")
+    checks.number(temperature, "temperature", 0, rule="a finite number >= 0 (0 = greedy)")
     logprobs = logprobs.to(torch.float64)
     if temperature == 0:
         out = torch.full_like(logprobs, float("-inf"))

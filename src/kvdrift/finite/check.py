@@ -174,8 +174,7 @@ def run_finite_study(
     check_replicates(replicates)
     check_horizon(horizon)
     checks.integer(systems, "systems", 1)
-    if replicates < 2:
-        raise ValueError(f"replicates must be >= 2 to estimate a variance; got {replicates}")
+    checks.integer(replicates, "replicates", 2, rule="an integer >= 2 (to estimate a variance)")
     results = []
     for c in range(1, systems + 1):
         results.append(run_system(c, systems, horizon, replicates, seed))

@@ -22,12 +22,6 @@ History = tuple[int, ...]
 ProbFn = Callable[[History], Sequence[float] | np.ndarray | torch.Tensor]
 
 
-def check_int(value: Any, name: str, low: int, high: int | None = None) -> int:
-    """Return ``value`` as an int if it is an integer in ``[low, high]``, else raise."""
-    allowed = f">= {low}" if high is None else f"in {low}..{high}"
-    return checks.integer(value, name, low, high, rule=f"an integer {allowed}")
-
-
 
 @dataclass(frozen=True)
 class FinitePath:
@@ -73,10 +67,10 @@ class FinitePair:
         *,
         info: Mapping[str, Any] | None = None,
     ) -> None:
-        self._vocab_size = check_int(vocab_size, "vocab_size", 1)
-        self._horizon = check_int(horizon, "horizon", 1)
+        self._vocab_size = checks.integer(vocab_size, "vocab_size", 1)
+        self._horizon = checks.integer(horizon, "horizon", 1)
         if eos_token_id is not None:
-            eos_token_id = check_int(eos_token_id, "eos_token_id", 0, self._vocab_size - 1)
+            eos_token_id = checks.integer(eos_token_id, "eos_token_id", 0, self._vocab_size - 1)
         self._eos = eos_token_id
         self._fns: dict[Side, ProbFn] = {"p": p, "q": q}
         self._memo: dict[Side, dict[History, np.ndarray]] = {"p": {}, "q": {}}
@@ -172,7 +166,7 @@ class FinitePair:
 
     def start(self, side: Side, n: int) -> FinitePath:
         """``n`` rows of the empty history for kernel ``side``."""
-        return FinitePath(check_side(side), ((),) * check_int(n, "n", 0))
+        return FinitePath(check_side(side), ((),) * checks.integer(n, "n", 0))
 
     def logprobs(self, state: FinitePath) -> torch.Tensor:
         """Next-token log-probabilities ``[n, V]`` float64 on CPU (``-inf`` for zero mass)."""

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from kvdrift import checks
-from kvdrift.finite.pair import FinitePair, History, check_int
+from kvdrift.finite.pair import FinitePair, History
 
 
 def _histories(vocab_size: int, horizon: int) -> Iterator[History]:
@@ -27,7 +27,7 @@ def _histories(vocab_size: int, horizon: int) -> Iterator[History]:
 def _as_rng(seed: int | np.random.Generator) -> np.random.Generator:
     if isinstance(seed, np.random.Generator):
         return seed
-    return np.random.default_rng(check_int(seed, "seed", 0))
+    return np.random.default_rng(checks.integer(seed, "seed", 0))
 
 
 def random_pair(
@@ -47,12 +47,10 @@ def random_pair(
     (useful to exercise zero-probability tokens). With ``eos_token_id`` the rows give EOS
     mass as any other token, and histories containing EOS get a point mass on EOS.
     """
-    vocab_size = check_int(vocab_size, "vocab_size", 1)
-    horizon = check_int(horizon, "horizon", 1)
-    if not 0.0 <= mix <= 1.0:
-        raise ValueError(f"mix must be in [0, 1]; got {mix}")
-    if not concentration > 0:
-        raise ValueError(f"concentration must be > 0; got {concentration}")
+    vocab_size = checks.integer(vocab_size, "vocab_size", 1)
+    horizon = checks.integer(horizon, "horizon", 1)
+    checks.number(mix, "mix", 0, 1)
+    checks.number(concentration, "concentration", 0, open_lo=True)
     rng = _as_rng(seed)
     p_table: dict[History, np.ndarray] = {}
     q_table: dict[History, np.ndarray] = {}
@@ -79,10 +77,10 @@ def paper_system(c: int, n_systems: int = 24, H: int = 3, seed: int = 0) -> Fini
     ``numpy.random.default_rng([seed, c])``, so a system depends only on ``(seed, c)``
     (and ``H``). ``info`` records ``c``, ``lambda``, ``u`` and ``v``.
     """
-    n_systems = check_int(n_systems, "n_systems", 1)
-    c = check_int(c, "c", 1, n_systems)
-    H = check_int(H, "H", 1)
-    seed = check_int(seed, "seed", 0)
+    n_systems = checks.integer(n_systems, "n_systems", 1)
+    c = checks.integer(c, "c", 1, n_systems)
+    H = checks.integer(H, "H", 1)
+    seed = checks.integer(seed, "seed", 0)
     rng = np.random.default_rng([seed, c])
     u = float(rng.uniform(0.5, 1.0))
     v = float(rng.uniform(0.0, 1.0))
@@ -137,8 +135,7 @@ def extremal_pair(
         raise ValueError(f"p_tau must be finite, non-negative and sum to at most 1; got "
                          f"{p_arr.tolist()} (sum {p_arr.sum():.6g})")
     L = checks.depth(L, H)
-    if not 0.0 <= alpha <= 1.0:
-        raise ValueError(f"alpha must be in [0, 1]; got {alpha}")
+    checks.number(alpha, "alpha (post-window mismatch rate)", 0, 1)
     rho_arr = np.asarray(rho, dtype=float)
     if rho_arr.ndim != 2 or rho_arr.shape[0] != H or rho_arr.shape[1] < L:
         raise ValueError(f"rho must have shape [H, >= L] = [{H}, >= {L}]; got {rho_arr.shape}")

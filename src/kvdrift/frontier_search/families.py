@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction
 
+from kvdrift import checks
 from kvdrift.lm.actions import parse_action
 
 #: The fine grid of ratios kept that an eviction family may be tried at (sixteenths).
@@ -69,9 +70,7 @@ def parse_family(text: str) -> Family:
     An eviction head is any press that takes ``ratio`` (see ``kvdrift actions``); what follows
     its ``+`` is kept as written. The spec of every budget is checked by the action parser.
     """
-    if not isinstance(text, str) or not text.strip():
-        raise ValueError(f"a family must be a press or quantization name; got {text!r}")
-    name = text.strip()
+    name = checks.text(text, "a family (a press or quantization name)", visible=True).strip()
     head, plus, rest = name.partition("+")
     tail = plus + rest
     if head == "kivi" and not tail:

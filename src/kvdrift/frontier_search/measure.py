@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from kvdrift import checks
 from kvdrift.analysis import registry
 from kvdrift.analysis.speculative import acceptance_probs
 
@@ -112,16 +113,13 @@ def parse_measure(text: str) -> Measure:
                          f"got {text!r}")
     name = " ".join(match["name"].split())
     name = _ALIASES.get(name.lower(), name)
-    if name not in MEASURES:
-        raise ValueError(f"measure name must be one of {', '.join(MEASURES)}; got {name!r}")
-    kind = MEASURES[name]
+    kind = MEASURES[checks.choice(name, "measure name", MEASURES)]
     try:
         tolerance = float(match["tol"])
     except ValueError:
         raise ValueError(f"measure tolerance must be a number; got {match['tol']!r}") from None
-    if not math.isfinite(tolerance) or not kind.low <= tolerance <= kind.high:
-        raise ValueError(f"{name} tolerance must be a number in [{kind.low:g}, {kind.high:g}]; "
-                         f"got {match['tol']!r}")
+    checks.number(tolerance, f"{name} tolerance", kind.low, kind.high,
+                  rule=f"a number within [{kind.low:g}, {kind.high:g}]")
     if match["op"] != kind.better:
         raise ValueError(f"{name} is kept within a tolerance with '{kind.better}' "
                          f"({'smaller' if kind.better == '<=' else 'larger'} is better); "

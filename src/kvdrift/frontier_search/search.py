@@ -186,9 +186,8 @@ class _FamilySearch:
 def frontier_search(families: Sequence[Family], measure: Measure, evaluator: Evaluator,
                     settings: SearchSettings = SearchSettings()) -> FrontierResult:
     """Search every family's budget axis for the least cache within the measure's tolerance."""
-    names = [f.name for f in families]
-    if not families or len(set(names)) != len(names):
-        raise ValueError(f"families must be one or more distinct names; got {names!r}")
+    checks.distinct_items((f.name for f in families), "families",
+                          "one or more distinct family names")
     tests = sum(len(f.budgets) for f in families) * settings.looks
     level = 1 - settings.alpha / tests
     searches = [_FamilySearch(f, measure, settings, level) for f in families]

@@ -34,13 +34,16 @@ from typing import Any
 
 import kvpress
 
+from kvdrift import checks
 from kvdrift.lm.presses import (
     FAMILIES,
     NOT_OFFERED,
-    PYRAMIDKV,
+    PLAIN,
     SCORERS,
+    Family,
     Stage,
     allowed_scorers,
+    family_names,
     family_table,
     resolve_scorer,
     scorer_classes,
@@ -99,8 +102,8 @@ class Action:
                              f"head-adaptive ones")
         if self.decoding is not None:
             if self.decoding.needs_attention_weights:
-                raise ValueError(f"action {self.name!r}: {self.decoding.scorer} needs attention "
-                                 f"weights, which decoding steps do not return")
+                raise ValueError(f"action {self.name!r}: {self.decoding.scorer_name} needs "
+                                 f"attention weights, which decoding steps do not return")
             if any(s.head_adaptive for s in stages):
                 raise ValueError(f"action {self.name!r}: decoding-time compression keeps the "
                                  f"same count in every KV head; it cannot follow a "
@@ -193,8 +196,8 @@ class Action:
 
     def departures(self) -> list[str]:
         """Where this action departs from its kvpress press on purpose, one line per family."""
-        return list(dict.fromkeys(s.kind.departs for s in (*self.stages, self.decoding)
-                                  if s is not None and s.kind.departs))
+        return list(dict.fromkeys(s.family.departs for s in (*self.stages, self.decoding)
+                                  if s is not None and s.family.departs))
 
     def check_counts(self, n_prompt: int, counts: Any, config: Any) -> None:
         """Raise RuntimeError unless ``counts`` ``[layers, kv_heads]`` (entries each KV head
@@ -214,9 +217,7 @@ class Action:
 
 
 def _check_n(n_prompt: int) -> int:
-    if int(n_prompt) != n_prompt or n_prompt < 1:
-        raise ValueError(f"prompt length must be an integer >= 1; got {n_prompt}")
-    return int(n_prompt)
+    return checks.integer(n_prompt, "prompt length", 1)
 
 
 def _coerce(fields: dict[str, Any], key: str, text: str, label: str) -> Any:
@@ -242,37 +243,32 @@ def _coerce(fields: dict[str, Any], key: str, text: str, label: str) -> Any:
     return text.strip()
 
 
-def _field_defaults(family: str, scorer: str) -> dict[str, Any]:
-    import dataclasses
-
-    defaults = {k: f.default for k, f in scorer_fields(scorer).items()}
-    fam = FAMILIES[family]
-    if fam.press is not None:
-        cls = getattr(kvpress, fam.press)
-        by_name = {f.name: f.default for f in dataclasses.fields(cls)}
-        for spec_name, press_name in fam.fields:
-            defaults[spec_name] = by_name.get(press_name)
-    return defaults
+def _field_defaults(family: Family, scorer: type) -> dict[str, Any]:
+    """Every field a stage of ``family`` with ``scorer`` takes -> its kvpress default."""
+    return {**{k: f.default for k, f in scorer_fields(scorer).items()},
+            **family.wrapper_defaults()}
 
 
-def _parse_head(head: str) -> tuple[str, str]:
-    """``[<family>-]<scorer>`` -> (family, scorer class name)."""
+_PREFIXES: dict[str, Family] = {f.name: f for f in FAMILIES.values() if f.wraps_scorers}
+
+
+def _parse_head(head: str) -> tuple[Family, type]:
+    """``[<family>-]<scorer>`` -> (family, kvpress scorer class)."""
     text = head.strip()
-    if text.lower() == "pyramidkv" or text == PYRAMIDKV:
-        return "pyramidkv", PYRAMIDKV
+    for fam in FAMILIES.values():
+        if fam.own_scorer is not None and (text.lower() == fam.name
+                                           or text == fam.own_scorer.__name__):
+            return fam, fam.own_scorer
     if text in NOT_OFFERED:
         raise ValueError(f"kvpress's {text} is not offered: {NOT_OFFERED[text]}")
-    family, dash, rest = text.partition("-")
-    if dash and family.lower() in FAMILIES and family.lower() not in ("", "pyramidkv"):
-        wrapper = FAMILIES[family.lower()].press
-        if wrapper in NOT_OFFERED:
-            raise ValueError(f"kvpress's {wrapper} is not offered: {NOT_OFFERED[wrapper]}")
-        return family.lower(), resolve_scorer(rest)
-    for fam in FAMILIES.values():
-        if fam.press == text:
+    prefix, dash, rest = text.partition("-")
+    if dash and prefix.lower() in _PREFIXES:
+        return _PREFIXES[prefix.lower()], resolve_scorer(rest)
+    for fam in _PREFIXES.values():
+        if fam.press_name == text:
             raise ValueError(f"{text} wraps a scorer: write {fam.name}-<scorer>:..., e.g. "
                              f"{fam.name}-snapkv:ratio=0.5")
-    return "", resolve_scorer(text)
+    return PLAIN, resolve_scorer(text)
 
 
 def _parse_stage(text: str, whole: str) -> Stage:
@@ -281,11 +277,11 @@ def _parse_stage(text: str, whole: str) -> Stage:
             f"unknown action {text!r}; named actions: {', '.join(NAMED_ACTIONS)}; or "
             f"[<family>-]<scorer>:ratio=R (fraction kept) / :budget=B (entries kept) with scorer "
             f"one of {allowed_scorers()} and family one of "
-            f"{', '.join(f for f in FAMILIES if f)} (see `kvdrift run --actions help`)"
+            f"{family_names()} (see `kvdrift run --actions help`)"
         )
     head, _, tail = text.partition(":")
     family, scorer = _parse_head(head)
-    label = f"{family}-{scorer}" if family else scorer
+    label = family.label(scorer.__name__)
     defaults = _field_defaults(family, scorer)
     values: dict[str, Any] = {}
     kwargs: list[tuple[str, Any]] = []

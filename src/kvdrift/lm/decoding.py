@@ -274,7 +274,7 @@ def _kept_entries(
         with fixed_press_randomness(keys.device):
             scores = base.score(module, hidden, live_keys, live_values, None, kwargs)  # [1,kv,m]
     except (AssertionError, RuntimeError, KeyError) as exc:
-        raise ValueError(f"{rule.stage.label}: kvpress's {rule.stage.scorer} cannot score "
+        raise ValueError(f"{rule.stage.label}: kvpress's {rule.stage.scorer_name} cannot score "
                          f"during decoding ({type(exc).__name__}: {exc})") from exc
     top = scores[0].topk(compute_n_kept(m, base.compression_ratio), dim=-1).indices
     return p_live, o_live, order.gather(1, top)

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from kvdrift import checks
 from kvdrift.lm.loading import pretrained_options, unloadable_model_message
 
 DEFAULT_MODEL = "smollm2"
@@ -75,12 +76,9 @@ def resolve_device(device: str | torch.device) -> torch.device:
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     """Turn ``"float32"``/``"bfloat16"``/``"float16"`` (or the torch dtype) into a torch dtype."""
-    if isinstance(dtype, torch.dtype):
-        if dtype in DTYPES.values():
-            return dtype
-    elif dtype in DTYPES:
-        return DTYPES[dtype]
-    raise ValueError(f"unknown dtype {dtype!r}; allowed: {', '.join(DTYPES)}")
+    if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
+        return dtype
+    return DTYPES[checks.choice(dtype, "dtype", DTYPES)]
 
 
 def cache_root() -> Path:
@@ -181,8 +179,7 @@ def smollm2_path(convert: bool = True) -> Path:
 
 
 def _model_source(name_or_path: str) -> str | Path:
-    if not name_or_path:
-        raise ValueError("model name must be non-empty; use 'smollm2' for the embedded model")
+    checks.text(name_or_path, "model name ('smollm2': the embedded model)")
     return smollm2_path() if name_or_path == DEFAULT_MODEL else name_or_path
 
 
@@ -235,11 +232,7 @@ def load_model(
     """
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype)
-    if attn_implementation not in ATTN_IMPLEMENTATIONS:
-        raise ValueError(
-            f"unknown attn_implementation {attn_implementation!r}; "
-            f"allowed: {', '.join(ATTN_IMPLEMENTATIONS)}"
-        )
+    checks.choice(attn_implementation, "attn_implementation", ATTN_IMPLEMENTATIONS)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     source = _model_source(name_or_path)

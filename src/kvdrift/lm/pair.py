@@ -45,6 +45,7 @@ from typing import Any
 
 import torch
 
+from kvdrift import checks
 from kvdrift.kernel import Side, check_side
 from kvdrift.lm.actions import Action, parse_action
 from kvdrift.lm.cache import GroupedCache, SharedPromptCache
@@ -200,9 +201,7 @@ class LMKernelPair:
     def start(self, side: Side, n: int) -> LMPathState:
         """``n`` rows with the empty history over the side's prompt cache (shared, not copied)."""
         pc = self._prompt[check_side(side)]
-        if int(n) != n or n < 1:
-            raise ValueError(f"number of rows must be an integer >= 1; got {n}")
-        n = int(n)
+        n = checks.integer(n, "number of rows", 1)
         dev = self.device
         evictions = None
         if self._rule is not None and side == "q":

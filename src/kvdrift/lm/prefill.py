@@ -188,7 +188,7 @@ def own_prefill_reason(action: Action) -> str | None:
     the default attention's by float noise, and so could its kept set.
     """
     if action.needs_attention_weights:
-        names = ", ".join(s.scorer for s in action.stages if s.needs_attention_weights)
+        names = ", ".join(s.scorer_name for s in action.stages if s.needs_attention_weights)
         return f"{names} reads eager attention weights, which the shared prefill does not compute"
     if action.quantization is not None and action.quantization.before_attention:
         return (f"{action.quantization.label} quantizes entries before the prefill's attention "

@@ -2,8 +2,10 @@
 
 A stage is one kvpress press and kvdrift's budget rule for it. Scorer presses (SnapKV, Knorm,
 ...) choose entries by score; *families* wrap a scorer into a different shape of kept set. Each
-family is one :class:`Family` subclass (what it keeps, how its counts are checked, how its press
-is built); a :class:`Stage` asks its family:
+family is one :class:`Family` object in the registry :data:`FAMILIES` (its name, its kvpress
+wrapper class, its fields, what it keeps, how its counts are checked, how its press is built,
+its departures); a :class:`Stage` holds its family object and asks it. Names are strings only
+where a user's spec is parsed (:mod:`kvdrift.lm.actions`):
 
 ==============  ==========================  =====================================================
 family          kvpress press               what it keeps (n prompt entries, r = ratio kept)
@@ -43,6 +45,7 @@ from typing import Any, ClassVar
 import kvpress
 import torch
 
+from kvdrift import checks
 from kvdrift.lm.spec_fields import check_field
 
 # Short names of kvpress scorer presses: same count in every layer and KV head, no download.
@@ -64,7 +67,7 @@ SCORERS: dict[str, str] = {
 }
 
 # Scorers that read the attention weights of the layer: eager attention in prefill only.
-NEEDS_ATTENTION_WEIGHTS = frozenset({"ObservedAttentionPress"})
+NEEDS_ATTENTION_WEIGHTS: frozenset[type] = frozenset({kvpress.ObservedAttentionPress})
 
 # kvpress presses kvdrift does not offer, and why (shown when a user names one).
 NOT_OFFERED: dict[str, str] = {
@@ -93,9 +96,6 @@ NOT_OFFERED: dict[str, str] = {
 }
 
 
-PYRAMIDKV = "PyramidKVPress"
-
-
 @dataclass(frozen=True)
 class Family:
     """A way of turning a scorer into a kept set (one row of the module's table).
@@ -104,10 +104,11 @@ class Family:
     with the scorer wrapped in ``press`` when there is one (``criticalkv``, ``block``,
     ``rerotate``). Each other family is a subclass that overrides what it keeps, how its kept
     counts are checked and how its kvpress press is built; :class:`Stage` asks its family.
+    ``press`` is the kvpress class itself, so a stage builds it without looking it up by name.
     """
 
     name: str  # spec prefix ("adakv" in "adakv-snapkv"); "" for a plain scorer
-    press: str | None  # kvpress class wrapping the scorer (None: the scorer itself)
+    press: type | None  # kvpress class wrapping the scorer (None: the scorer itself)
     keeps: str  # what it keeps, for the README table and ``--actions help``
     fields: tuple[tuple[str, str], ...] = ()  # spec field -> kvpress field of the wrapper
     departs: str = ""  # where kvdrift departs from the kvpress press on purpose (one line)
@@ -116,10 +117,34 @@ class Family:
     head_adaptive: ClassVar[bool] = False  # kept entries differ per KV head (masked, not cut)
     uniform: ClassVar[bool] = True  # every layer and KV head keeps one count that depends on n
     is_decoding: ClassVar[bool] = False  # evicts during decoding, not at prefill
+    own_scorer: ClassVar[type | None] = None  # a family that is one fixed scorer press, named
+    #                                          alone ("pyramidkv"), not "<family>-<scorer>"
 
     @property
     def field_map(self) -> dict[str, str]:
         return dict(self.fields)
+
+    @property
+    def press_name(self) -> str | None:
+        """The wrapper press's kvpress class name (None: the scorer itself)."""
+        return None if self.press is None else self.press.__name__
+
+    @property
+    def wraps_scorers(self) -> bool:
+        """Whether specs name it as a prefix, ``<family>-<scorer>`` (not plain, not own-scorer)."""
+        return bool(self.name) and self.own_scorer is None
+
+    def label(self, scorer: str) -> str:
+        """How a stage of this family with ``scorer`` is named in messages."""
+        return f"{self.name}-{scorer}" if self.name else scorer
+
+    def wrapper_defaults(self) -> dict[str, Any]:
+        """The wrapper's spec fields -> their kvpress defaults (``dataclasses.MISSING`` where
+        kvpress gives none); empty for a family without a wrapper."""
+        if self.press is None:
+            return {}
+        by_name = {f.name: f.default for f in dataclasses.fields(self.press)}
+        return {spec: by_name.get(press) for spec, press in self.fields}
 
     def check_budget(self, stage: Stage, given: list[str]) -> None:
         """Raise ValueError unless ``given`` (the budget fields set) is one this family takes."""
@@ -155,7 +180,7 @@ class Family:
         scorer = stage.clamped_scorer(n, self.compression_ratio(stage, n))
         if self.press is None:
             return scorer
-        return getattr(kvpress, self.press)(press=scorer, **self.wrapper_kwargs(stage))
+        return self.press(press=scorer, **self.wrapper_kwargs(stage))
 
     def kvpress_call(self, stage: Stage) -> str:
         """The kvpress press, as the Python call that rebuilds it from the user's numbers."""
@@ -163,7 +188,7 @@ class Family:
         if self.press is None:
             return scorer
         wrapper = [f"{k}={v!r}" for k, v in self.wrapper_kwargs(stage).items()]
-        return f"{self.press}({', '.join([f'press={scorer}', *wrapper])})"
+        return f"{self.press_name}({', '.join([f'press={scorer}', *wrapper])})"
 
     def wrapper_kwargs(self, stage: Stage) -> dict[str, Any]:
         """The wrapper press's fields, by their kvpress names."""
@@ -173,7 +198,7 @@ class Family:
         """(spec form, kvpress press, what it keeps) for :func:`family_table`."""
         forms = {"ratio": "ratio=R", "budget": "budget=B", "ratios": "ratios=R0/R1/..."}
         budget = " | ".join(forms[b] for b in self.budgets)
-        return f"{self.name}-<scorer>:{budget}", self.press, self.keeps
+        return f"{self.name}-<scorer>:{budget}", self.press_name, self.keeps
 
 
 class Plain(Family):
@@ -278,6 +303,8 @@ class PyramidKV(Varying):
     ``round(r n)`` in every layer where the pyramid does not fit).
     """
 
+    own_scorer = kvpress.PyramidKVPress
+
     def is_noop(self, stage: Stage, n: int) -> bool:
         # one entry: kvpress's budget is 1 (it would assert on the window), nothing to evict
         return n == 1 or stage.ratio == 1.0 or (stage.budget is not None and stage.budget >= n)
@@ -293,7 +320,7 @@ class PyramidKV(Varying):
         return removed_fraction(Fraction(repr(stage.ratio)))
 
     def table_row(self) -> tuple[str, str, str]:
-        return "pyramidkv:ratio=R | budget=B", PYRAMIDKV, self.keeps
+        return f"{self.name}:ratio=R | budget=B", self.own_scorer.__name__, self.keeps
 
 
 class PerLayer(Varying):
@@ -312,12 +339,11 @@ class PerLayer(Varying):
 
     def build(self, stage: Stage, n: int) -> Any:
         ratios = [_ratio_for(r, min(n, max(1, _exact_floor(r, n))), n) for r in stage.ratios]
-        return kvpress.PerLayerCompressionPress(press=stage.clamped_scorer(n, 0.0),
-                                                compression_ratios=ratios)
+        return self.press(press=stage.clamped_scorer(n, 0.0), compression_ratios=ratios)
 
     def kvpress_call(self, stage: Stage) -> str:
         ratios = [removed_fraction(Fraction(repr(r))) for r in stage.ratios]
-        return (f"PerLayerCompressionPress(press={scorer_call(stage, None)}, "
+        return (f"{self.press_name}(press={scorer_call(stage, None)}, "
                 f"compression_ratios={ratios})")
 
 
@@ -345,14 +371,15 @@ class Decoding(Family):
         return True
 
     def build(self, stage: Stage, n: int) -> Any:
-        return kvpress.DecodingPress(base_press=stage.scorer_press(), **self.wrapper_kwargs(stage))
+        return self.press(base_press=stage.scorer_press(), **self.wrapper_kwargs(stage))
 
     def kvpress_call(self, stage: Stage) -> str:
         wrapper = [f"{k}={v!r}" for k, v in self.wrapper_kwargs(stage).items()]
-        return f"DecodingPress({', '.join([f'base_press={scorer_call(stage, None)}', *wrapper])})"
+        return (f"{self.press_name}("
+                f"{', '.join([f'base_press={scorer_call(stage, None)}', *wrapper])})")
 
     def table_row(self) -> tuple[str, str, str]:
-        return f"{self.name}-<scorer>:interval=I,target=T", self.press, self.keeps
+        return f"{self.name}-<scorer>:interval=I,target=T", self.press_name, self.keeps
 
 
 # kvdrift's departures from the kvpress press (each family's ``departs``)
@@ -360,47 +387,60 @@ _EXACT = ("keeps floor(r n) (at least 1) where kvpress's float int(n (1 - c)) la
           "(r=0.1, n=20: 2, not 1); window_size and n_sink clamped to n - 1 where kvpress "
           "asserts on short prompts")
 
+PLAIN = Plain("", None, "floor(r n) (or min(B, n)) entries in every layer and KV head",
+              departs=_EXACT)
+
+# The registry of families, by spec prefix: the action parser (lm/actions.py) reads it.
 FAMILIES: dict[str, Family] = {f.name: f for f in (
-    Plain("", None, "floor(r n) (or min(B, n)) entries in every layer and KV head",
-          departs=_EXACT),
-    HeadAdaptive("adakv", "AdaKVPress", "kv_heads x floor(r n) entries per layer, split across "
-                 "KV heads by score (each head keeps at least alpha_safeguard of floor(r n))",
+    PLAIN,
+    HeadAdaptive("adakv", kvpress.AdaKVPress,
+                 "kv_heads x floor(r n) entries per layer, split across KV heads by score (each "
+                 "head keeps at least alpha_safeguard of floor(r n))",
                  (("alpha_safeguard", "alpha_safeguard"),),
                  departs="hidden entries are masked exactly where kvpress writes fake keys "
                  "(equal up to float noise); " + _EXACT),
-    HeadAdaptive("criticaladakv", "CriticalAdaKVPress", "as adakv, with scores weighted by the "
-                 "output-projected value norm", (("alpha_safeguard", "alpha_safeguard"),
-                                                 ("epsilon", "epsilon"),
-                                                 ("first_stage_ratio", "first_stage_ratio")),
+    HeadAdaptive("criticaladakv", kvpress.CriticalAdaKVPress,
+                 "as adakv, with scores weighted by the output-projected value norm",
+                 (("alpha_safeguard", "alpha_safeguard"), ("epsilon", "epsilon"),
+                  ("first_stage_ratio", "first_stage_ratio")),
                  departs="as adakv"),
-    Family("criticalkv", "CriticalKVPress", "floor(r n) in every layer and KV head, scores "
-           "weighted by the output-projected value norm",
-           (("epsilon", "epsilon"), ("first_stage_ratio", "first_stage_ratio")),
+    Family("criticalkv", kvpress.CriticalKVPress,
+           "floor(r n) in every layer and KV head, scores weighted by the output-projected value "
+           "norm", (("epsilon", "epsilon"), ("first_stage_ratio", "first_stage_ratio")),
            departs=_EXACT),
-    Family("block", "BlockPress", "floor(r n) in every layer and KV head, chosen block by block",
+    Family("block", kvpress.BlockPress,
+           "floor(r n) in every layer and KV head, chosen block by block",
            (("block_size", "block_size"),), departs=_EXACT),
-    Family("rerotate", "KeyRerotationPress", "floor(r n) in every layer and KV head; kept keys "
-           "are re-rotated to positions 0..kept-1", departs=_EXACT),
-    Chunk("chunk", "ChunkPress", "floor(r len) (at least 1) of every chunk of chunk_length "
-          "entries, in every layer and KV head", (("chunk_length", "chunk_length"),),
-          departs=_EXACT + " (per chunk)"),
-    ChunkKV("chunkkv", "ChunkKVPress", "floor(r c) (at least 1) whole chunks of the c chunks of "
-            "chunk_length entries, the same in every layer and KV head (a prompt shorter than "
-            "one chunk: floor(r n), as kvpress)", (("chunk_length", "chunk_length"),),
-            departs=_EXACT + " (of chunks)"),
-    PyramidKV("pyramidkv", None, "kvpress's PyramidKV layer budgets for compression_ratio "
-              "1 - r (more in lower layers; SnapKV's round(r n) in every layer where the pyramid "
-              "does not fit); SnapKV scores",
+    Family("rerotate", kvpress.KeyRerotationPress,
+           "floor(r n) in every layer and KV head; kept keys are re-rotated to positions "
+           "0..kept-1", departs=_EXACT),
+    Chunk("chunk", kvpress.ChunkPress,
+          "floor(r len) (at least 1) of every chunk of chunk_length entries, in every layer and "
+          "KV head", (("chunk_length", "chunk_length"),), departs=_EXACT + " (per chunk)"),
+    ChunkKV("chunkkv", kvpress.ChunkKVPress,
+            "floor(r c) (at least 1) whole chunks of the c chunks of chunk_length entries, the "
+            "same in every layer and KV head (a prompt shorter than one chunk: floor(r n), as "
+            "kvpress)", (("chunk_length", "chunk_length"),), departs=_EXACT + " (of chunks)"),
+    PyramidKV("pyramidkv", None,
+              "kvpress's PyramidKV layer budgets for compression_ratio 1 - r (more in lower "
+              "layers; SnapKV's round(r n) in every layer where the pyramid does not fit); "
+              "SnapKV scores",
               departs="a one-token prompt is left whole, and window_size is clamped to n - 1 "
               "where kvpress asserts on short prompts"),
-    PerLayer("perlayer", "PerLayerCompressionPress", "floor(r_l n) entries in layer l, every KV "
-             "head (ratios=r_0/r_1/... one per layer)", departs=_EXACT + " (per layer)"),
-    Decoding("decoding", "DecodingPress", "prompt untouched at prefill; after every `interval` "
-             "generated tokens the row's cache (prompt + generated) is cut to `target` entries "
-             "per layer and KV head", (("interval", "compression_interval"),
-                                       ("target", "target_size"),
-                                       ("buffer", "hidden_states_buffer_size"))),
+    PerLayer("perlayer", kvpress.PerLayerCompressionPress,
+             "floor(r_l n) entries in layer l, every KV head (ratios=r_0/r_1/... one per layer)",
+             departs=_EXACT + " (per layer)"),
+    Decoding("decoding", kvpress.DecodingPress,
+             "prompt untouched at prefill; after every `interval` generated tokens the row's "
+             "cache (prompt + generated) is cut to `target` entries per layer and KV head",
+             (("interval", "compression_interval"), ("target", "target_size"),
+              ("buffer", "hidden_states_buffer_size"))),
 )}
+
+
+def family_names() -> str:
+    """The named families, comma-separated, for messages."""
+    return ", ".join(f.name for f in FAMILIES.values() if f.name)
 
 
 def scorer_classes() -> dict[str, type]:
@@ -409,10 +449,9 @@ def scorer_classes() -> dict[str, type]:
     return {name: getattr(kvpress, name) for name in names if hasattr(kvpress, name)}
 
 
-def scorer_fields(scorer: str) -> dict[str, dataclasses.Field]:
+def scorer_fields(scorer: type) -> dict[str, dataclasses.Field]:
     """User-settable fields of a scorer class (``compression_ratio`` is set by the budget)."""
-    cls = getattr(kvpress, scorer)
-    return {f.name: f for f in dataclasses.fields(cls)
+    return {f.name: f for f in dataclasses.fields(scorer)
             if f.init and not f.name.startswith("_") and f.name != "compression_ratio"}
 
 
@@ -421,18 +460,18 @@ def allowed_scorers() -> str:
     return f"{short} (or a kvpress class name: {', '.join(scorer_classes())})"
 
 
-def resolve_scorer(name: str) -> str:
-    """Map a short scorer name or kvpress class name to the class name, or raise ValueError."""
+def resolve_scorer(name: str) -> type:
+    """Map a short scorer name or kvpress class name to the scorer class, or raise ValueError."""
     classes = scorer_classes()
     if name in classes:
-        return name
+        return classes[name]
     if name in NOT_OFFERED:
         raise ValueError(f"kvpress's {name} is not offered: {NOT_OFFERED[name]}")
     key = name.strip().lower().replace("-", "_")
     if key in SCORERS and SCORERS[key] in classes:
-        return SCORERS[key]
+        return classes[SCORERS[key]]
     raise ValueError(f"unknown press {name!r}; allowed scorers: {allowed_scorers()}; "
-                     f"families: {', '.join(f for f in FAMILIES if f)}")
+                     f"families: {family_names()}")
 
 
 def user_ratio(stage: Stage) -> str:
@@ -445,10 +484,10 @@ def user_ratio(stage: Stage) -> str:
 
 def scorer_call(stage: Stage, compression_ratio: str | None) -> str:
     """``SnapKVPress(compression_ratio=0.5, window_size=32)``: the stage's scorer as Python."""
-    fam = stage.kind
+    fam = stage.family
     args = [] if compression_ratio is None else [f"compression_ratio={compression_ratio}"]
     args += [f"{k}={v!r}" for k, v in stage.kwargs if k not in fam.field_map]
-    return f"{stage.scorer}({', '.join(args)})"
+    return f"{stage.scorer_name}({', '.join(args)})"
 
 
 def _exact_floor(ratio: float, n: int) -> int:
@@ -537,45 +576,37 @@ def _quiet_kvpress() -> Iterator[None]:
 class Stage:
     """One kvpress press with kvdrift's exact budget rule.
 
-    ``ratio`` is the fraction *kept* (``floor(ratio * n)``, at least 1), ``budget`` a fixed
-    count (``min(budget, n)``), ``ratios`` per-layer fractions kept (``perlayer``) and
-    ``kwargs`` the press fields as sorted ``(spec name, value)`` pairs (family fields by their
-    spec names, e.g. ``interval``; the rest are the scorer's).
+    ``family`` is the :class:`Family` object (from :data:`FAMILIES`), ``scorer`` the kvpress
+    scorer class; ``ratio`` is the fraction *kept* (``floor(ratio * n)``, at least 1),
+    ``budget`` a fixed count (``min(budget, n)``), ``ratios`` per-layer fractions kept
+    (``perlayer``) and ``kwargs`` the press fields as sorted ``(spec name, value)`` pairs
+    (family fields by their spec names, e.g. ``interval``; the rest are the scorer's).
     """
 
-    family: str
-    scorer: str
+    family: Family
+    scorer: type
     ratio: float | None = None
     budget: int | None = None
     ratios: tuple[float, ...] | None = None
     kwargs: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
-        fam = FAMILIES.get(self.family)
-        if fam is None:
-            raise ValueError(f"unknown press family {self.family!r}; allowed: "
-                             f"{', '.join(repr(f) for f in FAMILIES)}")
+        fam = self.family
         label = self.label
         given = [k for k, v in (("ratio", self.ratio), ("budget", self.budget),
                                 ("ratios", self.ratios)) if v is not None]
         fam.check_budget(self, given)
         if self.ratio is not None:
-            ratio = float(self.ratio)
-            if not 0.0 < ratio <= 1.0:
-                raise ValueError(f"{label}: ratio (fraction of entries kept) must be in (0, 1]; "
-                                 f"got {self.ratio}")
-            object.__setattr__(self, "ratio", ratio)
+            object.__setattr__(self, "ratio", checks.number(
+                self.ratio, f"{label}: ratio (fraction of entries kept)", 0, 1, open_lo=True))
         if self.budget is not None:
-            if isinstance(self.budget, bool) or int(self.budget) != self.budget or self.budget < 1:
-                raise ValueError(f"{label}: budget (entries kept) must be an integer >= 1; "
-                                 f"got {self.budget}")
-            object.__setattr__(self, "budget", int(self.budget))
+            object.__setattr__(self, "budget", checks.integer(
+                self.budget, f"{label}: budget (entries kept)", 1))
         if self.ratios is not None:
-            ratios = tuple(float(r) for r in self.ratios)
-            if not ratios or any(not 0.0 < r <= 1.0 for r in ratios):
-                raise ValueError(f"{label}: ratios (fraction kept per layer) must each be in "
-                                 f"(0, 1]; got {list(self.ratios)}")
-            object.__setattr__(self, "ratios", ratios)
+            checks.integer(len(self.ratios), f"{label}: number of ratios (one per layer)", 1)
+            object.__setattr__(self, "ratios", tuple(
+                checks.number(r, f"{label}: ratios[{i}] (fraction kept in layer {i})", 0, 1,
+                              open_lo=True) for i, r in enumerate(self.ratios)))
         allowed = {**{k: None for k in fam.field_map},
                    **{k: None for k in scorer_fields(self.scorer)}}
         for key, value in self.kwargs:
@@ -588,20 +619,20 @@ class Stage:
     # --- what it keeps (the family decides) ---------------------------------------------
     @property
     def label(self) -> str:
-        return f"{self.family}-{self.scorer}" if self.family else self.scorer
+        return self.family.label(self.scorer_name)
 
     @property
-    def kind(self) -> Family:
-        """The stage's family (a :class:`Family`, which says what the stage keeps)."""
-        return FAMILIES[self.family]
+    def scorer_name(self) -> str:
+        """The scorer's kvpress class name (as labels and messages show it)."""
+        return self.scorer.__name__
 
     @property
     def is_decoding(self) -> bool:
-        return self.kind.is_decoding
+        return self.family.is_decoding
 
     @property
     def head_adaptive(self) -> bool:
-        return self.kind.head_adaptive
+        return self.family.head_adaptive
 
     @property
     def needs_attention_weights(self) -> bool:
@@ -612,13 +643,9 @@ class Stage:
         given = dict(self.kwargs)
         if name in given:
             return given[name]
-        fam = self.kind
-        if name in fam.field_map:
-            cls = getattr(kvpress, fam.press)
-            for f in dataclasses.fields(cls):
-                if f.name == fam.field_map[name] and f.default is not dataclasses.MISSING:
-                    return f.default
-            return default
+        wrapper = self.family.wrapper_defaults()
+        if name in wrapper:
+            return default if wrapper[name] is dataclasses.MISSING else wrapper[name]
         fields = scorer_fields(self.scorer)
         if name in fields and fields[name].default is not dataclasses.MISSING:
             return fields[name].default
@@ -627,11 +654,11 @@ class Stage:
     @property
     def uniform(self) -> bool:
         """Whether every layer and KV head keeps one count that depends only on n."""
-        return self.kind.uniform
+        return self.family.uniform
 
     def kept(self, n: int) -> int:
         """Entries kept per KV head (on average over heads for head-adaptive presses)."""
-        return self.kind.kept(self, n)
+        return self.family.kept(self, n)
 
     def chunks(self, n: int) -> list[int]:
         """Lengths of the chunks of ``chunk_length`` a prompt of ``n`` entries falls into."""
@@ -640,33 +667,33 @@ class Stage:
 
     def is_noop(self, n: int) -> bool:
         """Whether nothing is evicted at prefill for a prompt of ``n`` entries."""
-        return self.kind.is_noop(self, n)
+        return self.family.is_noop(self, n)
 
     def expected_counts(self, n: int, n_layers: int, config: Any) -> list[int] | None:
         """Entries each KV head of each layer keeps after prefill (None: head-adaptive)."""
-        return self.kind.expected_counts(self, n, n_layers, config)
+        return self.family.expected_counts(self, n, n_layers, config)
 
     def check_counts(self, n: int, counts: Any, config: Any) -> None:
         """Raise RuntimeError unless ``counts`` ``[layers, kv_heads]`` is what this promises."""
-        self.kind.check_counts(self, n, counts, config)
+        self.family.check_counts(self, n, counts, config)
 
     # --- the kvpress press --------------------------------------------------------------
     def scorer_press(self, compression_ratio: float = 0.0) -> Any:
         """A fresh scorer press with this stage's scorer fields."""
-        fam = self.kind
+        fam = self.family
         fields = scorer_fields(self.scorer)
         kwargs = {k: v for k, v in self.kwargs if k not in fam.field_map and k in fields}
-        return getattr(kvpress, self.scorer)(compression_ratio=compression_ratio, **kwargs)
+        return self.scorer(compression_ratio=compression_ratio, **kwargs)
 
     def kvpress_call(self) -> str:
         """The kvpress press this stage is, as the Python call that rebuilds it."""
-        return self.kind.kvpress_call(self)
+        return self.family.kvpress_call(self)
 
     def build(self, n: int) -> Any:
         """A fresh kvpress press for a prompt of ``n`` entries (fields that kvpress requires
         below the prompt length, such as SnapKV's ``window_size``, are clamped to ``n - 1``)."""
         with _quiet_kvpress():
-            return self.kind.build(self, n)
+            return self.family.build(self, n)
 
     def clamped_scorer(self, n: int, compression_ratio: float) -> Any:
         """A fresh scorer press for ``n`` entries, with ``window_size`` and ``n_sink`` clamped

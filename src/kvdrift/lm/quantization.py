@@ -55,6 +55,7 @@ from typing import Any, ClassVar
 import torch
 from transformers import DynamicCache
 
+from kvdrift import checks
 from kvdrift.lm.quantize import (
     FP8_FORMATS,
     GGUF_BLOCK,
@@ -154,11 +155,8 @@ class KIVIQuantization(Quantization):
     kind: ClassVar[str] = "kivi"
 
     def __post_init__(self) -> None:
-        if self.bits not in KIVI_BITS:
-            raise ValueError(f"kivi: bits must be one of {', '.join(map(str, KIVI_BITS))}; "
-                             f"got {self.bits}")
-        if self.group < 1:
-            raise ValueError(f"kivi: group must be an integer >= 1; got {self.group}")
+        checks.choice(self.bits, "kivi bits", KIVI_BITS)
+        checks.integer(self.group, "kivi: group", 1)
         if self.residual < self.group or self.residual % self.group:
             raise ValueError(f"kivi: residual must be a positive multiple of group "
                              f"({self.group}); got {self.residual}")
@@ -232,9 +230,7 @@ class GGUFQuantization(Quantization):
 
     def __post_init__(self) -> None:
         for side, name in (("k", self.k), ("v", self.v)):
-            if name not in GGUF_TYPES:
-                raise ValueError(f"gguf: {side}={name!r} is not a llama.cpp cache type; "
-                                 f"allowed: {', '.join(GGUF_TYPES)}")
+            checks.choice(name, f"llama.cpp cache type for {side}=", GGUF_TYPES)
 
     @classmethod
     def _build(cls, values: dict[str, str], whole: str) -> Quantization:
@@ -270,11 +266,8 @@ class FP8Quantization(Quantization):
     layer_bytes: ClassVar[int] = 2 * FP8_SCALE_BYTES
 
     def __post_init__(self) -> None:
-        if self.format not in FP8_FORMATS:
-            raise ValueError(f"fp8: format must be one of {', '.join(FP8_FORMATS)}; got "
-                             f"{self.format!r}")
-        if not (isinstance(self.scale, (int, float)) and 0 < self.scale < float("inf")):
-            raise ValueError(f"fp8: scale must be a finite number > 0; got {self.scale!r}")
+        checks.choice(self.format, "fp8 format", FP8_FORMATS)
+        checks.number(self.scale, "fp8: scale", 0, open_lo=True)
 
     @classmethod
     def from_items(cls, items: list[str], whole: str) -> Quantization:

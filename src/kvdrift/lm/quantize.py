@@ -39,6 +39,8 @@ from dataclasses import dataclass
 
 import torch
 
+from kvdrift import checks
+
 GGUF_BLOCK = 32  # llama.cpp's block of entries along head_dim for every legacy quant type
 FP8_FORMATS: dict[str, torch.dtype] = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 
@@ -90,6 +92,7 @@ def _signed_absmax(b: torch.Tensor) -> torch.Tensor:
 
 def gguf_roundtrip(x: torch.Tensor, type_name: str) -> torch.Tensor:
     """``x`` (``[..., head_dim]``) quantized to a llama.cpp type and dequantized, same dtype."""
+    checks.choice(type_name, "llama.cpp cache type", GGUF_TYPES)
     if type_name == "f16":
         return x.half().to(x.dtype)
     b = _blocks(x)  # [..., nb, 32] float32
@@ -108,8 +111,7 @@ def gguf_roundtrip(x: torch.Tensor, type_name: str) -> torch.Tensor:
         q = torch.trunc((b - lo) * _inverse(d) + 0.5).clamp(0, top)
         out = _f16(d) * q + _f16(lo)
     else:
-        raise ValueError(f"unknown llama.cpp cache type {type_name!r}; allowed: "
-                         f"{', '.join(GGUF_TYPES)}")
+        raise AssertionError(f"GGUF_TYPES lists {type_name!r}, which has no round trip here")
     return out.reshape(x.shape).to(x.dtype)
 
 

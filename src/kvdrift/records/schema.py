@@ -6,14 +6,14 @@ table and one row per replicate into the replicate table (``run/records.py`` bui
 declared; the writers and the readers (``analysis/``, ``kvdrift predict``/``plan``, the
 frontier) name them from here.
 
-The window terms of each depth ``L`` are a pair of replicate columns, ``observed_L{L}`` and
-``capacity_L{L}`` (:func:`depth_columns`); :func:`record_depths` reads the depths back from
-a table's columns, so no reader parses the names itself.
+The observation depths are one typed column each, not one column per depth: every replicate
+row holds the depths ``L`` (:data:`DEPTHS`, ascending) and, in the same order, the window
+terms at each (:data:`OBSERVED`, :data:`CAPACITY`). :mod:`.depths` writes and reads them;
+:mod:`.legacy` converts the one-column-per-depth layout of earlier stores on read.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -80,6 +80,16 @@ SCORES = (
     Column("score_y", pa.float64(), "task score of Y's text", "documents with answers"),
 )
 
+DEPTHS = Column("depths", pa.list_(pa.int32()),
+                "the observation depths L, ascending (the same list in every row of a run)")
+OBSERVED = Column("observed", pa.list_(pa.float64()),
+                  "per depth, in the order of depths: the observed window term (mean -> R_L)")
+CAPACITY = Column("capacity", pa.list_(pa.float64()),
+                  "per depth, in the order of depths: the unobserved capacity (mean -> B_L)")
+DEPTH_TERMS = (DEPTHS, OBSERVED, CAPACITY)
+"""The window terms at each observation depth L: one list column each, with the depths
+recorded beside them in every row (an empty list where a run has no depths)."""
+
 TERMS = (
     Column("risk", pa.float64(), "mismatch fraction D_H (mean -> R)"),
     Column("occurrence", pa.float64(), "1{tau <= H}/H (mean -> O)"),
@@ -99,8 +109,8 @@ REPLICATES = KEY + (
     *TERMS[1:5],
     Column("evaluations", pa.int64(), "kernel-pair evaluations of the replicate"),
     *TERMS[5:],
-) + TIMING + MEMORY + SCORES
-"""Replicate columns, depth columns aside (:func:`depth_columns`)."""
+) + DEPTH_TERMS + TIMING + MEMORY + SCORES
+"""The replicate columns."""
 
 
 @dataclass(frozen=True)
@@ -137,22 +147,4 @@ TIMING_COLUMNS = names(TIMING)
 """The only columns that differ between two runs of the same settings."""
 SCORE_COLUMNS = names(SCORES)
 TERM_COLUMNS = names(TERMS)
-
-
-def depth_columns(L: int) -> tuple[str, str]:
-    """The replicate columns of depth ``L``: the observed window term (mean -> R_L) and the
-    unobserved capacity (mean -> B_L)."""
-    return f"observed_L{L}", f"capacity_L{L}"
-
-
-_DEPTH = re.compile(r"observed_L(\d+)")
-
-
-def record_depths(columns: Iterable[str]) -> tuple[int, ...]:
-    """The depths ``L`` whose window terms a table holds, ascending."""
-    return tuple(sorted(int(m.group(1)) for c in columns if (m := _DEPTH.fullmatch(c))))
-
-
-def is_depth_column(name: str) -> bool:
-    """Whether ``name`` is a depth's window term (observed or capacity)."""
-    return re.fullmatch(r"(observed|capacity)_L\d+", name) is not None
+DEPTH_TERM_COLUMNS = names(DEPTH_TERMS)

@@ -16,7 +16,8 @@ import pyarrow as pa
 
 from kvdrift.divergence import diverged
 from kvdrift.estimate import RolloutResult, SWRBResult
-from kvdrift.records.schema import FORCED_COLUMNS, depth_columns
+from kvdrift.records.depths import DepthTerms, depth_arrays
+from kvdrift.records.schema import FORCED_COLUMNS
 from kvdrift.records.terms import trajectory_terms, window_terms
 
 
@@ -87,10 +88,10 @@ def rollout_tables(
         "divergence_mass": diverged(tau).astype(np.float64),
         "entry_time_mass": tau.astype(np.float64),
     }
-    for L in depths:
-        window = window_terms(m, L)
-        observed, capacity = depth_columns(L)
-        cols[observed], cols[capacity] = window.observed, window.capacity
+    windows = [window_terms(m, L) for L in depths]
+    cols |= depth_arrays(DepthTerms(
+        tuple(depths), np.array([w.observed for w in windows]).reshape(len(depths), K).T,
+        np.array([w.capacity for w in windows]).reshape(len(depths), K).T))
     return steps, pa.table(cols)
 
 
@@ -138,7 +139,5 @@ def swrb_tables(key: UnitKey, result: SWRBResult) -> tuple[pa.Table, pa.Table]:
         "divergence_mass": result.M.numpy(),
         "entry_time_mass": (w * s).sum(axis=1),  # E[.] = sum_s s p_s
     }
-    for i, L in enumerate(result.depths):
-        observed, capacity = depth_columns(L)
-        cols[observed], cols[capacity] = result.z_L[:, i].numpy(), result.w_L[:, i].numpy()
+    cols |= depth_arrays(DepthTerms(result.depths, result.z_L.numpy(), result.w_L.numpy()))
     return steps, pa.table(cols)

@@ -36,6 +36,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from kvdrift.records.legacy import current_layout
 from kvdrift.run import fingerprint as fp
 from kvdrift.run.records import UnitKey
 
@@ -299,7 +300,8 @@ class RunStore:
                           self._path(key, "replicates"))
 
     def read(self, kind: str, columns: list[str] | None = None) -> pa.Table:
-        """All finished units' records of one kind (``"steps"`` or ``"replicates"``)."""
+        """All finished units' records of one kind (``"steps"`` or ``"replicates"``), each
+        file in the current layout (:func:`~kvdrift.records.legacy.current_layout`)."""
         if kind not in KINDS:
             raise ValueError(f"unknown record kind {kind!r}; allowed: {', '.join(KINDS)}")
         done = {p.name for p in (self.root / "replicates").glob("*.parquet")}
@@ -309,7 +311,7 @@ class RunStore:
         tables = []
         for f in files:
             try:
-                tables.append(pq.read_table(f, columns=columns))
+                tables.append(current_layout(kind, pq.read_table(f, columns=columns), columns))
             except (OSError, pa.ArrowException) as exc:
                 raise ValueError(f"{f} is unreadable ({str(exc).strip().splitlines()[0]}); "
                                  "rerun the run or study command to recompute its unit") from None
