@@ -62,10 +62,11 @@ def test_contrast_identity_is_exact():
 
 
 def test_contrast_terms_hand_values():
-    a = Decomposition.from_terms(O=0.1, E=0.4, Pi=0.2)  # R = 0.3, C = 0.5
-    b = Decomposition.from_terms(O=0.2, E=0.6, Pi=0.45)  # R = 0.65, C = 0.75
-    c = Contrast(a, b)
+    a = Decomposition.from_terms(O=0.2, E=0.6, Pi=0.45)  # R = 0.65, C = 0.75
+    b = Decomposition.from_terms(O=0.1, E=0.4, Pi=0.2)  # R = 0.3, C = 0.5
+    c = Contrast(a, b)  # a - b, minuend first
     assert (c.dR, c.dO, c.dE, c.dC) == pytest.approx((0.35, 0.1, 0.2, 0.25))
+    assert Contrast(b, a).dR == pytest.approx(-0.35)
     assert c.exposure_term == pytest.approx(0.2 * 0.625)
     assert c.rate_term == pytest.approx(0.25 * 0.5)
     assert c.exposure_share == pytest.approx(0.125 / 0.35)

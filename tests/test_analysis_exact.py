@@ -168,7 +168,8 @@ def test_eos_total_interval_is_a_percentile_of_document_resamples(study):
 def test_contrasts_and_endpoints_match_hand_computation(study):
     raw, analysis, _ = study
     a, b = hand(raw, "clean"), hand(raw, "noisy")
-    c = next(x for x in analysis["contrasts"] if (x["a"], x["b"]) == ("clean", "noisy"))
+    # a - b: the later action (noisy) minus the earlier (clean)
+    c = next(x for x in analysis["contrasts"] if (x["a"], x["b"]) == ("noisy", "clean"))
     assert c["dR"]["estimate"] == pytest.approx(b["R"] - a["R"])
     assert c["dO"]["estimate"] == pytest.approx(b["O"] - a["O"])
     assert c["dE"]["estimate"] == pytest.approx(b["E"] - a["E"])
@@ -182,10 +183,11 @@ def test_contrasts_and_endpoints_match_hand_computation(study):
     assert c["block_gap"]["blocks"] == [[t, t] for t in range(1, H + 1)]  # 8 blocks of 1 at H=8
     np.testing.assert_allclose(c["block_gap"]["estimate"], gap, atol=1e-12)
     assert [(x["a"], x["b"]) for x in analysis["contrasts"]] == [
-        ("clean", "noisy"), ("clean", "broken"), ("noisy", "broken")]
+        ("noisy", "clean"), ("broken", "clean"), ("broken", "noisy")]
     e1, e2 = analysis["endpoints"]
     assert (e1["name"], e2["name"]) == ("R(noisy) - R(clean)", "C(noisy)")
     assert e1["estimate"] == pytest.approx(b["R"] - a["R"])
+    assert e1["estimate"] == c["dR"]["estimate"]  # one sign: the endpoint reads as the contrast
     assert e2["estimate"] == pytest.approx(b["C"])
     assert e1["alpha"] == e2["alpha"] == pytest.approx(0.05 / 2)
     counts = stratified_counts(np.array(STRATA), BOOT, seed=4)
@@ -346,7 +348,7 @@ def test_quantities_helpers_hand_values():
          "C": np.zeros(3)}
     b = {"R": np.array([1.0, 0.2, 0.0]), "O": np.full(3, 0.1), "E": np.ones(3),
          "C": np.ones(3)}
-    d = contrast_terms(a, b)
+    d = contrast_terms(b, a)  # b - a, minuend first
     assert d["dR"].tolist() == [1.0, 0.0, -0.5]
     assert d["exposure_term"].tolist() == [0.25, 0.25, 0.25]
     assert d["rate_term"].tolist() == [0.75, 0.75, 0.75]
@@ -366,7 +368,7 @@ def test_lag_windows_and_eos_contrast_hand_values():
     # Two draws, categories (pre-EOS, EOS kinds...): share = sum of EOS categories / total.
     g_a = np.array([[0.1, 0.0, 0.1], [0.2, 0.1, 0.0]])
     g_b = np.array([[0.2, 0.1, 0.2], [0.1, 0.2, 0.0]])  # row 2: EOS moves, total 0
-    c = eos_contrast(g_a, g_b)
+    c = eos_contrast(g_b, g_a)  # b - a
     assert c["dR_minus_F"] == pytest.approx([0.3, 0.0])
     assert c["pre_eos"] == pytest.approx([0.1, -0.1])
     assert c["eos_share"][0] == pytest.approx(0.2 / 0.3) and np.isnan(c["eos_share"][1])

@@ -61,9 +61,10 @@ def test_stratified_counts_by_seed_and_refusals():
     # each member of stratum a is drawn 3 x 1/3 = 1 time on average (sd sqrt(2/3) per draw):
     # 500 draws put the mean within 0.2 of 1 with probability > 1 - 1e-7
     assert np.abs(many[:, [0, 2, 3]].mean(axis=0) - 1).max() < 0.2
-    for draws in (True, 1.5, 0):
+    assert stratified_counts(strata, 0, seed=7).shape == (0, 4)  # point estimates only
+    for draws in (True, 1.5, -1):
         with pytest.raises(ValueError, match=whole(
-                f"bootstrap draws must be an integer >= 1; got {draws!r}")):
+                f"bootstrap draws must be an integer >= 0; got {draws!r}")):
             stratified_counts(strata, draws, seed=0)
 
 
@@ -85,6 +86,11 @@ def test_percentile_interval_by_hand_and_all_nan_columns():
         warnings.simplefilter("error")
         lo, hi = percentile_interval(samples, 0.1)
     assert (lo[0], hi[0]) == (5.0, 95.0) and np.isnan(lo[1]) and np.isnan(hi[1])
+    # no draws (a point-estimate-only analysis): NaN ends of the curve's shape, never a width
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        lo, hi = percentile_interval(np.empty((0, 3)), 0.1)
+    assert lo.shape == hi.shape == (3,) and np.isnan(lo).all() and np.isnan(hi).all()
     for alpha in (0.0, 1.0):
         with pytest.raises(ValueError, match=whole(
                 f"alpha must be within (0, 1); got {alpha}")):

@@ -98,7 +98,7 @@ def test_rollout_tv_risk_beside_R_for_every_action_contrast_and_stratum(study):
         assert sc["R_minus_F"]["estimate"] == pytest.approx(want["R_tv"] - want["F"], abs=1e-12)
         assert sc["var_ratio"]["estimate"] == pytest.approx(want["var_R"] / want["var_R_tv"])
     for c in out["contrasts"]:
-        want = hand(reps, steps, c["b"])["R_tv"] - hand(reps, steps, c["a"])["R_tv"]
+        want = hand(reps, steps, c["a"])["R_tv"] - hand(reps, steps, c["b"])["R_tv"]  # a - b
         assert c["dR_tv"]["estimate"] == pytest.approx(want, abs=1e-12)
     for s in out["strata"]:
         for a in s["actions"]:
@@ -113,8 +113,8 @@ def test_eos_components_sum_to_the_rollout_tv_gap(study):
     scalars = {a["action"]: a["scalars"] for a in out["actions"]}
     assert len(out["eos_contrasts"]) == 3
     for c in out["eos_contrasts"]:
-        want = (scalars[c["b"]]["R_minus_F"]["estimate"]
-                - scalars[c["a"]]["R_minus_F"]["estimate"])
+        want = (scalars[c["a"]]["R_minus_F"]["estimate"]
+                - scalars[c["b"]]["R_minus_F"]["estimate"])
         assert sum(g["estimate"] for g in c["dG"]) == pytest.approx(want, abs=1e-9)
         assert c["dR_minus_F"]["estimate"] == pytest.approx(want, abs=1e-9)
     for a in out["actions"]:
@@ -146,8 +146,11 @@ def test_two_clocks_by_hand_pooled_and_per_stratum(study):
     steps, reps, analysis = study
     out = analysis.to_json()
     entries = {(e["stratum"], e["a"], e["b"]): e for e in out["two_clocks"]}
+    # a - b, the later action minus the earlier, in the order the actions were run
+    assert [(e["a"], e["b"]) for e in out["two_clocks"][:3]] == [("b", "a"), ("c", "a"),
+                                                                  ("c", "b")]
     assert set(entries) == {(s, a, b) for s in ("all", "s0", "s1")
-                            for a, b in (("a", "b"), ("a", "c"), ("b", "c"))}
+                            for a, b in (("b", "a"), ("c", "a"), ("c", "b"))}
 
     def curve(action, stratum):
         s = steps[steps.action == action]
@@ -159,7 +162,7 @@ def test_two_clocks_by_hand_pooled_and_per_stratum(study):
     B = {(a["action"]): a["scalars"]["B"]["estimate"] for a in out["actions"]}
     for (stratum, a, b), e in entries.items():
         assert e["model"] == "m" and e["blocks"] == [[1, 4], [5, 8], [9, 16]]
-        gap = curve(b, stratum) - curve(a, stratum)
+        gap = curve(a, stratum) - curve(b, stratum)
         g = [gap.loc[lo:hi].mean() for lo, hi in e["blocks"]]
         np.testing.assert_allclose([x["estimate"] for x in e["g"]], g, atol=1e-12)
         assert e["delta_g"]["estimate"] == pytest.approx(g[2] - g[0], abs=1e-12)

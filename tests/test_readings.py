@@ -278,14 +278,16 @@ def test_analysis_entries_match_direct_computation():
         assert sp.numbers.first_round[2].estimate == pytest.approx(numbers[name]["first2"])
         assert tf.strata[0].stratum == "s"
         assert tf.strata[0].numbers.kl.estimate == pytest.approx(numbers[name]["kl"])
-    # contrasts b - a, paired
+    # the contrast is minuend first: the later action (named "b" here) minus the earlier ("a"),
+    # paired
     (c,) = out.teacher_forced_contrasts
-    assert (c.a, c.b) == ("a", "b")
+    assert (c.a, c.b) == ("b", "a")
     assert c.numbers.kl.estimate == pytest.approx(numbers["b"]["kl"] - numbers["a"]["kl"])
     (sc,) = out.speculative_contrasts
     assert sc.numbers.tokens_per_round[4].estimate == pytest.approx(
         numbers["b"]["tpr4"] - numbers["a"]["tpr4"])
-    assert js["speculative_contrasts"][0]["a"] == "a"
+    assert (js["speculative_contrasts"][0]["a"], js["speculative_contrasts"][0]["b"]) == (
+        "b", "a")
     # frames and the JSON round trip
     assert {"kl", "kl_lo", "kl_hi", "ppl_ratio"} <= set(out.teacher_forced_frame().columns)
     assert {"acceptance", "tokens_per_round_16", "first_round_1"} <= set(

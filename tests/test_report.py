@@ -6,6 +6,7 @@ import copy
 import io
 import json
 import math
+from dataclasses import replace
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -13,8 +14,13 @@ import pytest
 from rich.console import Console
 
 from kvdrift.analysis.interval import Interval
-from kvdrift.analysis.results import StudyAnalysis, StudyMeta
-from kvdrift.analysis.summary import ActionSummary
+from kvdrift.analysis.readings import (
+    SpeculativeNumbers,
+    SpeculativeResult,
+    TeacherForcedNumbers,
+    TeacherForcedResult,
+)
+from kvdrift.analysis.results import ActionResult, StudyAnalysis, StudyMeta
 from kvdrift.json_values import to_json_safe
 from kvdrift.report import summary_table, write_report
 from kvdrift.report.figures import (
@@ -26,7 +32,7 @@ from kvdrift.report.figures import (
     risk_memory_points,
 )
 from kvdrift.report.numbers import interval_text
-from kvdrift.report.terminal import print_whole, run_table
+from kvdrift.report.terminal import print_whole, run_rows, run_table
 
 H = 32
 MODELS = ("Llama-3.1-8B-Instruct", "Qwen2.5-7B-Instruct")
@@ -112,6 +118,7 @@ def fake_action(model: str, action: str, hazard: float, rng: np.random.Generator
 
 
 def fake_contrast(model, a, b, rng):
+    """The contrast ``a - b`` (``a`` the later action, as the analysis names them)."""
     occ, exp_, rate = rng.normal(0.005, 0.002), rng.normal(0.15, 0.02), rng.normal(0.02, 0.01)
     dR = occ + exp_ + rate
     return {"model": model, "a": a, "b": b, "dR": interval(dR), "dO": interval(occ, 0.001),
@@ -151,8 +158,8 @@ def make_analysis() -> dict:
     actions[4]["eos_split"] = None
     actions[1]["scalars"]["F"] = interval(float("nan"))
     actions[2]["kv_bytes"] = actions[2]["kv_fraction"] = None  # cache size not recorded
-    contrasts = [fake_contrast(m, "snapkv-half", b, rng)
-                 for m in MODELS for b in ("snapkv-512", "recent-half")]
+    contrasts = [fake_contrast(m, a, "snapkv-half", rng)
+                 for m in MODELS for a in ("snapkv-512", "recent-half")]
     endpoints = [{"model": m, "name": f"{q}({a})", "estimate": 0.05, "lo": 0.01, "hi": 0.09,
                   "alpha": 0.05 / 8}
                  for m in MODELS for q in ("B", "S99") for a in ("snapkv-90", "recent-90")]
@@ -168,7 +175,7 @@ def make_analysis() -> dict:
         "certified_order": [{"model": MODELS[0], "L": H, "better": "snapkv-half",
                              "worse": "snapkv-512"}],
         "strata": [s for m in MODELS for s in fake_strata(m, contrasts)],
-        "eos_contrasts": [fake_eos_contrast(m, "snapkv-half", "recent-half") for m in MODELS],
+        "eos_contrasts": [fake_eos_contrast(m, "recent-half", "snapkv-half") for m in MODELS],
         "local_agreement": [{"model": m, "action": a, "run_length": 4, "max_entry": 16,
                              "agree_run": fraction(0.3125), "relapse": fraction(0.25)}
                             for m in MODELS for a in ACTIONS],
@@ -232,6 +239,16 @@ def report_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("report") / "out"
     write_report(typed(make_analysis()), out)
     return out
+
+
+def test_contrasts_are_written_minuend_first(report_dir):
+    """A contrast ``a - b`` (``a`` the later action) reads "a − b" under headers that say so,
+    in the decomposition and EOS tables alike; never the other way round."""
+    html = (report_dir / "report.html").read_text(encoding="utf-8")
+    assert html.count("contrast (a &minus; b)") >= 2 and "(b &minus; a)" not in html
+    assert "R<sub>a</sub> &minus; R<sub>b</sub>" in html
+    assert "recent-half &minus; snapkv-half" in html and "snapkv-512 &minus; snapkv-half" in html
+    assert "snapkv-half &minus; recent-half" not in html
 
 
 def strict_json(text: str):
@@ -458,16 +475,40 @@ def test_print_whole_off_a_terminal():
     assert max(len(line) for line in terminal.export_text().splitlines()) == 80  # as it was
 
 
+def point_only(estimate: float) -> Interval:
+    """A point estimate without an interval, as ``kvdrift run``'s analysis (no bootstrap)."""
+    return Interval(estimate, math.nan, math.nan, 0.95)
+
+
+def run_analysis(estimator: str, actions: list[ActionResult], readings: dict | None = None
+                 ) -> StudyAnalysis:
+    """A point-estimate-only analysis of ``actions``; ``readings`` maps an action to its
+    (KL, acceptance, tokens per round at draft length 4)."""
+    meta = StudyMeta(estimator=estimator, horizon=8, replicates=2, bootstrap=0, alpha=0.05)
+    forced, spec = [], []
+    for action, (kl, acceptance, tokens) in (readings or {}).items():
+        nan = point_only(math.nan)
+        forced.append(TeacherForcedResult("m", action, TeacherForcedNumbers(
+            point_only(kl), nan, nan, nan), 3))
+        spec.append(SpeculativeResult("m", action, SpeculativeNumbers(
+            point_only(acceptance), {g: point_only(tokens if g == 4 else 1.0 + g / 100)
+                                     for g in (1, 2, 4, 8)}, {}), 3))
+    return StudyAnalysis(meta, actions=tuple(actions), teacher_forced=tuple(forced),
+                         speculative=tuple(spec))
+
+
+def run_action(action: str, **estimates: float) -> ActionResult:
+    return ActionResult("m", action, 3, {k: point_only(v) for k, v in estimates.items()})
+
+
 def test_run_table_marks_unmeasured_quantities():
     nan = float("nan")
-    rows = [ActionSummary(model="m", action="snapkv-half", documents=3, p_diverge=0.5,
-                          mean_entry_time=4.5, R=0.1, O=0.02, E=0.4, Pi=0.08, C=1.012, F=nan,
-                          R_minus_F=nan),
-            ActionSummary(model="m", action="full", documents=3, p_diverge=0.0,
-                          mean_entry_time=nan, R=0.0, O=0.0, E=0.0, Pi=0.0, C=0.0, F=nan,
-                          R_minus_F=nan)]
+    rows = [run_action("snapkv-half", p_diverge=0.5, mean_entry_time=4.5, R=0.1, O=0.02,
+                       E=0.4, Pi=0.08, C=1.012, F=nan, R_minus_F=nan, R_tv=nan),
+            run_action("full", p_diverge=0.0, mean_entry_time=nan, R=0.0, O=0.0, E=0.0,
+                       Pi=0.0, C=0.0, F=nan, R_minus_F=nan, R_tv=nan)]
     console = Console(record=True, width=200)
-    console.print(run_table(rows, estimator="swrb"))
+    console.print(run_table(run_analysis("swrb", rows)))
     text = console.export_text()
     assert "nan" not in text
 
@@ -485,5 +526,36 @@ def test_run_table_marks_unmeasured_quantities():
                                  "—", "—", "—", "—"]  # no kv_fraction in these records
     assert "ratio" in text and "[0, 1]" in text
     console = Console(record=True, width=200)
-    console.print(run_table(rows[:1], estimator="rollout"))
+    console.print(run_table(run_analysis("rollout", rows[:1])))
     assert "[0, 1]" not in console.export_text()
+
+
+def test_run_rows_and_table_read_each_actions_own_entries():
+    """The run's JSON rows and table take each action's scalars, readings and cache size from
+    its own entries of the analysis (not a neighbour's), in the analysis' order."""
+    actions = [replace(run_action(name, p_diverge=p, mean_entry_time=2.0, R=r, O=r / 4,
+                                  E=2 * r, Pi=3 * r / 4, C=3 / 8, F=r / 2, R_minus_F=r / 2,
+                                  R_tv=r, S99=0.9), kv_bytes=kv, kv_fraction=kv / 1000)
+               for name, p, r, kv in (("kivi", 0.1, 0.04, 250.0), ("recent", 0.3, 0.2, 500.0))]
+    readings = {"recent": (0.17, 0.89, 3.12), "kivi": (0.0048, 0.977, 3.79)}
+    analysis = run_analysis("rollout", actions, readings)
+    rows = run_rows(analysis)
+    assert [list(r) for r in rows] == [[
+        "model", "action", "documents", "p_diverge", "mean_entry_time", "R", "O", "E", "Pi",
+        "C", "F", "R_minus_F", "R_tv", "kl", "acceptance", "tokens_per_round", "kv_bytes",
+        "kv_fraction"]] * 2
+    recent = rows[1]
+    assert (recent["action"], recent["R"], recent["p_diverge"], recent["F"]) == (
+        "recent", 0.2, 0.3, 0.1)
+    assert (recent["kl"], recent["acceptance"], recent["tokens_per_round"]) == (0.17, 0.89, 3.12)
+    assert (recent["kv_bytes"], recent["kv_fraction"]) == (500.0, 0.5)
+    assert rows[0]["kl"] == 0.0048 and rows[0]["R_tv"] == 0.04
+    console = Console(record=True, width=250)
+    console.print(run_table(analysis))
+    line = next(x for x in console.export_text().splitlines() if " recent " in x)
+    assert [c.strip() for c in line.split("│")[1:-1]] == [
+        "m", "recent", "3", "30.0%", "2.0", "20.00%", "20.00%", "5.00%", "40.00%", "15.00%",
+        "37.5%", "10.00%", "0.170", "89.0%", "3.12", "0.500"]
+    # without the teacher-forced entries (older records) only KL is unmeasured
+    no_kl = run_rows(replace(analysis, teacher_forced=()))
+    assert math.isnan(no_kl[1]["kl"]) and no_kl[1]["acceptance"] == 0.89

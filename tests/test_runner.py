@@ -5,10 +5,11 @@ import pyarrow.compute as pc
 import pytest
 
 from kvdrift.analysis.bootstrap import stratum_weights
-from kvdrift.analysis.summary import summarize
+from kvdrift.analysis.study import AnalysisOptions, analyze
 from kvdrift.data.document import Document
 from kvdrift.finite import exact, random_pair
 from kvdrift.records.depths import depth_terms
+from kvdrift.report.terminal import run_rows
 from kvdrift.run.runner import RunConfig, run_units
 from kvdrift.run.store import RunStore
 from tests.messages import whole
@@ -30,6 +31,11 @@ def factory(doc, action):
     return PAIRS[action]
 
 
+def point_rows(steps, reps) -> dict[str, dict]:
+    """``kvdrift run``'s rows (point estimates of the study analysis) by action."""
+    return {r["action"]: r for r in run_rows(analyze(steps, reps, AnalysisOptions(bootstrap=0)))}
+
+
 def config(**kw):
     base = dict(model="finite", actions=("mild", "strong"), replicates=400, horizon=5, seed=3)
     return RunConfig(**(base | kw))
@@ -44,21 +50,21 @@ def test_records_and_summary_match_exact(tmp_path):
     assert steps.num_rows == len(DOCS) * 2 * 400 * 5
     assert set(pc.unique(steps["t"]).to_pylist()) == set(range(1, 6))
     reps = store.read("replicates").to_pandas()
-    table = {s.action: s for s in summarize(store.read("steps").to_pandas(), reps)}
+    table = point_rows(store.read("steps").to_pandas(), reps)
     for action, mix in MIX.items():
         truth = exact(random_pair(3, 5, seed=7, mix=mix, eos_token_id=2))
         s = table[action]
-        assert s.documents == len(DOCS)
+        assert s["documents"] == len(DOCS)
         # Equal-size strata: the summary is the mean of 1,600 independent trajectories, so
         # each check allows 4.5 of its standard errors (false alarm ~7e-6 each, 6 checks).
         mine = reps[reps.action == action]
-        for got, column, value in ((s.R, "risk", truth.R), (s.F, "fixed_risk", truth.F),
-                                   (s.p_diverge, "divergence_mass", truth.p_tau.sum())):
+        for got, column, value in ((s["R"], "risk", truth.R), (s["F"], "fixed_risk", truth.F),
+                                   (s["p_diverge"], "divergence_mass", truth.p_tau.sum())):
             se = mine[column].std(ddof=1) / np.sqrt(len(mine))
             assert abs(got - value) < 4.5 * se, (action, column)
-        assert s.R == pytest.approx(s.O + s.E * s.C)
-        assert s.R_minus_F == pytest.approx(s.R_tv - s.F)
-        assert abs(s.R_tv - truth.R) < 4.5 * mine["risk_tv"].std(ddof=1) / np.sqrt(len(mine))
+        assert s["R"] == pytest.approx(s["O"] + s["E"] * s["C"])
+        assert s["R_minus_F"] == pytest.approx(s["R_tv"] - s["F"])
+        assert abs(s["R_tv"] - truth.R) < 4.5 * mine["risk_tv"].std(ddof=1) / np.sqrt(len(mine))
 
 
 def test_swrb_through_the_runner(tmp_path):
@@ -68,11 +74,11 @@ def test_swrb_through_the_runner(tmp_path):
     reps = store.read("replicates").to_pandas()
     assert {"depths", "observed", "capacity", "divergence_mass"} <= set(reps.columns)
     assert depth_terms(reps).depths == (2,)  # SWRB's depths as configured
-    strong = {s.action: s for s in summarize(store.read("steps").to_pandas(), reps)}["strong"]
+    strong = point_rows(store.read("steps").to_pandas(), reps)["strong"]
     truth = exact(random_pair(3, 5, seed=7, mix=0.7, eos_token_id=2))
     risk = reps[reps.action == "strong"]["risk"]
-    assert abs(strong.R - truth.R) < 4.5 * risk.std(ddof=1) / np.sqrt(len(risk))
-    assert np.isnan(strong.F)
+    assert abs(strong["R"] - truth.R) < 4.5 * risk.std(ddof=1) / np.sqrt(len(risk))
+    assert np.isnan(strong["F"])
 
 
 def test_interrupted_run_resumes_without_loss_or_duplicates(tmp_path):
@@ -113,7 +119,7 @@ def test_replicate_batches_cover_all_replicates(tmp_path, estimator):
         assert sorted(unit["replicate"]) == list(range(20))
     steps = store.read("steps").to_pandas()
     assert len(steps) == 2 * 20 * 5
-    whole = {s.action: s for s in summarize(steps, reps)}
+    whole = point_rows(steps, reps)
     assert set(whole) == set(MIX)
 
 

@@ -68,8 +68,9 @@ def test_stratified_counts_keep_stratum_sizes():
     counts = stratified_counts(strata, 200, seed=1)
     assert counts.shape == (200, 8)
     assert np.all(counts[:, :3].sum(axis=1) == 3) and np.all(counts[:, 3:].sum(axis=1) == 5)
+    assert stratified_counts(strata, 0, seed=0).shape == (0, 8)  # point estimates only
     with pytest.raises(ValueError, match="bootstrap draws"):
-        stratified_counts(strata, 0, seed=0)
+        stratified_counts(strata, -1, seed=0)
 
 
 def test_bootstrap_interval_coverage():
@@ -158,7 +159,7 @@ def test_analysis_matches_exact_quantities(finite_study):
 def test_contrasts_endpoints_and_order(finite_study):
     analysis, truth = finite_study
     (c,) = analysis["contrasts"]
-    assert (c["a"], c["b"]) == ("mild", "strong")
+    assert (c["a"], c["b"]) == ("strong", "mild")  # a - b: the later action minus the earlier
     d = {k: v["estimate"] for k, v in c.items() if isinstance(v, dict)}
     assert d["dR"] == pytest.approx(d["occurrence_term"] + d["exposure_term"] + d["rate_term"])
     assert c["dR"]["lo"] > 0  # strong drift is clearly worse

@@ -138,15 +138,17 @@ def test_cohort_support_counts_only_given_documents():
 def test_eos_contrast_by_hand():
     g_a = np.array([0.10, 0.02, 0.03, 0.0])
     g_b = np.array([0.15, 0.01, 0.08, 0.0])
-    c = eos_contrast(g_a, g_b)
+    c = eos_contrast(g_b, g_a)  # b - a
     np.testing.assert_allclose(c["dG"], [0.05, -0.01, 0.05, 0.0])
     assert c["dR_minus_F"] == pytest.approx(0.09)
     assert c["pre_eos"] == pytest.approx(0.05)
     assert c["eos_share"] == pytest.approx(0.04 / 0.09)
     assert np.isnan(eos_contrast(g_a, g_a)["eos_share"])  # Delta(R - F) = 0: undefined
     # a negative total keeps its share; draws [B, 4] give one share per draw
-    assert eos_contrast(g_a, g_a - [0.05, 0, 0.05, 0])["eos_share"] == pytest.approx(0.5)
-    draws = eos_contrast(np.stack([g_a, g_a]), np.stack([g_b, g_a]))["eos_share"]
+    negative = eos_contrast(g_a - [0.05, 0, 0.05, 0], g_a)
+    assert negative["dR_minus_F"] == pytest.approx(-0.1)
+    assert negative["eos_share"] == pytest.approx(0.5)
+    draws = eos_contrast(np.stack([g_b, g_a]), np.stack([g_a, g_a]))["eos_share"]
     assert draws.shape == (2,) and draws[0] == pytest.approx(0.04 / 0.09) and np.isnan(draws[1])
 
 
@@ -180,7 +182,7 @@ def test_eos_split_and_contrasts_in_the_analysis():
     assert split["G_total"]["estimate"] == pytest.approx(sum(expected))
     assert split["G"][0]["lo"] < split["G"][0]["hi"]  # documents differ: a real interval
     (c,) = analysis["eos_contrasts"]
-    assert (c["a"], c["b"]) == ("a", "b")
+    assert (c["a"], c["b"]) == ("b", "a")  # the later action minus the earlier
     for g, want in zip(c["dG"], [0.02, 0.02, 0.0, 0.0], strict=True):
         assert g["estimate"] == pytest.approx(want)
         assert g["lo"] == pytest.approx(want) and g["hi"] == pytest.approx(want)  # paired
@@ -239,14 +241,14 @@ def test_per_stratum_quantities_by_hand():
 def test_per_stratum_contrasts_by_hand():
     analysis = study(strata_units())
     c = {s["stratum"]: s["contrasts"][0] for s in analysis["strata"]}["s1"]
-    assert (c["a"], c["b"]) == ("a", "b")
+    assert (c["a"], c["b"]) == ("b", "a")  # the later action minus the earlier
     # a: R = O = E = C = 0; b: O = 1/8, E = 5/8, C = 2/5, R = 3/8.
     assert c["dR"]["estimate"] == pytest.approx(3 / 8)
     assert c["occurrence_term"]["estimate"] == pytest.approx(1 / 8)
     assert c["exposure_term"]["estimate"] == pytest.approx(5 / 8 * (0 + 2 / 5) / 2)
     assert c["rate_term"]["estimate"] == pytest.approx(2 / 5 * (0 + 5 / 8) / 2)
     assert c["exposure_share"]["estimate"] == pytest.approx((1 / 8) / (3 / 8))
-    # Block gap: delta = mismatch here, so E[delta_t] of b - a is 1 at t = 3, 4, 6, else 0;
+    # Block gap: delta = mismatch here, so E[delta_t] of b minus a is 1 at t = 3, 4, 6, else 0;
     # 8 positions in 8 blocks of one.
     gap = c["block_gap"]
     assert gap["blocks"] == [[t, t] for t in range(1, 9)]
@@ -313,7 +315,7 @@ def test_analysis_fields_by_hand():
                               "hoeffding_hi"}
             assert b["lo"] == b["R_L"] and b["hi"] == pytest.approx(b["R_L"] + b["B_L"])
     [c] = out["contrasts"]
-    assert (c["model"], c["a"], c["b"]) == ("m", "a", "b")
+    assert (c["model"], c["a"], c["b"]) == ("m", "b", "a")
     [e] = out["endpoints"]
     assert (e["model"], e["name"], e["alpha"]) == ("m", "R(a)", 0.1)  # one endpoint, one model
     r_a = out["actions"][0]["scalars"]["R"]["estimate"]
@@ -412,9 +414,9 @@ def test_certified_order_uses_weighted_enclosures_at_alpha_over_actions():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(bootstrap=True), "bootstrap draws must be an integer >= 1; got True"),
-    (dict(bootstrap=1.5), "bootstrap draws must be an integer >= 1; got 1.5"),
-    (dict(bootstrap=0), "bootstrap draws must be an integer >= 1; got 0"),
+    (dict(bootstrap=True), "bootstrap draws must be an integer >= 0; got True"),
+    (dict(bootstrap=1.5), "bootstrap draws must be an integer >= 0; got 1.5"),
+    (dict(bootstrap=-1), "bootstrap draws must be an integer >= 0; got -1"),
     (dict(alpha=0.0), "alpha must be within (0, 1); got 0.0"),
     (dict(alpha=1.0), "alpha must be within (0, 1); got 1.0"),
 ])
@@ -487,41 +489,54 @@ def test_agreement_flags_at_the_cohort_and_horizon_edges():
     assert (support.documents, support.trajectories) == (2, 2)
 
 
-def test_run_summary_is_the_analysis_point_estimate():
-    from kvdrift.analysis.summary import summarize
+def test_run_rows_are_the_full_analysis_point_estimates_without_intervals():
+    from kvdrift.report.terminal import run_rows
 
     steps, reps = field_records()
     swap = {"a": "b", "b": "a"}  # model n's a is m's b
     two = (pd.concat([steps.assign(model="n", action=steps["action"].map(swap)), steps]),
            pd.concat([reps.assign(model="n", action=reps["action"].map(swap)), reps]))
-    rows = summarize(*two)
-    assert [(s.model, s.action) for s in rows] == [("n", "b"), ("n", "a"), ("m", "a"),
-                                                   ("m", "b")]
-    assert rows[0].R == rows[2].R and rows[1].R == rows[3].R and rows[0].R != rows[1].R
-    out = analyze(steps, reps, AnalysisOptions(bootstrap=20)).to_json()
+    point = analyze(*two, AnalysisOptions(bootstrap=0))
+    rows = run_rows(point)
+    assert [(r["model"], r["action"]) for r in rows] == [("n", "b"), ("n", "a"), ("m", "a"),
+                                                        ("m", "b")]
+    assert rows[0]["R"] == rows[2]["R"] and rows[1]["R"] == rows[3]["R"]
+    assert rows[0]["R"] != rows[1]["R"]
+    # no resample: every bootstrap interval's ends are NaN, never a made-up width
+    assert point.meta.bootstrap == 0
+    for a in point.actions:
+        assert all(math.isnan(iv.lo) and math.isnan(iv.hi) for iv in a.scalars.values())
+        assert all(math.isnan(v) for c in a.curves.values() for v in (*c.lo, *c.hi))
+    assert all(math.isnan(iv.lo) for c in point.contrasts for iv in c.terms.values())
+    full = analyze(steps, reps, AnalysisOptions(bootstrap=20))
+    out = full.to_json()
+    assert point.to_frame()[["model", "action", "R", "E", "C"]].iloc[2:].reset_index(
+        drop=True).equals(full.to_frame()[["model", "action", "R", "E", "C"]])
     # a third model with a third action: each unit reads its own steps, not the others'
     third = [pd.concat([r.assign(model="o"), r[r.action == "a"].assign(model="o", action="c")])
              for r in (steps, reps)]
-    rows3 = summarize(*(pd.concat([t, r]) for t, r in zip(two, third, strict=True)))
-    assert [(s.model, s.action) for s in rows3[4:]] == [("o", "a"), ("o", "b"), ("o", "c")]
-    assert [s.R for s in rows3[4:]] == [rows[2].R, rows[3].R, rows[2].R]
-    for s, entry, spec in zip(rows[2:], out["actions"], out["speculative"], strict=True):
-        d = s.as_dict()
+    rows3 = run_rows(analyze(*(pd.concat([t, r]) for t, r in zip(two, third, strict=True)),
+                             AnalysisOptions(bootstrap=0)))
+    assert [(r["model"], r["action"]) for r in rows3[4:]] == [("o", "a"), ("o", "b"),
+                                                             ("o", "c")]
+    assert [r["R"] for r in rows3[4:]] == [rows[2]["R"], rows[3]["R"], rows[2]["R"]]
+    for d, entry, spec in zip(rows[2:], out["actions"], out["speculative"], strict=True):
         assert d.pop("model") == "m" and d.pop("action") == entry["action"]
         assert d.pop("documents") == 3
-        assert d.pop("acceptance") == pytest.approx(spec["acceptance"]["estimate"])
+        assert d.pop("acceptance") == spec["acceptance"]["estimate"]
         # these records have no teacher-forced columns: no KL, no tokens per round
         assert math.isnan(d.pop("kl")) and math.isnan(d.pop("tokens_per_round"))
         # nor Q's cache size (only LM pairs tell it)
         assert math.isnan(d.pop("kv_bytes")) and math.isnan(d.pop("kv_fraction"))
         for key, value in d.items():
-            assert value == pytest.approx(entry["scalars"][key]["estimate"]), key
+            want = entry["scalars"][key]["estimate"]
+            assert value == want or math.isnan(value) and math.isnan(want), key
 
 
 def test_cache_size_is_the_stratum_weighted_mean_of_document_values():
     from kvdrift.analysis.results import StudyAnalysis
-    from kvdrift.analysis.summary import summarize
     from kvdrift.json_values import to_json_safe
+    from kvdrift.report.terminal import run_rows
 
     steps, reps = field_records()
     # by hand: Q's prompt cache per (document, action), in bytes, of a full cache of 4096
@@ -534,12 +549,13 @@ def test_cache_size_is_the_stratum_weighted_mean_of_document_values():
     assert want == {"a": 2304.0, "b": 2304.0}  # same mean, different documents
     result = analyze(steps, reps, AnalysisOptions(bootstrap=20, seed=0))
     out = result.to_json()
-    for entry, summary in zip(out["actions"], summarize(steps, reps), strict=True):
+    point = run_rows(analyze(steps, reps, AnalysisOptions(bootstrap=0)))
+    for entry, row in zip(out["actions"], point, strict=True):
         action = entry["action"]
         assert entry["kv_bytes"] == pytest.approx(want[action])
         assert entry["kv_fraction"] == pytest.approx(want[action] / 4096)
-        assert (summary.action, summary.kv_bytes) == (action, pytest.approx(want[action]))
-        assert summary.kv_fraction == pytest.approx(want[action] / 4096)
+        assert (row["action"], row["kv_bytes"]) == (action, pytest.approx(want[action]))
+        assert row["kv_fraction"] == pytest.approx(want[action] / 4096)
     # a stratum of one document counts as much as a stratum of two: not the plain mean
     reps.loc[reps["doc_id"] == "d3", "kv_bytes"] = 0.0
     entry = analyze(steps, reps, AnalysisOptions(bootstrap=20)).to_json()["actions"][0]

@@ -23,8 +23,9 @@ def stratum_weights(strata: pd.Series) -> np.ndarray:
 
 
 def stratified_counts(strata: np.ndarray, draws: int, seed: int) -> np.ndarray:
-    """``[draws, n]`` resampling counts: within each stratum, as many documents as it has."""
-    checks.integer(draws, "bootstrap draws", 1)
+    """``[draws, n]`` resampling counts: within each stratum, as many documents as it has
+    (``draws = 0``: no resample, a ``[0, n]`` matrix)."""
+    checks.integer(draws, "bootstrap draws", 0)
     strata = np.asarray(strata)
     rng = np.random.default_rng(seed)
     counts = np.zeros((draws, strata.size), dtype=np.float64)
@@ -49,8 +50,13 @@ def weighted_means(
 
 
 def percentile_interval(samples: np.ndarray, alpha: float) -> tuple[np.ndarray, np.ndarray]:
-    """Pointwise ``(lo, hi)`` percentile interval over the first axis at level ``1 - alpha``."""
+    """Pointwise ``(lo, hi)`` percentile interval over the first axis at level ``1 - alpha``;
+    NaN ends without draws (a point-estimate-only analysis has no interval)."""
     checks.alpha(alpha)
+    samples = np.asarray(samples, dtype=np.float64)
+    if samples.shape[0] == 0:
+        nan = np.full(samples.shape[1:], np.nan)
+        return nan, nan.copy()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns stay NaN
         lo = np.nanpercentile(samples, 100 * alpha / 2, axis=0)

@@ -2,11 +2,12 @@
 
 The *branch clock* is ``B(a)`` (:mod:`kvdrift.analysis.lags`): time counted from each
 trajectory's first divergence. The *generation clock* counts generated positions: per
-position block ``J`` the gap ``g_J = mean_{t in J} (E[delta_t](b) - E[delta_t](a))`` between
-two actions, over the paper's blocks ``1..H/4``, ``H/4+1..H/2`` and ``H/2+1..H`` (1:32,
-33:64, 65:128 at H = 128), and ``Delta g = g_last - g_first``: whether the gap between the
-actions grows along the generated text. Both come with pointwise percentile intervals from
-the paired document bootstrap, pooled over strata and within each stratum.
+position block ``J`` the gap ``g_J = mean_{t in J} (E[delta_t](a) - E[delta_t](b))`` between
+two actions (the contrast ``a - b``), over the paper's blocks ``1..H/4``, ``H/4+1..H/2``
+and ``H/2+1..H`` (1:32, 33:64, 65:128 at H = 128), and ``Delta g = g_last - g_first``:
+whether the gap between the actions grows along the generated text. Both come with pointwise
+percentile intervals from the paired document bootstrap, pooled over strata and within each
+stratum.
 """
 
 from __future__ import annotations
@@ -29,8 +30,10 @@ def two_clock_entries(
     model: str, stratum: str, point: dict[str, dict], draws: dict[str, dict], alpha: float,
     horizon: int,
 ) -> list[TwoClocks]:
-    """One entry per action pair ``(a, b)`` (``b - a``) of ``point`` (actions' derived dicts,
-    ``draws`` the same on paired bootstrap draws); empty without ``E[delta_t]`` curves."""
+    """One entry per contrast ``a - b`` of ``point``'s actions
+    (:func:`~kvdrift.analysis.quantities.action_pairs`; ``point``: the actions' derived dicts,
+    ``draws`` the same on paired bootstrap draws); ``B_a`` and ``B_b`` are the branch clocks
+    of ``a`` and ``b``. Empty without ``E[delta_t]`` curves."""
     blocks = clock_blocks(horizon)
     if blocks is None or not all("expected_delta" in p for p in point.values()):
         return []

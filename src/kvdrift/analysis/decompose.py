@@ -58,26 +58,27 @@ def decompose(terms: TrajectoryTerms, weights: np.ndarray | None = None) -> Deco
 
 @dataclass(frozen=True)
 class Contrast:
-    """``Delta R = Delta O + Delta E * Cbar + Delta C * Ebar`` for actions a -> b (``b - a``)."""
+    """``Delta R = Delta O + Delta E * Cbar + Delta C * Ebar`` of the contrast ``a - b``
+    (``Delta``: ``a`` minus ``b``; bars: midpoints of ``a`` and ``b``)."""
 
     a: Decomposition
     b: Decomposition
 
     @property
     def dR(self) -> float:
-        return self.b.R - self.a.R
+        return self.a.R - self.b.R
 
     @property
     def dO(self) -> float:
-        return self.b.O - self.a.O
+        return self.a.O - self.b.O
 
     @property
     def dE(self) -> float:
-        return self.b.E - self.a.E
+        return self.a.E - self.b.E
 
     @property
     def dC(self) -> float:
-        return self.b.C - self.a.C
+        return self.a.C - self.b.C
 
     @property
     def occurrence_term(self) -> float:

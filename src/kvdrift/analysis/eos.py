@@ -4,8 +4,9 @@ With ``e = min(e_X, e_Y)`` and ``e' = max(e_X, e_Y)`` (first EOS positions of th
 branches), positions fall into ``S_0 = {t < e}`` (pre-EOS), ``S_1 = {t = e}`` (first EOS),
 ``S_2 = {e < t <= e'}`` (one absorbed) and ``S_3 = {e' < t}`` (both absorbed), see
 :func:`kvdrift.analysis.features.eos_categories`. Per action
-``G_r = (1/H) E[sum_{t in S_r} (delta_t - f_t)]``; between two actions
-``Delta(R - F) = sum_r Delta G_r``, its pre-EOS component ``Delta G_0`` and the EOS share
+``G_r = (1/H) E[sum_{t in S_r} (delta_t - f_t)]``; between two actions, ``a - b``
+(``Delta G_r = G_r(a) - G_r(b)``), ``Delta(R - F) = sum_r Delta G_r``, its pre-EOS
+component ``Delta G_0`` and the EOS share
 ``(Delta G_1 + Delta G_2 + Delta G_3) / Delta(R - F)``. Here ``R`` is the rollout-TV risk
 ``R_tv = (1/H) sum_t E[delta_t]`` (the paper's reading), equal in expectation to the headline
 ``R`` (built from ``I_t``); the components sum exactly to the actions' ``R_minus_F = R_tv - F``.
@@ -30,11 +31,11 @@ def eos_gaps(means: dict[str, np.ndarray]) -> np.ndarray:
 
 
 def eos_contrast(g_a: np.ndarray, g_b: np.ndarray) -> dict[str, np.ndarray]:
-    """``b - a``: ``dG`` per category, ``dR_minus_F`` (their sum), ``pre_eos`` and ``eos_share``.
+    """``a - b``: ``dG`` per category, ``dR_minus_F`` (their sum), ``pre_eos`` and ``eos_share``.
 
     The EOS share is NaN where ``Delta(R - F) = 0``.
     """
-    dG = g_b - g_a
+    dG = g_a - g_b
     total = dG.sum(axis=-1)
     eos = dG[..., 1:].sum(axis=-1)
     share = ratio(eos, total, total != 0)
@@ -58,7 +59,8 @@ def eos_split_entry(point: dict[str, np.ndarray], draws: dict[str, np.ndarray],
 def eos_contrast_entries(
     model: str, point: dict[str, dict], draws: dict[str, dict], alpha: float
 ) -> list[EosContrast]:
-    """Every contrast ``b - a`` of a model's actions, with paired bootstrap intervals.
+    """Every contrast ``a - b`` of a model's actions
+    (:func:`~kvdrift.analysis.quantities.action_pairs`), with paired bootstrap intervals.
 
     ``point[a]`` / ``draws[a]`` are action ``a``'s weighted feature means without / with the
     bootstrap counts (``[4]`` / ``[B, 4]`` for ``eos_R`` and ``eos_F``).

@@ -4,7 +4,9 @@ The functions here take weighted means of per-document features (leading axes: b
 draws, or none for the point estimate) and return the study's quantities, so one code path
 serves the whole study, each stratum, the point estimate and every draw. ``derive`` gives an
 action's quantities; ``contrast_terms`` and ``block_gap`` compare two actions on the same
-draws, which pairs them.
+draws, which pairs them. A contrast is ``a - b``, minuend first, as the endpoint grammar
+writes it (:mod:`kvdrift.analysis.endpoints`); between a model's actions ``a`` is the later
+action and ``b`` the earlier (:func:`action_pairs`).
 """
 
 from __future__ import annotations
@@ -37,9 +39,9 @@ def derive(m: dict[str, np.ndarray], windows: LagWindows | None) -> dict[str, np
 
 
 def contrast_terms(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """``b - a`` decomposition terms from two derived dicts (same bootstrap draws)."""
-    d = {f"d{k}": b[k] - a[k] for k in ("R", "O", "E", "C")}
-    d["dR_tv"] = (b["R_tv"] - a["R_tv"] if "R_tv" in a and "R_tv" in b
+    """``a - b`` decomposition terms from two derived dicts (same bootstrap draws)."""
+    d = {f"d{k}": a[k] - b[k] for k in ("R", "O", "E", "C")}
+    d["dR_tv"] = (a["R_tv"] - b["R_tv"] if "R_tv" in a and "R_tv" in b
                   else np.full(np.shape(d["dR"]), np.nan))
     d["occurrence_term"] = d["dO"]
     d["exposure_term"] = d["dE"] * (a["C"] + b["C"]) / 2
@@ -55,14 +57,16 @@ def position_blocks(horizon: int, count: int = 8) -> list[tuple[int, int]]:
 
 
 def block_gap(a: dict, b: dict, blocks: list[tuple[int, int]]) -> np.ndarray:
-    """Generation-clock gap: mean ``E[delta_t]`` of ``b`` minus ``a`` over each position block."""
-    gap = b["expected_delta"] - a["expected_delta"]
+    """Generation-clock gap: mean ``E[delta_t]`` of ``a`` minus ``b`` over each position block."""
+    gap = a["expected_delta"] - b["expected_delta"]
     return np.stack([gap[..., lo - 1:hi].mean(axis=-1) for lo, hi in blocks], axis=-1)
 
 
 def action_pairs(actions: list[str]) -> list[tuple[str, str]]:
-    """Every contrast ``(a, b)`` (reported as ``b - a``), in the order the actions were run."""
-    return [(a, b) for i, a in enumerate(actions) for b in actions[i + 1:]]
+    """Every contrast ``(a, b)``, reported as ``a - b``: each action ``a`` against each action
+    ``b`` run before it, ordered by ``b``, then ``a``, as the actions were run (for actions
+    x, y, z: ``y - x``, ``z - x``, ``z - y``)."""
+    return [(a, b) for i, b in enumerate(actions) for a in actions[i + 1:]]
 
 
 def interval(point: np.ndarray, draws: np.ndarray, alpha: float) -> Interval:
@@ -94,7 +98,7 @@ def contrast_result(
     model: str, names: tuple[str, str], point: tuple[dict, dict], draws: tuple[dict, dict],
     alpha: float, horizon: int,
 ) -> ContrastResult:
-    """``b - a`` decomposition terms with intervals, and the block gap when both have curves.
+    """``a - b`` decomposition terms with intervals, and the block gap when both have curves.
 
     ``names`` are ``(a, b)``; ``point`` and ``draws`` their derived dicts; the draws must share
     their bootstrap counts (paired).

@@ -13,7 +13,7 @@ Per action the numbers are ratios of these weighted means (a token-weighted mean
 population; documents weigh as in the study): mean KL, top-1 agreement, mean dp, PPL ratio
 ``exp(mean(logp_x - logq_x))``, acceptance ``1 - sum f / N``, tokens per round
 ``E[N] / E[rounds]``, and ``P(A >= k)``. Intervals come from the study's document bootstrap
-(the same counts for every action, so contrasts ``b - a`` are paired).
+(the same counts for every action, so contrasts ``a - b``, ``a`` the later action, are paired).
 """
 
 from __future__ import annotations
@@ -187,23 +187,24 @@ class StratumNumbers:
 
 @dataclass(frozen=True)
 class _Reading:
-    """One model x action (``b`` only) or contrast ``b - a`` (both set): numbers and strata."""
+    """One model x action (``a`` only) or contrast ``a - b`` (``b`` set: the earlier action):
+    numbers and strata."""
 
     model: str
-    b: str
+    a: str
     numbers: TeacherForcedNumbers | SpeculativeNumbers
     documents: int = 0
-    a: str | None = None
+    b: str | None = None
     strata: tuple[StratumNumbers, ...] = ()
     numbers_type: ClassVar[type] = TeacherForcedNumbers
 
     @property
     def action(self) -> str:
-        return self.b
+        return self.a
 
     def _names(self) -> dict:
-        if self.a is None:
-            return {"model": self.model, "action": self.b, "documents": self.documents}
+        if self.b is None:
+            return {"model": self.model, "action": self.a, "documents": self.documents}
         return {"model": self.model, "a": self.a, "b": self.b}
 
     def to_json(self) -> dict:
@@ -226,13 +227,13 @@ class _Reading:
         strata = tuple(StratumNumbers(str(s["stratum"]), int(s["documents"]),
                                       cls.numbers_type.from_json(s, level))
                        for s in data.get("strata") or ())
-        return cls(str(data["model"]), str(data["b"] if contrast else data["action"]), numbers,
-                   int(data.get("documents", 0)), str(data["a"]) if contrast else None, strata)
+        return cls(str(data["model"]), str(data["a"] if contrast else data["action"]), numbers,
+                   int(data.get("documents", 0)), str(data["b"]) if contrast else None, strata)
 
 
 @dataclass(frozen=True)
 class TeacherForcedResult(_Reading):
-    """Teacher-forced numbers of one action (``a`` None) or a contrast ``b - a``.
+    """Teacher-forced numbers of one action (``b`` None) or a contrast ``a - b``.
 
     JSON: ``{model, action, documents, kl, top1, dp, ppl_ratio, strata}`` (a contrast:
     ``{model, a, b, ...}``), each number ``{estimate, lo, hi}``.
@@ -243,7 +244,7 @@ class TeacherForcedResult(_Reading):
 
 @dataclass(frozen=True)
 class SpeculativeResult(_Reading):
-    """Speculative numbers of one action (``a`` None) or a contrast ``b - a``.
+    """Speculative numbers of one action (``b`` None) or a contrast ``a - b``.
 
     JSON: ``{model, action, documents, acceptance, tokens_per_round, first_round, strata}``;
     ``tokens_per_round`` maps each gamma (a string key) and ``first_round`` each k (a string
@@ -258,7 +259,8 @@ class SpeculativeResult(_Reading):
 
 
 def _difference(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray]) -> dict:
-    return {k: b[k] - a[k] for k in b}
+    """``a - b`` of every number."""
+    return {k: a[k] - b[k] for k in a}
 
 
 def reading_entries(
@@ -296,20 +298,21 @@ def reading_entries(
     if forced:
         kinds.insert(0, ("teacher_forced", TeacherForcedResult, TeacherForcedNumbers))
     labels = [label for label, *_ in cells]
-    pairs = [(None, a) for a in actions] + [
-        (a, b) for i, a in enumerate(actions) for b in actions[i + 1:]]
+    # each action alone, then every contrast a - b as quantities.action_pairs orders them
+    pairs = [(a, None) for a in actions] + [
+        (a, b) for i, b in enumerate(actions) for a in actions[i + 1:]]
     for key, result, numbers in kinds:
         for a, b in pairs:
             per_cell = []
             for label in labels:
-                pb, db, n = derived[label, b]
-                if a is not None:  # the contrast b - a on the same draws (paired)
-                    pa_, da, _ = derived[label, a]
-                    pb, db = _difference(pa_, pb), _difference(da, db)
-                per_cell.append((label, n, numbers.from_arrays(pb, db, alpha)))
+                pa, da, n = derived[label, a]
+                if b is not None:  # the contrast a - b on the same draws (paired)
+                    pb, db, _ = derived[label, b]
+                    pa, da = _difference(pa, pb), _difference(da, db)
+                per_cell.append((label, n, numbers.from_arrays(pa, da, alpha)))
             (_, n, overall), *strata_cells = per_cell
-            out[key if a is None else f"{key}_contrasts"].append(result(
-                model, b, overall, n, a,
+            out[key if b is None else f"{key}_contrasts"].append(result(
+                model, a, overall, n, b,
                 tuple(StratumNumbers(label, m, x) for label, m, x in strata_cells)))
     return out
 

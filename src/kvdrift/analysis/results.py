@@ -3,7 +3,7 @@
 :func:`kvdrift.analysis.study.analyze` returns a :class:`StudyAnalysis`. Every object has
 ``to_json()``, the exact structure ``analysis.json`` stores (NaN where a quantity is
 undefined; the report writes it as null), and the tables have ``to_frame()``: a pandas
-DataFrame with one row per model x action (x stratum, or per model x contrast ``(a, b)``),
+DataFrame with one row per model x action (x stratum, or per model x contrast ``a - b``),
 each quantity's estimate in a column named after it (``R``, ``O``, ``E``, ``Pi``, ``C``,
 ``F``, ...) and its interval in ``R_lo``, ``R_hi``. :meth:`StudyAnalysis.from_json` reads an
 ``analysis.json`` back.
@@ -178,8 +178,9 @@ class ActionResult:
 
 @dataclass(frozen=True)
 class ContrastResult:
-    """``b - a`` between two actions of a model: the decomposition terms, and the block gap
-    (the generation clock) when both actions have ``E[delta_t]`` curves."""
+    """``a - b`` between two actions of a model (``a`` the later action, ``b`` the earlier):
+    the decomposition terms, and the block gap (the generation clock) when both actions have
+    ``E[delta_t]`` curves."""
 
     model: str
     a: str
@@ -298,7 +299,7 @@ class CertifiedOrder:
 
 @dataclass(frozen=True)
 class EosContrast:
-    """``b - a`` of the EOS split: ``dG`` per category, its sum, pre-EOS part and EOS share."""
+    """``a - b`` of the EOS split: ``dG`` per category, its sum, pre-EOS part and EOS share."""
 
     model: str
     a: str
@@ -331,7 +332,7 @@ class EosContrast:
 
 @dataclass(frozen=True)
 class TwoClocks:
-    """The paper's Table 2 for the contrast ``b - a`` (:mod:`kvdrift.analysis.clocks`).
+    """The paper's Table 2 for the contrast ``a - b`` (:mod:`kvdrift.analysis.clocks`).
 
     ``stratum`` is ``"all"`` when pooled. ``g``: the generation-clock gap per position block
     (``blocks``, inclusive ranges), ``delta_g = g_last - g_first``; ``B_a``, ``B_b``: the
@@ -534,7 +535,9 @@ class StudyAnalysis:
     ``speculative_frame()`` and ``two_clocks_frame()`` the others. ``teacher_forced`` and
     ``speculative``
     (:mod:`kvdrift.analysis.readings`) hold one entry per model x action, their
-    ``*_contrasts`` one per contrast ``b - a``; all are empty under SWRB (see ``meta.notes``).
+    ``*_contrasts`` one per contrast ``a - b``; all are empty under SWRB (see ``meta.notes``).
+    Every contrast is ``a - b`` (minuend first, as endpoints are written), ``a`` the later of
+    two actions of a model and ``b`` the earlier.
     """
 
     meta: StudyMeta
@@ -568,11 +571,11 @@ class StudyAnalysis:
         raise KeyError(f"no action {action!r} for model {model!r} in this analysis")
 
     def contrast(self, model: str, a: str, b: str) -> ContrastResult:
-        """The contrast ``b - a`` on ``model``."""
+        """The contrast ``a - b`` on ``model`` (``a`` the later action, ``b`` the earlier)."""
         for c in self.contrasts:
             if (c.model, c.a, c.b) == (model, a, b):
                 return c
-        raise KeyError(f"no contrast {b} - {a} for model {model!r} in this analysis")
+        raise KeyError(f"no contrast {a} - {b} for model {model!r} in this analysis")
 
     def to_json(self) -> dict:
         """Exactly the structure of ``analysis.json`` (NaN where undefined)."""
@@ -600,7 +603,7 @@ class StudyAnalysis:
         return _frame((a.row() for a in self.actions), ["model", "action"])
 
     def contrasts_frame(self) -> pd.DataFrame:
-        """One row per model x contrast ``b - a``: ``model``, ``a``, ``b``, each term."""
+        """One row per model x contrast ``a - b``: ``model``, ``a``, ``b``, each term."""
         return _frame((c.row() for c in self.contrasts), ["model", "a", "b"])
 
     def strata_frame(self) -> pd.DataFrame:

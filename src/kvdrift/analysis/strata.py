@@ -57,7 +57,7 @@ def stratum_results(
     windows: LagWindows | None, horizon: int, alpha: float,
     derived: list[StratumDerived] | None = None,
 ) -> list[StratumResult]:
-    """One result per stratum: each action's scalars and every contrast ``b - a``.
+    """One result per stratum: each action's scalars and every contrast ``a - b``.
 
     ``derived``: :func:`stratum_derived` of the same inputs, when the caller has it already.
     """

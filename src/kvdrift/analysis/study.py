@@ -1,11 +1,12 @@
 """A study's statistics: every quantity per action, contrasts, bounds and endpoints.
 
-Documents are the unit and strata weigh equally (:mod:`kvdrift.analysis.summary`).
-Intervals come from the document bootstrap, paired across actions
-(:mod:`kvdrift.analysis.bootstrap`): pointwise percentile intervals for exploratory
-quantities, Bonferroni-adjusted ones (alpha / k over the k prespecified endpoints, all
-models together) for endpoints. The result is a :class:`~kvdrift.analysis.results.StudyAnalysis`
-(its ``to_json()`` is ``analysis.json``), which the report renders.
+Documents are the unit and strata weigh equally
+(:func:`kvdrift.analysis.bootstrap.stratum_weights`). Intervals come from the document
+bootstrap, paired across actions (:mod:`kvdrift.analysis.bootstrap`): pointwise percentile
+intervals for exploratory quantities, Bonferroni-adjusted ones (alpha / k over the k
+prespecified endpoints, all models together) for endpoints. The result is a
+:class:`~kvdrift.analysis.results.StudyAnalysis` (its ``to_json()`` is ``analysis.json``),
+which the report renders.
 """
 
 from __future__ import annotations
@@ -62,7 +63,9 @@ class AnalysisOptions:
     """How to turn records into conclusions.
 
     ``bootstrap`` left None takes the paper's default: :data:`CONFIRMATORY_DRAWS` when the
-    study prespecifies endpoints, else :data:`EXPLORATORY_DRAWS`.
+    study prespecifies endpoints, else :data:`EXPLORATORY_DRAWS`. ``bootstrap = 0`` asks for
+    the point estimates only (``kvdrift run``'s table): no resample is drawn, and every
+    bootstrap interval's ends are NaN (the estimates are those of a full analysis).
     """
 
     bootstrap: int | None = None
@@ -74,7 +77,7 @@ class AnalysisOptions:
         if self.bootstrap is None:
             object.__setattr__(self, "bootstrap", CONFIRMATORY_DRAWS if self.endpoints
                                else EXPLORATORY_DRAWS)
-        object.__setattr__(self, "bootstrap", checks.integer(self.bootstrap, "bootstrap draws", 1))
+        object.__setattr__(self, "bootstrap", checks.integer(self.bootstrap, "bootstrap draws", 0))
         checks.alpha(self.alpha)
         for text in self.endpoints:
             parse_endpoint(text)

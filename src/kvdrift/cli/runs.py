@@ -144,11 +144,10 @@ def run(
     from kvdrift.run.outdir import check_output_dir
 
     out = check_output_dir(out)
-    from kvdrift.analysis.summary import summarize
     from kvdrift.directory import StudyDirectory
     from kvdrift.lm.actions import split_actions
     from kvdrift.lm.model import resolve_device
-    from kvdrift.report.terminal import print_whole, run_table
+    from kvdrift.report.terminal import print_whole, run_rows, run_table
     from kvdrift.study_config import single_model_study
 
     config = single_model_study(
@@ -160,12 +159,11 @@ def run(
     if config.executor.kind == "local":  # Ray workers check the device where the model goes
         resolve_device(device)
     run_with_progress(config, out, recompute, allow_download)
-    records = StudyDirectory(out).records()
-    summaries = summarize(records.steps, records.replicates)
+    analysis = StudyDirectory(out).analyze(bootstrap=0)  # point estimates: fast, no intervals
     if as_json:
-        print(strict_json([s.as_dict() for s in summaries]))
+        print(strict_json(run_rows(analysis)))
         return
-    print_whole(console, run_table(summaries, estimator))
+    print_whole(console, run_table(analysis))
     say(f"records: {out}/steps, {out}/replicates (Parquet)")
 
 

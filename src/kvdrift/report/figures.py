@@ -190,7 +190,7 @@ def _share_text(share: Interval | None, label: str = "exposure share") -> str:
 
 
 def plot_contrasts(analysis: StudyAnalysis, path: str | Path) -> Path | None:
-    """Per contrast (b minus a): occurrence, exposure and rate terms (pp) and the total dR.
+    """Per contrast (a minus b): occurrence, exposure and rate terms (pp) and the total dR.
 
     Bars are the three terms with their intervals; the black diamond is dR = sum of the terms;
     the tick label gives the exposure share.
@@ -217,7 +217,7 @@ def plot_contrasts(analysis: StudyAnalysis, path: str | Path) -> Path | None:
                     yerr=np.array([_yerr(*v, scale=100) for v in vals]).T, fmt="D", ms=7,
                     color="black", capsize=3, label="ΔR (total)")
         ax.axhline(0, color="0.3", lw=0.8)
-        ax.set_xticks(x, [f"{r.b} − {r.a}\n{_share_text(r.terms.get('exposure_share'))}"
+        ax.set_xticks(x, [f"{r.a} − {r.b}\n{_share_text(r.terms.get('exposure_share'))}"
                           for r in rows],
                       fontsize=8)
         ax.set_xlim(-0.6, len(rows) - 0.4)
@@ -225,7 +225,7 @@ def plot_contrasts(analysis: StudyAnalysis, path: str | Path) -> Path | None:
         ax.set_title(model)
         ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize=8, loc="best")
-    fig.suptitle("Contrast decomposition ΔR = ΔO + ΔE·C̄ + ΔC·Ē (b − a)")
+    fig.suptitle("Contrast decomposition ΔR = ΔO + ΔE·C̄ + ΔC·Ē (a − b)")
     fig.tight_layout()
     return _save(fig, path)
 
@@ -337,7 +337,7 @@ def plot_eos_split(analysis: StudyAnalysis, path: str | Path) -> Path | None:
         n_actions = len(bars)
         for c in contrasts.get(model, []):
             share = _share_text(c.eos_share, "EOS share")
-            bars.append((f"{c.b} − {c.a}\n{share}", [g.estimate for g in c.dG],
+            bars.append((f"{c.a} − {c.b}\n{share}", [g.estimate for g in c.dG],
                          _ends(c.dR_minus_F)))
         for i, (_, values, _) in enumerate(bars):
             _stack(ax, i, [100 * v for v in values], 0.6)
@@ -351,7 +351,7 @@ def plot_eos_split(analysis: StudyAnalysis, path: str | Path) -> Path | None:
         ax.set_xticks(np.arange(len(bars)), [name for name, _, _ in bars], fontsize=8)
         ax.set_xlim(-0.6, len(bars) - 0.4)
         ax.set_ylabel("R − F by EOS category (pp of positions)")
-        ax.set_title(f"{model}: actions | contrasts (b − a)" if n_actions < len(bars) else model)
+        ax.set_title(f"{model}: actions | contrasts (a − b)" if n_actions < len(bars) else model)
         ax.grid(axis="y", alpha=0.3)
         handles = [Patch(color=EOS_COLORS[r % len(EOS_COLORS)], label=c)
                    for r, c in enumerate(categories)]
@@ -462,8 +462,8 @@ def plot_paper_figure7(analysis: StudyAnalysis, path: str | Path) -> Path | None
         top = max(100 * est, 100 * hi if math.isfinite(hi) else 100 * est)
         right.annotate(share, (i, top), textcoords="offset points", xytext=(0, 6),
                        ha="center", fontsize=8)
-        names.append(f"{c.b} − {c.a}" if len(analysis.models) == 1
-                     else f"{c.model}\n{c.b} − {c.a}")
+        names.append(f"{c.a} − {c.b}" if len(analysis.models) == 1
+                     else f"{c.model}\n{c.a} − {c.b}")
     _bar_axes(right, names, "Δ(R_TV − F) by EOS category (pp)",
               "EOS split of the difference (diamond: total)")
     if contrasts:
@@ -540,9 +540,9 @@ FIGURES = (
            "by step t (bands: bootstrap intervals); the gap above a curve at the right edge is "
            "the mass that never diverged within H, given in the legend."),
     Figure("contrasts", plot_contrasts,
-           "For each contrast b − a, the bars split the change in risk ΔR (black diamond) into "
+           "For each contrast a − b, the bars split the change in risk ΔR (black diamond) into "
            "the change in first-divergence occurrence, in post-divergence exposure, and in the "
-           "post-divergence mismatch rate; a large exposure bar means b differs mainly because "
+           "post-divergence mismatch rate; a large exposure bar means a differs mainly because "
            "its branches diverge earlier, not because they disagree more once diverged."),
     Figure("lag_profiles", plot_lag_profiles,
            "Each curve is the mean branch-aligned TV j steps after the first divergence among "

@@ -166,7 +166,7 @@ def _cell(cell: Cell) -> str:
         lo, hi = number_text(cell.lo, 100), number_text(cell.hi, 100)
         return MISSING if lo == MISSING and hi == MISSING else f"[{lo}, {hi}]"
     if isinstance(cell, Difference):
-        return f"{escape(cell.b)} &minus; {escape(cell.a)}"
+        return f"{escape(cell.a)} &minus; {escape(cell.b)}"
     return cell.html  # Markup
 
 

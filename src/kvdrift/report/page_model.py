@@ -58,10 +58,10 @@ class Range:
 
 @dataclass(frozen=True)
 class Difference:
-    """The name of a contrast, ``b - a``."""
+    """The name of a contrast ``a - b``: the minuend first, as the analysis names them."""
 
-    b: str
     a: str
+    b: str
 
 
 @dataclass(frozen=True)

@@ -56,17 +56,17 @@ def table2(analysis: StudyAnalysis) -> tuple[Block, ...]:
         return (Markup("<h3>Table 2: the two clocks</h3><p>Not available (needs complete "
                        "rollouts and H &ge; 4).</p>"),)
     blocks = analysis.two_clocks[0].blocks
-    headers = ("model", "stratum", "contrast (b &minus; a)",
+    headers = ("model", "stratum", "contrast (a &minus; b)",
                *(f"g t {s}&ndash;{e} (pp)" for s, e in blocks),
                "&Delta;g = g<sub>last</sub> &minus; g<sub>first</sub> (pp)", "B(a) (pp)",
                "B(b) (pp)")
-    rows = tuple((Text(x.model), Text(x.stratum), Difference(x.b, x.a),
+    rows = tuple((Text(x.model), Text(x.stratum), Difference(x.a, x.b),
                   *(Estimate(g, signed=True) for g in x.g),
                   Estimate(x.delta_g, signed=True), Estimate(x.B_a, signed=True),
                   Estimate(x.B_b, signed=True)) for x in analysis.two_clocks)
     return (Markup("<h3>Table 2: the two clocks</h3><p class=\"note\">Generation clock: "
-                   "g<sub>J</sub> = mean over positions t in block J of E[&delta;<sub>t</sub>](b) "
-                   "&minus; E[&delta;<sub>t</sub>](a); branch clock: B = late &minus; early "
+                   "g<sub>J</sub> = mean over positions t in block J of E[&delta;<sub>t</sub>](a) "
+                   "&minus; E[&delta;<sub>t</sub>](b); branch clock: B = late &minus; early "
                    "branch TV after the first divergence. Pointwise intervals (paired document "
                    "bootstrap).</p>"),
             Table(headers, rows, 3))
@@ -82,13 +82,13 @@ def headline(analysis: StudyAnalysis) -> tuple[Block, ...]:
         if cdf is not None and len(cdf.estimate) >= t:
             iv = Interval(cdf.estimate[t - 1], cdf.lo[t - 1], cdf.hi[t - 1], cdf.level)
         rows.append((Text(a.model), Text(a.action), Estimate(iv)))
-    gaps = tuple((Text(c.model), Difference(c.b, c.a),
+    gaps = tuple((Text(c.model), Difference(c.a, c.b),
                   Estimate(c.terms.get("dR"), signed=True),
                   Estimate(c.terms.get("dR_tv"), signed=True),
                   Estimate(c.terms.get("exposure_share"), digits=1)) for c in analysis.contrasts)
     return (Markup("<h3>Study 1 headline</h3>"),
             Table(("model", "action", f"P(&tau; &le; {t}) (%)"), tuple(rows), 2),
-            Table(("model", "contrast (b &minus; a)", "mismatch gap &Delta;R (pp)",
+            Table(("model", "contrast (a &minus; b)", "mismatch gap &Delta;R (pp)",
                    "rollout-TV gap &Delta;R<sub>TV</sub> (pp)", "exposure share (%)"), gaps, 2))
 
 

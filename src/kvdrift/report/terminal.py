@@ -1,6 +1,6 @@
-"""Terminal tables (rich): a run's per-action table, a study's summary, the finite-state
-check, predict and plan, and how to print them. User text goes in as plain Text, never
-as console markup."""
+"""Terminal tables (rich): a run's per-action table (and its rows as JSON), a study's summary,
+the finite-state check, predict and plan, and how to print them. User text goes in as plain
+Text, never as console markup."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from rich.text import Text
 
 from kvdrift.analysis import registry
 from kvdrift.analysis.registry import Quantity
-from kvdrift.records.schema import recorded_estimator
 from kvdrift.report.numbers import MISSING, number_text
 from kvdrift.text import printable
 
@@ -23,16 +22,14 @@ if TYPE_CHECKING:
     from kvdrift.analysis.interval import Interval
     from kvdrift.analysis.plan import PlanResult
     from kvdrift.analysis.predict import PredictionResult
-    from kvdrift.analysis.results import StudyAnalysis
-    from kvdrift.analysis.summary import ActionSummary
+    from kvdrift.analysis.readings import SpeculativeResult, TeacherForcedResult
+    from kvdrift.analysis.results import ActionResult, StudyAnalysis
     from kvdrift.finite.check import FiniteStudyResult
 
 def _user(text: object) -> Text:
     """User text (a model, an action, a label) as a plain cell, control characters escaped."""
     return Text(printable(text))
 
-
-#: The terminal table's quantities, a subset of the HTML headline table.
 
 #: Widest page :func:`print_whole` measures a table on (wider than any real table).
 _WIDEST = 100_000
@@ -66,28 +63,84 @@ def _percent(value: float, digits: int) -> str:
     return text if text == MISSING else text + "%"
 
 
-def run_table(summaries: Sequence[ActionSummary], estimator: str = "rollout") -> Table:
-    """One row per (model, action) of a run, point estimates; "—" where not measured.
+#: ``kvdrift run --json``'s quantities of the registry, in its key order.
+RUN_JSON_QUANTITIES = tuple(registry.quantity(name) for name in (
+    "p_diverge", "mean_entry_time", "R", "O", "E", "Pi", "C", "F", "R_minus_F", "R_tv"))
+
+#: The run table's columns of registry quantities: (header, quantity, digits).
+RUN_COLUMNS = tuple((header, registry.quantity(name), digits) for header, name, digits in (
+    ("P(tau<=H)", "p_diverge", 1), ("entry time", "mean_entry_time", 1), ("R", "R", 2),
+    ("R_TV", "R_tv", 2), ("O_H", "O", 2), ("E_H", "E", 2), ("Pi_H", "Pi", 2), ("C_H", "C", 1),
+    ("F", "F", 2)))
+
+#: The draft length of the run's "tokens per round" (one of the readings' gammas).
+RUN_DRAFT_LENGTH = 4
+
+
+def _estimate(action: ActionResult, q: Quantity) -> float:
+    """The action's point estimate of ``q``; NaN where the analysis does not have it."""
+    iv = action.scalars.get(q.name)
+    return float("nan") if iv is None else iv.estimate
+
+
+def _entry(entries: Sequence[TeacherForcedResult | SpeculativeResult], action: ActionResult):
+    """The reading of ``action`` among ``entries`` (one per model x action), or None."""
+    return next((x for x in entries if (x.model, x.action) == (action.model, action.action)),
+                None)
+
+
+def _readings(analysis: StudyAnalysis, action: ActionResult) -> dict[str, float]:
+    """Mean KL, speculative acceptance and tokens per round at :data:`RUN_DRAFT_LENGTH` of
+    ``action`` (its entries in ``teacher_forced`` and ``speculative``); NaN where not
+    measured (SWRB, or records without the teacher-forced columns)."""
+    nan = float("nan")
+    forced = _entry(analysis.teacher_forced, action)
+    spec = _entry(analysis.speculative, action)
+    return {"kl": nan if forced is None else forced.numbers.kl.estimate,
+            "acceptance": nan if spec is None else spec.numbers.acceptance.estimate,
+            "tokens_per_round": nan if spec is None
+            else spec.numbers.tokens_per_round[RUN_DRAFT_LENGTH].estimate}
+
+
+def run_rows(analysis: StudyAnalysis) -> list[dict[str, object]]:
+    """``kvdrift run --json``: per (model, action) of the analysis, its name, documents, the
+    point estimates of :data:`RUN_JSON_QUANTITIES`, the readings along X and Q's cache size
+    (NaN, written null, where not measured)."""
+    return [{"model": a.model, "action": a.action, "documents": a.documents}
+            | {q.name: _estimate(a, q) for q in RUN_JSON_QUANTITIES}
+            | _readings(analysis, a) | {"kv_bytes": a.kv_bytes, "kv_fraction": a.kv_fraction}
+            for a in analysis.actions]
+
+
+def _point(q: Quantity, value: float, digits: int) -> str:
+    """A point estimate in its quantity's unit (a fraction of positions: with "%")."""
+    text = number_text(value, q.scale, digits)
+    return text + "%" if q.unit == "%" and text != MISSING else text
+
+
+def run_table(analysis: StudyAnalysis) -> Table:
+    """One row per (model, action) of a run's analysis, point estimates; "—" where not
+    measured.
 
     SWRB does not follow the fixed-history path, so its F (and the readings along X: mean KL,
     speculative acceptance, tokens per round at draft length 4) is "—"; a mean entry time
     needs at least one divergence.
     """
-    swrb = not recorded_estimator(estimator).complete_branches
+    swrb = not analysis.meta.records.complete_branches
     caption = Text(swrb_rate_note("--json")) if swrb else None
     table = Table(title="Per action (documents weighted equally within strata, strata equally)",
                   caption=caption)
-    for col in ("model", "action", "docs", "P(tau<=H)", "entry time", "R", "R_TV", "O_H",
-                "E_H", "Pi_H", "C_H", "F", "KL", "accept", "tok/round(4)", "kv_fraction"):
+    for col in ("model", "action", "docs", *(header for header, _, _ in RUN_COLUMNS), "KL",
+                "accept", f"tok/round({RUN_DRAFT_LENGTH})", "kv_fraction"):
         table.add_column(col, justify="right")
-    for s in summaries:
-        table.add_row(_user(s.model), _user(s.action), str(s.documents), _percent(s.p_diverge, 1),
-                      number_text(s.mean_entry_time, digits=1), _percent(s.R, 2),
-                      _percent(s.R_tv, 2), _percent(s.O, 2), _percent(s.E, 2),
-                      _percent(s.Pi, 2), _percent(s.C, 1),
-                      _percent(s.F, 2), number_text(s.kl, digits=3),
-                      _percent(s.acceptance, 1), number_text(s.tokens_per_round, digits=2),
-                      number_text(s.kv_fraction, digits=3))
+    for a in analysis.actions:
+        readings = _readings(analysis, a)
+        table.add_row(_user(a.model), _user(a.action), str(a.documents),
+                      *(_point(q, _estimate(a, q), digits) for _, q, digits in RUN_COLUMNS),
+                      number_text(readings["kl"], digits=3),
+                      _percent(readings["acceptance"], 1),
+                      number_text(readings["tokens_per_round"], digits=2),
+                      number_text(a.kv_fraction, digits=3))
     return table
 
 

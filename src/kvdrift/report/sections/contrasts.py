@@ -23,7 +23,7 @@ from kvdrift.report.page_model import (
 HEADERS = ("&Delta;R (pp)", "occurrence &Delta;O (pp)",
            "exposure &Delta;E&middot;C&#772; (pp)", "rate &Delta;C&middot;E&#772; (pp)",
            "exposure share (%)")
-NOTE = ('<p class="note">&Delta;R = R<sub>b</sub> &minus; R<sub>a</sub> splits exactly into '
+NOTE = ('<p class="note">&Delta;R = R<sub>a</sub> &minus; R<sub>b</sub> splits exactly into '
         "&Delta;O + &Delta;E&middot;C&#772; + &Delta;C&middot;E&#772;, where C&#772; and "
         "E&#772; are the midpoints of the two actions' values; exposure share = "
         "&Delta;E&middot;C&#772; / &Delta;R, "
@@ -43,7 +43,7 @@ def contrasts(analysis: StudyAnalysis) -> Section:
         return Section("Contrasts", "contrasts",
                        ((Markup("<p>No contrasts in this analysis.</p>"),),))
     labelled = [(Text(c.model), c) for c in analysis.contrasts]
-    table = Table(("model", "contrast (b &minus; a)", *HEADERS),
+    table = Table(("model", "contrast (a &minus; b)", *HEADERS),
                   _decomposition_rows(labelled), numeric_from=2)
     return Section("Contrasts", "contrasts",
                    ((Markup(NOTE), table, *_block_gaps(labelled, "model")),))
@@ -59,14 +59,14 @@ def stratum_contrast_lines(labelled: Labelled) -> tuple[tuple[Block, ...], ...]:
     n = len(contrasts)
     tally = Markup(f'<p class="note">Exposure share above 50% in {majority} of {n} stratum '
                    f"contrasts; &Delta;R interval excludes 0 in {separated} of {n}.</p>")
-    table = Table(("stratum", "contrast (b &minus; a)", *HEADERS),
+    table = Table(("stratum", "contrast (a &minus; b)", *HEADERS),
                   _decomposition_rows(labelled), numeric_from=2)
     return (tally,), (table,), _block_gaps(labelled, "stratum")
 
 
 def _decomposition_rows(labelled: Labelled) -> tuple[tuple[Cell, ...], ...]:
     """The decomposition's cells of each contrast, in the order of :data:`HEADERS`."""
-    return tuple((label, Difference(c.b, c.a),
+    return tuple((label, Difference(c.a, c.b),
                   Estimate(c.terms.get("dR"), signed=True),
                   Estimate(c.terms.get("occurrence_term"), signed=True),
                   Estimate(c.terms.get("exposure_term"), signed=True),
@@ -82,10 +82,10 @@ def _block_gaps(labelled: Labelled, label: str) -> tuple[Block, ...]:
     if not with_gaps:
         return ()
     blocks = with_gaps[0][1].block_gap.blocks or ()
-    headers = (label, "contrast (b &minus; a)",
+    headers = (label, "contrast (a &minus; b)",
                *(f"t {lo}&ndash;{hi} (pp)" for lo, hi in blocks))
     rows = tuple(
-        (name, Difference(c.b, c.a),
+        (name, Difference(c.a, c.b),
          *(Estimate(Interval(e, lo, hi, c.block_gap.level), signed=True)
            for e, lo, hi in zip(c.block_gap.estimate, c.block_gap.lo, c.block_gap.hi,
                                 strict=True)))

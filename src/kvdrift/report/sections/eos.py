@@ -29,7 +29,7 @@ NOTE = ('<p class="note">Each generated position is classed by the two branches\
         "G<sub>r</sub>, has bootstrap intervals.</p>")
 CONTRAST_NOTE = (
     '<h3>EOS contrasts</h3><p class="note">&Delta;(R &minus; F) = &sum;<sub>r</sub> '
-    "&Delta;G<sub>r</sub> between two actions (b &minus; a); &Delta;G<sub>0</sub> is the "
+    "&Delta;G<sub>r</sub> between two actions (a &minus; b); &Delta;G<sub>0</sub> is the "
     "pre-EOS component and the EOS share is (&Delta;G<sub>1</sub> + &Delta;G<sub>2</sub> "
     "+ &Delta;G<sub>3</sub>) / &Delta;(R &minus; F). Intervals: paired document "
     "bootstrap.</p>")
@@ -65,11 +65,11 @@ def eos_split(analysis: StudyAnalysis) -> Section:
     line = [Markup(NOTE), Table(headers, tuple(rows), numeric_from=3,
                                 group_starts=frozenset(starts))]
     if analysis.eos_contrasts:
-        headers = ("model", "contrast (b &minus; a)",
+        headers = ("model", "contrast (a &minus; b)",
                    *(f"&Delta;G<sub>{r}</sub> {escape(c)} (pp)" for r, c in enumerate(categories)),
                    "&Delta;(R &minus; F) (pp)", "EOS share (%)")
         contrast_rows = tuple(
-            (Text(c.model), Difference(c.b, c.a), *(Estimate(g, signed=True) for g in c.dG),
+            (Text(c.model), Difference(c.a, c.b), *(Estimate(g, signed=True) for g in c.dG),
              Estimate(c.dR_minus_F, signed=True), Estimate(c.eos_share, digits=1))
             for c in analysis.eos_contrasts)
         line += [Markup(CONTRAST_NOTE), Table(headers, contrast_rows, numeric_from=2)]

@@ -1,5 +1,5 @@
 """The report's "Teacher-forced and speculative readings": numbers along the reference path
-X per action (docs/method.md, readings along X), then their contrasts b - a."""
+X per action (docs/method.md, readings along X), then their contrasts a - b."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ NOTE = ('<p class="note">Along the reference path X, over positions up to X\'s f
 
 
 def readings(analysis: StudyAnalysis) -> Section:
-    """One row per action, then one per contrast; a signed cell is a difference b - a."""
+    """One row per action, then one per contrast; a signed cell is a difference a - b."""
     if not analysis.speculative:
         return Section(TITLE, ANCHOR, ((Markup("<p>No readings along X in this analysis (they "
                                                "need complete rollouts).</p>"),),))
@@ -45,7 +45,7 @@ def readings(analysis: StudyAnalysis) -> Section:
     for c in analysis.speculative_contrasts:
         t = tfc.get((c.model, c.a, c.b))
         contrast_rows.append((
-            Text(c.model), Difference(c.b, c.a),
+            Text(c.model), Difference(c.a, c.b),
             Estimate(t.kl if t else None, 1.0, 4, signed=True),
             Estimate(t.top1 if t else None, digits=1, signed=True),
             Estimate(t.dp if t else None, signed=True),
@@ -53,7 +53,7 @@ def readings(analysis: StudyAnalysis) -> Section:
             Estimate(c.numbers.acceptance, digits=1, signed=True),
             *(Estimate(c.numbers.tokens_per_round[g], 1.0, 2, signed=True) for g in gammas)))
     if contrast_rows:
-        line += [Markup("<h3>Contrasts (b &minus; a)</h3>"),
-                 Table(("model", "contrast (b &minus; a)", *headers[2:]), tuple(contrast_rows),
+        line += [Markup("<h3>Contrasts (a &minus; b)</h3>"),
+                 Table(("model", "contrast (a &minus; b)", *headers[2:]), tuple(contrast_rows),
                        numeric_from=2)]
     return Section(TITLE, ANCHOR, (tuple(line),))
