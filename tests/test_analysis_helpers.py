@@ -105,8 +105,8 @@ def test_endpoint_refusals_whole():
             "'a - b' for R(a) - R(b), e.g. 'B(snapkv-90) - B(recent-90)'")):
         parse_endpoint("B snapkv")
     with pytest.raises(ValueError, match=whole(
-            "unknown statistic 'Q' in endpoint 'Q(a)'; allowed: p_diverge, mean_entry_time, R, "
-            "R_tv, O, E, Pi, C, F, R_minus_F, S99, B, B_strict")):
+            "statistic in endpoint 'Q(a)' must be one of p_diverge, mean_entry_time, R, R_tv, O, "
+            "E, Pi, C, F, R_minus_F, S99, B, B_strict; got 'Q'")):
         parse_endpoint("Q(a)")
 
 

@@ -306,7 +306,7 @@ def test_predict_supporting_intervals_are_pointwise_and_state_their_level():
     assert tokens["target"] == "tokens"
     assert tokens["models"][0]["observations"][0]["supporting"]["full_horizon_gap"][
         "estimate"] == pytest.approx(tper["a"] - tper["b"], abs=1e-12)
-    with pytest.raises(ValueError, match="unknown target 'x'; allowed: tv, tokens"):
+    with pytest.raises(ValueError, match="^target must be one of tv, tokens; got 'x'$"):
         predict_study(dev, ev, "a - b", window=4, draws=10, target="x")
 
 

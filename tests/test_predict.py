@@ -308,8 +308,8 @@ def test_negative_predictions_are_clipped_at_zero():
 
 def test_unknown_predictor_is_named():
     rows = _rows(2, lambda F, s, a: F)
-    with pytest.raises(ValueError, match=r"^unknown predictor 'knn'; allowed: cell_mean, flat, "
-                                         r"ridge$"):
+    with pytest.raises(ValueError, match=r"^predictor must be one of cell_mean, flat, ridge; "
+                                         r"got 'knn'$"):
         predict_rows("knn", rows, rows, FIXED)
 
 

@@ -103,9 +103,10 @@ def test_contrast_identity_on_every_draw():
 
 
 @pytest.mark.parametrize("text, message", [
-    ("Q(snapkv)", "unknown statistic 'Q'"),
+    ("Q(snapkv)", r"^statistic in endpoint 'Q\(snapkv\)' must be one of p_diverge, .+; got 'Q'$"),
     ("B snapkv", "cannot read 'B snapkv'"),
-    ("B(a) - Z(b)", "unknown statistic 'Z'"),
+    ("B(a) - Z(b)",
+     r"^statistic in endpoint 'B\(a\) - Z\(b\)' must be one of p_diverge, .+; got 'Z'$"),
 ])
 def test_bad_endpoints(text, message):
     with pytest.raises(ValueError, match=message):

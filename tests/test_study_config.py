@@ -25,6 +25,14 @@ def test_shipped_configs_parse(name):
     assert config.name == name and config.models and config.run.actions
 
 
+def test_shipped_configs_are_found_by_name_and_others_refused():
+    assert kvdrift.shipped_config("cpu-demo") == CONFIGS / "cpu-demo.toml"
+    with pytest.raises(ValueError, match=whole(
+            "shipped config must be one of cpu-demo, cpu-dev, cpu-eval, cpu-replication, "
+            "paper-study1, paper-study2; got 'cpu'")):
+        kvdrift.shipped_config("cpu")
+
+
 def test_cohort_is_saved_only_when_named():
     assert parse_study(base(cohort="evaluation")).as_dict()["cohort"] == "evaluation"
     assert "cohort" not in parse_study(base()).as_dict()  # older study directories resume

@@ -11,6 +11,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kvdrift import checks
+
 if TYPE_CHECKING:
     from kvdrift.analysis.plan import PlanResult
     from kvdrift.analysis.predict import PredictionResult
@@ -29,8 +31,7 @@ def shipped_config(name: str) -> Path:
     names = sorted(p.name.removesuffix(".toml")
                    for p in resources.files("kvdrift.configs").iterdir()
                    if p.name.endswith(".toml"))
-    if name not in names:
-        raise ValueError(f"unknown shipped config {name!r}; allowed: {', '.join(names)}")
+    checks.choice(name, "shipped config", names)
     return Path(str(resources.files("kvdrift.configs") / f"{name}.toml"))
 
 

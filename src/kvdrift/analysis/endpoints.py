@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from kvdrift import checks
 from kvdrift.analysis import registry
 
 _TERM = r"\s*([A-Za-z_0-9]+)\s*\(\s*([^()]+?)\s*\)\s*"
@@ -51,9 +52,8 @@ def parse_endpoint(text: str) -> Endpoint:
                          "'B(snapkv-90) - B(recent-90)'")
     allowed = endpoint_stats()
     for s in (stat, stat2):
-        if s is not None and s not in allowed:
-            raise ValueError(f"unknown statistic {s!r} in endpoint {text!r}; allowed: "
-                             f"{', '.join(allowed)}")
+        if s is not None:
+            checks.choice(s, "statistic", allowed, where=f"endpoint {text!r}")
     minus = (stat2, action2) if stat2 is not None else None
     if minus == (stat, action):
         raise ValueError(f"{text.strip()!r} subtracts {stat}({action}) from itself, which is "

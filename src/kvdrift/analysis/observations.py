@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from kvdrift import checks
+
 
 @dataclass(frozen=True)
 class Observation:
@@ -52,8 +54,7 @@ def document_observations(
         raise ValueError("prediction needs complete coupled rollouts (estimator = rollout); "
                          f"this run used {', '.join(sorted(estimators))}")
     H = int(replicates["horizon"].max())
-    if isinstance(window, bool) or not isinstance(window, int) or not 1 <= window <= H:
-        raise ValueError(f"window must be an integer within 1..H = 1..{H}; got {window!r}")
+    checks.within_horizon(window, "window", H)
     keys = ["model", "doc_id", "stratum", "action", "replicate"]
     early = steps[steps["t"] <= window]
     per_rep = early.groupby(keys).agg(

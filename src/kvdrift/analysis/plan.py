@@ -194,8 +194,7 @@ def recommend(v: VarianceComponents, target: float, setup_seconds: float,
               replicate_seconds: float, z: float,
               max_replicates: int = MAX_REPLICATES) -> Design:
     """The cheapest ``(n, K)`` reaching half-width ``target`` (ties: fewer replicates)."""
-    if not target > 0:
-        raise ValueError(f"the target half-width must be > 0; got {target}")
+    checks.number(target, "the target half-width", 0, open_lo=True)
     best = None
     for K in range(1, max_replicates + 1):
         need = z * z * (v.between + v.within / K) / (v.strata * target * target)
@@ -256,9 +255,7 @@ def _target_values(reps: pd.DataFrame, target: str, actions: list[str]):
     e = parse_endpoint(target)
     allowed = [q.name for q in registry.QUANTITIES if q.plan]
     for stat in (e.stat, e.minus[0] if e.minus else e.stat):
-        if stat not in allowed:
-            raise ValueError(f"plan sizes document-level means; {stat!r} is not one; allowed: "
-                             f"{', '.join(allowed)}")
+        checks.choice(stat, "a plan target's statistic (a document-level mean)", allowed)
     for name in e.actions:
         if name not in actions:
             raise ValueError(f"target {e.text!r} names action {name!r}, which the development "
@@ -283,9 +280,7 @@ def plan_study(replicates: pd.DataFrame, target: str, halfwidth_target: float,
                    "prespecified endpoints sharing alpha)")
     if steps is not None and needs_steps(target):
         replicates = with_saturation(replicates, steps)
-    if not (math.isfinite(halfwidth_target) and halfwidth_target > 0):
-        raise ValueError("the target half-width must be a finite number > 0; got "
-                         f"{halfwidth_target}")
+    checks.number(halfwidth_target, "the target half-width", 0, open_lo=True)
     missing = [c for c in ("setup_seconds", "replicate_seconds") if c not in replicates]
     if missing:
         raise ValueError("the development run has no wall-time records (it predates them); "

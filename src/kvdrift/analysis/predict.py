@@ -31,7 +31,6 @@ intervals at ``1 - alpha`` (the paper's Table 4: 95%).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -206,6 +205,7 @@ def _design(rows: pd.DataFrame, strata: list[str], actions: list[str],
 def predict_rows(name: str, train: pd.DataFrame, test: pd.DataFrame,
                  obs: Observation) -> np.ndarray:
     """Predicted ``R`` for each row of ``test`` from predictor ``name`` fitted on ``train``."""
+    checks.choice(name, "predictor", PREDICTORS)
     if name == "flat":
         return test[obs.flat].to_numpy(float)
     if name == "cell_mean":
@@ -215,13 +215,11 @@ def predict_rows(name: str, train: pd.DataFrame, test: pd.DataFrame,
         pred = cell.reindex(keys).to_numpy(float)
         fallback = action.reindex(test["action"]).to_numpy(float)
         return np.where(np.isnan(pred), fallback, pred)
-    if name == "ridge":
-        strata = sorted(train["stratum"].unique())
-        actions = sorted(train["action"].unique())
-        fit = fit_ridge(_design(train, strata, actions, obs), train["R"].to_numpy(float),
-                        RIDGE_ALPHA)
-        return fit.predict(_design(test, strata, actions, obs))
-    raise ValueError(f"unknown predictor {name!r}; allowed: {', '.join(PREDICTORS)}")
+    strata = sorted(train["stratum"].unique())  # ridge
+    actions = sorted(train["action"].unique())
+    fit = fit_ridge(_design(train, strata, actions, obs), train["R"].to_numpy(float),
+                    RIDGE_ALPHA)
+    return fit.predict(_design(test, strata, actions, obs))
 
 
 def _contrast_table(rows: pd.DataFrame, values: np.ndarray, c: ActionContrast) -> pd.Series:
@@ -360,15 +358,13 @@ def predict_study(
     their run metadata; None: unknown); cohorts at different temperatures are refused.
     """
     c = parse_contrast(contrast)
-    if not (math.isfinite(margin) and margin > 0):
-        raise ValueError(f"margin must be a finite number > 0; got {margin}")
+    checks.number(margin, "margin", 0, open_lo=True)
     if None not in temperatures and temperatures[0] != temperatures[1]:
         raise ValueError(f"the cohorts were sampled at different temperatures: development "
                          f"{temperatures[0]:g}, evaluation {temperatures[1]:g}; run both at "
                          "one temperature")
     checks.alpha(alpha)
-    if target not in TARGETS:
-        raise ValueError(f"unknown target {target!r}; allowed: {', '.join(TARGETS)}")
+    checks.choice(target, "target", TARGETS)
     dev = _complete(document_observations(*dev_records, window))
     ev = _complete(document_observations(*eval_records, window))
     column = TARGETS[target]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvdrift import checks
 from kvdrift.divergence import diverged
 
 #: Draft lengths reported for tokens per round.
@@ -64,8 +65,7 @@ def expected_rounds(accept: np.ndarray, lengths: np.ndarray, gamma: int) -> np.n
     (a rejection at ``s + j`` resamples that token; all ``g`` accepted add a bonus token at
     ``s + g`` when it is within N). Returns ``r(1)`` per row.
     """
-    if isinstance(gamma, bool) or not isinstance(gamma, int | np.integer) or gamma < 1:
-        raise ValueError(f"draft length gamma must be an integer >= 1; got {gamma!r}")
+    checks.integer(gamma, "draft length gamma", 1)
     accept = np.asarray(accept, dtype=float)
     n, H = accept.shape
     N = np.asarray(lengths, dtype=np.int64).reshape(n)
