@@ -17,6 +17,7 @@ from kvdrift.lm.model import (
     resolve_dtype,
     write_atomically,
 )
+from tests.messages import whole
 
 
 def test_resolve_device():
@@ -34,16 +35,19 @@ def test_resolve_dtype():
     assert resolve_dtype("float32") is torch.float32
     assert resolve_dtype("bfloat16") is torch.bfloat16
     assert resolve_dtype(torch.float16) is torch.float16
-    with pytest.raises(ValueError, match="float32, bfloat16, float16"):
+    with pytest.raises(ValueError, match=whole(
+            "dtype must be one of float32, bfloat16, float16; got 'fp8'")):
         resolve_dtype("fp8")
 
 
 def test_load_model_validates_before_loading():
     with pytest.raises(ValueError, match="device"):
         load_model("smollm2", device="tpu")
-    with pytest.raises(ValueError, match="dtype"):
+    with pytest.raises(ValueError, match=whole(
+            "dtype must be one of float32, bfloat16, float16; got 'int4'")):
         load_model("smollm2", dtype="int4")
-    with pytest.raises(ValueError, match="attn_implementation"):
+    with pytest.raises(ValueError, match=whole(
+            "attn_implementation must be one of sdpa, eager; got 'flash'")):
         load_model("smollm2", attn_implementation="flash")
 
 

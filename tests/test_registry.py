@@ -35,7 +35,8 @@ def test_adding_a_quantity_is_one_registry_entry(monkeypatch):
     assert parse_endpoint("O_share(a)").stat == "O_share"
     assert FIRST_SHARE in headline_quantities()                        # the report
     assert "O_H/R" in [str(c.header) for c in summary_table(study).columns][-1]  # terminal
-    with pytest.raises(ValueError, match="O_share.*is not one"):       # plan takes means only
+    with pytest.raises(ValueError, match=r"^a plan target's statistic \(a document-level mean\) "
+                                         r"must be one of .+; got 'O_share'$"):  # means only
         plan_study(reps.assign(setup_seconds=1.0, replicate_seconds=1.0),
                    "O_share(noisy)", 0.05)
 
