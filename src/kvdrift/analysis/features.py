@@ -44,14 +44,31 @@ class DepthFeatures:
 
 
 @dataclass(frozen=True)
+class Measured:
+    """What one action's records let the analysis compute, decided once where its features
+    are made (the sections read this, never the feature names).
+
+    ``branches``: both branches followed from t = 1 (rollouts): the curves, ``F``, the EOS
+    split and the speculative readings; ``forced``: the teacher-forced columns along X too;
+    ``lag_windows``: lag windows given with branches: ``B``, local agreement, cohort support.
+    """
+
+    branches: bool = False
+    forced: bool = False
+    lag_windows: bool = False
+
+
+@dataclass(frozen=True)
 class DocFeatures:
     """Feature matrices for one (model, action): each ``[n_docs, k]``, rows in ``doc_ids``
-    order; ``depths`` the window terms at each observation depth."""
+    order; ``depths`` the window terms at each observation depth; ``measured`` what the
+    records hold."""
 
     doc_ids: np.ndarray
     strata: np.ndarray
     columns: dict[str, np.ndarray]
     depths: DepthFeatures
+    measured: Measured = Measured()
 
     def subset(self, doc_ids: np.ndarray) -> DocFeatures:
         """The rows of the given documents, in that order."""
@@ -60,7 +77,7 @@ class DocFeatures:
             raise ValueError("some documents are missing for this action")
         return DocFeatures(self.doc_ids[pos], self.strata[pos],
                            {k: v[pos] for k, v in self.columns.items()},
-                           self.depths.subset(pos))
+                           self.depths.subset(pos), self.measured)
 
 
 def single_value(records: pd.DataFrame, column: str) -> object:
@@ -181,4 +198,6 @@ def action_features(
                                                                    (x_eos, y_eos))
         mismatch = _cube(steps, "mismatch", n, K, H)
         cols |= agreement_terms(mismatch, tau, x_eos, y_eos, windows)
-    return DocFeatures(doc_ids, strata, cols, depths)
+    measured = Measured(branches=True, forced=forced is not None,
+                        lag_windows=windows is not None)
+    return DocFeatures(doc_ids, strata, cols, depths, measured)

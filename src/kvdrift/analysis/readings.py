@@ -278,9 +278,9 @@ def reading_entries(
     out: dict[str, list] = {k: [] for k in ("teacher_forced", "speculative",
                                             "teacher_forced_contrasts", "speculative_contrasts")}
     actions = list(features)
-    if not actions or any("spec_rejections" not in f.columns for f in features.values()):
+    if not actions or not all(f.measured.branches for f in features.values()):
         return out
-    forced = all("tf_kl" in f.columns for f in features.values())
+    forced = all(f.measured.forced for f in features.values())
     strata = next(iter(features.values())).strata
     cells = [(None, np.arange(strata.size), weights, counts)]
     for label in sorted(set(strata.tolist()), key=str):

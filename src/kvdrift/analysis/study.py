@@ -203,7 +203,7 @@ def action_section(s: ModelSample, action_bounds: dict[str, tuple[Bound, ...]],
             {k: curve(p[k], b[k], alpha)
              for k in ("timing_cdf", "expected_delta", "lag_profile", "lag_profile_strict")
              if k in p},
-            eos_split_entry(s.means[a], s.boot_means[a], alpha) if "eos_R" in f.columns
+            eos_split_entry(s.means[a], s.boot_means[a], alpha) if f.measured.branches
             else None,
             action_bounds[a],
             **memory_means(s.action_replicates(a), f.doc_ids, s.weights)))
@@ -215,7 +215,7 @@ def agreement_section(s: ModelSample, windows: LagWindows | None,
     """Local agreement and cohort support of each action whose records have lag windows."""
     out: dict[str, list] = {"local_agreement": [], "cohort_support": []}
     for a, f in s.features.items():
-        if "branch_cohort" in f.columns:  # rollouts with lag windows
+        if f.measured.lag_windows:
             out["local_agreement"].append(local_agreement_result(
                 s.model, a, s.means[a], s.boot_means[a], windows, alpha))
             out["cohort_support"].append(cohort_support(
@@ -228,7 +228,7 @@ def contrast_section(s: ModelSample, alpha: float, horizon: int) -> dict[str, li
     out = {"contrasts": [contrast_result(s.model, (a, b), (s.point[a], s.point[b]),
                                          (s.boot[a], s.boot[b]), alpha, horizon)
                          for a, b in action_pairs(s.actions)]}
-    if all("eos_R" in f.columns for f in s.features.values()):
+    if all(f.measured.branches for f in s.features.values()):
         out["eos_contrasts"] = eos_contrast_entries(s.model, s.means, s.boot_means, alpha)
     return out
 

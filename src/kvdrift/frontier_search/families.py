@@ -1,9 +1,9 @@
 """Method families and their budget axes: a family at a budget is an action.
 
 An eviction family (``snapkv``, ``recent``, ``pyramidkv``, ``adakv-snapkv``, ...) varies the
-ratio kept on a fine grid of sixteenths; a quantization family (``kivi``, ``gguf``) varies its
-bits or cache type; a chain (``snapkv+kivi:bits=4``) varies the ratio of its eviction and keeps
-the rest. Budgets are ordered from the most cache to the least.
+ratio kept on a fine grid of sixteenths; a quantization family (``kivi``, ``gguf``, ``fp8``)
+walks its ladder of bits, cache types or formats; a chain (``snapkv+kivi:bits=4``) varies the
+ratio of its eviction and keeps the rest. Budgets are ordered from the most cache to the least.
 """
 
 from __future__ import annotations
@@ -22,6 +22,24 @@ COARSE_RATIOS = (12, 8, 4, 2)
 KIVI_BITS = (8, 4, 2)
 GGUF_TYPES = ("q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
 FP8_FORMATS = ("e5m2", "e4m3")
+
+
+@dataclass(frozen=True)
+class Ladder:
+    """A quantization family's discrete axis: each budget's label and action, most memory
+    first."""
+
+    labels: tuple[str, ...]
+    actions: tuple[str, ...]
+
+
+LADDERS: dict[str, Ladder] = {
+    "kivi": Ladder(tuple(f"{b} bits" for b in KIVI_BITS),
+                   tuple(f"kivi:bits={b}" for b in KIVI_BITS)),
+    "gguf": Ladder(GGUF_TYPES, tuple(f"gguf:k={t},v={t}" for t in GGUF_TYPES)),
+    "fp8": Ladder(FP8_FORMATS, tuple(f"fp8:{f}" for f in FP8_FORMATS)),
+}
+"""The quantization families by name; any other family is an eviction (a ratio axis)."""
 
 
 @dataclass(frozen=True)
@@ -58,9 +76,10 @@ def _ratio_family(name: str, head: str, tail: str) -> Family:
     return Family(name, tuple(budgets), coarse, True)
 
 
-def _list_family(name: str, labels: tuple[str, ...], actions: tuple[str, ...]) -> Family:
-    budgets = tuple(Budget(name, i, lab, act) for i, (lab, act) in enumerate(zip(labels, actions,
-                                                                                 strict=True)))
+def _ladder_family(name: str, ladder: Ladder) -> Family:
+    budgets = tuple(Budget(name, i, lab, act)
+                    for i, (lab, act) in enumerate(zip(ladder.labels, ladder.actions,
+                                                       strict=True)))
     return Family(name, budgets, tuple(range(len(budgets))), False)
 
 
@@ -73,14 +92,9 @@ def parse_family(text: str) -> Family:
     name = checks.text(text, "a family (a press or quantization name)", visible=True).strip()
     head, plus, rest = name.partition("+")
     tail = plus + rest
-    if head == "kivi" and not tail:
-        fam = _list_family(name, tuple(f"{b} bits" for b in KIVI_BITS),
-                           tuple(f"kivi:bits={b}" for b in KIVI_BITS))
-    elif head == "gguf" and not tail:
-        fam = _list_family(name, GGUF_TYPES, tuple(f"gguf:k={t},v={t}" for t in GGUF_TYPES))
-    elif head == "fp8" and not tail:
-        fam = _list_family(name, FP8_FORMATS, tuple(f"fp8:{f}" for f in FP8_FORMATS))
-    elif ":" in head or head in ("kivi", "gguf", "fp8"):
+    if head in LADDERS and not tail:
+        fam = _ladder_family(name, LADDERS[head])
+    elif ":" in head or head in LADDERS:
         raise ValueError(f"a family names its press without a budget (the frontier varies the "
                          f"budget): 'snapkv', 'kivi', 'snapkv+kivi:bits=4'; got {name!r}")
     else:
