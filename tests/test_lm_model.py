@@ -24,7 +24,8 @@ def test_resolve_device():
     assert resolve_device("cpu") == torch.device("cpu")
     assert resolve_device("auto").type in ("cpu", "cuda")
     for bad in ["tpu", "gpu", "cuda:x"]:
-        with pytest.raises(ValueError, match="allowed: 'auto', 'cpu', 'cuda'"):
+        with pytest.raises(ValueError, match=whole(
+                f"device must be one of auto, cpu, cuda, cuda:N; got {bad!r}")):
             resolve_device(bad)
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="CUDA is not available"):
@@ -40,8 +41,15 @@ def test_resolve_dtype():
         resolve_dtype("fp8")
 
 
+def test_a_loaded_model_of_another_dtype_is_refused_by_name():
+    with pytest.raises(ValueError, match=whole(
+            "dtype must be one of float32, bfloat16, float16; got torch.float64")):
+        lm_model.LoadedModel(None, None, "m", torch.device("cpu"), torch.float64)
+
+
 def test_load_model_validates_before_loading():
-    with pytest.raises(ValueError, match="device"):
+    with pytest.raises(ValueError, match=whole(
+            "device must be one of auto, cpu, cuda, cuda:N; got 'tpu'")):
         load_model("smollm2", device="tpu")
     with pytest.raises(ValueError, match=whole(
             "dtype must be one of float32, bfloat16, float16; got 'int4'")):

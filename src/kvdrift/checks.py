@@ -13,7 +13,9 @@ from numbers import Integral, Real
 from typing import Any
 
 
-def _refuse(what: str, rule: str, value: Any) -> ValueError:
+def refuse(what: str, rule: str, value: Any) -> ValueError:
+    """The error for ``value`` breaking ``rule`` (to raise), for a rule none of the checks
+    below states: a device name, a cluster address."""
     return ValueError(f"{what} must be {rule}; got {value!r}")
 
 
@@ -44,7 +46,7 @@ def integer(value: Any, what: str, lo: int | None = None, hi: int | None = None,
     ``rule`` replaces the generated rule text (e.g. ``"an integer within 1..H = 1..8"``).
     """
     if not is_integer(value) or (lo is not None and value < lo) or (hi is not None and value > hi):
-        raise _refuse(what, rule or _bounds_rule("an integer", lo, hi), value)
+        raise refuse(what, rule or _bounds_rule("an integer", lo, hi), value)
     return int(value)
 
 
@@ -70,7 +72,7 @@ def number(value: Any, what: str, lo: float | None = None, hi: float | None = No
                 rule = f"a finite number {'<' if open_hi else '<='} {hi}"
             else:
                 rule = "a finite number"
-        raise _refuse(what, rule, value)
+        raise refuse(what, rule, value)
     return float(value)
 
 
@@ -81,8 +83,18 @@ def choice(value: Any, what: str, allowed: Iterable[Any], where: str | None = No
     allowed = tuple(allowed)
     if isinstance(value, bool) or value not in allowed:
         place = "" if where is None else f" in {where}"
-        raise _refuse(f"{what}{place}", f"one of {', '.join(map(str, allowed))}", value)
+        raise refuse(f"{what}{place}", f"one of {', '.join(map(str, allowed))}", value)
     return value
+
+
+def action_ran(name: str, where: str, ran_by: str, actions: Iterable[str]) -> str:
+    """``name``, an action that ``where`` (a target, a contrast, an endpoint) names, if
+    ``ran_by`` (the run, the cohorts, a model) ran it; else an error listing those it ran."""
+    actions = tuple(actions)
+    if name not in actions:
+        raise refuse(f"action in {where}", f"one of those {ran_by} ran: {', '.join(actions)}",
+                     name)
+    return name
 
 
 def distinct_items(values: Iterable[Any], what: str, rule: str | None = None) -> tuple:
@@ -90,7 +102,7 @@ def distinct_items(values: Iterable[Any], what: str, rule: str | None = None) ->
     (``rule`` replaces the generated rule text, e.g. to list what is allowed)."""
     items = tuple(values)
     if not items or len(set(items)) != len(items):
-        raise _refuse(what, rule or "one or more distinct values", list(items))
+        raise refuse(what, rule or "one or more distinct values", list(items))
     return items
 
 
@@ -103,7 +115,7 @@ def text(value: Any, what: str, *, visible: bool = False, rule: str | None = Non
     """
     ok = isinstance(value, str) and bool(value.strip() if visible else value)
     if not ok:
-        raise _refuse(what, rule or ("a string with visible text" if visible
+        raise refuse(what, rule or ("a string with visible text" if visible
                                      else "a non-empty string"), value)
     return value
 

@@ -52,7 +52,10 @@ class LoadedModel:
         if not isinstance(self.device, torch.device):
             raise TypeError(f"device must be a torch.device; got {self.device!r}")
         if self.dtype not in DTYPES.values():
-            raise ValueError(f"dtype must be one of {sorted(DTYPES)}; got {self.dtype}")
+            raise checks.refuse("dtype", f"one of {', '.join(DTYPES)}", self.dtype)
+
+
+DEVICE_RULE = "one of auto, cpu, cuda, cuda:N"
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -60,14 +63,12 @@ def resolve_device(device: str | torch.device) -> torch.device:
     text = str(device)
     if text == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    kind = text.split(":", 1)[0]
-    if kind not in ("cpu", "cuda"):
-        raise ValueError(f"unknown device {text!r}; allowed: 'auto', 'cpu', 'cuda', 'cuda:N'")
+    if text.split(":", 1)[0] not in ("cpu", "cuda"):
+        raise checks.refuse("device", DEVICE_RULE, text)
     try:
         resolved = torch.device(text)
     except RuntimeError as exc:
-        raise ValueError(f"malformed device {text!r}; allowed: 'auto', 'cpu', 'cuda', "
-                         f"'cuda:N'") from exc
+        raise checks.refuse("device", DEVICE_RULE, text) from exc
     if resolved.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {text!r} requested but CUDA is not available; "
                          f"use 'cpu' or 'auto'")
