@@ -28,6 +28,7 @@ from kvdrift.lm.presses import (
     family_table,
     mid_ratio,
 )
+from tests.messages import whole
 
 EXPECTED_KEPT = {
     "full": lambda n: n,
@@ -128,7 +129,9 @@ def test_action_is_frozen_and_validated():
 
 
 def test_unknown_name_lists_named_actions():
-    with pytest.raises(ValueError) as info:
+    with pytest.raises(ValueError, match=r"^action must be one of full, snapkv-half, .*, or "
+                       r"\[<family>-\]<scorer>:ratio=R .* and family one of adakv, .* \(see "
+                       r"`kvdrift run --actions help`\); got 'snapkv-quarter'$") as info:
         parse_action("snapkv-quarter")
     message = str(info.value)
     for name in NAMED_ACTIONS:
@@ -144,8 +147,15 @@ def test_unknown_name_lists_named_actions():
     ("snapkv:budget=-3", r"budget .* >= 1"),
     ("snapkv:budget=2.5", r"budget .* integer"),
     ("snapkv:ratio=abc", r"ratio must be a number"),
-    ("snapkv:window=32,ratio=0.5", r"unknown SnapKVPress field 'window'.*window_size"),
-    ("knorm:ratio=0.5,n_sink=2", r"unknown KnormPress field 'n_sink'"),
+    ("snapkv:window=32,ratio=0.5", whole(
+        "action 'snapkv:window=32,ratio=0.5': SnapKVPress field must be one of ratio, budget, "
+        "window_size, kernel_size; got 'window'")),
+    ("knorm:ratio=0.5,n_sink=2", whole(
+        "action 'knorm:ratio=0.5,n_sink=2': KnormPress field must be one of ratio, budget; "
+        "got 'n_sink'")),
+    ("decoding-knorm:target=4,ratio_x=1", whole(
+        "action 'decoding-knorm:target=4,ratio_x=1': decoding-KnormPress field must be one of "
+        "interval, target, buffer; got 'ratio_x'")),
     ("adakv-knorm:ratio=0.5,alpha_safeguard=x", r"alpha_safeguard.*number"),
     ("chunk-knorm:budget=10", r"give exactly one of ratio="),
     ("chunkkv-knorm:ratio=0.5,chunk_length=0", r"chunk_length must be an integer >= 1"),
@@ -163,9 +173,12 @@ def test_unknown_name_lists_named_actions():
     ("pyramidkv:ratio=0.5+knorm:ratio=0.5", r"cannot be chained"),
     ("adakv-knorm:ratio=0.5+decoding-knorm:target=4", r"head-adaptive"),
     ("AdaKVPress:ratio=0.5", r"adakv-<scorer>"),
-    ("nosuchfamily-knorm:ratio=0.5", r"unknown press"),
+    ("nosuchfamily-knorm:ratio=0.5", r"^press must be one of cap, cur, .*, tova \(or a kvpress "
+     r"class name: CURPress, .*\), or <family>-<scorer> with family one of adakv, .*, decoding; "
+     r"got 'nosuchfamily-knorm'$"),
     ("help", r"--actions help"),
-    ("nosuchpress:ratio=0.5", r"unknown press 'nosuchpress'.*snapkv"),
+    ("nosuchpress:ratio=0.5", r"^press must be one of cap, .* snapkv, .*; "
+     r"got 'nosuchpress'$"),
     ("snapkv:", r"exactly one"),
     ("snapkv:ratio=0.5,budget=3", r"exactly one"),
     ("snapkv:ratio", r"key=value"),

@@ -273,12 +273,11 @@ def _parse_head(head: str) -> tuple[Family, type]:
 
 def _parse_stage(text: str, whole: str) -> Stage:
     if ":" not in text:
-        raise ValueError(
-            f"unknown action {text!r}; named actions: {', '.join(NAMED_ACTIONS)}; or "
+        raise checks.refuse(
+            "action", f"one of {', '.join(NAMED_ACTIONS)}, or "
             f"[<family>-]<scorer>:ratio=R (fraction kept) / :budget=B (entries kept) with scorer "
             f"one of {allowed_scorers()} and family one of "
-            f"{family_names()} (see `kvdrift run --actions help`)"
-        )
+            f"{family_names()} (see `kvdrift run --actions help`)", text)
     head, _, tail = text.partition(":")
     family, scorer = _parse_head(head)
     label = family.label(scorer.__name__)
@@ -307,10 +306,7 @@ def _parse_stage(text: str, whole: str) -> Stage:
         elif key in ("compression_ratio", "compression_ratios"):
             raise ValueError(f"action {whole!r}: use ratio= (fraction kept) or budget= "
                              f"(entries kept), not {key}")
-        elif key not in defaults:
-            raise ValueError(f"action {whole!r}: unknown {label} field {key!r}; allowed: "
-                             f"ratio, budget, {', '.join(defaults) or 'none'}")
-        else:
+        else:  # a field the stage does not take is refused by Stage, naming those it takes
             kwargs.append((key, _coerce(defaults, key, value, label)))
     try:
         return Stage(family=family, scorer=scorer, kwargs=tuple(kwargs), **values)

@@ -46,7 +46,7 @@ import kvpress
 import torch
 
 from kvdrift import checks
-from kvdrift.lm.spec_fields import check_field
+from kvdrift.lm.spec_fields import check_field, check_field_name
 
 # Short names of kvpress scorer presses: same count in every layer and KV head, no download.
 SCORERS: dict[str, str] = {
@@ -470,8 +470,8 @@ def resolve_scorer(name: str) -> type:
     key = name.strip().lower().replace("-", "_")
     if key in SCORERS and SCORERS[key] in classes:
         return classes[SCORERS[key]]
-    raise ValueError(f"unknown press {name!r}; allowed scorers: {allowed_scorers()}; "
-                     f"families: {family_names()}")
+    raise checks.refuse("press", f"one of {allowed_scorers()}, or <family>-<scorer> with "
+                        f"family one of {family_names()}", name)
 
 
 def user_ratio(stage: Stage) -> str:
@@ -607,12 +607,9 @@ class Stage:
             object.__setattr__(self, "ratios", tuple(
                 checks.number(r, f"{label}: ratios[{i}] (fraction kept in layer {i})", 0, 1,
                               open_lo=True) for i, r in enumerate(self.ratios)))
-        allowed = {**{k: None for k in fam.field_map},
-                   **{k: None for k in scorer_fields(self.scorer)}}
+        names = (*fam.field_map, *scorer_fields(self.scorer))
         for key, value in self.kwargs:
-            if key not in allowed:
-                raise ValueError(f"{label}: unknown field {key!r}; allowed: "
-                                 f"{', '.join(allowed) or 'none'} (plus ratio= or budget=)")
+            check_field_name(label, key, fam.budgets, names)
             check_field(label, key, value)
         object.__setattr__(self, "kwargs", tuple(sorted(self.kwargs)))
 

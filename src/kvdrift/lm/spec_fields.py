@@ -6,7 +6,7 @@ A bad spec raises :class:`ActionError` (a ``ValueError``) with one line in the s
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from kvdrift.checks import is_integer, is_number
@@ -71,6 +71,17 @@ FIELD_RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "first_stage_ratio": ("a number within (0, 1]", _within(0.0, 1.0, open_lo=True)),
     "epsilon": ("a finite number >= 0", lambda v: is_number(v) and v >= 0),
 }
+
+
+def check_field_name(label: str, key: str, budgets: Iterable[str], names: Iterable[str]
+                     ) -> None:
+    """ActionError unless ``key`` is one of the ``names`` of the fields a stage of ``label``
+    takes besides its budget (its ``budgets``, e.g. ``ratio=``, read before the fields, are
+    listed first)."""
+    names = tuple(names)
+    if key not in names:
+        raise ActionError(f"{label} field must be one of "
+                          f"{', '.join((*budgets, *names))}; got {key!r}")
 
 
 def check_field(label: str, key: str, value: Any) -> None:
