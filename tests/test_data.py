@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import random
 import re
 import time
 from collections import Counter
@@ -27,6 +28,7 @@ from kvdrift.data import (
     write_jsonl,
 )
 from kvdrift.data.filler import FillerStream, weave
+from kvdrift.data.ruler_tasks import build_niah
 from kvdrift.data.words import KEY_ADJECTIVES, KEY_NOUNS, VALUE_WORDS
 from tests.messages import whole
 
@@ -179,6 +181,10 @@ def test_config_validation():
     with pytest.raises(ValueError, match=whole(
             "needle type must be one of word, number, uuid; got 'emoji'")):
         RulerConfig(needle_types=("emoji",))
+    with pytest.raises(ValueError, match=whole(
+            "needle family must be one of niah_single, niah_multikey, niah_multivalue, "
+            "niah_multiquery; got 'vt'")):
+        build_niah("vt", random.Random(0), "number")
     with pytest.raises(ValueError, match=whole(
             f"a target length must be an integer >= {MIN_TARGET_TOKENS} (tokens); got 100")):
         RulerConfig(target_lengths=(100,))

@@ -22,6 +22,7 @@ from kvdrift.finite import (
 )
 from kvdrift.finite.variance import estimator_laws
 from kvdrift.kernel import KernelPair
+from tests.messages import whole
 
 TOL = 1e-12
 
@@ -120,7 +121,8 @@ def test_bad_construction(kwargs, match) -> None:
 
 def test_bad_state_operations() -> None:
     pair = hand_pair()
-    with pytest.raises(ValueError, match="unknown kernel side"):
+    with pytest.raises(ValueError, match=whole(
+            "kernel side (p: reference, q: intervention) must be one of p, q; got 'x'")):
         pair.start("x", 1)  # type: ignore[arg-type]
     state = pair.start("p", 2)
     with pytest.raises(ValueError, match=r"tokens must lie in 0\.\.1"):

@@ -15,6 +15,7 @@ from kvdrift.data.scoring import (
     string_match_all,
     string_match_part,
 )
+from tests.messages import whole
 
 
 def ruler_all(pred, refs):
@@ -74,8 +75,16 @@ def test_expected_answers_and_metric_per_document():
     named = Document("n", "p", answer="x", meta={"answers": ["x", "y"],
                                                  "metric": "string_match_part"})
     assert score_text(named, "y!") == 1.0
-    with pytest.raises(ValueError, match="unknown metric 'exact'.*allowed"):
+    with pytest.raises(ValueError, match=whole(
+            "document 'b': key 'metric' must be one of string_match_all, string_match_part; "
+            "got 'exact'")):
         metric_name(Document("b", "p", answer="x", meta={"metric": "exact"}))
+    changed = Document("c", "p", answer="x")
+    changed.meta["metric"] = "exact"  # after the document was checked: metric_name refuses it
+    with pytest.raises(ValueError, match=whole(
+            "document 'c': key 'metric' must be one of string_match_all, string_match_part; "
+            "got 'exact'")):
+        metric_name(changed)
 
 
 @pytest.mark.parametrize("family", ["niah_multivalue", "vt", "cwe", "fwe"])
@@ -96,7 +105,9 @@ def test_jsonl_documents_name_their_metric(tmp_path):
     doc = load_jsonl(path)[0]
     assert metric_name(doc) == "string_match_part" and score_text(doc, "Y.") == 1.0
     path.write_text('{"id": 1, "prompt": "p", "answer": "x", "metric": "f1"}\n')
-    with pytest.raises(ValueError, match=r"docs.jsonl:1: unknown metric 'f1'; allowed: string"):
+    with pytest.raises(ValueError, match=whole(
+            f"{path}:1: key 'metric' must be one of string_match_all, string_match_part; "
+            "got 'f1'")):
         load_jsonl(path)
 
 

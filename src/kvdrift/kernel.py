@@ -15,6 +15,8 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
 
+from kvdrift import checks
+
 Side = Literal["p", "q"]
 SIDES: tuple[Side, ...] = ("p", "q")
 
@@ -84,7 +86,4 @@ class KernelPair(Protocol):
 
 def check_side(side: str) -> Side:
     """Return ``side`` if it names a kernel, else raise a clear error."""
-    if side not in SIDES:
-        raise ValueError(
-            f"unknown kernel side {side!r}; allowed: 'p' (reference), 'q' (intervention)")
-    return side  # type: ignore[return-value]
+    return checks.choice(side, "kernel side (p: reference, q: intervention)", SIDES)

@@ -41,7 +41,8 @@ def answer_problem(answer: Any, meta: dict[str, Any]) -> str | None:
     metric = meta.get("metric")
     if metric is not None:
         if not isinstance(metric, str) or metric not in METRIC_NAMES:
-            return f"unknown metric {metric!r:.80}; allowed: {', '.join(METRIC_NAMES)}"
+            return (f"key 'metric' must be one of {', '.join(METRIC_NAMES)}; "
+                    f"got {metric!r:.80}")
         if answer is None and answers is None:
             return (f"metric {metric!r} needs expected answers to score against; give 'answer' "
                     "or 'answers', or leave out 'metric' for a free-form prompt")

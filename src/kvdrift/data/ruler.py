@@ -112,7 +112,8 @@ def _draft(family: str, rng: random.Random, target_tokens: int, needle_type: str
         return build_cwe(rng, target_tokens)
     if family == "fwe":
         return build_fwe(rng)
-    raise ValueError(f"unknown family {family!r}; allowed: {list(RULER_FAMILIES)}")
+    # in make_document's words (its checks.choice refuses an unknown family first)
+    raise checks.refuse("family", f"one of {', '.join(RULER_FAMILIES)}", family)
 
 
 def make_document(

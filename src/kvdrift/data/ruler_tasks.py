@@ -115,6 +115,7 @@ def _quoted_list(keys: list[str]) -> str:
 
 def build_niah(family: str, rng: random.Random, needle_type: str) -> TaskDraft:
     """Needle-in-a-haystack variants: single, multikey, multivalue, multiquery."""
+    checks.choice(family, "needle family", NIAH_FAMILIES)
     checks.choice(needle_type, "needle type", NEEDLE_TYPES)
     kind, kinds = _KIND[needle_type]
     filler = FillerStream(rng.getrandbits(64))
@@ -130,12 +131,10 @@ def build_niah(family: str, rng: random.Random, needle_type: str) -> TaskDraft:
         keys = [key] * NIAH_VALUES
         question = _Q_MULTIVALUE.format(kinds=kinds, key=key)
         answers, asked = values, [key]
-    elif family == "niah_multiquery":
+    else:  # niah_multiquery, the last of NIAH_FAMILIES (checked above)
         keys, values = _keys(rng, NIAH_QUERIES), _values(rng, needle_type, NIAH_QUERIES)
         question = _Q_MULTIQUERY.format(kinds=kinds, keys=_quoted_list(keys))
         answers, asked = values, keys
-    else:
-        raise ValueError(f"unknown needle family {family!r}; allowed: {list(NIAH_FAMILIES)}")
     template = _NEEDLE_MULTI if family == "niah_multivalue" else _NEEDLE
     texts = [
         template.format(kind=kind, key=k, value=v) for k, v in zip(keys, values, strict=True)
