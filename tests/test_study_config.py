@@ -83,6 +83,10 @@ def test_config_mistakes_are_named(data, message):
         (base(estimator="magic"), whole("estimator must be one of rollout, swrb; got 'magic'")),
         (base() | {"documents": [{"source": "web"}]},
          whole("document source in [[documents]] #1 must be one of ruler, jsonl, hf; got 'web'")),
+        (base() | {"documents": [{"families": ["vt"]}]},
+         whole("document source in [[documents]] #1 must be one of ruler, jsonl, hf; got None")),
+        (base() | {"documents": [{"source": "ruler"}, 3]},
+         whole("[[documents]] #2 must be a table")),
         (base() | {"analysis": {"bootstraps": 5}},
          whole("key in [analysis] must be one of bootstrap, alpha, endpoints, seed; "
                "got 'bootstraps'")),

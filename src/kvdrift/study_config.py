@@ -127,9 +127,9 @@ def check_study_name(name: str) -> str:
 def _check_source(i: int, source: dict) -> DocumentSource:
     """Check one [[documents]] table (its kind, keys and value types), then build its source."""
     where = f"[[documents]] #{i + 1}"
-    if not isinstance(source, dict) or "source" not in source:
-        raise ValueError(f"{where} needs a 'source' key; allowed: {', '.join(SOURCE_KEYS)}")
-    kind = checks.choice(source["source"], "document source", SOURCE_KEYS, where)
+    if not isinstance(source, dict):
+        raise ValueError(f"{where} must be a table")
+    kind = checks.choice(source.get("source"), "document source", SOURCE_KEYS, where)
     _check_table(source, SOURCE_KEYS[kind], where)
     for key in REQUIRED_SOURCE_KEYS[kind]:
         if key not in source:
