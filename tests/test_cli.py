@@ -189,7 +189,8 @@ def test_plan_sizes_s99_from_step_records_for_one_of_several_endpoints(cohorts):
 
 @pytest.mark.parametrize("args, message", [
     (["--contrast", "strong - full", "--window", "3"],
-     "names action 'full', which the cohorts did not run"),
+     "action in contrast 'strong - full' must be one of those the cohorts ran: mild, strong; "
+     "got 'full'"),
     (["--contrast", "strong - mild", "--window", "6"], "window must be an integer within 1..H"),
     (["--contrast", "strong - mild", "--swap"], "is the evaluation cohort"),
 ])

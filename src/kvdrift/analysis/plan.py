@@ -257,9 +257,7 @@ def _target_values(reps: pd.DataFrame, target: str, actions: list[str]):
     for stat in (e.stat, e.minus[0] if e.minus else e.stat):
         checks.choice(stat, "a plan target's statistic (a document-level mean)", allowed)
     for name in e.actions:
-        if name not in actions:
-            raise ValueError(f"target {e.text!r} names action {name!r}, which the development "
-                             f"run did not run; actions: {', '.join(actions)}")
+        checks.action_ran(name, f"target {e.text!r}", "the development run", actions)
     values = _values(reps, e.stat, e.action)
     if e.minus is not None:  # paired by replicate: actions share random numbers per document
         values = values - _values(reps, e.minus[0], e.minus[1])
