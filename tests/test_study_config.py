@@ -115,6 +115,14 @@ def test_executor_settings_parse_and_stay_out_of_the_stored_config():
         ExecutorConfig().overridden("local", "auto")
     # A model placed on the CPU asks for no GPU unless told to.
     assert ExecutorConfig("ray").for_device("cpu").gpus_per_worker == 0
+    assert ExecutorConfig("ray", "ray://10.0.0.1:6379").ray_address == "ray://10.0.0.1:6379"
+    for bad in ("", " ", "10.0.0.1", ":6379", "host:port", 6379):
+        with pytest.raises(ValueError, match=whole(
+                f"ray_address must be 'auto' or HOST:PORT (e.g. 10.0.0.1:6379); got {bad!r}")):
+            ExecutorConfig("ray", bad)
+        with pytest.raises(ValueError, match=whole(
+                f"ray_address must be 'auto' or HOST:PORT (e.g. 10.0.0.1:6379); got {bad!r}")):
+            ExecutorConfig().overridden(None, bad)
     assert ExecutorConfig("ray", gpus_per_worker=1).for_device("cpu").gpus_per_worker == 1
 
 

@@ -17,6 +17,16 @@ EXECUTORS = ("local", "ray")
 PairBuilder = Callable[[], PairFactory]  # called once per process that computes units
 
 
+def ray_endpoint(address: object) -> tuple[str, int]:
+    """``(host, port)`` of a Ray cluster address ``[ray://]HOST:PORT``; else one clear error
+    (``"auto"``, the other form ``ray_address`` takes, names no endpoint)."""
+    text = address.removeprefix("ray://") if isinstance(address, str) else ""
+    host, sep, port = text.rpartition(":")
+    if not (sep and host.strip() and port.isdigit()):
+        raise checks.refuse("ray_address", "'auto' or HOST:PORT (e.g. 10.0.0.1:6379)", address)
+    return host, int(port)
+
+
 @dataclass(frozen=True)
 class ExecutorConfig:
     """Which executor runs the units, and the Ray settings (ignored by ``local``).
@@ -35,8 +45,8 @@ class ExecutorConfig:
 
     def __post_init__(self) -> None:
         checks.choice(self.kind, "executor", EXECUTORS)
-        if self.ray_address is not None:
-            checks.text(self.ray_address, "ray_address", visible=True, rule="'auto' or HOST:PORT")
+        if self.ray_address not in (None, "auto"):
+            ray_endpoint(self.ray_address)
         if self.gpus_per_worker is not None:
             checks.number(self.gpus_per_worker, "gpus_per_worker", 0, rule="a number >= 0")
         checks.number(self.cpus_per_worker, "cpus_per_worker", 0, open_lo=True,

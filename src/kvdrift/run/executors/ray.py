@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from kvdrift.data.document import Document
 from kvdrift.run import UnitFailed
-from kvdrift.run.executors.base import ExecutorConfig, PairBuilder
+from kvdrift.run.executors.base import ExecutorConfig, PairBuilder, ray_endpoint
 from kvdrift.run.records import UnitKey
 from kvdrift.run.runner import (
     RunConfig,
@@ -87,12 +87,8 @@ class _Slot:
 
 def check_reachable(address: str) -> None:
     """Fail fast, in one line, when nothing listens at a ``HOST:PORT`` Ray address."""
-    host, sep, port = address.removeprefix("ray://").rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ValueError(f"ray address {address!r} must be 'auto' or HOST:PORT "
-                         f"(e.g. 10.0.0.1:6379)")
     try:
-        socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
+        socket.create_connection(ray_endpoint(address), timeout=CONNECT_TIMEOUT_S).close()
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
         raise ValueError(f"cannot reach a Ray cluster at {address} ({reason}); start one with "
