@@ -298,7 +298,9 @@ def test_gguf_after_eviction_keeps_the_press_count(llama64):
      r"q5_1, q5_0, q4_1, q4_0; got 'q3_k'$"),
     ("gguf:k=q8_0", "gguf needs k=TYPE,v=TYPE"),
     ("kivi:bits=2,group=32,residual=48", "multiple of group"),
-    ("kivi:bits=2,size=4", "kivi takes bits=, group=, residual="),
+    ("kivi:bits=2,size=4", r"^action 'kivi:bits=2,size=4': kivi field must be one of bits, "
+                           r"group, residual; got 'size'$"),
+    ("kivi:bits=2,4", r"^action 'kivi:bits=2,4': each field must be key=value; got '4'$"),
     ("kivi:bits=4+snapkv:ratio=0.5", "must come last"),
     ("decoding-knorm:interval=4,target=8+kivi:bits=2", r"not decoding-\* or head-adaptive"),
 ])
@@ -477,7 +479,8 @@ def test_fp8_specs_parse_and_bad_ones_get_one_line():
                           ("fp8:e4m3,scale=0", r": fp8: scale must be a finite number > 0; "
                                                r"got 0.0$"),
                           ("fp8:e4m3,scale=x", "scale must be a number"),
-                          ("fp8:e4m3,bits=4", "fp8 takes scale="),
+                          ("fp8:e4m3,bits=4", r"^action 'fp8:e4m3,bits=4': fp8 field must be "
+                                              r"one of scale; got 'bits'$"),
                           ("fp8:e4m3+snapkv:ratio=0.5", "must come last")]:
         with pytest.raises(ValueError, match=message) as info:
             parse_action(spec)

@@ -137,9 +137,9 @@ def _key_values(kind: str, items: list[str], allowed: tuple[str, ...],
     for item in items:
         key, eq, value = item.partition("=")
         key, value = key.strip(), value.strip()
-        if not eq or key not in allowed:
-            raise ValueError(f"action {whole!r}: {kind} takes "
-                             f"{', '.join(f + '=' for f in allowed)}; got {item!r}")
+        if not eq:
+            raise ValueError(f"action {whole!r}: each field must be key=value; got {item!r}")
+        checks.choice(key, f"action {whole!r}: {kind} field", allowed)
         check_once(values, key, value, whole)
         values[key] = value
     return values
