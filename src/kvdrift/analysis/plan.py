@@ -42,6 +42,7 @@ from kvdrift.analysis import registry
 from kvdrift.analysis.endpoints import parse_endpoint
 from kvdrift.analysis.features import SATURATION, single_value
 from kvdrift.divergence import diverged
+from kvdrift.records.schema import recorded_estimator
 
 STEP_COLUMNS = ["model", "action", "doc_id", "replicate", "delta"]
 MIN_DOCUMENTS = 2  # per stratum: fewer carries no between-document variation
@@ -288,9 +289,10 @@ def plan_study(replicates: pd.DataFrame, target: str, halfwidth_target: float,
     for model, reps in replicates.groupby("model", sort=False):
         actions = list(dict.fromkeys(reps["action"]))
         measured = str(single_value(reps, "estimator"))
+        complete = recorded_estimator(measured).complete_branches
         e, values = _target_values(reps, target, actions)
         needs_rollouts = any(registry.quantity(s).rollouts_only for s in target_stats(target))
-        if measured == "swrb" and needs_rollouts:
+        if needs_rollouts and not complete:
             raise ValueError(f"target {e.text!r} needs complete rollouts (fixed-history risk F, "
                              "rollout TV or S99), which SWRB runs do not measure; plan it from "
                              "a rollout development run")
@@ -302,7 +304,7 @@ def plan_study(replicates: pd.DataFrame, target: str, halfwidth_target: float,
         per_rep = float(units.groupby("action")["replicate_seconds"].mean().sum())
         H = int(single_value(reps, "horizon"))
         evals = float(units["evaluations"].mean())  # the target's actions only
-        if measured == "rollout":
+        if complete:  # rollouts: what SWRB would evaluate on the same divergence times
             other_evals = swrb_evaluations(H, units["tau"].to_numpy())
         else:
             other_evals = float(H)

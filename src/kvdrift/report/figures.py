@@ -98,7 +98,8 @@ def _band(ax, c: CurveArrays, color, scale: float = 100.0) -> None:
                         alpha=BAND_ALPHA, linewidth=0)
 
 
-def _save(fig, path: str | Path) -> Path:
+def save_figure(fig, path: str | Path) -> Path:
+    """Write ``fig`` as a PNG at the report's resolution (folders made), then close it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=DPI)
@@ -160,7 +161,7 @@ def plot_timing(analysis: StudyAnalysis, path: str | Path) -> Path | None:
                   title_fontsize=8)
     fig.suptitle("Divergence timing: P(τ ≤ t) with bootstrap bands")
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 #: The three terms of a contrast's decomposition: (key, legend label, colour).
@@ -227,7 +228,7 @@ def plot_contrasts(analysis: StudyAnalysis, path: str | Path) -> Path | None:
         ax.legend(fontsize=8, loc="best")
     fig.suptitle("Contrast decomposition ΔR = ΔO + ΔE·C̄ + ΔC·Ē (a − b)")
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _b_text(action: ActionResult, key: str = "B") -> str:
@@ -271,7 +272,7 @@ def plot_lag_profiles(analysis: StudyAnalysis, path: str | Path) -> Path | None:
                   frameon=False)
     fig.suptitle("Branch-aligned lag profile after first divergence")
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_expected_delta(analysis: StudyAnalysis, path: str | Path) -> Path | None:
@@ -296,7 +297,7 @@ def plot_expected_delta(analysis: StudyAnalysis, path: str | Path) -> Path | Non
         ax.legend(fontsize=8, loc="best")
     fig.suptitle("Generation clock: expected branch TV by position")
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 #: Colours of the four EOS categories (pre-EOS, first EOS, one absorbed, both absorbed).
@@ -358,7 +359,7 @@ def plot_eos_split(analysis: StudyAnalysis, path: str | Path) -> Path | None:
         ax.legend(handles=handles + ax.get_legend_handles_labels()[0], fontsize=8, loc="best")
     fig.suptitle("EOS split of R − F: pre-EOS, first EOS, one absorbed, both absorbed")
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_task_by_divergence(analysis: StudyAnalysis, path: str | Path) -> Path | None:
@@ -385,7 +386,7 @@ def plot_task_by_divergence(analysis: StudyAnalysis, path: str | Path) -> Path |
         ax.legend(fontsize=8, loc="best")
     fig.suptitle("Task accuracy difference by divergence time")
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_tokens_per_round(analysis: StudyAnalysis, path: str | Path) -> Path | None:
@@ -414,7 +415,7 @@ def plot_tokens_per_round(analysis: StudyAnalysis, path: str | Path) -> Path | N
         ax.legend(fontsize=8, loc="best")
     fig.suptitle("Self-speculative decoding with the compressed cache as drafter")
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _bar_axes(ax, names: list[str], ylabel: str, title: str) -> None:
@@ -471,7 +472,7 @@ def plot_paper_figure7(analysis: StudyAnalysis, path: str | Path) -> Path | None
         right.legend(handles=[Patch(color=EOS_COLORS[r % len(EOS_COLORS)], label=c)
                               for r, c in enumerate(categories)], fontsize=8, loc="best")
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 @dataclass(frozen=True)
@@ -521,7 +522,7 @@ def plot_risk_memory(analysis: StudyAnalysis, path: str | Path) -> Path | None:
                   frameon=False)
     fig.suptitle("Risk against KV-cache memory")
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 @dataclass(frozen=True)

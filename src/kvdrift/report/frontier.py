@@ -10,7 +10,7 @@ import numpy as np
 
 from kvdrift.frontier_search.result import BudgetResult, FrontierResult
 from kvdrift.report import page
-from kvdrift.report.figures import _save, plt
+from kvdrift.report.figures import plt, save_figure
 from kvdrift.report.numbers import number_text
 from kvdrift.text import printable
 
@@ -50,7 +50,7 @@ def plot_frontier(result: FrontierResult, path: str | Path) -> Path:
     ax.set_title(f"Compression frontier (intervals at {100 * result.level:.3g}% each, "
                  f"{100 * (1 - result.alpha):.3g}% jointly)")
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _row(b: BudgetResult, on_frontier: bool, best: BudgetResult | None) -> list[str]:
