@@ -44,8 +44,8 @@ from tests.messages import whole
     (lambda: checks.choice(True, "level", (1, 2)), "level must be one of 1, 2; got True"),
     (lambda: checks.choice("x", "key", ("a", "b"), where="[study]"),
      "key in [study] must be one of a, b; got 'x'"),
-    (lambda: checks.action_ran("z", "target 'R(z)'", "the run", ["a", "b"]),
-     "action in target 'R(z)' must be one of those the run ran: a, b; got 'z'"),
+    (lambda: checks.named_action("z", "target 'R(z)'", "the run", ["a", "b"]),
+     "action in target 'R(z)' must be one of the actions of the run: a, b; got 'z'"),
     (lambda: checks.text("", "document id"), "document id must be a non-empty string; got ''"),
     (lambda: checks.text(None, "stratum"), "stratum must be a non-empty string; got None"),
     (lambda: checks.text(" \n", "prompt", visible=True),
@@ -67,7 +67,7 @@ def test_refusals_name_the_value_and_what_is_allowed(call, message):
 
 
 def test_an_action_that_ran_comes_back():
-    assert checks.action_ran("b", "endpoint 'R(b)'", "model 'm'", iter(["a", "b"])) == "b"
+    assert checks.named_action("b", "endpoint 'R(b)'", "model 'm'", iter(["a", "b"])) == "b"
 
 
 def test_accepted_values_come_back_as_plain_python_numbers():

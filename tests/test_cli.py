@@ -189,7 +189,7 @@ def test_plan_sizes_s99_from_step_records_for_one_of_several_endpoints(cohorts):
 
 @pytest.mark.parametrize("args, message", [
     (["--contrast", "strong - full", "--window", "3"],
-     "action in contrast 'strong - full' must be one of those the cohorts ran: mild, strong; "
+     "action in contrast 'strong - full' must be one of the actions of the cohorts: mild, strong; "
      "got 'full'"),
     (["--contrast", "strong - mild", "--window", "6"], "window must be an integer within 1..H"),
     (["--contrast", "strong - mild", "--swap"], "is the evaluation cohort"),

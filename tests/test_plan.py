@@ -105,8 +105,8 @@ def test_break_even_is_the_cost_ratio_when_documents_are_free():
 
 
 @pytest.mark.parametrize("target, message", [
-    ("R(a) - R(z)", "action in target 'R(a) - R(z)' must be one of those the development run "
-                    "ran: a, b; got 'z'"),
+    ("R(a) - R(z)", "action in target 'R(a) - R(z)' must be one of the actions of the "
+                    "development run: a, b; got 'z'"),
     ("B(a)", "statistic (a document-level mean) must be one of p_diverge, R, R_tv, O, E, Pi, F, "
              "R_minus_F, S99; got 'B'"),
     ("R(a", "cannot read 'R(a'"),
@@ -315,7 +315,7 @@ def test_refusals_say_what_the_development_run_lacks():
             "R_tv, O, E, Pi, F, R_minus_F, S99; got 'B'") + "$"):
         plan_study(reps, "R(a) - B(b)", 0.1).to_json()
     with pytest.raises(ValueError, match="^" + re.escape(
-            "action in target 'R(z)' must be one of those the development run ran: a, b; "
+            "action in target 'R(z)' must be one of the actions of the development run: a, b; "
             "got 'z'") + "$"):
         plan_study(reps, "R(z)", 0.1).to_json()
 

@@ -237,8 +237,8 @@ def test_predict_study_end_to_end_on_synthetic_records():
 @pytest.mark.parametrize("change, message", [
     (dict(eval_actions=("a", "c")), "the cohorts differ in actions"),
     (dict(eval_model="other"), "the cohorts differ in models"),
-    (dict(contrast="a - z"), "action in contrast 'a - z' must be one of those the cohorts ran: "
-                             "a, b; got 'z'"),
+    (dict(contrast="a - z"), "action in contrast 'a - z' must be one of the actions of the "
+                             "cohorts: a, b; got 'z'"),
     (dict(window=5), "window must be an integer within 1..H = 1..4; got 5"),
     (dict(dev_docs=5), "6-fold cross-validation needs at least 6 development documents"),
     (dict(same_docs=True), "documents must be disjoint"),
@@ -400,8 +400,8 @@ def test_cohort_refusals_name_what_differs():
          "the cohorts differ in actions: development has a, b; evaluation has a, c"),
         ((dev, _records([("e0", "x")], model="n", H=4)), "a - b",
          "the cohorts differ in models: development has m; evaluation has n"),
-        ((dev, ev), "a - z", "action in contrast 'a - z' must be one of those the cohorts ran: "
-                             "a, b; got 'z'"),
+        ((dev, ev), "a - z", "action in contrast 'a - z' must be one of the actions of the "
+                             "cohorts: a, b; got 'z'"),
         ((dev, _records([("d3", "x"), ("e1", "y")], H=4)), "a - b",
          "development and evaluation documents must be disjoint; both have 1 (e.g. 'd3')"),
         ((dev, _records([("e0", "x")], H=8)), "a - b", "the cohorts have different horizons H: "

@@ -346,7 +346,7 @@ def test_endpoints_share_alpha_over_models_and_endpoints():
     r = {x["action"]: x["scalars"]["R"]["estimate"] for x in out["actions"][:2]}
     assert out["endpoints"][1]["estimate"] == pytest.approx(r["b"] - r["a"])
     with pytest.raises(ValueError, match="^" + re.escape(
-            "action in endpoint 'R(z) - R(a)' must be one of those model 'm' ran: a, b; "
+            "action in endpoint 'R(z) - R(a)' must be one of the actions of model 'm': a, b; "
             "got 'z'") + "$"):
         analyze(steps, reps, AnalysisOptions(bootstrap=20, endpoints=("R(z) - R(a)",))).to_json()
 

@@ -63,7 +63,8 @@ def test_paper_study2_has_eight_endpoints():
         (base() | {"documents": [{"source": "jsonl"}]}, "missing the key 'path'"),
         (base() | {"documents": [{"source": "ruler", "families": ["nope"]}]}, "nope"),
         (base() | {"analysis": {"endpoints": ["B(recent-half)"]}},
-         "names action 'recent-half', which the study does not run"),
+         "action in endpoint 'B(recent-half)' must be one of the actions of the study: "
+         "snapkv-half; got 'recent-half'"),
         (base() | {"analysis": {"alpha": 2.0}}, "alpha must be within (0, 1)"),
         (base(executor="ray", cpus_per_worker=0), "cpus_per_worker must be a number > 0"),
         (base(executor="ray", gpus_per_worker=-1), "gpus_per_worker must be a number >= 0"),

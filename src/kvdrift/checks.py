@@ -87,13 +87,14 @@ def choice(value: Any, what: str, allowed: Iterable[Any], where: str | None = No
     return value
 
 
-def action_ran(name: str, where: str, ran_by: str, actions: Iterable[str]) -> str:
-    """``name``, an action that ``where`` (a target, a contrast, an endpoint) names, if
-    ``ran_by`` (the run, the cohorts, a model) ran it; else an error listing those it ran."""
+def named_action(name: str, where: str, source: str, actions: Iterable[str]) -> str:
+    """``name``, an action that ``where`` (a target, a contrast, an endpoint) names, if it is
+    one of the ``actions`` of ``source`` (the run, the cohorts, a model, the study); else an
+    error listing them."""
     actions = tuple(actions)
     if name not in actions:
-        raise refuse(f"action in {where}", f"one of those {ran_by} ran: {', '.join(actions)}",
-                     name)
+        raise refuse(f"action in {where}", f"one of the actions of {source}: "
+                     f"{', '.join(actions)}", name)
     return name
 
 

@@ -174,10 +174,8 @@ def parse_study(data: dict, source: str | None = None) -> StudyConfig:
     from kvdrift.analysis.endpoints import parse_endpoint
 
     for text in options.endpoints:
-        missing = [a for a in parse_endpoint(text).actions if a not in actions]
-        if missing:
-            raise ValueError(f"endpoint {text!r} names action {missing[0]!r}, which the study "
-                             f"does not run; actions: {', '.join(actions)}")
+        for name in parse_endpoint(text).actions:
+            checks.named_action(name, f"endpoint {text!r}", "the study", actions)
     cohort = study.get("cohort")
     if cohort is not None:
         checks.choice(cohort, "[study].cohort", COHORTS)

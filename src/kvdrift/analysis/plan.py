@@ -258,7 +258,7 @@ def _target_values(reps: pd.DataFrame, target: str, actions: list[str]):
     for stat in (e.stat, e.minus[0] if e.minus else e.stat):
         checks.choice(stat, "a plan target's statistic (a document-level mean)", allowed)
     for name in e.actions:
-        checks.action_ran(name, f"target {e.text!r}", "the development run", actions)
+        checks.named_action(name, f"target {e.text!r}", "the development run", actions)
     values = _values(reps, e.stat, e.action)
     if e.minus is not None:  # paired by replicate: actions share random numbers per document
         values = values - _values(reps, e.minus[0], e.minus[1])

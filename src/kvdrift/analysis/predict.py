@@ -313,7 +313,7 @@ def _check_cohorts(dev: pd.DataFrame, ev: pd.DataFrame, c: ActionContrast, folds
                              f"evaluation has {', '.join(b)}")
     actions = sorted(dev["action"].unique())
     for name in (c.a, c.b):
-        checks.action_ran(name, f"contrast {c.text!r}", "the cohorts", actions)
+        checks.named_action(name, f"contrast {c.text!r}", "the cohorts", actions)
     shared = sorted(set(dev["doc_id"]) & set(ev["doc_id"]))
     if shared:
         raise ValueError(f"development and evaluation documents must be disjoint; both have "

@@ -268,7 +268,7 @@ def endpoint_section(s: ModelSample, endpoints: list[Endpoint], level: float
     out = []
     for e in endpoints:
         for name in e.actions:
-            checks.action_ran(name, f"endpoint {e.text!r}", f"model {s.model!r}", s.actions)
+            checks.named_action(name, f"endpoint {e.text!r}", f"model {s.model!r}", s.actions)
         iv = interval(_endpoint_value(e, s.point), _endpoint_value(e, s.boot), level)
         out.append(EndpointResult(s.model, e.text, iv, level))
     return {"endpoints": out}
