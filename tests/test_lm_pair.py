@@ -297,7 +297,8 @@ def test_long_generation_grows_cache_buffers(tiny_llama):
 
 
 def test_bad_inputs(tiny_llama):
-    with pytest.raises(ValueError, match="named actions"):
+    with pytest.raises(ValueError, match=r"^action must be one of full, snapkv-half, .*; "
+                                         r"got 'snapkv-third'$"):
         LMKernelPair(tiny_llama, prompt(20), "snapkv-third")
     with pytest.raises(ValueError, match="empty"):
         LMKernelPair(tiny_llama, torch.zeros(1, 0, dtype=torch.long), "full")
