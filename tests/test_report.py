@@ -559,3 +559,21 @@ def test_run_rows_and_table_read_each_actions_own_entries():
     # without the teacher-forced entries (older records) only KL is unmeasured
     no_kl = run_rows(replace(analysis, teacher_forced=()))
     assert math.isnan(no_kl[1]["kl"]) and no_kl[1]["acceptance"] == 0.89
+
+
+def test_endpoints_are_shown_in_their_quantitys_unit(tmp_path):
+    """An endpoint's unit comes from the registry: a mean entry time is in steps (not a
+    percentage of 100x its value), a difference of percentages in signed pp, B in pp."""
+    analysis = make_analysis()
+    analysis["endpoints"] = [
+        {"model": MODELS[0], "name": name, "estimate": est, "lo": lo, "hi": hi, "alpha": 0.0125}
+        for name, est, lo, hi in (("mean_entry_time(snapkv-90)", 3.5, 3.0, 4.0),
+                                  ("R(recent-90) - R(snapkv-90)", 0.05, 0.01, 0.09),
+                                  ("B(snapkv-90)", 0.02, 0.0, 0.04),
+                                  ("S99(recent-90)", 0.25, 0.2, 0.3))]
+    html = write_report(typed(analysis), tmp_path).read_text(encoding="utf-8")
+    table = html[html.index('id="endpoints"'):html.index('id="bounds"')]
+    assert '<span class="est">3.50 steps</span><br><span class="ci">[3.00, 4.00]</span>' in table
+    assert '<span class="est">+5.00 pp</span><br><span class="ci">[+1.00, +9.00]</span>' in table
+    assert '<span class="est">+2.00 pp</span>' in table
+    assert '<span class="est">25.00 %</span><br><span class="ci">[20.00, 30.00]</span>' in table

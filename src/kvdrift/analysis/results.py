@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kvdrift.analysis import registry
+from kvdrift.analysis.endpoints import parse_endpoint
 from kvdrift.analysis.interval import Interval, numbers
 from kvdrift.analysis.lags import LagWindows
 from kvdrift.analysis.readings import SpeculativeResult, TeacherForcedResult
@@ -272,6 +274,14 @@ class EndpointResult:
     name: str
     interval: Interval
     alpha: float
+
+    @property
+    def unit(self) -> str:
+        """Its quantity's unit (:mod:`~kvdrift.analysis.registry`); a difference of
+        percentages is in percentage points."""
+        endpoint = parse_endpoint(self.name)
+        unit = registry.quantity(endpoint.stat).unit
+        return "pp" if unit == "%" and endpoint.minus is not None else unit
 
     def to_json(self) -> dict:
         return {"model": self.model, "name": self.name, **self.interval.to_json(),

@@ -28,9 +28,10 @@ def endpoints(analysis: StudyAnalysis) -> Section:
                 f"(the family's &alpha; divided by the number of endpoints, k = {k}).")
     rows = []
     for e in endpoints:
-        unit = "pp" if e.name.startswith("B") or "−" in e.name or " - " in e.name else "%"
+        unit = e.unit
         rows.append((Text(e.model), Text(e.name),
-                     Estimate(e.interval, signed=unit == "pp", suffix=f" {unit}"),
+                     Estimate(e.interval, scale=100.0 if unit in ("%", "pp") else 1.0,
+                              signed=unit == "pp", suffix=f" {unit}"),
                      Number(e.alpha, digits=5)))
     headers = ("model", "endpoint", "estimate [family-adjusted interval]",
                "&alpha;<sub>endpoint</sub>")
