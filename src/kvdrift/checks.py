@@ -136,6 +136,5 @@ def alpha(value: Any) -> Any:
 
     The level of an interval is ``1 - alpha``; 0 and 1 (and NaN) are refused.
     """
-    if not 0 < value < 1:
-        raise ValueError(f"alpha must be within (0, 1); got {value}")
+    number(value, "alpha", 0, 1, open_lo=True, open_hi=True, rule="within (0, 1)")
     return value

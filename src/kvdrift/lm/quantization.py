@@ -65,7 +65,7 @@ from kvdrift.lm.quantize import (
     minmax_dequantized,
     minmax_roundtrip,
 )
-from kvdrift.lm.spec_fields import check_once
+from kvdrift.lm.spec_fields import split_fields
 
 KIVI_BITS = (2, 4, 8)
 SCALE_BITS = 16  # KIVI's and llama.cpp's scales and minima are float16
@@ -133,15 +133,9 @@ class Quantization:
 
 def _key_values(kind: str, items: list[str], allowed: tuple[str, ...],
                 whole: str) -> dict[str, str]:
-    values: dict[str, str] = {}
-    for item in items:
-        key, eq, value = item.partition("=")
-        key, value = key.strip(), value.strip()
-        if not eq:
-            raise ValueError(f"action {whole!r}: each field must be key=value; got {item!r}")
+    values = dict(split_fields(",".join(items), whole))
+    for key in values:
         checks.choice(key, f"action {whole!r}: {kind} field", allowed)
-        check_once(values, key, value, whole)
-        values[key] = value
     return values
 
 
@@ -283,10 +277,7 @@ class FP8Quantization(Quantization):
             except ValueError:
                 raise ValueError(f"action {whole!r}: fp8 scale must be a number; got "
                                  f"{values['scale']!r}") from None
-        try:
-            return cls(format=formats[0], scale=scale)
-        except ValueError as exc:
-            raise ValueError(f"action {whole!r}: {exc}") from None
+        return cls._build({"format": formats[0], "scale": scale}, whole)
 
     @property
     def label(self) -> str:

@@ -91,8 +91,8 @@ def _signed_absmax(b: torch.Tensor) -> torch.Tensor:
 
 
 def gguf_roundtrip(x: torch.Tensor, type_name: str) -> torch.Tensor:
-    """``x`` (``[..., head_dim]``) quantized to a llama.cpp type and dequantized, same dtype."""
-    checks.choice(type_name, "llama.cpp cache type", GGUF_TYPES)
+    """``x`` (``[..., head_dim]``) quantized to a llama.cpp type and dequantized, same dtype
+    (the actions check ``type_name`` once, when they are made)."""
     if type_name == "f16":
         return x.half().to(x.dtype)
     b = _blocks(x)  # [..., nb, 32] float32
@@ -111,6 +111,7 @@ def gguf_roundtrip(x: torch.Tensor, type_name: str) -> torch.Tensor:
         q = torch.trunc((b - lo) * _inverse(d) + 0.5).clamp(0, top)
         out = _f16(d) * q + _f16(lo)
     else:
+        checks.choice(type_name, "llama.cpp cache type", GGUF_TYPES)
         raise AssertionError(f"GGUF_TYPES lists {type_name!r}, which has no round trip here")
     return out.reshape(x.shape).to(x.dtype)
 

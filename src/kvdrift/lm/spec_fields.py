@@ -29,16 +29,11 @@ def split_fields(tail: str, whole: str) -> list[tuple[str, str]]:
         key, value = key.strip(), value.strip()
         if not eq or not key or not value:
             raise ActionError(f"action {whole!r}: each field must be key=value; got {item!r}")
-        check_once(fields, key, value, whole)
+        if key in fields:
+            raise ActionError(f"action {whole!r}: {key} must be given once; got {key}="
+                              f"{fields[key]} and {key}={value}")
         fields[key] = value
     return list(fields.items())
-
-
-def check_once(fields: dict[str, str], key: str, value: str, whole: str) -> None:
-    """ActionError if ``key`` is already among the ``fields`` read so far."""
-    if key in fields:
-        raise ActionError(f"action {whole!r}: {key} must be given once; got {key}="
-                          f"{fields[key]} and {key}={value}")
 
 
 def _int_at_least(lo: int) -> Callable[[Any], bool]:
