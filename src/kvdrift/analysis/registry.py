@@ -85,7 +85,12 @@ class Quantity:
 
     @property
     def scale(self) -> float:
-        return 100.0 if self.unit in ("%", "pp") else 1.0
+        return unit_scale(self.unit)
+
+
+def unit_scale(unit: str) -> float:
+    """What a value in ``unit`` is multiplied by to be shown: 100 for ``%`` and ``pp``."""
+    return 100.0 if unit in ("%", "pp") else 1.0
 
 
 def _variance_ratio(m: Means) -> np.ndarray:

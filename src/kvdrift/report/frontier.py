@@ -116,8 +116,7 @@ def write_frontier_report(result: FrontierResult, out_dir: str | Path,
               "dashed line), the star the least cache certified.</figcaption></figure>")
     body = frontier_section(result) + figure
     path = out_dir / "report.html"
-    path.write_text(page.PAGE.substitute(title=escape(title), css=page.CSS, body=body),
-                    encoding="utf-8")
+    path.write_text(page.standalone(title, body), encoding="utf-8")
     return path
 
 
@@ -125,6 +124,8 @@ def frontier_table(result: FrontierResult):
     """The terminal table: every budget tried, the certified ones and the best marked."""
     from rich.table import Table
     from rich.text import Text
+
+    from kvdrift.report.terminal import user_text
 
     table = Table(title=f"frontier: {result.measure} (jointly at "
                         f"{100 * (1 - result.alpha):.3g}%)", title_justify="left")
@@ -136,7 +137,7 @@ def frontier_table(result: FrontierResult):
             mark = " *" if result.best is not None and b is result.best else ""
             status = STATUS_TEXT[b.status] + (" (dominated)" if fam.family in result.dominated
                                               and b is fam.budgets[-1] else "")
-            table.add_row(Text(printable(fam.family)), Text(printable(b.label) + mark),
+            table.add_row(user_text(fam.family), user_text(b.label + mark),
                           f"{100 * b.kv_fraction:.1f}%", number_text(b.interval.estimate, 1, 4),
                           f"[{number_text(b.interval.lo, 1, 4)}, "
                           f"{number_text(b.interval.hi, 1, 4)}]", Text(status),

@@ -35,6 +35,11 @@ def interval_text(interval: Interval | None, scale: float = 1.0, digits: int = 2
     return text
 
 
+def quantity_header(q: Quantity, H: int) -> str:
+    """A quantity's HTML column header with its unit (``{H}`` replaced by the horizon)."""
+    return f"{q.html.format(H=H)} ({q.unit})"
+
+
 def headline_quantities() -> list[Quantity]:
     """The columns of the headline table, in the registry's order (``{H}`` in a label is
     replaced by the horizon)."""

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvdrift.analysis.interval import Interval
+from kvdrift.analysis.registry import Quantity
 
 # ------------------------------------------------------------------------------ cells
 
@@ -46,6 +47,11 @@ class Estimate:
     digits: int = 2
     signed: bool = False
     suffix: str = ""
+
+    @classmethod
+    def of(cls, q: Quantity, interval: Interval | None) -> Estimate:
+        """A quantity's estimate in its unit and digits (a difference signed)."""
+        return cls(interval, q.scale, q.digits, signed=q.unit == "pp")
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from kvdrift.analysis.results import ActionResult, StudyAnalysis
     from kvdrift.finite.check import FiniteStudyResult
 
-def _user(text: object) -> Text:
+def user_text(text: object) -> Text:
     """User text (a model, an action, a label) as a plain cell, control characters escaped."""
     return Text(printable(text))
 
@@ -114,8 +114,7 @@ def run_rows(analysis: StudyAnalysis) -> list[dict[str, object]]:
 
 def _point(q: Quantity, value: float, digits: int) -> str:
     """A point estimate in its quantity's unit (a fraction of positions: with "%")."""
-    text = number_text(value, q.scale, digits)
-    return text + "%" if q.unit == "%" and text != MISSING else text
+    return _percent(value, digits) if q.unit == "%" else number_text(value, q.scale, digits)
 
 
 def run_table(analysis: StudyAnalysis) -> Table:
@@ -135,7 +134,7 @@ def run_table(analysis: StudyAnalysis) -> Table:
         table.add_column(col, justify="right")
     for a in analysis.actions:
         readings = _readings(analysis, a)
-        table.add_row(_user(a.model), _user(a.action), str(a.documents),
+        table.add_row(user_text(a.model), user_text(a.action), str(a.documents),
                       *(_point(q, _estimate(a, q), digits) for _, q, digits in RUN_COLUMNS),
                       number_text(readings["kl"], digits=3),
                       _percent(readings["acceptance"], 1),
@@ -188,14 +187,14 @@ def summary_table(analysis: StudyAnalysis) -> Table:
         if previous is not None and model != previous:
             table.add_section()
         memory_cells = [Text(number_text(a.kv_fraction, digits=3))] if memory else []
-        table.add_row(_user(model if model != previous else ""), _user(a.action), *memory_cells,
-                      *(_cell(q, a.scalars.get(q.name)) for q in quantities))
+        table.add_row(user_text(model if model != previous else ""), user_text(a.action),
+                      *memory_cells, *(_cell(q, a.scalars.get(q.name)) for q in quantities))
         previous = model
     return table
 
 
 def _right_table(title: str, columns: Sequence[str]) -> Table:
-    table = Table(title=_user(title))
+    table = Table(title=user_text(title))
     for col in columns:
         table.add_column(col, justify="right")
     return table
@@ -249,11 +248,11 @@ def prediction_tables(result: PredictionResult, margin: float) -> tuple[Table, T
     for m in result.models:
         docs = f"{m.development_documents}/{m.evaluation_documents}"
         for o in m.observations:
-            table.add_row(_user(m.model), _user(o.label), docs, _user(o.selected),
-                          f"{1e4 * o.cv_mse[o.selected]:.2f}", _pp(o.error), _user(o.decision),
+            table.add_row(user_text(m.model), user_text(o.label), docs, user_text(o.selected),
+                          f"{1e4 * o.cv_mse[o.selected]:.2f}", _pp(o.error), user_text(o.decision),
                           _with_documents(o.mae, o.mae_documents),
                           _with_documents(o.rmse, o.rmse_documents))
-            support.add_row(_user(m.model), _user(o.label),
+            support.add_row(user_text(m.model), user_text(o.label),
                             *(_pp(iv) for iv in o.supporting.values()))
     notes = [f"{m.model}: note: {note}." for m in result.models for note in m.notes]
     notes.append("MAE and RMSE (pp) weigh strata equally, as the error estimate does; in "
@@ -283,7 +282,7 @@ def plan_table(result: PlanResult, target: str, halfwidth: float,
     lines = []
     for m in result.models:
         v, now, rec = m.variance, m.current, m.recommended
-        table.add_row(_user(m.model), m.estimator, str(v.strata), f"{v.between:.3g}",
+        table.add_row(user_text(m.model), m.estimator, str(v.strata), f"{v.between:.3g}",
                       f"{v.within:.3g}", f"{m.setup_seconds:.1f}", f"{m.replicate_seconds:.1f}",
                       f"{now.documents_per_stratum:g}, {now.replicates} -> {now.halfwidth:.4f}",
                       f"{rec.documents_per_stratum}, {rec.replicates} -> {rec.halfwidth:.4f}",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from kvdrift.analysis.registry import unit_scale
 from kvdrift.analysis.results import StudyAnalysis
 from kvdrift.report.page_model import Estimate, Markup, Number, Section, Table, Text
 
@@ -30,8 +31,8 @@ def endpoints(analysis: StudyAnalysis) -> Section:
     for e in endpoints:
         unit = e.unit
         rows.append((Text(e.model), Text(e.name),
-                     Estimate(e.interval, scale=100.0 if unit in ("%", "pp") else 1.0,
-                              signed=unit == "pp", suffix=f" {unit}"),
+                     Estimate(e.interval, unit_scale(unit), signed=unit == "pp",
+                              suffix=f" {unit}"),
                      Number(e.alpha, digits=5)))
     headers = ("model", "endpoint", "estimate [family-adjusted interval]",
                "&alpha;<sub>endpoint</sub>")

@@ -47,14 +47,15 @@ def eos_split(analysis: StudyAnalysis) -> Section:
         categories = categories or cats  # the schema fixes the four categories; first wins
         starts.add(len(rows))
         for i, (key, label) in enumerate(ROWS):
-            values = getattr(split, key)
-            finite = [v for v in values if math.isfinite(v)]
-            cells = ([Number(v, 100) for v in values]
-                     + [Markup(MISSING)] * (len(cats) - len(values)))
-            total = Number(sum(finite) if finite else math.nan, 100)
             if key == "R_minus_F" and split.G:  # G_r = (R - F)_r with intervals
                 cells = [Estimate(g, signed=True) for g in split.G]
                 total = Estimate(split.G_total, signed=True)
+            else:
+                values = getattr(split, key)
+                finite = [v for v in values if math.isfinite(v)]
+                cells = ([Number(v, 100) for v in values]
+                         + [Markup(MISSING)] * (len(cats) - len(values)))
+                total = Number(sum(finite) if finite else math.nan, 100)
             rows.append((Text(a.model if i == 0 else ""), Text(a.action if i == 0 else ""),
                          Markup(label), *cells, total))
     if not rows:

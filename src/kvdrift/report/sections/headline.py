@@ -8,7 +8,7 @@ from html import escape
 from kvdrift.analysis.registry import quantity
 from kvdrift.analysis.results import StudyAnalysis
 from kvdrift.report.figures import by_model
-from kvdrift.report.numbers import headline_quantities
+from kvdrift.report.numbers import headline_quantities, quantity_header
 from kvdrift.report.page_model import Estimate, Markup, Number, Section, Table, Text
 
 NOTE = ('<p class="note">One row per action; each cell is the estimate over its interval '
@@ -39,7 +39,7 @@ def headline(analysis: StudyAnalysis) -> Section:
         quantities.append(quantity("B_strict"))
     memory = any(math.isfinite(a.kv_fraction) for a in actions)
     headers = ("action", "documents", *(("kv_fraction", "kv_bytes (KiB)") if memory else ()),
-               *(f"{q.html.format(H=H)} ({q.unit})" for q in quantities))
+               *(quantity_header(q, H) for q in quantities))
     notes = [NOTE]
     if memory:
         notes.append(MEMORY_NOTE)
@@ -53,8 +53,7 @@ def headline(analysis: StudyAnalysis) -> Section:
             (Text(a.action), Text(a.documents),
              *((Number(a.kv_fraction, digits=3), Number(a.kv_bytes, 1 / 1024, 1))
                if memory else ()),
-             *(Estimate(a.scalars.get(q.name), q.scale, q.digits, signed=q.unit == "pp")
-               for q in quantities))
+             *(Estimate.of(q, a.scalars.get(q.name)) for q in quantities))
             for a in rows)
         lines += [(Markup(f"<h3>{escape(model)}</h3>"),), (Table(headers, body),)]
     return Section("Headline numbers", "headline", tuple(lines))

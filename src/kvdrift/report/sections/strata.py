@@ -6,7 +6,7 @@ from html import escape
 
 from kvdrift.analysis.results import StudyAnalysis
 from kvdrift.report.figures import by_model
-from kvdrift.report.numbers import headline_quantities
+from kvdrift.report.numbers import headline_quantities, quantity_header
 from kvdrift.report.page_model import Estimate, Markup, Section, Table, Text
 from kvdrift.report.sections.contrasts import stratum_contrast_lines
 
@@ -23,7 +23,7 @@ def strata(analysis: StudyAnalysis) -> Section:
     H = analysis.meta.horizon
     quantities = headline_quantities()
     headers = ("stratum", "action", "documents",
-               *(f"{q.html.format(H=H)} ({q.unit})" for q in quantities))
+               *(quantity_header(q, H) for q in quantities))
     lines = [(Markup(NOTE),)]
     for model, rows in by_model(analysis.strata).items():
         body, starts, labelled = [], set(), []
@@ -32,8 +32,7 @@ def strata(analysis: StudyAnalysis) -> Section:
             for i, a in enumerate(st.actions):
                 body.append((Text(st.stratum if i == 0 else ""), Text(a.action),
                              Text(st.documents if i == 0 else ""),
-                             *(Estimate(a.scalars.get(q.name), q.scale, q.digits,
-                                        signed=q.unit == "pp") for q in quantities)))
+                             *(Estimate.of(q, a.scalars.get(q.name)) for q in quantities)))
             labelled += [(Text(st.stratum), c) for c in st.contrasts]
         lines += [(Markup(f"<h3>{escape(model)}</h3>"),),
                   (Table(headers, tuple(body), numeric_from=2, group_starts=frozenset(starts)),)]
