@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvdrift.analysis.quantities import action_pairs, block_gap, interval, intervals
+from kvdrift.analysis.endpoints import action_pairs
+from kvdrift.analysis.quantities import block_gap, interval, intervals
 from kvdrift.analysis.results import TwoClocks
 
 
@@ -31,7 +32,7 @@ def two_clock_entries(
     horizon: int,
 ) -> list[TwoClocks]:
     """One entry per contrast ``a - b`` of ``point``'s actions
-    (:func:`~kvdrift.analysis.quantities.action_pairs`; ``point``: the actions' derived dicts,
+    (:func:`~kvdrift.analysis.endpoints.action_pairs`; ``point``: the actions' derived dicts,
     ``draws`` the same on paired bootstrap draws); ``B_a`` and ``B_b`` are the branch clocks
     of ``a`` and ``b``. Empty without ``E[delta_t]`` curves."""
     blocks = clock_blocks(horizon)

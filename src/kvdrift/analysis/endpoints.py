@@ -3,7 +3,9 @@
 ``a - b`` (spaces around the minus; action names may contain hyphens) is shorthand for
 ``R(a) - R(b)``. Study endpoints (fixed before a study runs; family-adjusted intervals),
 ``kvdrift plan --target`` and ``kvdrift predict --contrast`` all read it with
-:func:`parse_endpoint`; a term minus itself (``R(a) - R(a)``, always 0) is refused.
+:func:`parse_endpoint`; a term minus itself (``R(a) - R(a)``, always 0) is refused. The
+contrasts an analysis computes between a model's actions are named the same way, minuend
+first (:func:`action_pairs`).
 """
 
 from __future__ import annotations
@@ -59,3 +61,10 @@ def parse_endpoint(text: str) -> Endpoint:
         raise ValueError(f"{text.strip()!r} subtracts {stat}({action}) from itself, which is "
                          "always 0; name two different actions (or statistics)")
     return Endpoint(text=text.strip(), stat=stat, action=action, minus=minus)
+
+
+def action_pairs(actions: list[str]) -> list[tuple[str, str]]:
+    """Every contrast ``(a, b)``, reported as ``a - b``: each action ``a`` against each action
+    ``b`` run before it, ordered by ``b``, then ``a``, as the actions were run (for actions
+    x, y, z: ``y - x``, ``z - x``, ``z - y``)."""
+    return [(a, b) for i, b in enumerate(actions) for a in actions[i + 1:]]

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvdrift.analysis.endpoints import action_pairs
 from kvdrift.analysis.features import EOS_CATEGORIES
-from kvdrift.analysis.quantities import action_pairs, interval, intervals
+from kvdrift.analysis.quantities import interval, intervals
 from kvdrift.analysis.registry import ratio
 from kvdrift.analysis.results import EosContrast, EosSplit
 
@@ -60,7 +61,7 @@ def eos_contrast_entries(
     model: str, point: dict[str, dict], draws: dict[str, dict], alpha: float
 ) -> list[EosContrast]:
     """Every contrast ``a - b`` of a model's actions
-    (:func:`~kvdrift.analysis.quantities.action_pairs`), with paired bootstrap intervals.
+    (:func:`~kvdrift.analysis.endpoints.action_pairs`), with paired bootstrap intervals.
 
     ``point[a]`` / ``draws[a]`` are action ``a``'s weighted feature means without / with the
     bootstrap counts (``[4]`` / ``[B, 4]`` for ``eos_R`` and ``eos_F``).

@@ -49,13 +49,12 @@ class Measured:
     are made (the sections read this, never the feature names).
 
     ``branches``: both branches followed from t = 1 (rollouts): the curves, ``F``, the EOS
-    split and the speculative readings; ``forced``: the teacher-forced columns along X too;
-    ``lag_windows``: lag windows given with branches: ``B``, local agreement, cohort support.
+    split and the speculative readings (and, with lag windows, ``B``, local agreement and
+    cohort support); ``forced``: the teacher-forced columns along X too.
     """
 
     branches: bool = False
     forced: bool = False
-    lag_windows: bool = False
 
 
 @dataclass(frozen=True)
@@ -198,6 +197,5 @@ def action_features(
                                                                    (x_eos, y_eos))
         mismatch = _cube(steps, "mismatch", n, K, H)
         cols |= agreement_terms(mismatch, tau, x_eos, y_eos, windows)
-    measured = Measured(branches=True, forced=forced is not None,
-                        lag_windows=windows is not None)
+    measured = Measured(branches=True, forced=forced is not None)
     return DocFeatures(doc_ids, strata, cols, depths, measured)

@@ -6,7 +6,7 @@ serves the whole study, each stratum, the point estimate and every draw. ``deriv
 action's quantities; ``contrast_terms`` and ``block_gap`` compare two actions on the same
 draws, which pairs them. A contrast is ``a - b``, minuend first, as the endpoint grammar
 writes it (:mod:`kvdrift.analysis.endpoints`); between a model's actions ``a`` is the later
-action and ``b`` the earlier (:func:`action_pairs`).
+action and ``b`` the earlier (:func:`~kvdrift.analysis.endpoints.action_pairs`).
 """
 
 from __future__ import annotations
@@ -60,13 +60,6 @@ def block_gap(a: dict, b: dict, blocks: list[tuple[int, int]]) -> np.ndarray:
     """Generation-clock gap: mean ``E[delta_t]`` of ``a`` minus ``b`` over each position block."""
     gap = a["expected_delta"] - b["expected_delta"]
     return np.stack([gap[..., lo - 1:hi].mean(axis=-1) for lo, hi in blocks], axis=-1)
-
-
-def action_pairs(actions: list[str]) -> list[tuple[str, str]]:
-    """Every contrast ``(a, b)``, reported as ``a - b``: each action ``a`` against each action
-    ``b`` run before it, ordered by ``b``, then ``a``, as the actions were run (for actions
-    x, y, z: ``y - x``, ``z - x``, ``z - y``)."""
-    return [(a, b) for i, b in enumerate(actions) for a in actions[i + 1:]]
 
 
 def interval(point: np.ndarray, draws: np.ndarray, alpha: float) -> Interval:

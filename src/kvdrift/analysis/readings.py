@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from kvdrift.analysis.bootstrap import percentile_interval, weighted_means
+from kvdrift.analysis.endpoints import action_pairs
 from kvdrift.analysis.interval import Interval
 from kvdrift.analysis.speculative import (
     FIRST_ROUND_MAX,
@@ -298,9 +299,7 @@ def reading_entries(
     if forced:
         kinds.insert(0, ("teacher_forced", TeacherForcedResult, TeacherForcedNumbers))
     labels = [label for label, *_ in cells]
-    # each action alone, then every contrast a - b as quantities.action_pairs orders them
-    pairs = [(a, None) for a in actions] + [
-        (a, b) for i, b in enumerate(actions) for a in actions[i + 1:]]
+    pairs = [(a, None) for a in actions] + action_pairs(actions)  # alone, then each a - b
     for key, result, numbers in kinds:
         for a, b in pairs:
             per_cell = []

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvdrift.analysis.bootstrap import weighted_means
+from kvdrift.analysis.endpoints import action_pairs
 from kvdrift.analysis.features import DocFeatures
 from kvdrift.analysis.lags import LagWindows
-from kvdrift.analysis.quantities import action_pairs, action_scalars, contrast_result, derive
+from kvdrift.analysis.quantities import action_scalars, contrast_result, derive
 from kvdrift.analysis.results import ActionScalars, StratumResult
 
 

@@ -22,14 +22,13 @@ from kvdrift.analysis.agreement import cohort_support, local_agreement_result
 from kvdrift.analysis.bootstrap import stratified_counts, stratum_weights, weighted_means
 from kvdrift.analysis.bounds import certified_order, hoeffding_enclosure, sharp_interval
 from kvdrift.analysis.clocks import two_clock_entries
-from kvdrift.analysis.endpoints import Endpoint, parse_endpoint
+from kvdrift.analysis.endpoints import Endpoint, action_pairs, parse_endpoint
 from kvdrift.analysis.eos import eos_contrast_entries, eos_split_entry
 from kvdrift.analysis.features import DocFeatures, action_features, single_value
 from kvdrift.analysis.interval import Interval
 from kvdrift.analysis.lags import LagWindows
 from kvdrift.analysis.memory import memory_means
 from kvdrift.analysis.quantities import (
-    action_pairs,
     action_scalars,
     contrast_result,
     curve,
@@ -134,6 +133,11 @@ class ModelSample:
     def strata(self) -> np.ndarray:
         return next(iter(self.features.values())).strata
 
+    @property
+    def stratum_sizes(self) -> pd.Series:
+        """Documents per stratum, strata sorted."""
+        return pd.Series(self.strata).value_counts().sort_index()
+
     def action_replicates(self, action: str) -> pd.DataFrame:
         return self.replicates[self.replicates["action"] == action]
 
@@ -161,8 +165,7 @@ def model_sample(model: str, steps: pd.DataFrame, replicates: pd.DataFrame,
 
 def lonely_strata_notes(s: ModelSample) -> list[str]:
     """A note when some stratum has a single document."""
-    sizes = pd.Series(s.strata).value_counts().sort_index()
-    lonely = [str(k) for k, v in sizes.items() if v < 2]
+    lonely = [str(k) for k, v in s.stratum_sizes.items() if v < 2]
     if not lonely:
         return []
     return [f"{s.model}: strata with a single document ({', '.join(lonely)}) contribute no "
@@ -215,7 +218,7 @@ def agreement_section(s: ModelSample, windows: LagWindows | None,
     """Local agreement and cohort support of each action whose records have lag windows."""
     out: dict[str, list] = {"local_agreement": [], "cohort_support": []}
     for a, f in s.features.items():
-        if f.measured.lag_windows:
+        if windows is not None and f.measured.branches:
             out["local_agreement"].append(local_agreement_result(
                 s.model, a, s.means[a], s.boot_means[a], windows, alpha))
             out["cohort_support"].append(cohort_support(
@@ -311,8 +314,7 @@ def analyze(
     documents: dict[str, int] = {}
     for model in models:
         s = model_sample(model, steps, replicates, windows, options)
-        sizes = pd.Series(s.strata).value_counts().sort_index()
-        documents = {str(k): int(v) for k, v in sizes.items()}  # the last model's counts
+        documents = {str(k): int(v) for k, v in s.stratum_sizes.items()}  # the last model's
         action_bounds, enclosures = bounds(s, options.alpha)
         for section in (
                 {"notes": lonely_strata_notes(s)},

@@ -19,6 +19,8 @@ from kvdrift.records.schema import DEPTH_TERM_COLUMNS, DEPTHS, REPLICATES, names
 
 _WIDE = re.compile(r"(observed|capacity)_L(\d+)")
 _DECLARED = names(REPLICATES)
+#: The replicate columns the schema declares after the depth columns.
+_AFTER_DEPTHS = frozenset(_DECLARED[_DECLARED.index(DEPTH_TERM_COLUMNS[-1]) + 1:])
 
 
 def _wide_depths(columns: list[str]) -> tuple[int, ...]:
@@ -39,8 +41,8 @@ def current_layout(kind: str, table: pa.Table, columns: list[str] | None = None)
             for prefix in ("observed", "capacity")}
     kept = table.drop_columns([n for n in table.column_names if _WIDE.fullmatch(n)])
     # where the schema declares them: before the first later-declared column the file has
-    later = set(_DECLARED[_DECLARED.index(DEPTH_TERM_COLUMNS[-1]) + 1:])
-    at = next((i for i, n in enumerate(kept.column_names) if n in later), kept.num_columns)
+    at = next((i for i, n in enumerate(kept.column_names) if n in _AFTER_DEPTHS),
+              kept.num_columns)
     for offset, (name, array) in enumerate(depth_arrays(DepthTerms(
             depths, wide["observed"], wide["capacity"])).items()):
         kept = kept.add_column(at + offset, name, array)

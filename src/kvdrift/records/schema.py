@@ -140,7 +140,6 @@ def names(columns: Iterable[Column]) -> tuple[str, ...]:
     return tuple(c.name for c in columns)
 
 
-KEY_COLUMNS = names(KEY)
 FORCED_COLUMNS = names(FORCED)
 MEMORY_COLUMNS = names(MEMORY)
 TIMING_COLUMNS = names(TIMING)
