@@ -7,6 +7,7 @@ back as pandas DataFrames. See the README section "From Python".
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -161,16 +162,14 @@ def frontier(
     config = FrontierConfig.parse(
         study_from_arguments(actions=("full",), name="frontier", **study), families, measure,
         SearchSettings(alpha=alpha, looks=looks, replicates=replicates))
-    models: dict[str, object] = {}
 
-    def run_stage(stage: StudyConfig, where: Path) -> None:
+    @functools.cache
+    def load(name: str) -> object:  # every stage runs on the study's device and dtype
         from kvdrift.lm.model import load_model
 
-        def load(name: str) -> object:
-            if name not in models:
-                models[name] = load_model(name, stage.device, stage.dtype)
-            return models[name]
+        return load_model(name, config.study.device, config.study.dtype)
 
+    def run_stage(stage: StudyConfig, where: Path) -> None:
         run(stage, where, load=load)
 
     return run_frontier(config, out, run_stage)

@@ -18,12 +18,10 @@ def write_report(store_dir: Path, out: Path | None, bootstrap: int | None = None
     from kvdrift.directory import StudyDirectory
     from kvdrift.report import write_report as write
 
-    if wait:
-        with console.status(f"waiting for the run writing {escape(printable(store_dir))}"):
-            analysis = StudyDirectory(store_dir).analyze(bootstrap, alpha, wait=True)
-    else:
-        with console.status("analysing (bootstrap over documents)"):
-            analysis = StudyDirectory(store_dir).analyze(bootstrap, alpha)
+    status = (f"waiting for the run writing {escape(printable(store_dir))}" if wait
+              else "analysing (bootstrap over documents)")
+    with console.status(status):
+        analysis = StudyDirectory(store_dir).analyze(bootstrap, alpha, wait=wait)
     if "partial" in analysis.meta.run:
         notice(analysis.meta.notes[0])
     with console.status("writing the report"):

@@ -39,11 +39,8 @@ def run_with_progress(config, out: Path, recompute: bool, allow_download: bool,
     """Run every unit of a study into ``out`` with a progress bar; Ctrl-C keeps finished units.
 
     ``models`` keeps loaded models by name across calls (the frontier runs several stages)."""
-    from kvdrift.lm.loading import check_model_name
     from kvdrift.study import fixed_documents, run_study
 
-    for name in config.models:  # at once: before torch and kvpress are imported
-        check_model_name(name, allow_download)
     fixed = fixed_documents(config)  # a bad document file fails before the progress bar
     try:
         with progress_bar() as progress:
@@ -182,6 +179,7 @@ def study(
 ) -> None:
     """Run a study from a TOML configuration (resumable), then write its report."""
     from kvdrift.cli.reports import write_and_summarize
+    from kvdrift.lm.loading import check_model_name
     from kvdrift.study_config import load_study
 
     config = load_study(config_path)
@@ -189,6 +187,8 @@ def study(
     from kvdrift.run.outdir import check_output_dir
 
     out = check_output_dir(Path("runs") / config.name if out is None else out)
+    for name in config.models:  # before any document is read
+        check_model_name(name, allow_download)
     run_with_progress(config, out, recompute, allow_download)
     if not report_after:
         say(f"records: {out}")

@@ -85,8 +85,12 @@ class Measure:
     """A measure and its tolerance: ``R_tv <= 0.05`` keeps rollout-TV risk at most 5%."""
 
     kind: MeasureKind
-    op: str  # "<=" or ">="
     tolerance: float
+
+    @property
+    def op(self) -> str:
+        """``"<="`` or ``">="``: the side a measure of this kind is kept on."""
+        return self.kind.better
 
     def __str__(self) -> str:
         return f"{self.kind.name} {self.op} {self.tolerance:g}"
@@ -124,4 +128,4 @@ def parse_measure(text: str) -> Measure:
         raise ValueError(f"{name} is kept within a tolerance with '{kind.better}' "
                          f"({'smaller' if kind.better == '<=' else 'larger'} is better); "
                          f"got {match['op']!r}")
-    return Measure(kind, match["op"], tolerance)
+    return Measure(kind, tolerance)
