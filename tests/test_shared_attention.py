@@ -328,7 +328,7 @@ def test_importing_the_attention_first_leaves_it_unwrapped_by_kvpress():
 
 def _reference_attention(query, scale, prompt_keys, prompt_values, prompt_hidden, parts):
     """One float64 softmax per row and head over [prompt entries, own generated entries], with
-    every mask applied by hand: what ``_attend`` must compute."""
+    every mask applied by hand: what ``_attend_groups`` must compute."""
     n, heads, _, dim = query.shape
     kv = prompt_keys.shape[0]
     groups = heads // kv
@@ -355,12 +355,12 @@ def _reference_attention(query, scale, prompt_keys, prompt_values, prompt_hidden
 
 @pytest.mark.parametrize("with_live", [False, True])
 def test_attend_applies_every_mask_like_one_softmax(prompt_path, with_live):
-    """``_attend`` over three parts of different sizes and generated lengths, a head-adaptive
-    prompt mask and (``with_live``) decode-time masks on two of the parts, against a
-    hand-masked float64 softmax per row and head."""
+    """``_attend_groups`` over three parts (one prompt group) of different sizes and generated
+    lengths, a head-adaptive prompt mask and (``with_live``) decode-time masks on two of the
+    parts, against a hand-masked float64 softmax per row and head."""
     from types import SimpleNamespace
 
-    from kvdrift.lm.shared_attention import _attend
+    from kvdrift.lm.shared_attention import _attend_groups
 
     g = torch.Generator().manual_seed(20)
     kv, groups, dim, n_prompt = 2, 3, 8, 12
@@ -383,7 +383,7 @@ def test_attend_applies_every_mask_like_one_softmax(prompt_path, with_live):
         parts.append((keys, values, slots, live))
     n = sum(m for m, _ in sizes)
     query = torch.randn(n, kv * groups, 1, dim, generator=g)
-    got = _attend(query, 0.35, [(layer, *p) for p in parts])
+    got = _attend_groups(query, 0.35, [[(layer, *p) for p in parts]])  # one prompt group
     expected = _reference_attention(query, 0.35, prompt_keys, prompt_values, prompt_hidden,
                                     parts)
     assert got.shape == (n, 1, kv * groups, dim)

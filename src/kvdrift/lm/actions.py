@@ -45,9 +45,9 @@ from kvdrift.lm.presses import (
     allowed_scorers,
     family_names,
     family_table,
+    field_defaults,
     resolve_scorer,
     scorer_classes,
-    scorer_fields,
 )
 from kvdrift.lm.quantization import (
     Quantization,
@@ -243,12 +243,6 @@ def _coerce(fields: dict[str, Any], key: str, text: str, label: str) -> Any:
     return text.strip()
 
 
-def _field_defaults(family: Family, scorer: type) -> dict[str, Any]:
-    """Every field a stage of ``family`` with ``scorer`` takes -> its kvpress default."""
-    return {**{k: f.default for k, f in scorer_fields(scorer).items()},
-            **family.wrapper_defaults()}
-
-
 _PREFIXES: dict[str, Family] = {f.name: f for f in FAMILIES.values() if f.wraps_scorers}
 
 
@@ -281,7 +275,7 @@ def _parse_stage(text: str, whole: str) -> Stage:
     head, _, tail = text.partition(":")
     family, scorer = _parse_head(head)
     label = family.label(scorer.__name__)
-    defaults = _field_defaults(family, scorer)
+    defaults = field_defaults(family, scorer)
     values: dict[str, Any] = {}
     kwargs: list[tuple[str, Any]] = []
     for key, value in split_fields(tail, whole):

@@ -455,6 +455,13 @@ def scorer_fields(scorer: type) -> dict[str, dataclasses.Field]:
             if f.init and not f.name.startswith("_") and f.name != "compression_ratio"}
 
 
+def field_defaults(family: Family, scorer: type) -> dict[str, Any]:
+    """Every field a stage of ``family`` with ``scorer`` takes -> its kvpress default (the
+    wrapper's over the scorer's; ``dataclasses.MISSING`` where kvpress has none)."""
+    return {**{k: f.default for k, f in scorer_fields(scorer).items()},
+            **family.wrapper_defaults()}
+
+
 def allowed_scorers() -> str:
     short = ", ".join(sorted(k for k, v in SCORERS.items() if v in scorer_classes()))
     return f"{short} (or a kvpress class name: {', '.join(scorer_classes())})"
@@ -640,13 +647,8 @@ class Stage:
         given = dict(self.kwargs)
         if name in given:
             return given[name]
-        wrapper = self.family.wrapper_defaults()
-        if name in wrapper:
-            return default if wrapper[name] is dataclasses.MISSING else wrapper[name]
-        fields = scorer_fields(self.scorer)
-        if name in fields and fields[name].default is not dataclasses.MISSING:
-            return fields[name].default
-        return default
+        value = field_defaults(self.family, self.scorer).get(name, dataclasses.MISSING)
+        return default if value is dataclasses.MISSING else value
 
     @property
     def uniform(self) -> bool:

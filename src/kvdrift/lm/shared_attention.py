@@ -113,17 +113,6 @@ def hidden_bias(hidden: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         hidden, float("-inf"))
 
 
-def _attend(
-    query: torch.Tensor,  # [n, heads, 1, head_dim], rows of every part in order
-    scale: float,
-    parts: list[tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor, Any]],
-) -> torch.Tensor:
-    """Attention of the rows of parts that share one prompt (one group of
-    :func:`_attend_groups`): ``(layer, generated keys [m, kv, G, dim], generated values,
-    slots [m, G] bool, decode-time live masks or None)`` per part."""
-    return _attend_groups(query, scale, [parts])
-
-
 def _attend_groups(
     query: torch.Tensor,  # [n, heads, 1, head_dim], rows of every part of every group in order
     scale: float,
