@@ -47,7 +47,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the kvdrift command sets it
 
 import torch  # noqa: E402
-from dispatch_count import DispatchCounter, RowCounter  # noqa: E402
+from dispatch_count import RowCounter, coupled_and_plain  # noqa: E402
 from transformers import DynamicCache, StoppingCriteria, StoppingCriteriaList  # noqa: E402
 
 from kvdrift.data.document import Document  # noqa: E402
@@ -121,10 +121,7 @@ def operators_per_position(lm: LoadedModel, pair: LMKernelPair, k: int,
                            h: int) -> tuple[float, float, int, dict]:
     """Non-view operators and host syncs per position of the coupled rollouts
     (``dispatch_count.py``), and the operators of one plain forward of 3K rows without cache."""
-    with DispatchCounter() as counts:
-        coupled_rollouts(pair, k, h, seed=0)
-    with DispatchCounter() as plain, torch.no_grad():
-        lm.model(input_ids=torch.zeros(3 * k, 1, dtype=torch.long), use_cache=False)
+    counts, plain = coupled_and_plain(lm.model, pair, k, h, torch.zeros(3 * k, 1, dtype=torch.long))
     return counts.ops / h, counts.syncs / h, plain.ops, dict(counts.sync_names)
 
 

@@ -17,6 +17,7 @@ Use::
         ...
     counts.ops, counts.syncs, counts.by_name.most_common(10)
 
+``coupled_and_plain`` counts K coupled rollouts against one plain forward without a cache;
 ``RowCounter`` counts the model calls and rows of a kernel pair's joint steps.
 """
 
@@ -77,6 +78,19 @@ class DispatchCounter(TorchDispatchMode):
     def __exit__(self, *exc: Any) -> None:
         torch.Tensor.tolist = self._tolist
         return super().__exit__(*exc)
+
+
+def coupled_and_plain(model: Any, pair: Any, k: int, h: int, plain_ids: torch.Tensor,
+                      seed: int = 0) -> tuple[DispatchCounter, DispatchCounter]:
+    """The counts of ``k`` coupled rollouts over ``h`` positions on ``pair``, and of one plain
+    forward of ``plain_ids`` through ``model`` without a cache (the yardstick per position)."""
+    from kvdrift.estimate import coupled_rollouts
+
+    with DispatchCounter() as coupled:
+        coupled_rollouts(pair, k, h, seed=seed)
+    with DispatchCounter() as plain, torch.no_grad():
+        model(input_ids=plain_ids, use_cache=False)
+    return coupled, plain
 
 
 class RowCounter:

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 
 import torch
-from dispatch_count import DispatchCounter, RowCounter
+from dispatch_count import RowCounter, coupled_and_plain
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from kvdrift.estimate import coupled_rollouts, swrb
@@ -147,10 +147,7 @@ def main() -> None:
           f"(ratio {per_position / weights:.2f})")
 
     count_h = min(args.H, 8)
-    with DispatchCounter() as counts:
-        coupled_rollouts(pair, args.K, count_h, seed=args.seed)
-    with DispatchCounter() as plain_counts, torch.no_grad():
-        model(input_ids=x, use_cache=False)
+    counts, plain_counts = coupled_and_plain(model, pair, args.K, count_h, x, args.seed)
     print(f"operators per position {counts.ops / count_h:.0f} "
           f"({counts.ops / count_h / args.layers:.1f} per layer), one plain forward "
           f"{plain_counts.ops} (ratio {counts.ops / count_h / plain_counts.ops:.2f}); host "

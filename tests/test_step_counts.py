@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from benchmarks.dispatch_count import DispatchCounter
+from benchmarks.dispatch_count import DispatchCounter, coupled_and_plain
 from kvdrift.estimate import coupled_rollouts, swrb
 from kvdrift.lm.pair import LMKernelPair
 
@@ -53,10 +53,8 @@ def test_coupled_position_dispatches_at_most_1_5_plain_forwards():
     model = _deep_model(32)
     pair = LMKernelPair(model, torch.arange(3, 90)[None], "snapkv-half")
     k, horizon = 16, 6
-    with DispatchCounter() as coupled:
-        coupled_rollouts(pair, k, horizon, seed=0)
-    with DispatchCounter() as plain, torch.no_grad():
-        model(input_ids=torch.zeros(3 * k, 1, dtype=torch.long), use_cache=False)
+    coupled, plain = coupled_and_plain(model, pair, k, horizon,
+                                       torch.zeros(3 * k, 1, dtype=torch.long))
     assert coupled.ops / horizon <= 1.5 * plain.ops, (coupled.ops / horizon, plain.ops)
 
 
