@@ -8,6 +8,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+from kvdrift import limits
 from kvdrift.data.document import Document
 from kvdrift.run.executors import open_executor
 from kvdrift.run.lock import StoreLock
@@ -55,6 +56,7 @@ def model_documents(config: StudyConfig, fixed: list[Document], tokenizer) -> li
             docs += src.documents(tokenizer)
     if not docs:
         raise ValueError("the study's document sources produced no documents")
+    limits.documents(docs, "the study's document sources")
     return _unique(docs)
 
 
@@ -110,6 +112,7 @@ def run_study(
                                    functools.partial(load, run.model) if load else None)
                 docs = model_documents(config, fixed, side.tokenizer)
                 check_fits(docs, run.horizon, side, config.chat_template)
+                limits.batch_memory(run.batch or run.replicates, len(side.tokenizer), run.model)
                 if on_model:
                     on_model(run.model, len(docs) * len(run.actions))
                 executor.run(run, docs, side.build, store, on_unit=on_unit)

@@ -13,12 +13,13 @@ See ``configs/`` for shipped examples. Layout::
 
 from __future__ import annotations
 
+import sys
 import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvdrift import checks
+from kvdrift import checks, limits
 from kvdrift.analysis.study import AnalysisOptions
 from kvdrift.data.sources import DocumentSource, source_from_table
 from kvdrift.run.executors import ExecutorConfig
@@ -211,12 +212,21 @@ def load_study(path: str | Path, overrides: dict[str, Any] | None = None) -> Stu
     if not path.is_file():
         raise FileNotFoundError(f"study config {path} does not exist")
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        data = tomllib.loads(limits.read_bounded(path).decode("utf-8"))
     except UnicodeDecodeError as exc:
         raise ValueError(f"{path} is not UTF-8 text (byte {exc.start + 1}); TOML files must be "
                          "UTF-8") from None
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"{path} is not valid TOML: {exc}") from None
+    except RecursionError:
+        raise ValueError(f"{path} is not readable TOML: arrays or tables nested too deeply "
+                         "(beyond Python's recursion limit)") from None
+    except ValueError as exc:  # the size limit (names the file), or an integer too long
+        if str(path) in str(exc):
+            raise
+        raise ValueError(f"{path} is not readable TOML: it holds an integer of more than "
+                         f"{sys.get_int_max_str_digits()} digits, longer than Python reads"
+                         ) from None
     if overrides:
         data["study"] = dict(data.get("study", {})) | dict(overrides)
     return parse_study(data, source=str(path))

@@ -12,7 +12,7 @@ import warnings
 import numpy as np
 import pandas as pd
 
-from kvdrift import checks
+from kvdrift import checks, limits
 
 
 def stratum_weights(strata: pd.Series) -> np.ndarray:
@@ -25,8 +25,9 @@ def stratum_weights(strata: pd.Series) -> np.ndarray:
 def stratified_counts(strata: np.ndarray, draws: int, seed: int) -> np.ndarray:
     """``[draws, n]`` resampling counts: within each stratum, as many documents as it has
     (``draws = 0``: no resample, a ``[0, n]`` matrix)."""
-    checks.integer(draws, "bootstrap draws", 0)
+    limits.bootstrap(draws)
     strata = np.asarray(strata)
+    limits.bootstrap_matrix(draws, strata.size)
     rng = np.random.default_rng(seed)
     counts = np.zeros((draws, strata.size), dtype=np.float64)
     for label in np.unique(strata):

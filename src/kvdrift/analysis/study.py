@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from kvdrift import checks
+from kvdrift import checks, limits
 from kvdrift.analysis.agreement import cohort_support, local_agreement_result
 from kvdrift.analysis.bootstrap import stratified_counts, stratum_weights, weighted_means
 from kvdrift.analysis.bounds import certified_order, hoeffding_enclosure, sharp_interval
@@ -76,7 +76,7 @@ class AnalysisOptions:
         if self.bootstrap is None:
             object.__setattr__(self, "bootstrap", CONFIRMATORY_DRAWS if self.endpoints
                                else EXPLORATORY_DRAWS)
-        object.__setattr__(self, "bootstrap", checks.integer(self.bootstrap, "bootstrap draws", 0))
+        object.__setattr__(self, "bootstrap", limits.bootstrap(self.bootstrap))
         checks.alpha(self.alpha)
         for text in self.endpoints:
             parse_endpoint(text)

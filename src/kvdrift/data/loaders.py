@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
-from kvdrift import checks
+from kvdrift import checks, limits
 from kvdrift.data.document import Document, DocumentError, answer_problem
+from kvdrift.json_values import JSONError, parse_json
 
 _KNOWN_KEYS = ("id", "prompt", "stratum", "answer", "meta")
 
@@ -56,13 +57,32 @@ def _document_from_record(record: Any, where: str) -> Document:
     return Document(id=str(doc_id), prompt=prompt, stratum=stratum, answer=answer, meta=meta)
 
 
+def bounded_lines(handle: BinaryIO, path: Path) -> Iterator[tuple[int, bytes]]:
+    """``(line number, line)`` of a binary file, never holding more than
+    :data:`~kvdrift.limits.MAX_LINE_BYTES` of one line (``/dev/zero`` is refused at once)."""
+    lineno = 0
+    while True:
+        raw = handle.readline(limits.MAX_LINE_BYTES + 1)
+        if not raw:
+            return
+        lineno += 1
+        if len(raw) > limits.MAX_LINE_BYTES:
+            raise DocumentError(str(limits.line_too_long(f"{path}:{lineno}")))
+        yield lineno, raw
+
+
 def load_jsonl(path: str | os.PathLike[str]) -> list[Document]:
-    """Documents from a JSON Lines file (blank lines skipped); ids must be unique."""
+    """Documents from a JSON Lines file (blank lines skipped); ids must be unique.
+
+    Lines, documents and prompt text are bounded (:mod:`kvdrift.limits`): a file over a limit
+    is refused at the line that crosses it, without reading further.
+    """
     path = Path(path)
     docs: list[Document] = []
     first_line: dict[str, int] = {}
+    held = 0  # bytes of prompt text read so far
     with path.open("rb") as handle:
-        for lineno, raw in enumerate(handle, start=1):
+        for lineno, raw in bounded_lines(handle, path):
             where = f"{path}:{lineno}"
             try:
                 line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")  # a BOM is fine
@@ -72,9 +92,9 @@ def load_jsonl(path: str | os.PathLike[str]) -> list[Document]:
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise DocumentError(f"{where}: not valid JSON ({err.msg})") from None
+                record = parse_json(line, where)
+            except JSONError as err:
+                raise DocumentError(str(err)) from None
             try:
                 json.dumps(record, ensure_ascii=False).encode("utf-8")
             except UnicodeEncodeError as err:
@@ -88,6 +108,9 @@ def load_jsonl(path: str | os.PathLike[str]) -> list[Document]:
                 )
             first_line[doc.id] = lineno
             docs.append(doc)
+            held += len(raw)
+            if len(docs) > limits.MAX_DOCUMENTS or held > limits.MAX_DOCUMENT_BYTES:
+                raise DocumentError(limits.too_many_documents(where, len(docs), held))
     if not docs:
         raise DocumentError(f"no documents in {path}")
     return docs

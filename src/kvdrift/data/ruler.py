@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvdrift import checks
+from kvdrift import checks, limits
 from kvdrift.data.document import Document
 from kvdrift.data.ruler_tasks import (
     NEEDLE_TYPES,
@@ -82,13 +82,18 @@ class RulerConfig:
             raise ValueError(
                 f"target lengths {list(lengths)} give duplicate stratum labels {bands}"
             )
-        checks.integer(self.documents_per_stratum, "documents_per_stratum", 1)
+        limits.count(self.documents_per_stratum, "documents_per_stratum",
+                     limits.MAX_PER_STRATUM)
+        n = len(lengths) * len(families) * self.documents_per_stratum
+        if n > limits.MAX_DOCUMENTS:
+            raise ValueError(limits.too_many_documents("a RULER source", n, 0))
         checks.integer(self.seed, "seed")
 
 
 def _check_length(length: Any) -> None:
     checks.integer(length, "a target length", MIN_TARGET_TOKENS,
                    rule=f"an integer >= {MIN_TARGET_TOKENS} (tokens)")
+    limits.count(length, "a target length (tokens)", limits.MAX_PROMPT_TOKENS)
 
 
 def _check_choices(values: tuple, allowed: tuple[str, ...], what: str, field_name: str) -> None:

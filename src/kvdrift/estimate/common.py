@@ -7,17 +7,17 @@ from typing import Any
 
 import torch
 
-from kvdrift import checks
+from kvdrift import checks, limits
 
 
 def check_horizon(horizon: int) -> int:
     """Return the horizon H if it is an integer >= 1, else raise a clear error."""
-    return checks.integer(horizon, "horizon H", 1)
+    return limits.horizon(horizon)
 
 
 def check_replicates(replicates: int) -> int:
     """Return the replicate count K if it is an integer >= 1, else raise a clear error."""
-    return checks.integer(replicates, "replicates K", 1)
+    return limits.replicates(replicates)
 
 
 def check_depths(depths: tuple[int, ...] | list[int], horizon: int) -> tuple[int, ...]:

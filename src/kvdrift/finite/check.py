@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from kvdrift import checks
+from kvdrift import checks, limits
 from kvdrift.estimate import coupled_rollouts, swrb
 from kvdrift.estimate.common import check_horizon, check_replicates
 from kvdrift.finite.exact import exact
@@ -173,6 +173,7 @@ def run_finite_study(
     """Run the finite-state check on systems ``c = 1..systems``."""
     check_replicates(replicates)
     check_horizon(horizon)
+    limits.exact_paths(2, horizon)  # binary systems, enumerated exactly
     checks.integer(systems, "systems", 1)
     checks.integer(replicates, "replicates", 2, rule="an integer >= 2 (to estimate a variance)")
     results = []

@@ -97,7 +97,7 @@ def check_saved(out: Path, config: FrontierConfig) -> None:
     if path.exists():
         try:
             saved = json.loads(path.read_text(encoding="utf-8")).get("config")
-        except (OSError, ValueError, AttributeError):
+        except (OSError, ValueError, AttributeError, RecursionError):
             raise ValueError(f"{path} is damaged; use a new --out") from None
         if saved != mine:
             keys = sorted(k for k in mine if saved is None or saved.get(k) != mine[k])

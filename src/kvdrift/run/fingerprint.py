@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
+from kvdrift.json_values import parse_json
+
 METADATA_KEY = b"kvdrift.fingerprint"
 
 #: How each setting is named in a refusal (in the order they are compared).
@@ -46,8 +48,8 @@ def decode(schema_metadata: Mapping[bytes, bytes] | None) -> dict[str, Any] | No
     if raw is None:
         return None
     try:
-        value = json.loads(raw)
-    except ValueError:
+        value = parse_json(raw, "fingerprint")
+    except ValueError:  # damaged: read as no fingerprint, so the unit is recomputed or refused
         return None
     return value if isinstance(value, dict) else None
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from kvdrift import checks
+from kvdrift import checks, limits
 from kvdrift.data.document import Document
 from kvdrift.estimate.common import (
     check_depths,
@@ -53,6 +53,7 @@ class RunConfig:
     def __post_init__(self) -> None:
         check_replicates(self.replicates)
         check_horizon(self.horizon)
+        limits.unit_steps(self.replicates, self.horizon)  # the records a unit holds
         object.__setattr__(self, "depths", check_depths(self.depths, self.horizon))
         object.__setattr__(self, "actions", checks.distinct_items(
             self.actions, "actions", "one or more distinct names (e.g. snapkv-half)"))

@@ -36,7 +36,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kvdrift import checks
+from kvdrift import checks, limits
+from kvdrift.json_values import parse_json
 from kvdrift.records.legacy import current_layout
 from kvdrift.run import fingerprint as fp
 from kvdrift.run.records import UnitKey
@@ -139,9 +140,15 @@ def read_run_file(path: Path) -> dict[str, Any]:
     """A ``run.json``, checked: a JSON object with a ``config`` object holding an integer
     horizon, and a ``versions`` object if any; else :class:`NotARunStore` (one line)."""
     try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        reason = f"not valid JSON ({exc.msg if hasattr(exc, 'msg') else exc.reason})"
+        text = limits.read_bounded(path)
+    except ValueError as exc:
+        raise NotARunStore(str(exc)) from None
+    try:
+        meta = parse_json(text.decode("utf-8"), "JSON")
+    except UnicodeDecodeError as exc:
+        reason = f"not valid JSON ({exc.reason})"
+    except ValueError as exc:  # JSONError: nesting, a key twice, a huge integer, ...
+        reason = str(exc).removeprefix("JSON: ")
     else:
         reason = _run_file_problem(meta)
         if reason is None:

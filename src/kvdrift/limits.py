@@ -1,0 +1,161 @@
+"""Every limit on a size that decides how much memory or time kvdrift spends, in one place.
+
+A user's number (replicates, horizon, bootstrap draws, a generated length, a line of a file)
+is checked against its limit before anything is allocated for it, so a typo such as
+``replicates = 10**20`` is one line naming the value and the limit, never a minute of work
+followed by an allocator's traceback or the kernel's out-of-memory killer. The limits are
+far above any study these machines (or a GPU node) can run; README.md "Hostile input" lists
+them. Each check raises ``ValueError`` in the shape of :mod:`kvdrift.checks`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvdrift import checks
+
+#: Bytes of one line of a JSON Lines file (one document): read at most this much of a line.
+MAX_LINE_BYTES = 4 * 2**20
+#: Documents in one study (all sources together).
+MAX_DOCUMENTS = 100_000
+#: Bytes of prompt text held for one study (all documents together).
+MAX_DOCUMENT_BYTES = 256 * 2**20
+#: Tokens of one generated (RULER) prompt: ``lengths`` in a study's ``[[documents]]``.
+MAX_PROMPT_TOKENS = 2**20
+#: Documents per stratum of a generated source (``per_stratum``).
+MAX_PER_STRATUM = 10_000
+#: Replicates K per document and action.
+MAX_REPLICATES = 1_000_000
+#: Generated positions H.
+MAX_HORIZON = 65_536
+#: Step records of one unit (K x H rows, all held in memory before they are written).
+MAX_UNIT_STEPS = 20_000_000
+#: Bytes of next-token distributions one replicate batch holds at a time: rows x vocabulary
+#: x 8 bytes (float64) x :data:`DISTRIBUTION_COPIES` live copies (P, Q, their log-probabilities,
+#: the coupling's difference and cumulative sums).
+MAX_BATCH_BYTES = 32 * 2**30
+DISTRIBUTION_COPIES = 8
+#: Bootstrap draws of an analysis (the paper takes 2,000 or 10,000).
+MAX_BOOTSTRAP = 100_000
+#: Cells of the bootstrap's resampling matrix (draws x documents, 8 bytes each: 2 GiB).
+MAX_BOOTSTRAP_CELLS = 2**28
+#: Paths of the finite-state check's exact enumeration: ``V^(2H)`` pairs of branch histories
+#: at most (V = 2: horizon H <= 12, about 10 s and 0.5 GB a system; H = 16 takes minutes and
+#: 5 GB a system, H = 40 would never end).
+MAX_EXACT_PATHS = 2**24
+#: Bytes of a file kvdrift parses whole: a study's TOML file, a store's ``run.json``.
+MAX_CONFIG_BYTES = 64 * 2**20
+
+
+def _size(n: int) -> str:
+    """``4194304`` -> ``"4 MiB"``: a byte limit as a reader writes it."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale} {unit}"
+    return f"{n} bytes"
+
+
+def shown(n: int) -> str:
+    """An integer as a message shows it: ``5_000_000``; a huge one by its size (Python will
+    not even print an integer of more than 4300 digits)."""
+    return f"{n:_}" if abs(n) < 10**30 else f"an integer of about {len(hex(n)) * 1.2:.0f} digits"
+
+
+def count(value: Any, what: str, limit: int, lo: int = 1) -> int:
+    """An integer count within ``lo..limit``: below ``lo`` the usual check's message, above
+    ``limit`` one line naming the value and the limit."""
+    value = checks.integer(value, what, lo)
+    if value > limit:
+        raise ValueError(f"{what} must be at most {limit:_} (kvdrift's limit); got "
+                         f"{shown(value)}")
+    return value
+
+
+def replicates(value: Any) -> int:
+    return count(value, "replicates K", MAX_REPLICATES)
+
+
+def horizon(value: Any) -> int:
+    return count(value, "horizon H", MAX_HORIZON)
+
+
+def bootstrap(value: Any, lo: int = 0) -> int:
+    return count(value, "bootstrap draws", MAX_BOOTSTRAP, lo)
+
+
+def bootstrap_matrix(draws: int, documents_: int) -> None:
+    """A resampling matrix of ``draws x documents_`` within :data:`MAX_BOOTSTRAP_CELLS`."""
+    if draws * documents_ > MAX_BOOTSTRAP_CELLS:
+        most = MAX_BOOTSTRAP_CELLS // max(documents_, 1)
+        raise ValueError(f"bootstrap draws must be at most {most:_} for {documents_:_} documents "
+                         f"(kvdrift's limit: {MAX_BOOTSTRAP_CELLS:_} draws x documents); got "
+                         f"{shown(draws)}")
+
+
+def unit_steps(replicates_: int, horizon_: int) -> None:
+    """K x H step records of one unit within :data:`MAX_UNIT_STEPS`."""
+    if replicates_ * horizon_ > MAX_UNIT_STEPS:
+        raise ValueError(f"replicates K x horizon H must be at most {MAX_UNIT_STEPS:_} step "
+                         f"records per unit (kvdrift's limit); got {shown(replicates_)} x "
+                         f"{shown(horizon_)} = {shown(replicates_ * horizon_)}")
+
+
+def batch_memory(rows: int, vocab: int, model: str) -> None:
+    """A replicate batch of ``rows`` rows over a vocabulary of ``vocab`` tokens within
+    :data:`MAX_BATCH_BYTES`; the message says to lower ``batch``."""
+    need = rows * vocab * 8 * DISTRIBUTION_COPIES
+    if need > MAX_BATCH_BYTES:
+        fits = max(MAX_BATCH_BYTES // (vocab * 8 * DISTRIBUTION_COPIES), 1)
+        raise ValueError(f"a replicate batch of {rows:_} rows over {model}'s {vocab:_}-token "
+                         f"vocabulary needs about {need / 2**30:.0f} GiB, above kvdrift's limit "
+                         f"of {_size(MAX_BATCH_BYTES)}; set batch to at most {fits:_} "
+                         "(--batch, or batch in [study])")
+
+
+def exact_paths(vocab: int, horizon_: int) -> None:
+    """The exact enumeration of a finite system (``vocab^(2H)`` paths) within
+    :data:`MAX_EXACT_PATHS`."""
+    if vocab < 2:  # one token: one path
+        return
+    most = 0  # the longest horizon within the limit (no power of a huge H is computed)
+    while vocab ** (2 * (most + 1)) <= MAX_EXACT_PATHS:
+        most += 1
+    if horizon_ > most:
+        raise ValueError(f"horizon H must be at most {most} for the exact enumeration of "
+                         f"{vocab}-token systems ({vocab}^(2H) paths, kvdrift's limit "
+                         f"{MAX_EXACT_PATHS:_}); got {horizon_}")
+
+
+def line_too_long(where: str) -> ValueError:
+    """The refusal of a line longer than :data:`MAX_LINE_BYTES` (``where``: file and line)."""
+    return ValueError(f"{where}: a line must be at most {_size(MAX_LINE_BYTES)} (kvdrift's "
+                      "limit on one document); this one is longer")
+
+
+def too_many_documents(where: str, n: int, held: int) -> str:
+    """Why ``n`` documents holding ``held`` bytes of prompt text are refused (``where``: the
+    file and line, the source, where the count crossed a limit)."""
+    if n > MAX_DOCUMENTS:
+        return (f"{where}: a study must hold at most {MAX_DOCUMENTS:_} documents (kvdrift's "
+                f"limit); got {shown(n)}")
+    return (f"{where}: a study's prompts must hold at most {_size(MAX_DOCUMENT_BYTES)} of text "
+            f"(kvdrift's limit); the documents so far hold {held:_} bytes")
+
+
+def documents(docs: Any, where: str) -> None:
+    """A study's documents (all sources) within :data:`MAX_DOCUMENTS` and
+    :data:`MAX_DOCUMENT_BYTES`."""
+    held = sum(len(d.prompt.encode("utf-8", "surrogatepass")) for d in docs)
+    if len(docs) > MAX_DOCUMENTS or held > MAX_DOCUMENT_BYTES:
+        raise ValueError(too_many_documents(where, len(docs), held))
+
+
+def read_bounded(path: Any, limit: int = MAX_CONFIG_BYTES) -> bytes:
+    """The bytes of a file kvdrift parses whole, read only up to ``limit`` (a device such as
+    ``/dev/zero`` never fills memory); over it, one line naming the file and the limit."""
+    with open(path, "rb") as handle:
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"{path} is larger than {_size(limit)}, kvdrift's limit on a file it "
+                         "reads whole (a study's TOML file, a run.json)")
+    return data
