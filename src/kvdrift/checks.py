@@ -110,11 +110,13 @@ def distinct_items(values: Iterable[Any], what: str, rule: str | None = None) ->
 def text(value: Any, what: str, *, visible: bool = False, rule: str | None = None) -> str:
     """``value`` if it is a non-empty string; else one clear error.
 
-    ``visible`` also refuses a string of whitespace only (a prompt, an answer: text a reader
-    or a model must see); ``rule`` replaces the generated rule text (e.g. to say what the
+    ``visible`` also refuses a string of whitespace, control and zero-width characters only
+    (a prompt, an answer: text a reader or a model must see); ``rule`` replaces the generated rule text (e.g. to say what the
     string should look like).
     """
-    ok = isinstance(value, str) and bool(value.strip() if visible else value)
+    from kvdrift.text import has_visible_text
+
+    ok = isinstance(value, str) and (has_visible_text(value) if visible else bool(value))
     if not ok:
         raise refuse(what, rule or ("a string with visible text" if visible
                                      else "a non-empty string"), value)

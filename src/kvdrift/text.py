@@ -9,6 +9,7 @@ text, any script included, as it is. Every terminal print of user text goes thro
 
 from __future__ import annotations
 
+import re
 import unicodedata
 
 #: Unicode categories never printed raw: controls (C0, DEL, C1), format characters (bidi
@@ -31,3 +32,25 @@ def printable(value: object) -> str:
     if text.isprintable() and text.isascii():
         return text
     return "".join(_escape(c) if unicodedata.category(c) in UNPRINTABLE else c for c in text)
+
+
+def has_visible_text(text: str) -> bool:
+    """Whether ``text`` holds a character a reader sees: one that is neither whitespace nor
+    :data:`UNPRINTABLE` (a string of zero-width spaces or bidi marks has none)."""
+    return any(not c.isspace() and unicodedata.category(c) not in UNPRINTABLE for c in text)
+
+
+def page_text(html: str) -> str:
+    """A whole HTML page with every :data:`UNPRINTABLE` character except newline and tab
+    written as its escape, as :func:`printable` writes it: user text (a stratum name, a
+    document id) reaches a page through many sections, and raw ``ESC`` bytes or bidi
+    overrides there would reach whoever prints the file or opens it in a browser."""
+    return _NOT_PLAIN.sub(_page_escape, html)
+
+
+_NOT_PLAIN = re.compile(r"[^\t\n\x20-\x7e]")  # anything but tab, newline, printable ASCII
+
+
+def _page_escape(match: re.Match[str]) -> str:
+    char = match.group()
+    return _escape(char) if unicodedata.category(char) in UNPRINTABLE else char

@@ -7,6 +7,7 @@ from typing import Any
 
 from kvdrift import checks
 from kvdrift.data.metric_names import METRIC_NAMES
+from kvdrift.text import has_visible_text
 
 
 class DocumentError(ValueError):
@@ -22,14 +23,14 @@ def _is_unicode(text: str) -> bool:
 
 
 def _is_answer(value: Any) -> bool:
-    return isinstance(value, str) and bool(value.strip())
+    return isinstance(value, str) and has_visible_text(value)
 
 
 def answer_problem(answer: Any, meta: dict[str, Any]) -> str | None:
     """What is wrong with a document's expected answers and metric, or None.
 
     An empty answer would be found in every output (every output scored correct), so
-    answers must be strings with visible text; ``meta["answers"]`` must be a non-empty list
+    answers must be strings with visible text (not only whitespace or zero-width characters); ``meta["answers"]`` must be a non-empty list
     of them; a ``metric`` must name a known metric and needs answers to score against.
     """
     if answer is not None and not _is_answer(answer):

@@ -13,6 +13,7 @@ from html import escape
 from string import Template
 
 from kvdrift.report.numbers import MISSING, number_text
+from kvdrift.text import page_text
 from kvdrift.report.page_model import (
     Block,
     Bullets,
@@ -104,8 +105,9 @@ def section(title: str, anchor: str, content: str) -> str:
 
 
 def standalone(title: str, body: str) -> str:
-    """A whole HTML page around ``body`` (already HTML)."""
-    return PAGE.substitute(title=escape(title), css=CSS, body=body)
+    """A whole HTML page around ``body`` (already HTML); no control or format character of
+    user text reaches it raw (:func:`kvdrift.text.page_text`)."""
+    return page_text(PAGE.substitute(title=escape(title), css=CSS, body=body))
 
 
 def render_page(page: Page) -> str:
