@@ -111,8 +111,8 @@ def text(value: Any, what: str, *, visible: bool = False, rule: str | None = Non
     """``value`` if it is a non-empty string; else one clear error.
 
     ``visible`` also refuses a string of whitespace, control and zero-width characters only
-    (a prompt, an answer: text a reader or a model must see); ``rule`` replaces the generated rule text (e.g. to say what the
-    string should look like).
+    (a prompt, an answer: text a reader or a model must see); ``rule`` replaces the
+    generated rule text (e.g. to say what the string should look like).
     """
     from kvdrift.text import has_visible_text
 

@@ -30,8 +30,9 @@ def answer_problem(answer: Any, meta: dict[str, Any]) -> str | None:
     """What is wrong with a document's expected answers and metric, or None.
 
     An empty answer would be found in every output (every output scored correct), so
-    answers must be strings with visible text (not only whitespace or zero-width characters); ``meta["answers"]`` must be a non-empty list
-    of them; a ``metric`` must name a known metric and needs answers to score against.
+    answers must be strings with visible text (not only whitespace or zero-width
+    characters); ``meta["answers"]`` must be a non-empty list of them; a ``metric`` must
+    name a known metric and needs answers to score against.
     """
     if answer is not None and not _is_answer(answer):
         return f"key 'answer' must be a non-empty string or null; got {answer!r:.80}"

@@ -13,7 +13,6 @@ from html import escape
 from string import Template
 
 from kvdrift.report.numbers import MISSING, number_text
-from kvdrift.text import page_text
 from kvdrift.report.page_model import (
     Block,
     Bullets,
@@ -31,6 +30,7 @@ from kvdrift.report.page_model import (
     Table,
     Text,
 )
+from kvdrift.text import page_text
 
 CSS = """
 :root { --ink: #1f2328; --muted: #59636e; --rule: #d0d7de; --band: #f6f8fa; --accent: #0b5cad; }
