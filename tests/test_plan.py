@@ -282,10 +282,15 @@ def test_the_search_limit_is_noted():
     assert m["notes"][1:] == ["K reached the search limit 4096"]
 
 
+HALFWIDTH_RULE = ("the target half-width must be a finite number >= 1e-06 (kvdrift's limit; "
+                  "0.01 = 1 percentage point)")
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(alpha=0.0), "alpha must be within (0, 1); got 0.0"),
     (dict(alpha=1.0), "alpha must be within (0, 1); got 1.0"),
-    (dict(halfwidth_target=0.0), "the target half-width must be a finite number > 0; got 0.0"),
+    (dict(halfwidth_target=0.0), f"{HALFWIDTH_RULE}; got 0.0"),
+    (dict(halfwidth_target=1e-300), f"{HALFWIDTH_RULE}; got 1e-300"),  # its square is 0
 ])
 def test_bad_plan_settings_are_named(kwargs, message):
     reps = _replicates(PAIRED_A, PAIRED_B, ["s"] * 3)
@@ -332,8 +337,7 @@ def test_recommend_edges_by_hand():
     assert (d.documents_per_stratum, d.replicates, d.seconds) == (2, 2, 204.0)
     d = recommend(VarianceComponents(0.0, 10.0, 1, 4, 2), 0.5, 100.0, 1.0, 1.0, max_replicates=3)
     assert (d.documents_per_stratum, d.replicates) == (14, 3)  # ceil(40 / 3) = 14
-    with pytest.raises(ValueError, match=r"^the target half-width must be a finite number > 0; "
-                                         r"got 0$"):
+    with pytest.raises(ValueError, match="^" + re.escape(f"{HALFWIDTH_RULE}; got 0") + "$"):
         recommend(v, 0, 1.0, 1.0, 1.0)
 
 

@@ -217,7 +217,8 @@ def test_predict_refuses_the_same_action_twice():
 def test_plan_refuses_a_non_finite_halfwidth(value):
     reps = _replicates(PAIRED_A, PAIRED_B, ["s"] * 3)
     with pytest.raises(ValueError, match="^" + re.escape(
-            f"the target half-width must be a finite number > 0; got {value}") + "$"):
+            f"the target half-width must be a finite number >= 1e-06 (kvdrift's limit; 0.01 = 1 "
+            f"percentage point); got {value}") + "$"):
         plan_study(reps, "R(a)", value)
 
 

@@ -43,6 +43,10 @@ MAX_BOOTSTRAP_CELLS = 2**28
 #: at most (V = 2: horizon H <= 12, about 10 s and 0.5 GB a system; H = 16 takes minutes and
 #: 5 GB a system, H = 40 would never end).
 MAX_EXACT_PATHS = 2**24
+#: The narrowest interval half-width ``kvdrift plan`` sizes a study for (0.0001 percentage
+#: points); a narrower one needs more documents than any study holds, and its square
+#: underflows (``1e-300``).
+MIN_PLAN_HALFWIDTH = 1e-6
 #: Bytes of a file kvdrift parses whole: a study's TOML file, a store's ``run.json``.
 MAX_CONFIG_BYTES = 64 * 2**20
 
@@ -81,6 +85,14 @@ def horizon(value: Any) -> int:
 
 def bootstrap(value: Any, lo: int = 0) -> int:
     return count(value, "bootstrap draws", MAX_BOOTSTRAP, lo)
+
+
+def plan_halfwidth(value: Any) -> float:
+    """A target half-width for ``kvdrift plan``: a finite number of at least
+    :data:`MIN_PLAN_HALFWIDTH`."""
+    return checks.number(value, "the target half-width", MIN_PLAN_HALFWIDTH,
+                         rule=f"a finite number >= {MIN_PLAN_HALFWIDTH:g} (kvdrift's limit; "
+                         "0.01 = 1 percentage point)")
 
 
 def bootstrap_matrix(draws: int, documents_: int) -> None:

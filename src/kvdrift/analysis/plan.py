@@ -37,7 +37,7 @@ from statistics import NormalDist
 import numpy as np
 import pandas as pd
 
-from kvdrift import checks
+from kvdrift import checks, limits
 from kvdrift.analysis import registry
 from kvdrift.analysis.endpoints import parse_endpoint
 from kvdrift.analysis.features import SATURATION, single_value
@@ -195,7 +195,7 @@ def recommend(v: VarianceComponents, target: float, setup_seconds: float,
               replicate_seconds: float, z: float,
               max_replicates: int = MAX_REPLICATES) -> Design:
     """The cheapest ``(n, K)`` reaching half-width ``target`` (ties: fewer replicates)."""
-    checks.number(target, "the target half-width", 0, open_lo=True)
+    limits.plan_halfwidth(target)
     best = None
     for K in range(1, max_replicates + 1):
         need = z * z * (v.between + v.within / K) / (v.strata * target * target)
@@ -279,7 +279,7 @@ def plan_study(replicates: pd.DataFrame, target: str, halfwidth_target: float,
                    "prespecified endpoints sharing alpha)")
     if steps is not None and needs_steps(target):
         replicates = with_saturation(replicates, steps)
-    checks.number(halfwidth_target, "the target half-width", 0, open_lo=True)
+    limits.plan_halfwidth(halfwidth_target)
     missing = [c for c in ("setup_seconds", "replicate_seconds") if c not in replicates]
     if missing:
         raise ValueError("the development run has no wall-time records (it predates them); "
