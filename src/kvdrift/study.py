@@ -87,7 +87,7 @@ def run_study(
     cache download.
     """
     from kvdrift.lm.actions import describe_actions
-    from kvdrift.lm.factory import LMPairSource, check_fits, driver_side
+    from kvdrift.lm.factory import LMPairSource, check_actions, check_fits, driver_side
     from kvdrift.lm.loading import check_model_name
 
     out = check_output_dir(out)  # nothing is written outside it, nor into another folder
@@ -112,6 +112,7 @@ def run_study(
                                    functools.partial(load, run.model) if load else None)
                 docs = model_documents(config, fixed, side.tokenizer)
                 check_fits(docs, run.horizon, side, config.chat_template)
+                check_actions(run.actions, side)
                 limits.batch_memory(run.batch or run.replicates, len(side.tokenizer), run.model)
                 if on_model:
                     on_model(run.model, len(docs) * len(run.actions))

@@ -199,6 +199,13 @@ class Action:
         return list(dict.fromkeys(s.family.departs for s in (*self.stages, self.decoding)
                                   if s is not None and s.family.departs))
 
+    def check_layers(self, n_layers: int) -> None:
+        """Raise ValueError (one line) if a stage cannot run on a model of ``n_layers`` layers:
+        checked before any unit, so kvpress never indexes past its per-layer ratios."""
+        for s in (*self.stages, self.decoding):
+            if s is not None:
+                s.check_layers(n_layers)
+
     def check_counts(self, n_prompt: int, counts: Any, config: Any) -> None:
         """Raise RuntimeError unless ``counts`` ``[layers, kv_heads]`` (entries each KV head
         of each layer attends to after prefill) is what the action promises."""

@@ -22,10 +22,11 @@ from kvdrift.data.document import Document
 from kvdrift.lm.actions import Action, parse_action
 from kvdrift.lm.model import (
     LoadedModel,
-    context_window,
     encode_prompt,
+    layer_count,
     load_model,
     load_tokenizer,
+    model_config,
 )
 from kvdrift.lm.pair import LMKernelPair
 from kvdrift.lm.prefill import PromptCache, own_prefill_reason, prefill_shared
@@ -148,6 +149,7 @@ class DriverSide:
     tokenizer: Any
     build: Callable[[], LMPairFactory]
     context_window: int | None
+    layers: int | None = None  # decoder layers, for per-layer actions (check_actions)
 
 
 def driver_side(
@@ -161,12 +163,24 @@ def driver_side(
     before any unit runs).
     """
     if not in_process:
+        config = model_config(source.model, source.allow_download)
+        window = getattr(config, "max_position_embeddings", None)
         return DriverSide(source.model, load_tokenizer(source.model, source.allow_download),
-                          source, context_window(source.model, source.allow_download))
+                          source, int(window) if window else None, layer_count(config))
     loaded = load() if load else source.load()
     window = getattr(loaded.model.config, "max_position_embeddings", None)
     return DriverSide(source.model, loaded.tokenizer,
-                      functools.partial(LMPairFactory, loaded, source.chat_template), window)
+                      functools.partial(LMPairFactory, loaded, source.chat_template), window,
+                      layer_count(loaded.model.config))
+
+
+def check_actions(actions: Sequence[str], side: DriverSide) -> None:
+    """Raise a one-line ValueError if an action cannot run on ``side``'s model (a per-layer
+    press whose ratios do not match its layers); meant to run before any unit."""
+    if side.layers is None:
+        return
+    for name in actions:
+        parse_action(name).check_layers(side.layers)
 
 
 class ContextWindowExceeded(ValueError):

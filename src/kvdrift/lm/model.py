@@ -201,6 +201,18 @@ def load_tokenizer(name_or_path: str = DEFAULT_MODEL, allow_download: bool = Fal
 def context_window(name_or_path: str = DEFAULT_MODEL, allow_download: bool = False) -> int | None:
     """The model's context window (``max_position_embeddings``) from its config alone, without
     its weights; ``None`` where the config names none."""
+    window = getattr(model_config(name_or_path, allow_download), "max_position_embeddings", None)
+    return int(window) if window else None
+
+
+def layer_count(config: Any) -> int | None:
+    """The number of decoder layers a model config names (its text model's), or None."""
+    layers = getattr(config.get_text_config(), "num_hidden_layers", None)
+    return int(layers) if layers else None
+
+
+def model_config(name_or_path: str = DEFAULT_MODEL, allow_download: bool = False) -> Any:
+    """The model's (text) config alone, without its weights."""
     from transformers import AutoConfig
 
     source = _model_source(name_or_path)
@@ -211,8 +223,7 @@ def context_window(name_or_path: str = DEFAULT_MODEL, allow_download: bool = Fal
         if name_or_path == DEFAULT_MODEL:
             raise
         raise ValueError(unloadable_model_message(name_or_path, exc, allow_download)) from exc
-    window = getattr(config.get_text_config(), "max_position_embeddings", None)
-    return int(window) if window else None
+    return config.get_text_config()
 
 
 def load_model(

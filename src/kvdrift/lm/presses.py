@@ -120,6 +120,10 @@ class Family:
     own_scorer: ClassVar[type | None] = None  # a family that is one fixed scorer press, named
     #                                          alone ("pyramidkv"), not "<family>-<scorer>"
 
+    def check_layers(self, stage: Stage, n_layers: int) -> None:
+        """Raise ValueError (one line) if ``stage`` cannot run on a model of ``n_layers``
+        layers (a per-layer press with another number of ratios); checked before any unit."""
+
     @property
     def field_map(self) -> dict[str, str]:
         return dict(self.fields)
@@ -331,10 +335,13 @@ class PerLayer(Varying):
     def is_noop(self, stage: Stage, n: int) -> bool:
         return all(_exact_floor(r, n) >= n for r in stage.ratios or ())
 
-    def expected_counts(self, stage: Stage, n: int, n_layers: int, config: Any) -> list[int]:
+    def check_layers(self, stage: Stage, n_layers: int) -> None:
         if len(stage.ratios) != n_layers:
             raise ValueError(f"{stage.label}: ratios has {len(stage.ratios)} values; the model "
                              f"has {n_layers} layers (give one kept fraction per layer)")
+
+    def expected_counts(self, stage: Stage, n: int, n_layers: int, config: Any) -> list[int]:
+        self.check_layers(stage, n_layers)
         return [min(n, max(1, _exact_floor(r, n))) for r in stage.ratios]
 
     def build(self, stage: Stage, n: int) -> Any:
@@ -675,6 +682,10 @@ class Stage:
     def check_counts(self, n: int, counts: Any, config: Any) -> None:
         """Raise RuntimeError unless ``counts`` ``[layers, kv_heads]`` is what this promises."""
         self.family.check_counts(self, n, counts, config)
+
+    def check_layers(self, n_layers: int) -> None:
+        """Raise ValueError if this stage cannot run on a model of ``n_layers`` layers."""
+        self.family.check_layers(self, n_layers)
 
     # --- the kvpress press --------------------------------------------------------------
     def scorer_press(self, compression_ratio: float = 0.0) -> Any:
