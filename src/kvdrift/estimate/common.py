@@ -57,3 +57,30 @@ def concat_results(results: list[Any]) -> Any:
         else:
             raise ValueError(f"batches disagree on {f.name}: {items}")
     return type(first)(**values)
+
+
+@dataclasses.dataclass(frozen=True)
+class NonFinite:
+    """Where an estimator's result first holds a number that is not finite: which quantity,
+    its value, and the replicate (0-based) and position ``t`` (1-based) it is at."""
+
+    quantity: str
+    value: float
+    replicate: int
+    position: int
+
+
+def first_nonfinite(quantities: dict[str, torch.Tensor]) -> NonFinite | None:
+    """The first non-finite entry (by replicate, then position) of ``[K, H]`` tensors that must
+    be finite everywhere, named by the dict's keys; None if all are finite. A non-finite
+    probability makes every TV computed from it NaN, so the TVs an estimator records are where
+    it shows."""
+    found = None
+    for name, values in quantities.items():
+        bad = torch.nonzero(~torch.isfinite(values))
+        if bad.numel() == 0:
+            continue
+        k, t = (int(i) for i in bad[0])
+        if found is None or (k, t + 1) < (found.replicate, found.position):
+            found = NonFinite(name, float(values[k, t]), k, t + 1)
+    return found

@@ -24,7 +24,13 @@ import torch
 
 from kvdrift.coupling import absorb_eos, coupled_draw, tempered_probs, tv_distance
 from kvdrift.divergence import NEVER
-from kvdrift.estimate.common import check_horizon, check_replicates, make_generator
+from kvdrift.estimate.common import (
+    NonFinite,
+    check_horizon,
+    check_replicates,
+    first_nonfinite,
+    make_generator,
+)
 from kvdrift.estimate.forced import forced_step
 from kvdrift.kernel import KernelPair
 
@@ -53,6 +59,11 @@ class RolloutResult:
     logq_x: torch.Tensor | None = None  # log Q(X_t | X_<t)
     kl: torch.Tensor | None = None  # KL(P || Q) over the vocabulary
     top1: torch.Tensor | None = None  # 1.0 where the arg-maxes agree
+
+    def nonfinite(self) -> NonFinite | None:
+        """Where a TV is not finite (a probability of P or Q was not), or None."""
+        return first_nonfinite({"the TV of P and Q": self.delta,
+                                "the fixed-history TV of P and Q": self.f})
 
     @property
     def replicates(self) -> int:

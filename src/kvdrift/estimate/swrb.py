@@ -17,7 +17,14 @@ from dataclasses import dataclass
 import torch
 
 from kvdrift.coupling import absorb_eos, coupled_draw, sample_categorical, scan_step, tempered_probs
-from kvdrift.estimate.common import check_depths, check_horizon, check_replicates, make_generator
+from kvdrift.estimate.common import (
+    NonFinite,
+    check_depths,
+    check_horizon,
+    check_replicates,
+    first_nonfinite,
+    make_generator,
+)
 from kvdrift.kernel import KernelPair
 
 
@@ -49,6 +56,14 @@ class SWRBResult:
     y: torch.Tensor
     mismatch: torch.Tensor
     evaluations: torch.Tensor  # [K] kernel-pair evaluations: scanned positions + (H - J)
+    continuation_tv: torch.Tensor | None = None  # [K, H] the continuation's TVs (0 before J)
+
+    def nonfinite(self) -> NonFinite | None:
+        """Where a TV of the scan or the continuation is not finite, or None."""
+        tvs = {"the scan's TV of P and Q": self.overlap_tv}
+        if self.continuation_tv is not None:
+            tvs["the continuation's TV of P and Q"] = self.continuation_tv
+        return first_nonfinite(tvs)
 
     @property
     def replicates(self) -> int:
@@ -124,6 +139,7 @@ def swrb(
     x_out = torch.full((K, H), -1, dtype=torch.long, device=dev)
     y_out = torch.full((K, H), -1, dtype=torch.long, device=dev)
     mismatch = torch.zeros(K, H, dtype=torch.bool, device=dev)
+    continuation_tv = torch.zeros(K, H, dtype=torch.float64, device=dev)
     rows = torch.nonzero(diverges).squeeze(-1)
     if rows.numel() > 0:
         pos = J[rows] - 1  # 0-based column of position J; the states keep U_<J
@@ -152,6 +168,7 @@ def swrb(
             p = absorb_eos(tempered_probs(pair.logprobs(x_state), temperature), x_done, eos)
             q = absorb_eos(tempered_probs(pair.logprobs(y_state), temperature), y_done, eos)
             draw = coupled_draw(p, q, gen)
+            continuation_tv[rows, pos] = draw.tv
             x, y = draw.x, draw.y
 
     # 5. Outputs.
@@ -181,4 +198,5 @@ def swrb(
         y=y_out.cpu(),
         mismatch=mm,
         evaluations=evaluations.cpu(),
+        continuation_tv=continuation_tv.cpu(),
     )

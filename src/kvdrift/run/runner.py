@@ -146,8 +146,28 @@ def unit_records(
     built = time.perf_counter()
     result = run_estimator(config, pair, seed)
     finished = time.perf_counter()
+    refuse_nonfinite(key, result)
     steps, reps = config.estimator.tables(key, result, config.depths, doc, pair, make_pair)
     return steps, with_memory(with_timing(reps, built - started, finished - built), pair)
+
+
+class NonFiniteUnit(ValueError):
+    """A unit whose estimator met a probability that is not finite (one line); nothing of the
+    unit is stored, so no number is ever computed from NaN."""
+
+
+def refuse_nonfinite(key: UnitKey, result: Any) -> None:
+    """Stop the unit if its result holds a non-finite TV (:meth:`nonfinite` of the
+    estimator's result), naming the action, the quantity and the position."""
+    found = result.nonfinite() if hasattr(result, "nonfinite") else None
+    if found is None:
+        return
+    raise NonFiniteUnit(
+        f"unit {key.model} · {key.doc_id} · {key.action}: {found.quantity} is {found.value} at "
+        f"replicate {found.replicate}, position t = {found.position}: the model's next-token "
+        f"probabilities under action {key.action!r} are not finite there (an overflow in the "
+        "action's quantization or eviction, or in the model's dtype); the unit is not stored "
+        "and the run stops here (finished units are kept)")
 
 
 def with_memory(replicates: pa.Table, pair: KernelPair) -> pa.Table:
