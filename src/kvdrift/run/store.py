@@ -102,17 +102,52 @@ def _write_atomically(table: pa.Table, path: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def _with_fingerprint(table: pa.Table, fingerprint: Mapping[str, Any] | None) -> pa.Table:
-    if fingerprint is None:
-        return table
-    meta = dict(table.schema.metadata or {}) | {fp.METADATA_KEY: fp.encode(fingerprint)}
+#: Key-value metadata naming the unit a Parquet file holds (model, document id, action).
+UNIT_KEY = b"kvdrift.unit"
+_KEY_COLUMNS = ["model", "doc_id", "action"]
+
+
+def _with_fingerprint(table: pa.Table, fingerprint: Mapping[str, Any] | None,
+                      key: UnitKey) -> pa.Table:
+    meta = dict(table.schema.metadata or {}) | {
+        UNIT_KEY: json.dumps([key.model, key.doc_id, key.action]).encode()}
+    if fingerprint is not None:
+        meta[fp.METADATA_KEY] = fp.encode(fingerprint)
     return table.replace_schema_metadata(meta)
+
+
+def _unit_in(path: Path, footer: pq.FileMetaData) -> tuple[str, str, str] | None:
+    """The (model, document id, action) a unit's file holds: from its metadata, or (files
+    written before it was recorded) its first row; None if it names none."""
+    raw = (footer.metadata or {}).get(UNIT_KEY)
+    if raw is not None:
+        try:
+            value = parse_json(raw, str(path))
+        except ValueError:
+            return None
+        ok = isinstance(value, list) and len(value) == 3 and all(isinstance(v, str)
+                                                                  for v in value)
+        return tuple(value) if ok else None
+    if footer.num_rows == 0 or not set(_KEY_COLUMNS) <= set(footer.schema.names):
+        return None
+    first = next(pq.ParquetFile(path).iter_batches(batch_size=1, columns=_KEY_COLUMNS))
+    return tuple(str(first.column(c)[0].as_py()) for c in _KEY_COLUMNS)
+
+
+def _names(value: Any) -> set[str] | None:
+    return {str(v) for v in value} if isinstance(value, list) else None
+
+
+def _file_name(unit: tuple[str, str, str]) -> str:
+    return f"{unit_name(UnitKey(*unit))}.parquet"
 
 
 @dataclass(frozen=True)
 class UnitFiles:
     """A finished unit's files as read back: each kind's row count and the replicate file's
-    key-value metadata (where its fingerprint is), or why a file is missing or unreadable."""
+    key-value metadata (where its fingerprint is), or why a file is missing, unreadable or
+    not this unit's (another unit's records, or records made under other settings than the
+    replicate file's)."""
 
     rows: dict[str, int] = field(default_factory=dict)
     metadata: Mapping[bytes, bytes] | None = None
@@ -191,7 +226,9 @@ def _refuse_other_config(root: Path, saved: dict, config: dict) -> None:
 
 
 def _notice_on_stderr(message: str) -> None:
-    print(message, file=sys.stderr)
+    from kvdrift.text import printable
+
+    print(f"note: {printable(message)}", file=sys.stderr)
 
 
 class RunStore:
@@ -202,6 +239,7 @@ class RunStore:
         self.root = Path(root)
         self.recompute = recompute  # recompute units stored under other settings
         self.notice = notice or _notice_on_stderr  # hears which damaged units are recomputed
+        self._strays: set[Path] = set()  # files no unit owns, named once
 
     @classmethod
     def open(cls, root: str | Path, config: dict[str, Any], recompute: bool = False,
@@ -262,9 +300,17 @@ class RunStore:
                 return UnitFiles(damage=f"its {kind} file is missing")
             try:
                 footers[kind] = pq.read_metadata(path)
-            except (OSError, pa.ArrowException) as exc:
+                unit = _unit_in(path, footers[kind])
+            except (OSError, pa.ArrowException, StopIteration) as exc:
                 return UnitFiles(damage=f"{path.name} is unreadable "
                                         f"({str(exc).strip().splitlines()[0]})")
+            if unit is not None and unit != (key.model, key.doc_id, key.action):
+                return UnitFiles(damage=f"its {kind} file holds the records of another unit "
+                                        f"({' · '.join(unit)})")
+        steps, reps = (fp.decode(footers[kind].metadata) for kind in KINDS)
+        if steps is not None and steps != reps:
+            return UnitFiles(damage="its steps file was made under other settings than its "
+                                    "replicates file")
         return UnitFiles(rows={kind: f.num_rows for kind, f in footers.items()},
                          metadata=footers["replicates"].metadata)
 
@@ -303,23 +349,68 @@ class RunStore:
                    fingerprint: Mapping[str, Any] | None = None) -> None:
         """Store one finished unit: steps first, the replicate file (the done marker) last;
         both carry ``fingerprint``, the settings that made them."""
-        _write_atomically(_with_fingerprint(steps, fingerprint), self._path(key, "steps"))
-        _write_atomically(_with_fingerprint(replicates, fingerprint),
+        _write_atomically(_with_fingerprint(steps, fingerprint, key), self._path(key, "steps"))
+        _write_atomically(_with_fingerprint(replicates, fingerprint, key),
                           self._path(key, "replicates"))
 
     def read(self, kind: str, columns: list[str] | None = None) -> pa.Table:
         """All finished units' records of one kind (``"steps"`` or ``"replicates"``), each
         file in the current layout (:func:`~kvdrift.records.legacy.current_layout`)."""
         checks.choice(kind, "record kind", KINDS)
-        done = {p.name for p in (self.root / "replicates").glob("*.parquet")}
+        done = self._owned("replicates")
         files = sorted(p for p in (self.root / kind).glob("*.parquet") if p.name in done)
         if not files:
             raise ValueError(f"{self.root} has no finished units yet")
+        owned = done if kind == "replicates" else self._owned(kind, refused=set(done))
         tables = []
         for f in files:
+            if f.name not in owned:
+                raise ValueError(f"{f} holds the records of another unit than "
+                                 f"{' · '.join(done[f.name])}; rerun the run or study command "
+                                 "to recompute its unit")
             try:
                 tables.append(current_layout(kind, pq.read_table(f, columns=columns), columns))
             except (OSError, pa.ArrowException) as exc:
                 raise ValueError(f"{f} is unreadable ({str(exc).strip().splitlines()[0]}); "
                                  "rerun the run or study command to recompute its unit") from None
         return pa.concat_tables(tables, promote_options="default")
+
+    def _owned(self, kind: str, refused: set[str] = frozenset()
+               ) -> dict[str, tuple[str, str, str]]:
+        """The files of ``kind`` that their unit owns (a file's name is the name of the unit
+        whose records it holds), by name, with that unit. Any other file (a copy under
+        another name, another program's, one that names no unit) is named once in a notice
+        and left out, unless its name is in ``refused`` (the caller refuses it); an
+        unreadable one is kept, so that reading it names it."""
+        owned = {}
+        named = self._named_in_config()
+        for path in sorted((self.root / kind).glob("*.parquet")):
+            try:
+                unit = _unit_in(path, pq.read_metadata(path))
+            except (OSError, pa.ArrowException, StopIteration):
+                owned[path.name] = ("?", "?", "?")
+                continue
+            if unit is None or _file_name(unit) != path.name:
+                why = "its name is not that of the unit whose records it holds"
+            elif not all(n is None or u in n for u, n in zip(unit, named, strict=True)):
+                why = f"its unit {' · '.join(unit)} is not one of the store's models and actions"
+            elif kind == "replicates" and not (self.root / "steps" / path.name).exists():
+                why = f"its unit {' · '.join(unit)} has no steps file"
+            else:
+                owned[path.name] = unit
+                continue
+            if path.name not in refused and path not in self._strays:
+                self._strays.add(path)
+                self.notice(f"ignoring {path}: no unit of this store owns it ({why})")
+        return owned
+
+    def _named_in_config(self) -> tuple[set[str] | None, None, set[str] | None]:
+        """The models and actions the store's configuration names (None where it names
+        none), the units a file may hold."""
+        try:
+            config = self.metadata["config"]
+        except (OSError, ValueError):
+            return None, None, None
+        models = config.get("models", [config["model"]] if "model" in config else None)
+        actions = config.get("actions")
+        return _names(models), None, _names(actions)
