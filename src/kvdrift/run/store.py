@@ -308,7 +308,7 @@ class RunStore:
                 return UnitFiles(damage=f"its {kind} file holds the records of another unit "
                                         f"({' · '.join(unit)})")
         steps, reps = (fp.decode(footers[kind].metadata) for kind in KINDS)
-        if steps is not None and steps != reps:
+        if None not in (steps, reps) and steps != reps:
             return UnitFiles(damage="its steps file was made under other settings than its "
                                     "replicates file")
         return UnitFiles(rows={kind: f.num_rows for kind, f in footers.items()},
