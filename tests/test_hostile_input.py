@@ -260,17 +260,17 @@ def test_allow_download_without_a_network_is_one_quick_line(tmp_path, monkeypatc
 def test_a_horizon_beyond_the_context_window_says_what_is_allowed(tiny_model_dir, tmp_path):
     docs = write_docs(tmp_path / "docs.jsonl", {"id": "a", "prompt": PROMPT})
     result = runner.invoke(app, ["run", "--model", str(tiny_model_dir), "--docs", str(docs),
-                                 "--actions", "full", "--horizon", "100000",
+                                 "--actions", "full", "--horizon", "60000",
                                  "--out", str(tmp_path / "r")])
     assert result.exit_code == 2
     assert error_line(result).startswith(
         "error: horizon H must be below ") and error_line(result).endswith(
         "context window of 4096 tokens, leaving room for the prompt (allowed: H <= 4095 minus "
-        "the longest prompt's tokens); got 100000")
+        "the longest prompt's tokens); got 60000")
     from kvdrift.lm.factory import ContextWindowExceeded
 
     config = kvdrift.study_from_arguments(model=str(tiny_model_dir), docs=docs, actions=["full"],
-                                          horizon=100000)
+                                          horizon=60000)
     with pytest.raises(ContextWindowExceeded, match="allowed: H <= 4095 minus"):
         kvdrift.run_study(config, tmp_path / "api")
 

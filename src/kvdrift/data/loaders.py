@@ -18,6 +18,7 @@ from typing import Any, BinaryIO
 from kvdrift import checks, limits
 from kvdrift.data.document import Document, DocumentError, answer_problem
 from kvdrift.json_values import JSONError, parse_json
+from kvdrift.text import has_visible_text
 
 _KNOWN_KEYS = ("id", "prompt", "stratum", "answer", "meta")
 
@@ -34,7 +35,7 @@ def _document_from_record(record: Any, where: str) -> Document:
         raise DocumentError(f"{where}: key 'id' must be a non-empty string or integer; "
                             f"got {doc_id!r:.80}")
     prompt = record["prompt"]
-    if not isinstance(prompt, str) or not prompt.strip():
+    if not isinstance(prompt, str) or not has_visible_text(prompt):
         raise DocumentError(f"{where}: key 'prompt' must be a non-empty string; "
                             f"got {prompt!r:.80}")
     stratum = record.get("stratum", "default")
