@@ -81,7 +81,8 @@ def study_toml(path, study="", documents='source = "jsonl"\npath = "docs.jsonl"'
      "a replicate batch of 100_000 rows over smollm2's 49_152-token vocabulary needs about "
      "293 GiB, above kvdrift's limit of 32 GiB; set batch to at most 10_922 (--batch, or batch "
      "in [study])"),
-])
+], ids=["K=1e20", "K=5e6", "H=1e5", "KxH", "bootstrap=1e11", "ruler-length=1e8",
+        "per-stratum=1e9", "finite-state-H=40", "batch-memory"])
 def test_sizes_over_a_limit_are_one_line_before_any_allocation(build, message):
     started = time.perf_counter()
     with pytest.raises(ValueError) as info:
