@@ -4,6 +4,7 @@ against a stated limit (:mod:`kvdrift.limits`) in one line before anything is al
 
 import json
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -71,7 +72,7 @@ def study_toml(path, study="", documents='source = "jsonl"\npath = "docs.jsonl"'
     (lambda: AnalysisOptions(bootstrap=10**11),
      "bootstrap draws must be at most 100_000 (kvdrift's limit); got 100_000_000_000"),
     (lambda: RulerConfig(target_lengths=(100_000_000,)),
-     "a target length (tokens) must be at most 1_048_576 (kvdrift's limit); got 100_000_000"),
+     "a target length (tokens) must be at most 262_144 (kvdrift's limit); got 100_000_000"),
     (lambda: RulerConfig(documents_per_stratum=10**9),
      "documents_per_stratum must be at most 10_000 (kvdrift's limit); got 1_000_000_000"),
     (lambda: run_finite_study(1, 2, 40),
@@ -145,13 +146,17 @@ def test_cli_refuses_oversized_settings_before_writing_anything(tmp_path, monkey
          "replicates K must be at most 1_000_000"),
         (["study", str(study_toml(tmp_path / "s2.toml", documents='source = "ruler"\n'
                                   "lengths = [100000000]")), "--out", "o3"],
-         "a target length (tokens) must be at most 1_048_576"),
+         "a target length (tokens) must be at most 262_144"),
         (["study", str(study_toml(tmp_path / "s3.toml", analysis="[analysis]\n"
                                   "bootstrap = 100000000000")), "--out", "o4"],
          "bootstrap draws must be at most 100_000"),
         (["finite-state", "--horizon", "40", "--figure", "fs.png"],
          "horizon H must be at most 12 for the exact enumeration"),
     ]
+    initial = sorted(p.name for p in tmp_path.iterdir())
+    for args, _ in cases:  # imports first: tracing them would cost more than the check
+        runner.invoke(app, args)
+    assert sorted(p.name for p in tmp_path.iterdir()) == initial
     for args, message in cases:
         before = sorted(p.name for p in tmp_path.iterdir())
         tracemalloc.start()
@@ -335,3 +340,24 @@ def test_report_html_carries_no_raw_control_character(finished, tmp_path):
     page = standalone("t\x1b]0;x\x07", "<p>a\x1b[2J\u202eb\x85 数据 é</p>\n\t")
     assert "<p>a\\x1b[2J\\u202eb\\x85 数据 é</p>\n\t" in page and "\x07" not in page
 
+
+
+@pytest.mark.slow
+def test_ctrl_c_lands_during_document_generation_at_the_longest_length(tiny_model_dir):
+    """A study with ``lengths = [100000000]`` ignored SIGINT (one tokenizer call of minutes);
+    at the limit, generation hears Ctrl-C within seconds."""
+    code = (
+        "import sys\nfrom transformers import AutoTokenizer\n"
+        "from kvdrift import limits\nfrom kvdrift.data.ruler import RulerConfig, generate\n"
+        f"tok = AutoTokenizer.from_pretrained({str(tiny_model_dir)!r})\n"
+        "print('ready', flush=True)\n"
+        "try:\n    generate(RulerConfig(families=('niah_single', 'vt', 'cwe'), target_lengths="
+        "(limits.MAX_PROMPT_TOKENS,), documents_per_stratum=8), tok)\n"
+        "except KeyboardInterrupt:\n    sys.exit(130)\n")
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "ready"
+    time.sleep(2.0)  # generating by now (24 documents take about half a minute)
+    sent = time.perf_counter()
+    child.send_signal(signal.SIGINT)
+    assert child.wait(timeout=60) == 130
+    assert time.perf_counter() - sent < 10

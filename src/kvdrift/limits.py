@@ -20,8 +20,11 @@ MAX_LINE_BYTES = 4 * 2**20
 MAX_DOCUMENTS = 100_000
 #: Bytes of prompt text held for one study (all documents together).
 MAX_DOCUMENT_BYTES = 256 * 2**20
-#: Tokens of one generated (RULER) prompt: ``lengths`` in a study's ``[[documents]]``.
-MAX_PROMPT_TOKENS = 2**20
+#: Tokens of one generated (RULER) prompt: ``lengths`` in a study's ``[[documents]]``. One
+#: tokenizer call at this length takes about a second, so Ctrl-C is heard during generation
+#: (a call runs in Rust and hears no signal: at 2^20 tokens Ctrl-C took 8 s to land, at 10^8
+#: never).
+MAX_PROMPT_TOKENS = 2**18
 #: Documents per stratum of a generated source (``per_stratum``).
 MAX_PER_STRATUM = 10_000
 #: Replicates K per document and action.
