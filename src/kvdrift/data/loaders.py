@@ -182,6 +182,9 @@ def load_hf_dataset(
             checks.choice(column, f"{label} column", columns, where=name)
     if limit is not None:
         table = table.select(range(min(limit, len(table))))
+    if len(table) > limits.MAX_DOCUMENTS:  # before a row is read
+        raise ValueError(limits.too_many_documents(f"{name} [{split}]", len(table), 0)
+                         + "; pass a limit (limit = N in the [[documents]] table)")
     source = Path(name).name if Path(name).exists() else name
     docs: list[Document] = []
     first_row: dict[str, int] = {}
