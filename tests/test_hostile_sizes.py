@@ -361,3 +361,81 @@ def test_ctrl_c_lands_during_document_generation_at_the_longest_length(tiny_mode
     child.send_signal(signal.SIGINT)
     assert child.wait(timeout=60) == 130
     assert time.perf_counter() - sent < 10
+
+
+# --- the property: hostile sizes and nesting, anywhere ------------------------------------------
+
+HOSTILE_INTS = (-1, 0, 2**31, 2**63, 10**20, int("9" * 4000))
+SIZE_KEYS = (("study", "replicates"), ("study", "horizon"), ("analysis", "bootstrap"),
+             ("ruler", "lengths"), ("ruler", "per_stratum"))
+
+
+def hostile_study(rng, path, nest):
+    """A study TOML with one hostile size, or (``nest``) one deep nesting, at a random key;
+    refused whatever the draw."""
+    table, key = rng.choice(SIZE_KEYS)
+    value = rng.choice(HOSTILE_INTS)
+    if value == 0 and key == "bootstrap":  # no draws is allowed (point estimates)
+        value = -1
+    if nest:
+        depth = rng.choice((3000, 6000, 50_000))
+        text = "[" * depth + "]" * depth
+    else:
+        text = f"[{value}]" if key == "lengths" else str(value)
+    study = f"{key} = {text}" if table == "study" else ""
+    analysis = f"[analysis]\n{key} = {text}" if table == "analysis" else ""
+    documents = ('source = "ruler"\n' + f"{key} = {text}" if table == "ruler"
+                 else 'source = "jsonl"\npath = "docs.jsonl"')
+    return study_toml(path, study=study + "\nhorizon = 2" * (key != "horizon"),
+                      documents=documents, analysis=analysis)
+
+
+def hostile_jsonl(rng, path):
+    """A JSONL file whose second line is nested deeply, holds a huge integer, a key twice or
+    an invisible answer; refused whatever the draw."""
+    depth = rng.choice((10_000, 100_000))
+    bad = rng.choice((
+        '{"id": "b", "prompt": "p", "meta": ' + "[" * depth + "]" * depth + "}",
+        '{"id": ' + "7" * rng.choice((4301, 20_000)) + ', "prompt": "p"}',
+        '{"id": "b", "prompt": "p", "prompt": "q"}',
+        json.dumps({"id": "b", "prompt": "p", "answer": "\u200b\u2060"}),
+    ))
+    return write_lines(path, json.dumps({"id": "a", "prompt": PROMPT}), bad)
+
+
+def tree_hashes(root):
+    import hashlib
+
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_hostile_sizes_and_nesting_are_one_line_and_write_nothing(tmp_path, monkeypatch, seed):
+    """Whatever size or nesting is drawn: exit 2 with one error line, no traceback, nothing
+    written (every file under the working folder hashes the same), the output folder never
+    created, under 200 MB of Python allocations and 20 s."""
+    import random
+
+    rng = random.Random(seed)
+    monkeypatch.chdir(tmp_path)
+    write_lines(tmp_path / "docs.jsonl", json.dumps({"id": "a", "prompt": PROMPT}))
+    if seed % 2:
+        args = ["study", str(hostile_study(rng, tmp_path / "s.toml", nest=seed % 4 == 3)),
+                "--out", "out"]
+    else:
+        docs = hostile_jsonl(rng, tmp_path / "hostile.jsonl")
+        args = ["run", "--docs", str(docs), "--actions", "full", "--out", "out"]
+    runner.invoke(app, args)  # imports first: tracing them would cost more than the check
+    before = tree_hashes(tmp_path)
+    started = time.perf_counter()
+    tracemalloc.start()
+    result = runner.invoke(app, args)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert result.exit_code == 2, (args, result.output[-2000:])
+    assert error_line(result).startswith("error: ")
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert tree_hashes(tmp_path) == before and not (tmp_path / "out").exists()
+    assert peak < 200 * 2**20, peak
+    assert time.perf_counter() - started < 20

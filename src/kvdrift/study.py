@@ -113,7 +113,8 @@ def run_study(
                 docs = model_documents(config, fixed, side.tokenizer)
                 check_fits(docs, run.horizon, side, config.chat_template)
                 check_actions(run.actions, side)
-                limits.batch_memory(run.batch or run.replicates, len(side.tokenizer), run.model)
+                limits.batch_memory(min(run.batch or run.replicates, run.replicates),
+                                    len(side.tokenizer), run.model)  # a batch holds <= K rows
                 if on_model:
                     on_model(run.model, len(docs) * len(run.actions))
                 executor.run(run, docs, side.build, store, on_unit=on_unit)
