@@ -78,12 +78,14 @@ def study_toml(path, study="", documents='source = "jsonl"\npath = "docs.jsonl"'
     (lambda: run_finite_study(1, 2, 40),
      "horizon H must be at most 12 for the exact enumeration of 2-token systems (2^(2H) paths, "
      "kvdrift's limit 16_777_216); got 40"),
+    (lambda: run_finite_study(10**9, 2, 3),
+     "systems must be at most 10_000 (kvdrift's limit); got 1_000_000_000"),
     (lambda: limits.batch_memory(100_000, 49_152, "smollm2"),
      "a replicate batch of 100_000 rows over smollm2's 49_152-token vocabulary needs about "
      "293 GiB, above kvdrift's limit of 32 GiB; set batch to at most 10_922 (--batch, or batch "
      "in [study])"),
 ], ids=["K=1e20", "K=5e6", "H=1e5", "KxH", "bootstrap=1e11", "ruler-length=1e8",
-        "per-stratum=1e9", "finite-state-H=40", "batch-memory"])
+        "per-stratum=1e9", "finite-state-H=40", "finite-state-systems=1e9", "batch-memory"])
 def test_sizes_over_a_limit_are_one_line_before_any_allocation(build, message):
     started = time.perf_counter()
     with pytest.raises(ValueError) as info:

@@ -50,6 +50,8 @@ MAX_EXACT_PATHS = 2**24
 #: points); a narrower one needs more documents than any study holds, and its square
 #: underflows (``1e-300``).
 MIN_PLAN_HALFWIDTH = 1e-6
+#: Systems of the finite-state check (each one an exact enumeration and two estimators).
+MAX_FINITE_SYSTEMS = 10_000
 #: Bytes of a file kvdrift parses whole: a study's TOML file, a store's ``run.json``.
 MAX_CONFIG_BYTES = 64 * 2**20
 

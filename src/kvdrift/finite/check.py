@@ -174,7 +174,7 @@ def run_finite_study(
     check_replicates(replicates)
     check_horizon(horizon)
     limits.exact_paths(2, horizon)  # binary systems, enumerated exactly
-    checks.integer(systems, "systems", 1)
+    limits.count(systems, "systems", limits.MAX_FINITE_SYSTEMS)
     checks.integer(replicates, "replicates", 2, rule="an integer >= 2 (to estimate a variance)")
     results = []
     for c in range(1, systems + 1):
