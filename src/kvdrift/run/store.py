@@ -379,18 +379,21 @@ class RunStore:
                ) -> dict[str, tuple[str, str, str]]:
         """The files of ``kind`` that their unit owns (a file's name is the name of the unit
         whose records it holds), by name, with that unit. Any other file (a copy under
-        another name, another program's, one that names no unit) is named once in a notice
-        and left out, unless its name is in ``refused`` (the caller refuses it); an
-        unreadable one is kept, so that reading it names it."""
+        another name, a unit of another model or action, a replicate file without its steps
+        file) is named once in a notice and left out, unless its name is in ``refused`` (the
+        caller refuses it); one that is unreadable or names no unit is kept, so that reading
+        it tells."""
         owned = {}
         named = self._named_in_config()
         for path in sorted((self.root / kind).glob("*.parquet")):
             try:
                 unit = _unit_in(path, pq.read_metadata(path))
             except (OSError, pa.ArrowException, StopIteration):
+                unit = None
+            if unit is None:  # unreadable, or names no unit: kept, reading it tells
                 owned[path.name] = ("?", "?", "?")
                 continue
-            if unit is None or _file_name(unit) != path.name:
+            if _file_name(unit) != path.name:
                 why = "its name is not that of the unit whose records it holds"
             elif not all(n is None or u in n for u, n in zip(unit, named, strict=True)):
                 why = f"its unit {' · '.join(unit)} is not one of the store's models and actions"
