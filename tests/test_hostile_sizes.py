@@ -276,8 +276,9 @@ def unit_file(out, kind, action, doc):
     return path
 
 
+@pytest.mark.parametrize("extra", [(), ("--recompute",)])
 def test_a_steps_file_of_another_unit_is_named_and_recomputed(finished, tiny_model_dir,
-                                                              tmp_path):
+                                                              tmp_path, extra):
     out = tmp_path / "run"
     shutil.copytree(finished[0], out)
     wrong = unit_file(out, "steps", "full", "d1")
@@ -287,7 +288,8 @@ def test_a_steps_file_of_another_unit_is_named_and_recomputed(finished, tiny_mod
     assert error_line(report) == (f"error: {wrong} holds the records of another unit than "
                                   f"{tiny_model_dir} · d1 · full; rerun the run or study "
                                   "command to recompute its unit")
-    rerun = runner.invoke(app, run_args(tiny_model_dir, finished[1], out))
+    rerun = runner.invoke(app, run_args(tiny_model_dir, finished[1], out, "full,snapkv-half",
+                                        *extra))
     assert rerun.exit_code == 0, rerun.output
     assert "its steps file holds the records of another unit" in rerun.output
     expected = pq.read_table(unit_file(finished[0], "steps", "full", "d1"))
