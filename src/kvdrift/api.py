@@ -142,12 +142,15 @@ def frontier(
     out: str | Path = "runs/frontier",
     *,
     alpha: float = 0.05,
-    looks: int = 2,
     replicates: int = 8,
+    max_replicates: int = 32,
+    cap: float | None = None,
     **study: object,
 ) -> FrontierResult:
     """The least KV cache per family whose ``measure`` stays within its tolerance, certified
     at level ``1 - alpha`` over the whole search (``kvdrift frontier``); resumable in ``out``.
+    ``cap`` states a bound on an unbounded measure's values (``kl``), without which it gets
+    estimates only.
 
     ``study`` takes :func:`study_from_arguments`' keywords (``model``, ``docs``, ``horizon``,
     ``temperature``, ``seed``, ``device``, ...); its actions are the budgets searched.
@@ -161,7 +164,8 @@ def frontier(
                          "budgets with complete coupled rollouts")
     config = FrontierConfig.parse(
         study_from_arguments(actions=("full",), name="frontier", **study), families, measure,
-        SearchSettings(alpha=alpha, looks=looks, replicates=replicates))
+        SearchSettings(alpha=alpha, replicates=replicates, max_replicates=max_replicates),
+        cap)
 
     @functools.cache
     def load(name: str) -> object:  # every stage runs on the study's device and dtype
