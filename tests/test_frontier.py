@@ -317,3 +317,37 @@ def test_frontier_never_writes_into_another_folder(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
     root = CliRunner().invoke(app, ["frontier", "--out", "/", "--families", "snapkv"])
     assert root.exit_code == 2 and "file-system root" in root.output
+
+
+def test_kl_without_a_cap_never_says_certified(tiny_model_dir_hd64, frontier_docs, tmp_path):
+    """An unbounded measure: the terminal, the report and analysis.json say "not certified"
+    and never "certified" on its own; with --cap the statuses are the certified kind."""
+    import re
+
+    from typer.testing import CliRunner
+
+    from kvdrift.cli import app
+
+    out = tmp_path / "kl"
+    args = ["frontier", "--model", str(tiny_model_dir_hd64), "--docs", str(frontier_docs),
+            "--families", "kivi", "--measure", "kl <= 0.02", "--replicates", "2",
+            "--horizon", "3", "--out", str(out), "--device", "cpu"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    html = (out / "report" / "report.html").read_text()
+    saved = (out / "analysis.json").read_text()
+    for text in (" ".join(result.output.split()), html):
+        assert "not certified" in text
+        assert not re.findall(r"(?<!not )certified", text)
+    saved = json.loads(saved)["frontier"]
+    assert saved["best"] is None and saved["families"]["kivi"]["certified"] is None
+    assert "not certified" in saved["guarantee"] and not saved["certifiable"]
+    statuses = {b["status"] for b in saved["families"]["kivi"]["budgets"]}
+    assert statuses <= {"estimate within", "estimate beyond"}
+    capped = CliRunner().invoke(app, [*args[:-4], "--out", str(tmp_path / "capped"),
+                                      "--device", "cpu", "--cap", "50", "--json"])
+    assert capped.exit_code == 0, capped.output
+    frontier = json.loads(capped.stdout[capped.stdout.index("{"):])
+    assert frontier["certifiable"] and "(stated cap)" in frontier["measure_range"]
+    assert {b["status"] for b in frontier["families"]["kivi"]["budgets"]} <= {
+        "certified", "blocked", "fails", "undecided"}

@@ -199,8 +199,9 @@ class FrontierResult:
     def guarantee(self) -> str:
         """The headline's sentence: what holds, for which estimand, with what probability."""
         if not self.certifiable:
-            return (f"{self.measure_range}: no distribution-free bound exists without a stated "
-                    "cap on its values (--cap), so nothing here is certified.")
+            return (f"{self.measure_range}: no distribution-free bound on its mean exists "
+                    "without a stated cap on its values (--cap); these are estimates only, "
+                    "not certified.")
         return (f"With probability at least {1 - self.alpha:.3g}, every budget labelled "
                 f"certified has a mean {self.measure} over these {self.documents} documents "
                 "(each document's expected value, averaged; not over other documents); "

@@ -51,7 +51,7 @@ class Evaluator(Protocol):
 class SearchSettings:
     """How sure and how thorough: level ``1 - alpha`` over the whole search; each look runs
     ``replicates`` more per document at the budgets still undecided near the head of each
-    family's sequence (``window`` of them), and a budget still undecided after
+    family's sequence (at most ``window`` of them), and a budget still undecided after
     ``max_replicates`` per document stops its family's sequence."""
 
     alpha: float = 0.05
@@ -149,15 +149,19 @@ class _FamilySearch:
         """Budget indices to run at the next look; empty when the family's answer is settled.
 
         Down the sequence from the most cache: budgets already within are passed, the first
-        one beyond (or undecided with no replicates left) ends it; of the rest, the first
-        ``window`` still open are run together."""
+        one beyond (or undecided with no replicates left) ends it; of the rest, the first few
+        still open are run together: one at first, one more per budget already within, at
+        most ``window`` (a budget run ahead of the sequence is wasted if one before it
+        fails, which is likelier the sooner it comes)."""
         if self.settings.exhaustive:
             return [t.budget.index for t in self.tried if self._open(t)]
+        within = sum(t.outcome == "within" for t in self.tried)
+        width = min(self.settings.window, 1 + within)
         out = []
         for t in self.tried:
             if t.outcome == "within":
                 continue
-            if not self._open(t) or len(out) == self.settings.window:
+            if not self._open(t) or len(out) == width:
                 break
             out.append(t.budget.index)
         return out

@@ -86,8 +86,8 @@ class StudyEvaluator:
             if reps.empty:
                 raise ValueError(f"stage {where} holds no records of {b.action!r}")
             series = self.config.measure.kind.read(steps, reps)
-            values = {doc: group.to_numpy(dtype=float)
-                      for doc, group in series.groupby(level="doc_id")}
+            values = {doc: group.to_numpy(dtype=float)  # in replicate order
+                      for doc, group in series.sort_index().groupby(level="doc_id")}
             kv = float(reps["kv_fraction"].mean()) if "kv_fraction" in reps else float("nan")
             out[b] = Sample(values, kv, int(reps["evaluations"].sum()))
         return out

@@ -45,8 +45,9 @@ def plot_frontier(result: FrontierResult, path: str | Path) -> Path:
     ax.set_xlim(0, 105)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
-    ax.set_title(f"Compression frontier ({result.documents} documents; certified at "
-                 f"{100 * (1 - result.alpha):.3g}% jointly)")
+    ax.set_title(f"Compression frontier ({result.documents} documents; "
+                 + (f"certified at {100 * (1 - result.alpha):.3g}% jointly)"
+                    if result.certifiable else "estimates only, not certified)"))
     fig.tight_layout()
     return save_figure(fig, path)
 
@@ -68,13 +69,12 @@ def headline(result: FrontierResult) -> list[str]:
     best = result.best
     measure = escape(result.measure)
     lines = []
-    if best is None:
-        word = "certified" if result.certifiable else "within the tolerance by its estimate"
-        lines.append(f"<p>No budget tried is {word} to keep <code>{measure}</code>.</p>")
-    elif not result.certifiable:
-        lines.append(f"<p><strong>Least cache by estimate (not certified: unbounded measure):"
-                     f"</strong> <code>{escape(best.action)}</code>, "
-                     f"{number_text(best.kv_fraction, 100, 1)}% of the full cache.</p>")
+    if not result.certifiable:
+        lines.append(f"<p><strong>Estimates only, not certified: <code>{measure}</code> is an "
+                     "unbounded measure</strong> (state a bound on its values with "
+                     "<code>--cap</code> to certify it).</p>")
+    elif best is None:
+        lines.append(f"<p>No budget tried is certified to keep <code>{measure}</code>.</p>")
     else:
         side = "upper" if result.better == "<=" else "lower"
         ties = "".join(f", tied with <code>{escape(t.action)}</code>" for t in result.ties)
@@ -85,15 +85,21 @@ def headline(result: FrontierResult) -> list[str]:
                      f"{number_text(best.bound(result.better), 1, 4)}).</p>")
     items = []
     for fam in result.families:
-        c = fam.certified
-        what = ("none certified" if c is None else
-                f"<code>{escape(c.action)}</code> at {number_text(c.kv_fraction, 100, 1)}%")
+        if result.certifiable:
+            c, word = fam.certified, "none certified"
+        else:
+            within = [b for b in fam.budgets if b.status == "estimate within"]
+            c, word = (within[-1] if within else None), "no estimate within"
+        what = word if c is None else (
+            f"<code>{escape(c.action)}</code> at {number_text(c.kv_fraction, 100, 1)}%"
+            + ("" if result.certifiable else " (estimate within, not certified)"))
         dom = (" &mdash; dominated (it certainly fails with at least the best's cache; "
                "assumes its measure gets no better with less cache)"
                if fam.family in result.dominated else "")
         items.append(f"<li>{escape(fam.family)}: {what}{dom}</li>")
     lines.append(f"<ul>{''.join(items)}</ul>")
-    lines.append(f"<p><strong>Guarantee.</strong> {escape(result.guarantee())}</p>")
+    word = "Guarantee" if result.certifiable else "No guarantee"
+    lines.append(f"<p><strong>{word}.</strong> {escape(result.guarantee())}</p>")
     lines.append(
         f"<p class=\"note\">Measure: {escape(result.measure_range)}. Bounds: "
         f"{escape(result.bound_method)}. Multiplicity: {escape(result.scheme.describe())}. "
@@ -131,10 +137,12 @@ def write_frontier_report(result: FrontierResult, out_dir: str | Path,
     out_dir = Path(out_dir)
     (out_dir / "figures").mkdir(parents=True, exist_ok=True)
     plot_frontier(result, out_dir / "figures" / "frontier.png")
+    marks = ("filled points are certified within the tolerance (the dashed line), the star "
+             "the least cache certified" if result.certifiable else
+             "the dashed line is the tolerance; estimates only, not certified")
     figure = ('<figure><img src="figures/frontier.png" alt="frontier"><figcaption>The measure '
               "against the cache kept, per family: each point a budget tried with its "
-              "bounds; filled points are certified within the tolerance (the dashed line), "
-              "the star the least cache certified.</figcaption></figure>")
+              f"bounds; {marks}.</figcaption></figure>")
     body = frontier_section(result, examples) + figure
     path = out_dir / "report.html"
     path.write_text(page.standalone(title, body), encoding="utf-8")
