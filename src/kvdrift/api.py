@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 from kvdrift import checks
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from kvdrift.analysis.plan import PlanResult
     from kvdrift.analysis.predict import PredictionResult
     from kvdrift.analysis.results import StudyAnalysis
@@ -94,6 +96,16 @@ def load_records(directory: str | Path) -> Records:
     from kvdrift.directory import StudyDirectory
 
     return StudyDirectory(directory).records()
+
+
+def trajectories(directory: str | Path) -> pd.DataFrame:
+    """A run or study directory's generations as one pandas frame, a row per (document,
+    action, replicate, position): P's and Q's tokens and their text (decoded with the run's
+    own tokenizer, offline; token ids where it is not available), the position's TV, and the
+    replicate's tau, R and R_tv (:mod:`kvdrift.examples.trajectories`)."""
+    from kvdrift.directory import StudyDirectory
+
+    return StudyDirectory(directory).trajectories()
 
 
 def analyze(directory: str | Path, bootstrap: int | None = None,
@@ -176,4 +188,4 @@ def frontier(
 
 
 __all__ = ["analyze", "finite_state", "frontier", "load_records", "load_study", "plan", "predict",
-           "run_study", "shipped_config", "study_from_arguments"]
+           "run_study", "shipped_config", "study_from_arguments", "trajectories"]
