@@ -1,0 +1,166 @@
+"""Seeing the generations: the trajectory frame, the examples rule and ``kvdrift show``.
+
+The run is the tiny random Llama saved with the embedded SmolLM2 tokenizer
+(``tiny_model_dir``), so the records are a real run's; every token is decoded here again,
+independently, with that tokenizer loaded by transformers, and compared with what the frame
+holds and what ``show`` prints.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from kvdrift.cli import app
+from kvdrift.data import Document, write_jsonl
+from kvdrift.examples.decoding import token_text
+from kvdrift.examples.selection import choose_examples, named_examples
+from kvdrift.text import printable
+
+runner = CliRunner()
+H, K = 6, 3
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tiny_model_dir, tmp_path_factory):
+    base = tmp_path_factory.mktemp("examples")
+    docs = base / "docs.jsonl"
+    write_jsonl([Document(id=f"d{i}", prompt=f"Note {i}. " + "The cat sat on the mat. " * 20)
+                 for i in range(2)], docs)
+    out = base / "run"
+    result = runner.invoke(app, ["run", "--model", str(tiny_model_dir), "--docs", str(docs),
+                                 "--actions", "full,snapkv-half,recent-half", "--replicates",
+                                 str(K), "--horizon", str(H), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir, local_files_only=True)
+
+
+def _steps(run):
+    return pq.read_table(run / "steps").to_pandas()
+
+
+def _replicates(run):
+    return pq.read_table(run / "replicates").to_pandas()
+
+
+def test_trajectory_frame_holds_the_records_decoded_by_the_runs_tokenizer(tiny_run, tokenizer):
+    import kvdrift
+
+    frame = kvdrift.trajectories(tiny_run)
+    steps = _steps(tiny_run)
+    assert len(frame) == len(steps) == 2 * 3 * K * H
+    key = ["doc_id", "action", "replicate", "t"]
+    merged = frame.merge(steps[[*key, "x_token", "y_token", "delta", "mismatch"]], on=key,
+                         suffixes=("", "_rec"), validate="one_to_one")
+    assert (merged["x_token"] == merged["x_token_rec"]).all()
+    assert (merged["delta"] == merged["delta_rec"]).all()
+    assert merged["x_text"].tolist() == [tokenizer.decode([int(i)]) for i in merged["x_token"]]
+    assert merged["y_text"].tolist() == [tokenizer.decode([int(i)]) for i in merged["y_token"]]
+    reps = _replicates(tiny_run).set_index(["doc_id", "action", "replicate"])
+    for (doc, action, r), rows in frame.groupby(["doc_id", "action", "replicate"]):
+        rec = reps.loc[(doc, action, r)]
+        assert (rows["tau"] == rec["tau"]).all() and (rows["R"] == rec["risk"]).all()
+        assert (rows["R_tv"] == rec["risk_tv"]).all()
+        first = rows[rows["mismatch"]]["t"].min() if rows["mismatch"].any() else 0
+        assert first == rec["tau"]  # the recorded tau is the first position they differ
+
+
+def _blocks(text: str) -> list[list[str]]:
+    blocks, current = [], None
+    for line in text.splitlines():
+        if " · replicate " in line:
+            current = [line]
+            blocks.append(current)
+        elif current is not None:
+            current.append(line)
+    return blocks
+
+
+def _check_block(block, steps, reps, tokenizer):
+    heading = re.match(r"(.+) · (.+) · (.+) · replicate (\d+)  \((.+)\)$", block[0])
+    assert heading, block[0]
+    _, doc, action, r = heading.groups()[:4]
+    rep = reps[(reps.doc_id == doc) & (reps.action == action) & (reps.replicate == int(r))]
+    tau, risk = int(rep["tau"].iloc[0]), float(rep["risk"].iloc[0])
+    mine = steps[(steps.doc_id == doc) & (steps.action == action)
+                 & (steps.replicate == int(r))].sort_values("t")
+    summary = f"R = {risk:.3f}"
+    assert summary in block[1] and (f"tau = {tau}," in block[1] if tau else "never" in block[1])
+    rows = [line for line in block if re.match(r"^(τ▶|  ) +\d+  '", line)]
+    assert len(rows) == H
+    for line, step in zip(rows, mine.itertuples(), strict=True):
+        assert int(line[3:6]) == step.t
+        assert line.startswith("τ▶") == (step.t == tau)
+        p = f"'{printable(tokenizer.decode([step.x_token]))}'"
+        q = f"'{printable(tokenizer.decode([step.y_token]))}'"
+        rest = line[8:]
+        assert rest.startswith(p), (line, p)
+        assert rest[len(p):].lstrip(" ").startswith(q), (line, q)
+        assert line.rstrip().endswith("≠") == bool(step.mismatch)
+        assert f" {step.delta:.2f}" in line
+    return action, tau
+
+
+def test_show_prints_each_actions_aligned_continuations_as_recorded(tiny_run, tokenizer):
+    result = runner.invoke(app, ["show", str(tiny_run)])
+    assert result.exit_code == 0, result.output
+    assert "\x1b[" not in result.stdout  # not a terminal: no colours
+    steps, reps = _steps(tiny_run), _replicates(tiny_run)
+    shown = [_check_block(b, steps, reps, tokenizer) for b in _blocks(result.stdout)]
+    assert {a for a, _ in shown} == {"full", "snapkv-half", "recent-half"}
+    expected = choose_examples(reps)
+    assert [(e.action, e.tau) for e in expected] == shown
+    assert all(tau == 0 for a, tau in shown if a == "full")
+    diverged = reps[(reps.action == "snapkv-half") & (reps.tau > 0)]
+    assert min(t for a, t in shown if a == "snapkv-half") == diverged["tau"].min()
+    assert "prompt ends: …" in result.stdout and "assistant" in result.stdout
+
+
+def test_show_selects_by_name_and_refuses_unknown_names(tiny_run, tokenizer):
+    result = runner.invoke(app, ["show", str(tiny_run), "--doc", "d1", "--action",
+                                 "recent-half", "--replicate", "2", "--prompt-tokens", "0"])
+    assert result.exit_code == 0, result.output
+    blocks = _blocks(result.stdout)
+    assert len(blocks) == 1 and "d1 · recent-half · replicate 2  (as asked)" in blocks[0][0]
+    _check_block(blocks[0], _steps(tiny_run), _replicates(tiny_run), tokenizer)
+    assert "prompt ends" not in result.stdout
+    for args, words in ((["--doc", "d9"], "doc must be one of"),
+                        (["--replicate", "7"], "replicate must be an index 0..2"),
+                        (["--prompt-tokens", "-1"], "--prompt-tokens must be")):
+        bad = runner.invoke(app, ["show", str(tiny_run), *args])
+        assert bad.exit_code == 2 and words in bad.output and "Traceback" not in bad.output
+
+
+def test_examples_rule_earliest_median_never():
+    reps = pd.DataFrame({
+        "model": "m", "action": ["a"] * 6 + ["full"] * 2,
+        "doc_id": ["d0", "d0", "d1", "d1", "d2", "d2", "d0", "d1"],
+        "replicate": [0, 1, 0, 1, 0, 1, 0, 0],
+        "tau": [5, 0, 3, 9, 3, 7, 0, 0]})
+    picks = choose_examples(reps, ("earliest", "median", "never"))
+    # diverged in (tau, doc, replicate) order: (3,d1,0) (3,d2,0) (5,d0,0) (7,d2,1) (9,d1,1)
+    assert [(e.action, e.doc_id, e.replicate, e.role) for e in picks] == [
+        ("a", "d1", 0, "earliest"), ("a", "d0", 0, "median"), ("a", "d0", 1, "never"),
+        ("full", "d0", 0, "never")]
+    assert [e.role for e in choose_examples(reps)] == ["earliest", "median", "never"]
+    one = named_examples(reps, "d2", "a", None)
+    # two diverged (tau 3, 7): the lower median is the earliest, shown once
+    assert [(e.doc_id, e.replicate, e.role) for e in one] == [("d2", 0, "earliest")]
+
+
+def test_a_model_without_its_tokenizer_is_shown_as_token_ids(tmp_path):
+    texts = token_text(str(tmp_path / "gone"))
+    assert texts.tokenizer is None and texts.piece(42) == "[42]" and texts.piece(-1) == ""
+    assert "not available" in texts.note and "token ids" in texts.note
+    assert "\n" not in texts.note
