@@ -23,6 +23,8 @@ from kvdrift.text import printable
 
 runner = CliRunner()
 H, K = 6, 3
+#: Markup, an ampersand, ESC (a terminal's clear screen), NUL and a right-to-left override.
+HOSTILE = "<script>alert(1)</script> &amp; \x1b[2J \x00 \u202egnp.exe "
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +32,7 @@ def tiny_run(tiny_model_dir, tmp_path_factory):
     base = tmp_path_factory.mktemp("examples")
     docs = base / "docs.jsonl"
     write_jsonl([Document(id=f"d{i}", prompt=f"Note {i}. " + "The cat sat on the mat. " * 20)
-                 for i in range(2)], docs)
+                 for i in range(2)] + [Document(id="hostile", prompt=HOSTILE * 12)], docs)
     out = base / "run"
     result = runner.invoke(app, ["run", "--model", str(tiny_model_dir), "--docs", str(docs),
                                  "--actions", "full,snapkv-half,recent-half", "--replicates",
@@ -59,7 +61,7 @@ def test_trajectory_frame_holds_the_records_decoded_by_the_runs_tokenizer(tiny_r
 
     frame = kvdrift.trajectories(tiny_run)
     steps = _steps(tiny_run)
-    assert len(frame) == len(steps) == 2 * 3 * K * H
+    assert len(frame) == len(steps) == 3 * 3 * K * H
     key = ["doc_id", "action", "replicate", "t"]
     merged = frame.merge(steps[[*key, "x_token", "y_token", "delta", "mismatch"]], on=key,
                          suffixes=("", "_rec"), validate="one_to_one")
@@ -164,3 +166,72 @@ def test_a_model_without_its_tokenizer_is_shown_as_token_ids(tmp_path):
     assert texts.tokenizer is None and texts.piece(42) == "[42]" and texts.piece(-1) == ""
     assert "not available" in texts.note and "token ids" in texts.note
     assert "\n" not in texts.note
+
+
+def _no_raw_controls(html: str) -> None:
+    assert not any(c in html for c in ("\x1b", "\x00", "\u202e")), "a raw control character"
+
+
+def test_generations_render_hostile_text_as_text():
+    from kvdrift.examples.selection import Example
+    from kvdrift.examples.views import ExampleView, Position
+    from kvdrift.report.page import generations
+
+    view = ExampleView(
+        Example("m", "doc <b>&", "snapkv-half", 0, 2, "earliest"), "rollout", 3, 2 / 3, 0.4,
+        (Position(1, "<script>", "<script>", False, 0.0),
+         Position(2, " &amp; \x1b[2J", "\u202egnp.exe\x00", True, 0.5),
+         Position(3, "</div>", "'\"", True, 1.0)), prompt_tail=HOSTILE)
+    html = generations(view)
+    _no_raw_controls(html)
+    assert "<script" not in html and "</div>\"" not in html
+    assert html.count("&lt;script&gt;") == 3 and "&amp;amp;" in html  # two tokens, the prompt
+    assert "\\x1b[2J" in html and "\\u202egnp.exe\\x00" in html  # visible escapes
+    assert "doc &lt;b&gt;&amp;" in html
+    assert html.count('<span class="tau">τ</span>') == 2  # before t = 2 on both sides
+    assert html.count('class="tok mis"') == 4
+    assert "rgba(198, 40, 40, 0.275)" in html and "rgba(198, 40, 40, 0.550)" in html
+
+
+def test_report_has_examples_of_every_action_escaped(tiny_run):
+    from html.parser import HTMLParser
+
+    from kvdrift.directory import StudyDirectory
+    from kvdrift.examples.gather import gather_examples
+    from kvdrift.examples.selection import Example
+    from kvdrift.report.page import generations
+    from kvdrift.report.sections.examples import action_example_html
+
+    report = runner.invoke(app, ["report", str(tiny_run), "--bootstrap", "20"])
+    assert report.exit_code == 0, report.output
+    html = (tiny_run / "report" / "report.html").read_text(encoding="utf-8")
+    _no_raw_controls(html)
+    examples = html[html.index('<section id="examples">'):]
+    examples = examples[:examples.index("</section>")]
+    for action in ("full", "snapkv-half", "recent-half"):
+        assert f" · {action}</h3>" in examples
+    assert examples.count('class="example"') >= 5  # full: one; the others: one or two each
+
+    class Tags(HTMLParser):
+        tags: list[str] = []
+
+        def handle_starttag(self, tag, attrs):
+            self.tags.append(tag)
+
+    parser = Tags()
+    parser.feed(html)
+    assert "script" not in parser.tags  # the page has no script of its own, nor the model's
+
+    directory = StudyDirectory(tiny_run)
+    reps = _replicates(tiny_run)
+    tau = int(reps[(reps.doc_id == "hostile") & (reps.action == "recent-half")
+                   & (reps.replicate == 0)]["tau"].iloc[0])
+    found = gather_examples(directory, [Example(str(reps.model[0]), "hostile", "recent-half", 0,
+                                                tau, "chosen")], prompt_tokens=40)
+    view = found.views[0]
+    assert "<script>" in view.prompt_tail and "\u202e" in view.prompt_tail
+    block = generations(view)
+    _no_raw_controls(block)
+    assert "alert(1)&lt;/script&gt; &amp;amp; \\x1b[2J \\x00 \\u202egnp.exe" in block
+    one = action_example_html(tiny_run, "snapkv-half")
+    assert one.count('class="example"') == 1 and "median divergence" in one

@@ -40,6 +40,15 @@ class Example:
     tau: int
     role: str
 
+    @property
+    def why(self) -> str:
+        """The role in words (``"earliest divergence"``)."""
+        return ROLE_TEXT.get(self.role, self.role)
+
+
+ROLE_TEXT = {"earliest": "earliest divergence", "median": "median divergence",
+             "never": "never diverged", "chosen": "as asked"}
+
 
 def _example(row: pd.Series, role: str) -> Example:
     return Example(str(row["model"]), str(row["doc_id"]), str(row["action"]),

@@ -22,9 +22,6 @@ DIVERGENCE_MARK = "τ▶"
 _EIGHTHS = " ▏▎▍▌▋▊▉█"
 BAR_WIDTH = 8
 
-ROLE_TEXT = {"earliest": "earliest divergence", "median": "median divergence",
-             "never": "never diverged", "chosen": "as asked"}
-
 
 def token_cell(piece: str) -> str:
     """A token's text as shown: quoted, so leading and trailing spaces are seen, escaped."""
@@ -53,7 +50,7 @@ def example_text(view: ExampleView) -> Text:
     out = Text()
     out.append(f"{printable(e.model)} · {printable(e.doc_id)} · {printable(e.action)} · "
                f"replicate {e.replicate}", style="bold")
-    out.append(f"  ({ROLE_TEXT.get(e.role, e.role)})\n", style="dim")
+    out.append(f"  ({e.why})\n", style="dim")
     out.append(view.summary() + "\n")
     if view.prompt_tail is not None:
         out.append("prompt ends: ", style="dim")
