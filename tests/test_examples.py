@@ -235,3 +235,51 @@ def test_report_has_examples_of_every_action_escaped(tiny_run):
     assert "alert(1)&lt;/script&gt; &amp;amp; \\x1b[2J \\x00 \\u202egnp.exe" in block
     one = action_example_html(tiny_run, "snapkv-half")
     assert one.count('class="example"') == 1 and "median divergence" in one
+
+
+def test_attribution_is_recorded_shown_and_part_of_the_settings(tiny_model_dir, tmp_path,
+                                                                tokenizer):
+    from kvdrift.lm.model import encode_prompt
+
+    docs = tmp_path / "docs.jsonl"
+    prompt = "Remember the code 4417. " + "The cat sat on the mat. " * 12
+    write_jsonl([Document(id="d0", prompt=prompt)], docs)
+    out = tmp_path / "run"
+    args = ["run", "--model", str(tiny_model_dir), "--docs", str(docs), "--actions",
+            "full,recent-half", "--replicates", "3", "--horizon", "4", "--out", str(out)]
+    result = runner.invoke(app, [*args, "--attribution"])
+    assert result.exit_code == 0, result.output
+    reps = _replicates(out)
+    full, recent = reps[reps.action == "full"], reps[reps.action == "recent-half"]
+    assert full["lost_mass"].isna().all() and all(len(p) == 0 for p in full["lost_positions"])
+    diverged = recent[recent.tau > 0]
+    assert len(diverged) > 0 and recent[recent.tau == 0]["lost_mass"].isna().all()
+    ids = encode_prompt(tokenizer, prompt)[0].tolist()
+    for row in diverged.itertuples():
+        positions, shares = list(row.lost_positions), list(row.lost_shares)
+        assert 0 < row.lost_mass <= 1 and 0 < len(positions) <= 5
+        assert len(set(positions)) == len(positions) and all(0 <= j < len(ids) for j in positions)
+        assert shares == sorted(shares, reverse=True) and sum(shares) <= row.lost_mass + 1e-9
+        assert list(row.lost_tokens) == [tokenizer.decode([ids[j]]) for j in positions]
+        assert all(f"⟦{t}⟧" in c for t, c in zip(row.lost_tokens, row.lost_contexts,
+                                                   strict=True))
+        kept = len(ids) // 2  # recent-half: 4 sink tokens and the most recent ones
+        assert all(4 <= j < len(ids) - (kept - 4) for j in positions)  # only evicted ones
+
+    shown = runner.invoke(app, ["show", str(out), "--action", "recent-half"])
+    assert shown.exit_code == 0, shown.output
+    first = diverged.sort_values(["tau", "doc_id", "replicate"]).iloc[0]
+    assert f"{100 * first.lost_mass:.1f}% of P's attention at tau" in shown.stdout
+    assert f"'{printable(first.lost_tokens[0])}'" in shown.stdout
+
+    from kvdrift.report.sections.examples import action_example_html
+
+    html = action_example_html(out, "recent-half")
+    assert "<strong>Lost at &tau;:</strong>" in html and html.count("<li>") >= 1
+
+    again = runner.invoke(app, args)  # the same run without --attribution: refused
+    assert again.exit_code == 2 and "attribution" in again.output
+    swrb = runner.invoke(app, [*args[:-2], "--out", str(tmp_path / "swrb"), "--estimator",
+                               "swrb", "--attribution"])
+    assert swrb.exit_code == 2 and "attribution must be false with estimator 'swrb'" in \
+        swrb.output

@@ -62,16 +62,18 @@ def study_from_arguments(
     dtype: str = "float32",
     chat_template: bool = True,
     name: str = "run",
+    attribution: bool = False,
 ) -> StudyConfig:
     """The one-model study that ``kvdrift run`` runs: ``docs`` is a JSONL file, or None for
-    the six generated 512-token RULER-style tasks."""
+    the six generated 512-token RULER-style tasks; ``attribution`` records what Q's cache had
+    lost at each divergence (``--attribution``)."""
     from kvdrift.study_config import single_model_study
 
     return single_model_study(
         model=model, actions=tuple(actions), docs=docs, replicates=replicates,
         horizon=horizon, temperature=temperature, estimator=estimator, depths=tuple(depths),
         seed=seed, batch=batch, device=device, dtype=dtype, chat_template=chat_template,
-        name=name)
+        name=name, attribution=attribution)
 
 
 def run_study(

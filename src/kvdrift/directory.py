@@ -100,10 +100,14 @@ class StudyDirectory:
                        config=self.config, versions=self.versions)
 
     def replicates_summary(self) -> pd.DataFrame:
-        """One row per replicate: its unit, ``horizon``, ``tau``, ``risk`` and ``risk_tv``."""
+        """One row per replicate: its unit, ``horizon``, ``tau``, ``risk``, ``risk_tv`` and,
+        where recorded (``--attribution``), what Q's cache had lost at the divergence."""
         from kvdrift.examples.trajectories import REPLICATE_COLUMNS
+        from kvdrift.records.schema import LOST_COLUMNS
 
-        return self.store.read("replicates", REPLICATE_COLUMNS).to_pandas()
+        table = self.store.read("replicates")
+        return table.select([c for c in (*REPLICATE_COLUMNS, *LOST_COLUMNS)
+                             if c in table.column_names]).to_pandas()
 
     def trajectories(self, units: list[tuple[str, str, str]] | None = None) -> pd.DataFrame:
         """Every replicate's generations position by position, P's and Q's tokens decoded

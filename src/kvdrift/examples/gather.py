@@ -45,7 +45,8 @@ def gather_examples(directory: StudyDirectory, examples: list[Example] | None = 
         prompts[model] = run_prompts(directory.config, token_text(model))
         if prompts[model].note is not None and token_text(model).tokenizer is not None:
             notes.append(prompts[model].note)
+    rows = replicates.set_index(["model", "doc_id", "action", "replicate"])
     views = tuple(example_view(frame, e, prompts[e.model].tail(
-        e.doc_id, token_text(e.model), prompt_tokens) if prompt_tokens else None)
-        for e in examples)
+        e.doc_id, token_text(e.model), prompt_tokens) if prompt_tokens else None,
+        rows.loc[(e.model, e.doc_id, e.action, e.replicate)]) for e in examples)
     return Examples(views, tuple(notes))

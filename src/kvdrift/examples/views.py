@@ -24,6 +24,45 @@ class Position:
 
 
 @dataclass(frozen=True)
+class LostToken:
+    """A prompt token Q's cache had lost at the divergence (:mod:`kvdrift.lm.attribution`):
+    its position, the share of P's attention lost on it, its text and its context."""
+
+    position: int
+    share: float
+    token: str
+    context: str
+
+
+@dataclass(frozen=True)
+class Lost:
+    """What Q's cache had lost at a replicate's divergence: the total share of P's attention
+    on lost entries and the top positions (as recorded with ``--attribution``)."""
+
+    mass: float
+    tokens: tuple[LostToken, ...]
+
+    def summary(self) -> str:
+        return (f"{100 * self.mass:.1f}% of P's attention at tau (mean over layers and query "
+                "heads) fell on prompt entries Q's cache had lost")
+
+
+#: Lost tokens shown per example.
+LOST_SHOWN = 3
+
+
+def recorded_lost(row: pd.Series | None) -> Lost | None:
+    """The lost context of a replicate row with the attribution columns and a divergence,
+    else None."""
+    if row is None or "lost_mass" not in row or not math.isfinite(float(row["lost_mass"])):
+        return None
+    tokens = tuple(LostToken(int(p), float(s), str(t), str(c)) for p, s, t, c in zip(
+        row["lost_positions"], row["lost_shares"], row["lost_tokens"], row["lost_contexts"],
+        strict=True))
+    return Lost(float(row["lost_mass"]), tokens[:LOST_SHOWN])
+
+
+@dataclass(frozen=True)
 class ExampleView:
     """A replicate to show. ``positions`` are those the records hold tokens for: every
     position of a rollout, the continuation after the scan (t >= J) of SWRB. ``tau`` is the
@@ -36,6 +75,7 @@ class ExampleView:
     risk_tv: float
     positions: tuple[Position, ...]
     prompt_tail: str | None = None
+    lost: Lost | None = None  # recorded with --attribution, for a replicate that diverged
 
     @property
     def swrb(self) -> bool:
@@ -61,9 +101,10 @@ def _number(value: float) -> str:
     return "—" if not math.isfinite(value) else f"{value:.3f}"
 
 
-def example_view(frame: pd.DataFrame, example: Example, prompt_tail: str | None = None
-                 ) -> ExampleView:
-    """The view of ``example`` from a :func:`~kvdrift.examples.trajectories.trajectory_frame`."""
+def example_view(frame: pd.DataFrame, example: Example, prompt_tail: str | None = None,
+                 replicate: pd.Series | None = None) -> ExampleView:
+    """The view of ``example`` from a :func:`~kvdrift.examples.trajectories.trajectory_frame`
+    (and its replicate row, for what its cache had lost)."""
     rows = frame[(frame["model"] == example.model) & (frame["doc_id"] == example.doc_id)
                  & (frame["action"] == example.action)
                  & (frame["replicate"] == example.replicate)].sort_values("t")
@@ -75,4 +116,5 @@ def example_view(frame: pd.DataFrame, example: Example, prompt_tail: str | None 
     positions = tuple(Position(int(r.t), str(r.x_text), str(r.y_text), bool(r.mismatch),
                                float(r.delta)) for r in held.itertuples())
     return ExampleView(example, str(first["estimator"]), int(rows["t"].max()),
-                       float(first["R"]), float(first["R_tv"]), positions, prompt_tail)
+                       float(first["R"]), float(first["R_tv"]), positions, prompt_tail,
+                       recorded_lost(replicate))

@@ -43,15 +43,23 @@ def _pad(text: str, width: int) -> str:
 
 def example_text(view: ExampleView) -> Text:
     """The whole view of one replicate as rich Text (styles for a terminal), one line each:
-    a heading, tau, R and R_tv, the prompt's end, a header, a row per position
-    (``τ▶``/blank, t, P's token, Q's token, TV bar, TV, ``≠`` where they differ), P's and Q's
-    text."""
+    a heading, tau, R and R_tv, what Q's cache had lost at tau (where recorded: its share
+    of P's attention, then per top position its share, token and context), the prompt's end,
+    a header, a row per position (``τ▶``/blank, t, P's token, Q's token, TV bar, TV, ``≠``
+    where they differ), P's and Q's text."""
     e = view.example
     out = Text()
     out.append(f"{printable(e.model)} · {printable(e.doc_id)} · {printable(e.action)} · "
                f"replicate {e.replicate}", style="bold")
     out.append(f"  ({e.why})\n", style="dim")
     out.append(view.summary() + "\n")
+    if view.lost is not None:
+        out.append("lost at tau: ", style="bold")
+        out.append(view.lost.summary() + ("; most:" if view.lost.tokens else "") + "\n")
+        for lost in view.lost.tokens:
+            out.append(f"  {100 * lost.share:5.1f}%  position {lost.position:>5}  "
+                       f"{token_cell(lost.token)}  ", style="")
+            out.append("…" + printable(lost.context) + "…\n", style="dim")
     if view.prompt_tail is not None:
         out.append("prompt ends: ", style="dim")
         out.append("…" + printable(view.prompt_tail) + "\n")

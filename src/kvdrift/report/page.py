@@ -189,7 +189,20 @@ def generations(view: ExampleView) -> str:
              f"<div><strong>Q</strong> ({visible(e.action)})</div>"
              f'<div class="side">{_side(view, "x")}</div>'
              f'<div class="side">{_side(view, "y")}</div></div>')
-    return f'<div class="example">{head}{prompt}{sides}</div>'
+    return f'<div class="example">{head}{prompt}{sides}{_lost(view)}</div>'
+
+
+def _lost(view: ExampleView) -> str:
+    """What Q's cache had lost at tau, where recorded: the share and the top tokens in their
+    context (the token between ⟦ ⟧)."""
+    if view.lost is None:
+        return ""
+    items = "".join(f"<li>{100 * t.share:.1f}% · position {t.position} · "
+                    f"<code>{visible(t.token)}</code> in <code>…{visible(t.context)}…</code>"
+                    "</li>" for t in view.lost.tokens)
+    return (f'<p class="lost"><strong>Lost at &tau;:</strong> {escape(view.lost.summary())}'
+            f'{"; most:" if items else "."}</p>' + (f'<ul class="lost">{items}</ul>'
+                                                      if items else ""))
 
 
 def _figure(f: EmbeddedFigure) -> str:

@@ -26,6 +26,7 @@ LABELS = {
     "horizon": "horizon H", "temperature": "temperature", "depths": "depths",
     "seed": "seed", "batch": "batch", "chat_template": "chat_template",
     "prompt_sha256": "the document's prompt text", "kvdrift": "kvdrift version",
+    "attribution": "attribution",
 }
 
 
