@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvdrift.lm.attribution import divergence_attention, loss_weights, lost_context
+from kvdrift.lm.attribution import divergence_attention, loss_weights, lost_contexts
 from kvdrift.lm.pair import LMKernelPair
 
 MARK, N, SPOT = 7, 48, 10  # the marked token id, prompt length, MARK's position
@@ -63,13 +63,13 @@ def test_an_evicted_token_with_all_the_attention_ranks_first(marked_llama):
     ids = _prompt()
     pair = LMKernelPair(marked_llama, ids, "recent-half")  # keeps 4 sinks and the last ones
     history = torch.tensor([11, 12])  # divergence at tau = 3
-    attention, _ = divergence_attention(marked_llama, pair.prompt_cache("p"), ids, history)
-    assert float(attention[:, :, SPOT].min()) > 0.95  # by construction, in every layer and head
+    attention, _ = divergence_attention(marked_llama, pair.prompt_cache("p"), ids, [history])
+    assert float(attention[0, :, :, SPOT].min()) > 0.95  # by construction, in every layer and head
     w = loss_weights(pair.prompt_cache("p"), pair.prompt_cache("q"))
     assert float(w[:, :, SPOT].min()) == 1.0 and float(w[:, :, -1].max()) == 0.0
     assert int((w == 0).sum(-1).min()) == pair.prompt_cache("q").kept  # kept ones found exactly
-    lost = lost_context(marked_llama, pair.prompt_cache("p"), pair.prompt_cache("q"), ids,
-                        history)
+    [lost] = lost_contexts(marked_llama, pair.prompt_cache("p"), pair.prompt_cache("q"), ids,
+                           [history])
     assert lost.positions[0] == SPOT and lost.shares[0] > 0.95
     assert lost.lost_mass == pytest.approx(sum(lost.shares), abs=0.02) and lost.lost_mass <= 1
 
@@ -77,31 +77,36 @@ def test_an_evicted_token_with_all_the_attention_ranks_first(marked_llama):
 def test_a_kept_token_is_not_lost(marked_llama):
     ids = _prompt(N - 5)  # among the recent entries that recent-half keeps
     pair = LMKernelPair(marked_llama, ids, "recent-half")
-    lost = lost_context(marked_llama, pair.prompt_cache("p"), pair.prompt_cache("q"), ids,
-                        torch.tensor([11, 12]))
+    [lost] = lost_contexts(marked_llama, pair.prompt_cache("p"), pair.prompt_cache("q"), ids,
+                           [torch.tensor([11, 12])])
     assert N - 5 not in lost.positions and lost.lost_mass < 0.05
 
 
 def test_a_full_cache_loses_nothing(marked_llama):
     ids = _prompt()
     pair = LMKernelPair(marked_llama, ids, "full")
-    lost = lost_context(marked_llama, pair.prompt_cache("p"), pair.prompt_cache("q"), ids,
-                        torch.tensor([11]))
+    [lost] = lost_contexts(marked_llama, pair.prompt_cache("p"), pair.prompt_cache("q"), ids,
+                           [torch.tensor([11])])
     assert lost.positions == () and lost.lost_mass == 0.0
     w = loss_weights(pair.prompt_cache("p"), pair.prompt_cache("p"))
     assert float(w.abs().max()) == 0.0
 
 
 def test_the_replay_is_ps_step_at_the_divergence(tiny_llama):
+    """Histories of different lengths replayed in one padded batch: each row's weights and
+    logits are P's own step after it (the engine's logprobs), the empty history the prefill's."""
     ids = torch.randint(3, 128, (40,), generator=torch.Generator().manual_seed(2))
     pair = LMKernelPair(tiny_llama, ids, "snapkv-half")
-    history = torch.tensor([5, 9, 17])
-    state = pair.start("p", 1)
-    for token in history:
-        state = pair.advance(state, token.reshape(1))
-    _, logits = divergence_attention(tiny_llama, pair.prompt_cache("p"), ids, history)
-    assert torch.allclose(torch.log_softmax(logits.double(), -1), pair.logprobs(state)[0],
-                          atol=1e-4)
-    _, first = divergence_attention(tiny_llama, pair.prompt_cache("p"), ids,
-                                    torch.empty(0, dtype=torch.long))
-    assert torch.allclose(first, pair.prompt_cache("p").logits[0], atol=1e-4)
+    histories = [torch.tensor([5, 9, 17]), torch.empty(0, dtype=torch.long), torch.tensor([4])]
+    weights, logits = divergence_attention(tiny_llama, pair.prompt_cache("p"), ids, histories)
+    assert weights.shape == (3, 2, 4, 40)
+    for history, row in zip(histories, logits, strict=True):
+        state = pair.start("p", 1)
+        for token in history:
+            state = pair.advance(state, token.reshape(1))
+        assert torch.allclose(torch.log_softmax(row.double(), -1), pair.logprobs(state)[0],
+                              atol=1e-4)
+        alone_w, alone = divergence_attention(tiny_llama, pair.prompt_cache("p"), ids, [history])
+        assert torch.allclose(alone[0], row, atol=1e-5)  # the padding of others changes nothing
+    assert float(weights.sum(-1).max()) <= 1 + 1e-6
+    assert torch.allclose(weights[1].sum(-1), torch.ones(2, 4, dtype=torch.float64))

@@ -4,8 +4,9 @@ a replicate's first divergence and that Q's cache no longer holds (docs/method.m
 At the first divergence tau the two branches share the history x_1..x_{tau-1}; P's
 next-token distribution there comes from the query of that history's last token (the last
 prompt token when tau = 1). :func:`divergence_attention` replays that one step on P's full
-prompt cache with eager attention (one forward of the tau tokens, not a prefill) and reads the
-query's attention weights a_{l,h}(j) on each prompt position j, per layer l and query head h.
+prompt cache with eager attention (a forward of the tau tokens, not a prefill; a unit's
+divergent replicates in one batch) and reads the query's attention weights a_{l,h}(j) on each
+prompt position j, per layer l and query head h.
 
 Each prompt entry of layer l and KV head g has a loss weight w_{l,g}(j)
 (:func:`loss_weights`): 1 where Q's cache does not hold it (evicted, or hidden by a
@@ -25,6 +26,7 @@ counted: only the prompt cache is compared.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +38,8 @@ from kvdrift.lm.shared_attention import attention_implementation
 
 #: Prompt positions recorded per divergent replicate, the most lost attention first.
 TOP_POSITIONS = 5
+#: Histories replayed in one forward (bounds the attention weights held at once).
+REPLAY_ROWS = 8
 
 
 @dataclass(frozen=True)
@@ -55,54 +59,79 @@ def loss_weights(reference: PromptCache, compressed: PromptCache) -> torch.Tenso
     layers = []
     for i, (kp, vp) in enumerate(zip(reference.keys, reference.values, strict=True)):
         kq, vq = compressed.keys[i], compressed.values[i]
-        kp, vp = kp[0].double(), vp[0].double()  # [kv_heads, n, d]
-        kq, vq = kq[0].double(), vq[0].double()  # [kv_heads, P_l, d]
-        entry = torch.cat([kp, vp], -1)  # [kv_heads, n, 2d]
-        held = torch.cat([kq, vq], -1)  # [kv_heads, P_l, 2d]
+        entry = torch.cat([kp[0], vp[0]], -1).float()  # [kv_heads, n, 2d]
+        held = torch.cat([kq[0], vq[0]], -1).float()  # [kv_heads, P_l, 2d]
         nearest = torch.cdist(held, entry).argmin(-1)  # [kv_heads, P_l] position of each
+        entry, held = entry.double(), held.double()
         at = entry.gather(1, nearest[..., None].expand(-1, -1, entry.shape[-1]))
         distortion = ((held - at).norm(dim=-1) / at.norm(dim=-1).clamp_min(1e-30)).clamp(0, 1)
         live = compressed.live[i] if compressed.live is not None else None
         if live is not None:  # hidden entries count as lost
             distortion = torch.where(live[0].to(distortion.device), distortion, 1.0)
-        w = torch.ones(kp.shape[0], n, dtype=torch.float64, device=kp.device)
+        w = torch.ones(entry.shape[0], n, dtype=torch.float64, device=entry.device)
         w.scatter_reduce_(1, nearest, distortion, reduce="amin")
         layers.append(w)
     return torch.stack(layers)
 
 
 def divergence_attention(model: Any, reference: PromptCache, prompt_ids: torch.Tensor,
-                         history: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """P's attention at the step after ``history`` (``[m]`` long, m >= 0 generated tokens):
-    ``[layers, heads, n]`` float64 weights of the last query on the prompt positions, and
-    that step's next-token logits ``[V]`` (P's, for checking the replay)."""
+                         histories: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """P's attention at the step after each history (``[m]`` long, m >= 0 generated tokens):
+    ``[R, layers, heads, n]`` float64 weights of each history's last query on the prompt
+    positions, and those steps' next-token logits ``[R, V]`` (P's, for checking the replay).
+
+    Histories are replayed together, right-padded, :data:`REPLAY_ROWS` at a time: a causal
+    query never sees the padding after it, so each row's last real query is its own step."""
     model = unwrap_model(model)
-    n = reference.n_prompt
-    ids = torch.cat([prompt_ids.reshape(1, -1)[:, -1:], history.reshape(1, -1).long()], 1)
+    weights, logits = [], []
+    for start in range(0, len(histories), REPLAY_ROWS):
+        w, lg = _replay(model, reference, prompt_ids, histories[start:start + REPLAY_ROWS])
+        weights.append(w)
+        logits.append(lg)
+    return torch.cat(weights), torch.cat(logits)
+
+
+def _replay(model: Any, reference: PromptCache, prompt_ids: torch.Tensor,
+            histories: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`divergence_attention` of at most :data:`REPLAY_ROWS` histories in one forward."""
+    n, rows = reference.n_prompt, len(histories)
+    device = reference.keys[0].device
+    lengths = [int(h.numel()) for h in histories]
+    ids = torch.zeros(rows, 1 + max(lengths), dtype=torch.long, device=device)  # [R, L]
+    ids[:, 0] = prompt_ids.reshape(-1)[-1]
+    for r, h in enumerate(histories):
+        ids[r, 1:1 + lengths[r]] = h.reshape(-1).to(device)
     cache = DynamicCache(config=model.config)
     for i, (k, v) in enumerate(zip(reference.keys, reference.values, strict=True)):
-        cache.update(k[:, :, :n - 1].clone(), v[:, :, :n - 1].clone(), i)
-    positions = torch.arange(n - 1, n - 1 + ids.shape[1], device=ids.device)
+        cache.update(k[:, :, :n - 1].expand(rows, -1, -1, -1).contiguous(),
+                     v[:, :, :n - 1].expand(rows, -1, -1, -1).contiguous(), i)
+    positions = torch.arange(n - 1, n - 1 + ids.shape[1], device=device)
     with torch.no_grad(), attention_implementation(model, "eager"):
-        out = model(input_ids=ids.to(model.device), past_key_values=cache,
-                    position_ids=positions[None], cache_position=positions, use_cache=True,
-                    output_attentions=True, logits_to_keep=1)
-    weights = torch.stack([a[0, :, -1, :n].double() for a in out.attentions])
-    return weights, out.logits[0, -1].float()
+        out = model(input_ids=ids, past_key_values=cache, position_ids=positions.expand(rows, -1),
+                    cache_position=positions, use_cache=True, output_attentions=True,
+                    output_hidden_states=True, logits_to_keep=1)
+        last = torch.tensor(lengths, device=device)  # each row's own last query
+        rows_at = torch.arange(rows, device=device)
+        weights = torch.stack([a[rows_at, :, last, :n].double() for a in out.attentions], 1)
+        logits = model.get_output_embeddings()(out.hidden_states[-1][rows_at, last]).float()
+    return weights, logits
 
 
-def lost_context(model: Any, reference: PromptCache, compressed: PromptCache,
-                 prompt_ids: torch.Tensor, history: torch.Tensor,
-                 top: int = TOP_POSITIONS, weights: torch.Tensor | None = None) -> LostContext:
-    """The prompt positions Q had lost, ranked by P's attention at the step after
-    ``history`` (module docstring); ``weights``: :func:`loss_weights`, when already computed."""
-    if compressed is reference:
-        return LostContext((), (), 0.0)
-    w = loss_weights(reference, compressed) if weights is None else weights
-    attention, _ = divergence_attention(model, reference, prompt_ids, history)
-    per_kv = attention.shape[1] // w.shape[1]
-    mass = (attention * w.repeat_interleave(per_kv, dim=1)).mean(dim=(0, 1))  # [n]
-    order = torch.argsort(mass, descending=True, stable=True)[:top]
-    chosen = [int(j) for j in order if float(mass[j]) > 0]
-    return LostContext(tuple(chosen), tuple(float(mass[j]) for j in chosen),
-                       float(mass.sum()))
+def lost_contexts(model: Any, reference: PromptCache, compressed: PromptCache,
+                  prompt_ids: torch.Tensor, histories: Sequence[torch.Tensor],
+                  top: int = TOP_POSITIONS) -> list[LostContext]:
+    """For each history (a divergent replicate's x_1..x_{tau-1}), the prompt positions Q had
+    lost, ranked by P's attention at the step after it (module docstring)."""
+    if compressed is reference or not histories:
+        return [LostContext((), (), 0.0) for _ in histories]
+    w = loss_weights(reference, compressed)  # [layers, kv_heads, n]
+    attention, _ = divergence_attention(model, reference, prompt_ids, histories)
+    per_kv = attention.shape[2] // w.shape[1]
+    masses = (attention * w.repeat_interleave(per_kv, dim=1)).mean(dim=(1, 2))  # [R, n]
+    out = []
+    for mass in masses:
+        order = torch.argsort(mass, descending=True, stable=True)[:top]
+        chosen = [int(j) for j in order if float(mass[j]) > 0]
+        out.append(LostContext(tuple(chosen), tuple(float(mass[j]) for j in chosen),
+                               float(mass.sum())))
+    return out

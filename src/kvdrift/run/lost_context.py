@@ -38,7 +38,7 @@ def with_lost_context(replicates: pa.Table, result: RolloutResult, pair: Any, fa
                       doc: Document) -> pa.Table:
     """``replicates`` with the :data:`~kvdrift.records.schema.LOST` columns (a language-model
     pair from a factory that encodes prompts and holds the tokenizer)."""
-    from kvdrift.lm.attribution import loss_weights, lost_context
+    from kvdrift.lm.attribution import lost_contexts
 
     if not isinstance(result, RolloutResult) or not hasattr(pair, "prompt_cache") \
             or not hasattr(factory, "prompt_ids"):
@@ -46,15 +46,14 @@ def with_lost_context(replicates: pa.Table, result: RolloutResult, pair: Any, fa
     tokenizer = factory.loaded.tokenizer
     prompt_ids = factory.prompt_ids(doc)  # [1, n]
     ids = [int(i) for i in prompt_ids[0]]
-    reference, compressed = pair.prompt_cache("p"), pair.prompt_cache("q")
-    weights = None if compressed is reference else loss_weights(reference, compressed)
+    taus = [int(t) for t in result.tau]
+    diverged = [r for r, tau in enumerate(taus) if tau >= 1]
+    found = dict(zip(diverged, lost_contexts(
+        pair.model, pair.prompt_cache("p"), pair.prompt_cache("q"), prompt_ids,
+        [result.x[r, :taus[r] - 1] for r in diverged]), strict=True))
     columns: dict[str, list] = {c.name: [] for c in LOST}
-    for r, tau in enumerate(int(t) for t in result.tau):
-        if tau < 1:
-            lost = None
-        else:
-            lost = lost_context(pair.model, reference, compressed, prompt_ids,
-                                result.x[r, :tau - 1], weights=weights)
+    for r in range(len(taus)):
+        lost = found.get(r)
         positions = () if lost is None else lost.positions
         columns["lost_mass"].append(math.nan if lost is None else lost.lost_mass)
         columns["lost_positions"].append(list(positions))
