@@ -1,5 +1,6 @@
 """What Q's cache had lost at the divergence: the prompt entries that P's query attended to at
-a replicate's first divergence and that Q's cache no longer holds (docs/method.md, section 9).
+a replicate's first divergence and that Q's cache no longer holds (docs/method.md, section 8,
+"What the compressed cache had lost at the divergence").
 
 At the first divergence tau the two branches share the history x_1..x_{tau-1}; P's
 next-token distribution there comes from the query of that history's last token (the last
