@@ -283,3 +283,20 @@ def test_attribution_is_recorded_shown_and_part_of_the_settings(tiny_model_dir, 
                                "swrb", "--attribution"])
     assert swrb.exit_code == 2 and "attribution must be false with estimator 'swrb'" in \
         swrb.output
+
+
+def test_attribution_is_a_study_setting_recorded_only_when_on():
+    from kvdrift.api import shipped_config
+    from kvdrift.run.runner import RunConfig
+    from kvdrift.study_config import load_study, recorded_study
+
+    on = load_study(shipped_config("cpu-demo"), {"attribution": True})
+    off = load_study(shipped_config("cpu-demo"))
+    assert on.run.attribution and not off.run.attribution
+    assert on.as_dict()["attribution"] is True and "attribution" not in off.as_dict()
+    assert recorded_study(on.as_dict()) == on and recorded_study(off.as_dict()) == off
+    doc = Document(id="d", prompt="p")
+    assert RunConfig(attribution=True).fingerprint(doc)["attribution"] is True
+    assert "attribution" not in RunConfig().fingerprint(doc)  # stores before it still resume
+    with pytest.raises(ValueError, match=r"\[study\].attribution must be true or false"):
+        load_study(shipped_config("cpu-demo"), {"attribution": "yes"})

@@ -85,6 +85,13 @@ class ExampleView:
     def tau(self) -> int:
         return self.example.tau
 
+    @property
+    def why(self) -> str:
+        """Why it is shown, in words (SWRB's rule orders by the scan length J)."""
+        if self.swrb and self.example.role in ("earliest", "median"):
+            return f"{'shortest' if self.example.role == 'earliest' else 'median'} scan J"
+        return self.example.why
+
     def marked(self, t: int) -> bool:
         """Whether position ``t`` is where the branches part (tau), or SWRB's J."""
         return t == self.tau

@@ -51,7 +51,7 @@ def example_text(view: ExampleView) -> Text:
     out = Text()
     out.append(f"{printable(e.model)} · {printable(e.doc_id)} · {printable(e.action)} · "
                f"replicate {e.replicate}", style="bold")
-    out.append(f"  ({e.why})\n", style="dim")
+    out.append(f"  ({view.why})\n", style="dim")
     out.append(view.summary() + "\n")
     if view.lost is not None:
         out.append("lost at tau: ", style="bold")

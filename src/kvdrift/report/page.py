@@ -181,7 +181,7 @@ def generations(view: ExampleView) -> str:
     """One example: its heading and numbers, the prompt's end, P's and Q's text side by side."""
     e = view.example
     head = (f"<p><strong>{visible(e.doc_id)} · {visible(e.action)} · replicate "
-            f"{e.replicate}</strong> ({escape(e.why)}; "
+            f"{e.replicate}</strong> ({escape(view.why)}; "
             f"{escape(view.summary())})</p>")
     prompt = ("" if view.prompt_tail is None else
               f'<div class="prompt">prompt ends: …{visible(view.prompt_tail)}</div>')
