@@ -277,6 +277,12 @@ def test_attribution_is_recorded_shown_and_part_of_the_settings(tiny_model_dir, 
     html = action_example_html(out, "recent-half")
     assert "<strong>Lost at &tau;:</strong>" in html and html.count("<li>") >= 1
 
+    write_jsonl([Document(id="d0", prompt=prompt + " Changed.")], docs)  # the file changed
+    changed = runner.invoke(app, ["show", str(out), "--action", "recent-half"])
+    assert changed.exit_code == 0 and "prompt ends" not in changed.stdout
+    assert "the prompt of document 'd0' is not shown: its text has changed" in changed.output
+    write_jsonl([Document(id="d0", prompt=prompt)], docs)
+
     again = runner.invoke(app, args)  # the same run without --attribution: refused
     assert again.exit_code == 2 and "attribution" in again.output
     swrb = runner.invoke(app, [*args[:-2], "--out", str(tmp_path / "swrb"), "--estimator",
@@ -300,3 +306,54 @@ def test_attribution_is_a_study_setting_recorded_only_when_on():
     assert "attribution" not in RunConfig().fingerprint(doc)  # stores before it still resume
     with pytest.raises(ValueError, match=r"\[study\].attribution must be true or false"):
         load_study(shipped_config("cpu-demo"), {"attribution": "yes"})
+
+
+@pytest.mark.slow
+def test_show_on_a_small_demo_prints_the_records_and_rebuilt_prompts(tmp_path):
+    """The demo's study (SmolLM2, generated RULER tasks) at K = 2, H = 8 with attribution:
+    show's tokens are the tokenizer's decoding of the records, its prompts are the ones the
+    units ran on (their fingerprints' hashes), the lost tokens are the prompts' tokens."""
+    from transformers import AutoTokenizer
+
+    import kvdrift
+    from kvdrift.directory import StudyDirectory
+    from kvdrift.lm.model import encode_prompt, smollm2_path
+    from kvdrift.run.fingerprint import prompt_sha256
+    from kvdrift.study import fixed_documents, model_documents
+
+    config = kvdrift.load_study(kvdrift.shipped_config("cpu-demo"), replicates=2, horizon=8,
+                                depths=[4], attribution=True)
+    out = kvdrift.run_study(config, tmp_path / "demo")
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_path(), local_files_only=True)
+    result = runner.invoke(app, ["show", str(out), "--prompt-tokens", "16"])
+    assert result.exit_code == 0, result.output
+    steps, reps = _steps(out), _replicates(out)
+    H_demo = 8
+    blocks = _blocks(result.stdout)
+    assert {b[0].split(" · ")[2] for b in blocks} == {"snapkv-half", "recent-half"}
+    directory = StudyDirectory(out)
+    docs = {d.id: d for d in model_documents(config, fixed_documents(config), tokenizer)}
+    for block in blocks:
+        _, doc, action, rest = block[0].split(" · ")
+        r = int(rest.split()[1])
+        rows = [line for line in block if re.match(r"^(τ▶|  ) +\d+  '", line)]
+        mine = steps[(steps.doc_id == doc) & (steps.action == action)
+                     & (steps.replicate == r)].sort_values("t")
+        tau = int(reps[(reps.doc_id == doc) & (reps.action == action)
+                       & (reps.replicate == r)]["tau"].iloc[0])
+        assert len(rows) == H_demo
+        for line, step in zip(rows, mine.itertuples(), strict=True):
+            assert line.startswith("τ▶") == (step.t == tau)
+            p = f"'{printable(tokenizer.decode([step.x_token]))}'"
+            q = f"'{printable(tokenizer.decode([step.y_token]))}'"
+            assert line[8:].startswith(p) and line[8:][len(p):].lstrip(" ").startswith(q)
+        stored = directory.unit_fingerprint("smollm2", doc, action)["prompt_sha256"]
+        assert prompt_sha256(docs[doc].prompt) == stored
+        ids = encode_prompt(tokenizer, docs[doc].prompt)[0].tolist()
+        tail = printable(tokenizer.decode(ids[-16:]))
+        assert any(line == f"prompt ends: …{tail}" for line in block), block
+    diverged = reps[reps.tau > 0]
+    assert len(diverged) and diverged["lost_mass"].between(0, 1).all()
+    for row in diverged.itertuples():
+        ids = encode_prompt(tokenizer, docs[row.doc_id].prompt)[0].tolist()
+        assert list(row.lost_tokens) == [tokenizer.decode([ids[j]]) for j in row.lost_positions]

@@ -99,6 +99,18 @@ class StudyDirectory:
                        replicates=self.store.read("replicates", replicates).to_pandas(),
                        config=self.config, versions=self.versions)
 
+    def unit_fingerprint(self, model: str, doc_id: str, action: str) -> dict | None:
+        """The settings a finished unit was stored with (:mod:`kvdrift.run.fingerprint`), or
+        None where its file holds none."""
+        import pyarrow.parquet as pq
+
+        from kvdrift.run import fingerprint
+        from kvdrift.run.records import UnitKey
+        from kvdrift.run.store import unit_name
+
+        path = self.path / "replicates" / f"{unit_name(UnitKey(model, doc_id, action))}.parquet"
+        return fingerprint.decode(pq.read_schema(path).metadata)
+
     def replicates_summary(self) -> pd.DataFrame:
         """One row per replicate: its unit, ``horizon``, ``tau``, ``risk``, ``risk_tv`` and,
         where recorded (``--attribution``), what Q's cache had lost at the divergence."""

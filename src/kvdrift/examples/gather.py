@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kvdrift.examples.decoding import token_text
-from kvdrift.examples.prompts import run_prompts
+from kvdrift.examples.prompts import Prompts, run_prompts
 from kvdrift.examples.selection import SHOW_ROLES, Example, choose_examples
 from kvdrift.examples.trajectories import tokenizer_notes
 from kvdrift.examples.views import ExampleView, example_view
@@ -46,7 +46,29 @@ def gather_examples(directory: StudyDirectory, examples: list[Example] | None = 
         if prompts[model].note is not None and token_text(model).tokenizer is not None:
             notes.append(prompts[model].note)
     rows = replicates.set_index(["model", "doc_id", "action", "replicate"])
-    views = tuple(example_view(frame, e, prompts[e.model].tail(
-        e.doc_id, token_text(e.model), prompt_tokens) if prompt_tokens else None,
-        rows.loc[(e.model, e.doc_id, e.action, e.replicate)]) for e in examples)
-    return Examples(views, tuple(notes))
+    views = []
+    for e in examples:
+        tail = None
+        if prompt_tokens and _same_prompt(directory, e, prompts[e.model], notes):
+            tail = prompts[e.model].tail(e.doc_id, token_text(e.model), prompt_tokens)
+        views.append(example_view(frame, e, tail,
+                                  rows.loc[(e.model, e.doc_id, e.action, e.replicate)]))
+    return Examples(tuple(views), tuple(notes))
+
+
+def _same_prompt(directory: StudyDirectory, example: Example, prompts: Prompts,
+                 notes: list[str]) -> bool:
+    """Whether the rebuilt prompt of ``example``'s document is the text its unit ran on (a
+    note says so where it is not)."""
+    rebuilt = prompts.sha256.get(example.doc_id)
+    if rebuilt is None:
+        return False
+    stored = (directory.unit_fingerprint(example.model, example.doc_id, example.action)
+              or {}).get("prompt_sha256")
+    if stored is not None and stored != rebuilt:
+        note = (f"the prompt of document {example.doc_id!r} is not shown: its text has changed "
+                "since the run")
+        if note not in notes:
+            notes.append(note)
+        return False
+    return True

@@ -4,13 +4,14 @@ Records hold no prompt text; the run's recorded study (its document sources) is 
 (a JSONL file from where it was, generated tasks regenerated with the model's tokenizer,
 which makes the same documents), encoded as the run encoded it (chat template or not), and
 its last tokens decoded. Where the documents cannot be read again, ``note`` says why in one
-line and no prompt is shown.
+line and no prompt is shown; so does a prompt whose text is not the one the unit was run on
+(its fingerprint's ``prompt_sha256``: the JSONL file changed since).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kvdrift.examples.decoding import TokenText
@@ -23,6 +24,7 @@ class Prompts:
 
     ids: Mapping[str, tuple[int, ...]]
     note: str | None = None
+    sha256: Mapping[str, str] = field(default_factory=dict)  # of each prompt's text
 
     def tail(self, doc_id: str, texts: TokenText, tokens: int) -> str | None:
         """The last ``tokens`` tokens of the prompt decoded together, or None."""
@@ -34,6 +36,7 @@ def run_prompts(config: Mapping[str, Any], texts: TokenText) -> Prompts:
     """The prompts of the documents a run's recorded ``config`` names, encoded with the
     model's tokenizer (``texts``) as the run encoded them."""
     from kvdrift.lm.model import encode_prompt
+    from kvdrift.run.fingerprint import prompt_sha256
     from kvdrift.study import fixed_documents, model_documents
     from kvdrift.study_config import recorded_study
 
@@ -53,4 +56,5 @@ def run_prompts(config: Mapping[str, Any], texts: TokenText) -> Prompts:
                       type(exc).__name__)
         return Prompts({}, f"the prompts are not shown: the run's documents cannot be read "
                            f"again ({reason})")
-    return Prompts(ids)
+    return Prompts(ids, sha256={d.id: prompt_sha256(d.prompt) for d in docs})
+

@@ -12,6 +12,7 @@ unit's files are held against it in one call, :func:`check`.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -35,6 +36,11 @@ def kvdrift_version() -> str:
         return metadata.version("kvdrift")
     except metadata.PackageNotFoundError:
         return "unknown"
+
+
+def prompt_sha256(prompt: str) -> str:
+    """The hash a fingerprint records of a document's prompt text."""
+    return hashlib.sha256(prompt.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def encode(fingerprint: Mapping[str, Any]) -> bytes:

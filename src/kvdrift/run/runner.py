@@ -30,7 +30,7 @@ from kvdrift.estimate.common import (
 from kvdrift.kernel import KernelPair
 from kvdrift.records.schema import MEMORY_COLUMNS, TIMING_COLUMNS
 from kvdrift.run.estimators import Estimator, parse_estimator
-from kvdrift.run.fingerprint import kvdrift_version
+from kvdrift.run.fingerprint import kvdrift_version, prompt_sha256
 from kvdrift.run.records import UnitKey
 from kvdrift.run.store import RunStore
 
@@ -75,8 +75,7 @@ class RunConfig:
             "temperature": float(self.temperature), "depths": list(self.depths),
             "seed": self.seed, "batch": self.batch,
             "chat_template": extra.get("chat_template"),
-            "prompt_sha256": hashlib.sha256(doc.prompt.encode("utf-8", "surrogatepass")
-                                            ).hexdigest(),
+            "prompt_sha256": prompt_sha256(doc.prompt),
             "kvdrift": kvdrift_version(),
         } | ({"attribution": True} if self.attribution else {})  # off: as stores before it
 
