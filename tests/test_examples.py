@@ -137,7 +137,8 @@ def test_show_selects_by_name_and_refuses_unknown_names(tiny_run, tokenizer):
     assert len(blocks) == 1 and "d1 · recent-half · replicate 2  (as asked)" in blocks[0][0]
     _check_block(blocks[0], _steps(tiny_run), _replicates(tiny_run), tokenizer)
     assert "prompt ends" not in result.stdout
-    for args, words in ((["--doc", "d9"], "doc must be one of"),
+    for args, words in ((["--doc", "d9"], "document in the run's records must be one of d0, d1,"),
+                        (["--action", "snap"], "action in the run's records must be one of"),
                         (["--replicate", "7"], "replicate must be an index 0..2"),
                         (["--prompt-tokens", "-1"], "--prompt-tokens must be")):
         bad = runner.invoke(app, ["show", str(tiny_run), *args])

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from kvdrift import checks
 from kvdrift.examples.decoding import token_text
 from kvdrift.examples.prompts import Prompts, run_prompts
 from kvdrift.examples.selection import SHOW_ROLES, Example, choose_examples
@@ -36,12 +37,14 @@ def gather_examples(directory: StudyDirectory, examples: list[Example] | None = 
     replicates = directory.replicates_summary()
     if examples is None:
         if action is not None:
+            checks.choice(action, "action", sorted(set(replicates["action"])),
+                          "the directory's records")
             replicates = replicates[replicates["action"] == action]
         examples = choose_examples(replicates, roles)
     frame = directory.trajectories(units=[(e.model, e.doc_id, e.action) for e in examples])
     notes = tokenizer_notes({e.model for e in examples})
-    prompts = {}
-    for model in sorted({e.model for e in examples}):
+    prompts: dict[str, Prompts] = {}
+    for model in sorted({e.model for e in examples} if prompt_tokens else ()):
         prompts[model] = run_prompts(directory.config, token_text(model))
         if prompts[model].note is not None and token_text(model).tokenizer is not None:
             notes.append(prompts[model].note)

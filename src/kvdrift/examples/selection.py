@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from kvdrift import checks
+
 ROLES = ("earliest", "median", "never")
 SHOW_ROLES = ("earliest", "median")
 """``kvdrift show``'s default: the earliest and the median divergence of each action."""
@@ -91,12 +93,9 @@ def named_examples(replicates: pd.DataFrame, doc: str | None, action: str | None
     """Every replicate matching the given document, action and replicate index (those not
     given match all); where no replicate index is given, the rule picks among the matches."""
     rows = replicates
-    for column, value in (("doc_id", doc), ("action", action)):
+    for column, what, value in (("doc_id", "document", doc), ("action", "action", action)):
         if value is not None:
-            if value not in set(rows[column]):
-                allowed = ", ".join(sorted(set(replicates[column]))[:12])
-                raise ValueError(f"{column.removesuffix('_id')} must be one of the run's: "
-                                 f"{allowed}; got {value!r}")
+            checks.choice(value, what, sorted(set(rows[column])), "the run's records")
             rows = rows[rows[column] == value]
     if replicate is None:
         return choose_examples(rows)
