@@ -110,3 +110,24 @@ def test_the_replay_is_ps_step_at_the_divergence(tiny_llama):
         assert torch.allclose(alone[0], row, atol=1e-5)  # the padding of others changes nothing
     assert float(weights.sum(-1).max()) <= 1 + 1e-6
     assert torch.allclose(weights[1].sum(-1), torch.ones(2, 4, dtype=torch.float64))
+
+
+def test_a_quantized_cache_loses_each_entry_by_its_distortion(tiny_llama):
+    """KIVI keeps every entry, quantized but a full-precision tail: each weight is the entry's
+    relative distortion, 0 where both key and value are full precision (of 72 entries with
+    residual 16: keys 0..63 and values 0..55 are quantized), larger at fewer bits."""
+    ids = torch.randint(3, 128, (72,), generator=torch.Generator().manual_seed(3))
+    p = LMKernelPair(tiny_llama, ids, "full").prompt_cache("p")
+    weights = {}
+    for bits in (2, 8):
+        q = LMKernelPair(tiny_llama, ids, f"kivi:bits={bits},group=16,residual=16")
+        cache = q.prompt_cache("q")
+        w = loss_weights(p, cache)
+        layer = 0
+        entry = torch.cat([p.keys[layer][0], p.values[layer][0]], -1).double()
+        held = torch.cat([cache.keys[layer][0], cache.values[layer][0]], -1).double()
+        expected = ((held - entry).norm(dim=-1) / entry.norm(dim=-1)).clamp(0, 1)
+        assert torch.allclose(w[layer], expected)  # no entry evicted: matched in place
+        assert float(w[:, :, 64:].abs().max()) == 0.0 and float(w[:, :, :56].min()) > 0
+        weights[bits] = w
+    assert float(weights[2].mean()) > 4 * float(weights[8].mean())
