@@ -10,13 +10,12 @@ characters shown as visible escapes (:func:`kvdrift.report.page.visible`).
 
 from __future__ import annotations
 
-from html import escape
 from pathlib import Path
 
 from kvdrift.directory import StudyDirectory
 from kvdrift.examples.gather import gather_examples
 from kvdrift.examples.selection import ROLES
-from kvdrift.report.page import render_blocks
+from kvdrift.report.page import render_blocks, visible
 from kvdrift.report.page_model import Block, Generations, Markup, Section
 
 TITLE, ANCHOR = "Examples", "examples"
@@ -34,13 +33,13 @@ def examples_blocks(directory: StudyDirectory, roles: tuple[str, ...] = ROLES,
                     action: str | None = None) -> tuple[Block, ...]:
     """The notes and, per (model, action), a heading and its examples' blocks."""
     found = gather_examples(directory, roles=roles, action=action)
-    blocks: list[Block] = [Markup(f'<p class="note">{escape(n)}</p>') for n in found.notes]
+    blocks: list[Block] = [Markup(f'<p class="note">{visible(n)}</p>') for n in found.notes]
     group = None
     for view in found.views:
         e = view.example
         if (e.model, e.action) != group and action is None:
             group = (e.model, e.action)
-            blocks.append(Markup(f"<h3>{escape(e.model)} · {escape(e.action)}</h3>"))
+            blocks.append(Markup(f"<h3>{visible(e.model)} · {visible(e.action)}</h3>"))
         blocks.append(Generations(view))
     return tuple(blocks)
 
