@@ -358,3 +358,30 @@ def test_show_on_a_small_demo_prints_the_records_and_rebuilt_prompts(tmp_path):
     for row in diverged.itertuples():
         ids = encode_prompt(tokenizer, docs[row.doc_id].prompt)[0].tolist()
         assert list(row.lost_tokens) == [tokenizer.decode([ids[j]]) for j in row.lost_positions]
+
+
+def test_a_run_whose_tokenizer_is_gone_shows_token_ids_and_says_so(tiny_model_dir, tmp_path):
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    docs = tmp_path / "docs.jsonl"
+    write_jsonl([Document(id="d0", prompt="The cat sat on the mat. " * 12)], docs)
+    out = tmp_path / "run"
+    ran = runner.invoke(app, ["run", "--model", str(model), "--docs", str(docs), "--actions",
+                              "recent-half", "--replicates", "2", "--horizon", "3", "--out",
+                              str(out)])
+    assert ran.exit_code == 0, ran.output
+    shutil.rmtree(model)
+    shown = runner.invoke(app, ["show", str(out)])
+    assert shown.exit_code == 0, shown.output
+    notes = [line for line in shown.stderr.splitlines() if line.startswith("note:")]
+    assert len(notes) == 1 and "tokenizer" in notes[0] and "token ids are shown" in notes[0]
+    steps = _steps(out)
+    [block] = _blocks(shown.stdout)
+    r = int(block[0].split(" · replicate ")[1].split()[0])
+    rows = [line for line in block if re.match(r"^(τ▶|  ) +\d+  '", line)]
+    mine = steps[steps.replicate == r].sort_values("t")
+    assert [line[8:].split()[:2] for line in rows] == [
+        [f"'[{s.x_token}]'", f"'[{s.y_token}]'"] for s in mine.itertuples()]
+    assert "prompt ends" not in shown.stdout
