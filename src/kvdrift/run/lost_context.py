@@ -5,7 +5,8 @@ lost_context` replays P's step at tau once and ranks the prompt positions by the
 mass P put there on entries Q's cache lost; this module turns that into the columns
 :data:`~kvdrift.records.schema.LOST` declares, with each position's token and its context in
 the prompt decoded by the model's tokenizer. A replicate that never diverged gets NaN and
-empty lists.
+empty lists, and so does every replicate of an action that evicts during decoding
+(``decoding-*``: only the prompt cache is compared, which would miss what it lost).
 """
 
 from __future__ import annotations
@@ -47,7 +48,9 @@ def with_lost_context(replicates: pa.Table, result: RolloutResult, pair: Any, fa
     prompt_ids = factory.prompt_ids(doc)  # [1, n]
     ids = [int(i) for i in prompt_ids[0]]
     taus = [int(t) for t in result.tau]
-    diverged = [r for r, tau in enumerate(taus) if tau >= 1]
+    # decode-time eviction changes Q's cache after the prompt, which is not compared: none
+    measured = not getattr(getattr(pair, "action", None), "evicts_during_decoding", False)
+    diverged = [r for r, tau in enumerate(taus) if tau >= 1 and measured]
     found = dict(zip(diverged, lost_contexts(
         pair.model, pair.prompt_cache("p"), pair.prompt_cache("q"), prompt_ids,
         [result.x[r, :taus[r] - 1] for r in diverged]), strict=True))
