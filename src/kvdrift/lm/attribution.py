@@ -81,15 +81,19 @@ def divergence_attention(model: Any, reference: PromptCache, prompt_ids: torch.T
     ``[R, layers, heads, n]`` float64 weights of each history's last query on the prompt
     positions, and those steps' next-token logits ``[R, V]`` (P's, for checking the replay).
 
-    Histories are replayed together, right-padded, :data:`REPLAY_ROWS` at a time: a causal
-    query never sees the padding after it, so each row's last real query is its own step."""
+    Histories are replayed together, right-padded, :data:`REPLAY_ROWS` at a time in order of
+    length (the least padding): a causal query never sees the padding after it, so each row's
+    last real query is its own step."""
     model = unwrap_model(model)
+    order = sorted(range(len(histories)), key=lambda i: histories[i].numel())
     weights, logits = [], []
-    for start in range(0, len(histories), REPLAY_ROWS):
-        w, lg = _replay(model, reference, prompt_ids, histories[start:start + REPLAY_ROWS])
+    for start in range(0, len(order), REPLAY_ROWS):
+        chunk = [histories[i] for i in order[start:start + REPLAY_ROWS]]
+        w, lg = _replay(model, reference, prompt_ids, chunk)
         weights.append(w)
         logits.append(lg)
-    return torch.cat(weights), torch.cat(logits)
+    back = torch.argsort(torch.tensor(order))  # the rows in the order given
+    return torch.cat(weights)[back], torch.cat(logits)[back]
 
 
 def _replay(model: Any, reference: PromptCache, prompt_ids: torch.Tensor,
