@@ -305,6 +305,14 @@ def test_attribution_is_a_study_setting_recorded_only_when_on():
     doc = Document(id="d", prompt="p")
     assert RunConfig(attribution=True).fingerprint(doc)["attribution"] is True
     assert "attribution" not in RunConfig().fingerprint(doc)  # stores before it still resume
+    from kvdrift.run.fingerprint import first_difference
+
+    plain, with_it = RunConfig().fingerprint(doc), RunConfig(attribution=True).fingerprint(doc)
+    assert first_difference(plain, plain) is None
+    assert first_difference(plain, with_it) == ("it was computed with attribution = False, "
+                                                "this run has attribution = True")
+    assert "attribution = True, this run has attribution = False" in first_difference(
+        with_it, plain)
     with pytest.raises(ValueError, match=r"\[study\].attribution must be true or false"):
         load_study(shipped_config("cpu-demo"), {"attribution": "yes"})
 

@@ -29,6 +29,8 @@ LABELS = {
     "prompt_sha256": "the document's prompt text", "kvdrift": "kvdrift version",
     "attribution": "attribution",
 }
+#: Settings a fingerprint records only when not at this value (so earlier stores resume).
+UNRECORDED = {"attribution": False}
 
 
 def kvdrift_version() -> str:
@@ -64,12 +66,12 @@ def first_difference(stored: Mapping[str, Any] | None, wanted: Mapping[str, Any]
     if stored is None:
         return "it was stored without the settings that made it (an older kvdrift)"
     for key in list(LABELS) + sorted(set(wanted) - set(LABELS)):
-        if stored.get(key) != wanted.get(key):
+        was, now = (stored.get(key, UNRECORDED.get(key)), wanted.get(key, UNRECORDED.get(key)))
+        if was != now:
             label = LABELS.get(key, key)
             if key == "prompt_sha256":
                 return "the document's prompt text has changed since it was stored"
-            return (f"it was computed with {label} = {stored.get(key)!r}, this run has "
-                    f"{label} = {wanted.get(key)!r}")
+            return f"it was computed with {label} = {was!r}, this run has {label} = {now!r}"
     return None
 
 

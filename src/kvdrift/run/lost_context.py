@@ -1,12 +1,13 @@
 """The replicate columns of what Q's cache had lost at each divergence (``attribution``).
 
-For every rollout replicate that diverged (tau >= 1), :func:`kvdrift.lm.attribution.
-lost_context` replays P's step at tau once and ranks the prompt positions by the attention
-mass P put there on entries Q's cache lost; this module turns that into the columns
-:data:`~kvdrift.records.schema.LOST` declares, with each position's token and its context in
-the prompt decoded by the model's tokenizer. A replicate that never diverged gets NaN and
-empty lists, and so does every replicate of an action that evicts during decoding
-(``decoding-*``: only the prompt cache is compared, which would miss what it lost).
+For every rollout replicate that diverged (tau >= 1),
+:func:`kvdrift.lm.attribution.lost_contexts` replays P's step at tau (a unit's replicates in
+one batch) and ranks the prompt positions by the attention mass P put there on entries Q's
+cache lost; this module turns that into the columns :data:`~kvdrift.records.schema.LOST`
+declares, with each position's token and its context in the prompt decoded by the model's
+tokenizer. A replicate that never diverged gets NaN and empty lists, and so does every
+replicate of an action that evicts during decoding (``decoding-*``: only the prompt cache is
+compared, which would miss what it lost).
 """
 
 from __future__ import annotations
