@@ -8,6 +8,17 @@ import typer
 
 from kvdrift.cli.common import console, notice, user_errors
 
+SHORT_HELP = "Show P's and Q's generations side by side, where they part."
+HELP = (
+    "Show P's (full cache) and Q's (compressed) generations of chosen replicates position by "
+    "position: the end of the prompt, each position's tokens, mismatches highlighted, the "
+    "divergence time tau marked (τ▶), each position's TV as a number and a bar, and the "
+    "replicate's tau, R and R_tv; with --attribution records, what Q's cache had lost at tau. "
+    "SWRB records show the continuation after the scan (t >= J). Colours only on a terminal. "
+    "By default, for each action: the replicate that diverged earliest (smallest tau) and the "
+    "one at the lower median of tau among those that diverged (ties: document, then "
+    "replicate); an action where none diverged shows its first replicate.")
+
 
 @user_errors
 def show(
@@ -20,15 +31,7 @@ def show(
     prompt_tokens: int = typer.Option(24, "--prompt-tokens",
                                       help="Prompt tokens shown before the generations."),
 ) -> None:
-    """Show P's (full cache) and Q's (compressed) generations of chosen replicates position by
-    position: the end of the prompt, each position's tokens, mismatches highlighted, the
-    divergence time tau marked (τ▶), each position's TV as a number and a bar, and the
-    replicate's tau, R and R_tv. SWRB records show the continuation after the scan (t >= J).
-    Colours only on a terminal. By default, for each action: the replicate that diverged
-    earliest (smallest tau) and the one at the lower median of tau among those that diverged
-    (ties: document, then replicate); an action where none diverged shows its first
-    replicate.
-    """
+    """Show P's and Q's generations side by side: where they part (see ``HELP``)."""
     from kvdrift import checks
     from kvdrift.directory import StudyDirectory
     from kvdrift.examples.gather import gather_examples
