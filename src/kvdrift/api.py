@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 from kvdrift import checks
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from kvdrift.analysis.plan import PlanResult
     from kvdrift.analysis.predict import PredictionResult
     from kvdrift.analysis.results import StudyAnalysis
@@ -60,16 +62,18 @@ def study_from_arguments(
     dtype: str = "float32",
     chat_template: bool = True,
     name: str = "run",
+    attribution: bool = False,
 ) -> StudyConfig:
     """The one-model study that ``kvdrift run`` runs: ``docs`` is a JSONL file, or None for
-    the six generated 512-token RULER-style tasks."""
+    the six generated 512-token RULER-style tasks; ``attribution`` records what Q's cache had
+    lost at each divergence (``--attribution``)."""
     from kvdrift.study_config import single_model_study
 
     return single_model_study(
         model=model, actions=tuple(actions), docs=docs, replicates=replicates,
         horizon=horizon, temperature=temperature, estimator=estimator, depths=tuple(depths),
         seed=seed, batch=batch, device=device, dtype=dtype, chat_template=chat_template,
-        name=name)
+        name=name, attribution=attribution)
 
 
 def run_study(
@@ -94,6 +98,16 @@ def load_records(directory: str | Path) -> Records:
     from kvdrift.directory import StudyDirectory
 
     return StudyDirectory(directory).records()
+
+
+def trajectories(directory: str | Path) -> pd.DataFrame:
+    """A run or study directory's generations as one pandas frame, a row per (document,
+    action, replicate, position): P's and Q's tokens and their text (decoded with the run's
+    own tokenizer, offline; token ids where it is not available), the position's TV, and the
+    replicate's tau, R and R_tv (:mod:`kvdrift.examples.trajectories`)."""
+    from kvdrift.directory import StudyDirectory
+
+    return StudyDirectory(directory).trajectories()
 
 
 def analyze(directory: str | Path, bootstrap: int | None = None,
@@ -180,4 +194,4 @@ def frontier(
 
 
 __all__ = ["analyze", "finite_state", "frontier", "load_records", "load_study", "plan", "predict",
-           "run_study", "shipped_config", "study_from_arguments"]
+           "run_study", "shipped_config", "study_from_arguments", "trajectories"]

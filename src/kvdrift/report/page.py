@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from html import escape
 from string import Template
 
+from kvdrift.examples.views import ExampleView
 from kvdrift.report.numbers import MISSING, number_text
 from kvdrift.report.page_model import (
     Block,
@@ -22,6 +23,7 @@ from kvdrift.report.page_model import (
     Difference,
     EmbeddedFigure,
     Estimate,
+    Generations,
     Markup,
     Number,
     Page,
@@ -30,6 +32,7 @@ from kvdrift.report.page_model import (
     Table,
     Text,
 )
+from kvdrift.text import printable
 
 CSS = """
 :root { --ink: #1f2328; --muted: #59636e; --rule: #d0d7de; --band: #f6f8fa; --accent: #0b5cad; }
@@ -61,6 +64,16 @@ dl.glossary dt { font-weight: 600; margin-top: .5rem; }
 dl.glossary dd { margin-left: 1.2rem; }
 details pre { background: var(--band); padding: .8rem; overflow-x: auto; font-size: .8rem; }
 code { font-size: .9em; }
+.example { margin: .8rem 0 1.4rem; }
+.example .sides { display: grid; grid-template-columns: 1fr 1fr; gap: .4rem 1.2rem; }
+.example .side { font: .85rem/1.9 ui-monospace, Menlo, Consolas, monospace; unicode-bidi: isolate;
+                 direction: ltr; white-space: pre-wrap; word-break: break-all; }
+.example .prompt { color: var(--muted); font: .8rem ui-monospace, Menlo, Consolas, monospace;
+                   white-space: pre-wrap; word-break: break-all; unicode-bidi: isolate; }
+.tok { border-bottom: 2px solid transparent; }
+.tok.mis { border-bottom-color: #c62828; font-weight: 600; }
+.tau { color: #fff; background: #b26a00; font-size: .7rem; padding: 0 .2rem;
+       margin-right: .1rem; border-radius: 2px; }
 """
 
 PAGE = Template("""<!DOCTYPE html>
@@ -139,10 +152,61 @@ def _block(block: Block) -> str:
     if isinstance(block, Bullets):
         items = "".join(f"<li>{_cell(c)}</li>" for c in block.items)
         return f'<ul class="{block.css_class}">{items}</ul>'
+    if isinstance(block, Generations):
+        return generations(block.view)
     if isinstance(block, Details):
         return (f"<details><summary>{block.summary}</summary>"
                 f"<pre>{escape(block.text)}</pre></details>")
     return _figure(block)
+
+
+def visible(text: str) -> str:
+    """Model or user text as HTML text: control, bidi and separator characters written as
+    visible escapes (:func:`kvdrift.text.printable`), then markup characters escaped."""
+    return escape(printable(text))
+
+
+def _side(view: ExampleView, side: str) -> str:
+    """One branch's tokens as spans: TV as a red background shade, a mismatch underlined,
+    tau's position preceded by its mark."""
+    spans = []
+    for p in view.positions:
+        shade = min(max(p.tv, 0.0), 1.0) if math.isfinite(p.tv) else 0.0
+        tv = f"{p.tv:.2f}" if math.isfinite(p.tv) else "not measured"
+        mark = '<span class="tau">τ</span>' if view.marked(p.t) else ""
+        spans.append(f'{mark}<span class="tok{" mis" if p.mismatch else ""}" '
+                     f'style="background: rgba(198, 40, 40, {0.55 * shade:.3f})" '
+                     f'title="t = {p.t}, TV = {tv}">'
+                     f"{visible(p.x_text if side == 'x' else p.y_text)}</span>")
+    return "".join(spans)
+
+
+def generations(view: ExampleView) -> str:
+    """One example: its heading and numbers, the prompt's end, P's and Q's text side by side."""
+    e = view.example
+    head = (f"<p><strong>{visible(e.doc_id)} · {visible(e.action)} · replicate "
+            f"{e.replicate}</strong> ({escape(view.why)}; "
+            f"{escape(view.summary())})</p>")
+    prompt = ("" if view.prompt_tail is None else
+              f'<div class="prompt">prompt ends: …{visible(view.prompt_tail)}</div>')
+    sides = (f'<div class="sides"><div><strong>P</strong> (full cache)</div>'
+             f"<div><strong>Q</strong> ({visible(e.action)})</div>"
+             f'<div class="side">{_side(view, "x")}</div>'
+             f'<div class="side">{_side(view, "y")}</div></div>')
+    return f'<div class="example">{head}{prompt}{sides}{_lost(view)}</div>'
+
+
+def _lost(view: ExampleView) -> str:
+    """What Q's cache had lost at tau, where recorded: the share and the top tokens in their
+    context (the token between ⟦ ⟧)."""
+    if view.lost is None:
+        return ""
+    items = "".join(f"<li>{100 * t.share:.1f}% · position {t.position} · "
+                    f"<code>{visible(t.token)}</code> in <code>…{visible(t.context)}…</code>"
+                    "</li>" for t in view.lost.tokens)
+    return (f'<p class="lost"><strong>Lost at &tau;:</strong> {escape(view.lost.summary())}'
+            f'{"; most:" if items else "."}</p>' + (f'<ul class="lost">{items}</ul>'
+                                                      if items else ""))
 
 
 def _figure(f: EmbeddedFigure) -> str:
