@@ -53,7 +53,7 @@ def frontier(
     from kvdrift.frontier_search.search import SearchSettings
     from kvdrift.frontier_search.study import FrontierConfig, run_frontier
     from kvdrift.lm.loading import check_model_name
-    from kvdrift.report.frontier import frontier_table, write_frontier_report
+    from kvdrift.report.frontier import frontier_examples, frontier_table, write_frontier_report
     from kvdrift.report.terminal import print_whole
     from kvdrift.study_config import single_model_study
 
@@ -72,7 +72,8 @@ def frontier(
         run_with_progress(stage, where, recompute, allow_download, models=cache)
 
     result = run_frontier(config, out, run_stage)
-    html = write_frontier_report(result, out / "report")
+    html = write_frontier_report(result, out / "report",
+                                 examples=frontier_examples(result, out / "stages"))
     if as_json:
         print(strict_json(result.to_json()))
         return

@@ -129,6 +129,31 @@ def frontier_section(result: FrontierResult, examples: str = "") -> str:
     return page.section("The compression frontier", "frontier", "\n".join(lines))
 
 
+def frontier_examples(result: FrontierResult, stages: str | Path) -> str:
+    """HTML: at each family's certified budget, one example of P's and Q's generations (the
+    replicate at the median divergence) from the last look that ran it; "" when none is."""
+    from kvdrift.directory import StudyDirectory
+    from kvdrift.report.sections.examples import action_example_html
+
+    looks = sorted(Path(stages).iterdir(), reverse=True) if Path(stages).is_dir() else []
+    parts = []
+    for fam in result.families:
+        c = fam.certified
+        where = next((d for d in looks if c is not None
+                      and c.action in StudyDirectory(d).config.get("actions", ())), None)
+        if where is None:
+            continue
+        parts.append(f"<h4>{escape(c.family)} at {escape(c.label)} (<code>{escape(c.action)}"
+                     f"</code>, look {escape(where.name)})</h4>"
+                     + action_example_html(where, c.action))
+    if not parts:
+        return ""
+    return ("<h3>Examples at each family's certified budget</h3><p class=\"note\">What the "
+            "full cache (P) and the certified budget (Q) generated for one replicate, the one "
+            "at the median divergence; the divergence marked, mismatches highlighted, each "
+            "position's TV as a background shade.</p>" + "".join(parts))
+
+
 def write_frontier_report(result: FrontierResult, out_dir: str | Path,
                           title: str = "KV-cache compression frontier",
                           examples: str = "") -> Path:
