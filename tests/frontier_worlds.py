@@ -78,3 +78,80 @@ def world(strengths: dict[str, float], documents: int = 3, replicates: int = 8,
           seed: int = 0) -> FiniteEvaluator:
     return FiniteEvaluator({n: (parse_family(n), s) for n, s in strengths.items()},
                            documents, replicates, seed)
+
+
+# Synthetic per-replicate values with known means: what a bound must survive.
+
+def rare_large(u: np.ndarray, v: np.ndarray, mean: float) -> np.ndarray:
+    """Mostly small values (37% in [0, 0.05], the rest 0) and rare large ones in [0.5, 1],
+    with the given mean; ``u`` picks the kind, ``v`` the value (both uniform)."""
+    big = (mean - 0.37 * 0.025) / 0.75
+    if not 0 <= big <= 0.63:
+        raise ValueError(f"rare_large cannot have mean {mean}")
+    return np.where(u < big, 0.5 + 0.5 * v, np.where(u < big + 0.37, 0.05 * v, 0.0))
+
+
+def zero_one(u: np.ndarray, v: np.ndarray, mean: float) -> np.ndarray:
+    """Values in {0, 1} with the given mean."""
+    return (u < mean).astype(float)
+
+
+def near(u: np.ndarray, v: np.ndarray, mean: float) -> np.ndarray:
+    """Values spread evenly over [mean - 0.02, mean + 0.02] (concentrated near the mean)."""
+    return mean - 0.02 + 0.04 * v
+
+
+@dataclass(frozen=True)
+class SyntheticCase:
+    """Per-document means and a value distribution; ``missing`` is each document's chance
+    of a value left out (NaN). ``one_document`` puts all the risk in the first document."""
+
+    name: str
+    law: object  # (u, v, mean) -> values
+    mean: float
+    documents: int = 6
+    one_document: bool = False
+    missing: tuple[float, ...] = ()
+
+    def doc_means(self, mean: float | None = None) -> np.ndarray:
+        mean = self.mean if mean is None else mean
+        if self.one_document:
+            return np.array([mean * self.documents] + [0.0] * (self.documents - 1))
+        return np.full(self.documents, mean)
+
+    def draw(self, u: np.ndarray, v: np.ndarray, mean: float | None = None,
+             w: np.ndarray | None = None) -> np.ndarray:
+        """``[documents, K]`` values from uniforms of that shape (``w``: for missing)."""
+        means = self.doc_means(mean)
+        values = np.stack([self.law(u[d], v[d], means[d]) for d in range(self.documents)])
+        if self.missing and w is not None:
+            gone = w < np.array(self.missing)[:, None]
+            values = np.where(gone, np.nan, values)
+        return values
+
+
+@dataclass
+class SyntheticEvaluator:
+    """Families whose budget ``j`` has mean ``curves[family][j]``, values of ``case``'s law;
+    each look draws fresh uniforms that every budget of the look shares (common random
+    numbers: budgets are dependent, as on a language model)."""
+
+    families: dict[str, Family]
+    curves: dict[str, Sequence[float]]
+    case: SyntheticCase
+    replicates: int
+    seed: int = 0
+    calls: int = 0
+
+    def evaluate(self, budgets: Sequence[Budget], look: int) -> dict[Budget, Sample]:
+        rng = np.random.default_rng([self.seed, look])
+        shape = (self.case.documents, self.replicates)
+        u, v, w = rng.random(shape), rng.random(shape), rng.random(shape)
+        out = {}
+        for b in budgets:
+            values = self.case.draw(u, v, self.curves[b.family][b.index], w)
+            self.calls += values.size
+            out[b] = Sample({f"doc{d}": values[d] for d in range(len(values))},
+                            1 - (b.index + 1) / (len(self.families[b.family].budgets) + 1),
+                            values.size)
+        return out

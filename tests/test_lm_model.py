@@ -151,3 +151,27 @@ def test_load_smollm2():
     assert text.startswith("<|im_start|>system") and text.endswith("<|im_start|>assistant\n")
     assert loaded.tokenizer.eos_token == "<|im_end|>"
     assert is_complete_model_dir(cache_root() / lm_model.SMOLLM2_CACHE_NAME)
+
+
+@pytest.mark.slow
+def test_smollm2_tokenizer_without_a_conversion_is_the_converted_one(tmp_path, monkeypatch):
+    """``load_tokenizer("smollm2")`` with no converted cache reads the GGUF's tokenizer alone
+    (no weights converted): it encodes and decodes as the converted cache's tokenizer, so
+    documents sized or prompts encoded by either are the same."""
+    import random
+
+    from kvdrift.lm.model import load_tokenizer
+
+    converted = load_model().tokenizer
+    monkeypatch.setenv("KVDRIFT_CACHE", str(tmp_path / "empty-cache"))
+    alone = load_tokenizer("smollm2")
+    assert not (tmp_path / "empty-cache").exists()  # nothing converted
+    texts = ["Hello!", "The special magic number is 12345.\n\nWhat is it?",
+             "naïve café 漢字 \u202e <script> &", "  spaces   and\ttabs\n"]
+    for text in texts:
+        for chat in (True, False):
+            assert encode_prompt(alone, text, chat).tolist() == encode_prompt(
+                converted, text, chat).tolist()
+    ids = random.Random(0).sample(range(converted.vocab_size), 500)
+    assert [alone.decode([i]) for i in ids] == [converted.decode([i]) for i in ids]
+    assert alone.eos_token == converted.eos_token == "<|im_end|>"

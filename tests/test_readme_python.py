@@ -42,5 +42,7 @@ def test_the_readme_python_example_runs_as_written(tmp_path, monkeypatch, capsys
     for name in ("py-demo", "py-dev", "py-eval"):
         assert (tmp_path / "runs" / name / "run.json").is_file()
     assert namespace["prediction"].to_frame().shape[0] == 2  # fixed history, positions
+    frame, records = namespace["frame"], namespace["records"]
+    assert len(frame) == len(records.steps) and frame["x_text"].map(type).eq(str).all()
     assert "smollm2" in capsys.readouterr().out
     assert os.environ["OMP_WAIT_POLICY"]  # set on import kvdrift

@@ -44,7 +44,7 @@ _fix_mmap_threshold()
 __version__ = "0.1.0"
 
 _API = ("analyze", "finite_state", "frontier", "load_records", "load_study", "plan", "predict",
-        "run_study", "shipped_config", "study_from_arguments")
+        "run_study", "shipped_config", "study_from_arguments", "trajectories")
 __all__ = [*_API, "__version__"]
 
 

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 from kvdrift import checks
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from kvdrift.analysis.plan import PlanResult
     from kvdrift.analysis.predict import PredictionResult
     from kvdrift.analysis.results import StudyAnalysis
@@ -60,16 +62,18 @@ def study_from_arguments(
     dtype: str = "float32",
     chat_template: bool = True,
     name: str = "run",
+    attribution: bool = False,
 ) -> StudyConfig:
     """The one-model study that ``kvdrift run`` runs: ``docs`` is a JSONL file, or None for
-    the six generated 512-token RULER-style tasks."""
+    the six generated 512-token RULER-style tasks; ``attribution`` records what Q's cache had
+    lost at each divergence (``--attribution``)."""
     from kvdrift.study_config import single_model_study
 
     return single_model_study(
         model=model, actions=tuple(actions), docs=docs, replicates=replicates,
         horizon=horizon, temperature=temperature, estimator=estimator, depths=tuple(depths),
         seed=seed, batch=batch, device=device, dtype=dtype, chat_template=chat_template,
-        name=name)
+        name=name, attribution=attribution)
 
 
 def run_study(
@@ -94,6 +98,16 @@ def load_records(directory: str | Path) -> Records:
     from kvdrift.directory import StudyDirectory
 
     return StudyDirectory(directory).records()
+
+
+def trajectories(directory: str | Path) -> pd.DataFrame:
+    """A run or study directory's generations as one pandas frame, a row per (document,
+    action, replicate, position): P's and Q's tokens and their text (decoded with the run's
+    own tokenizer, offline; token ids where it is not available), the position's TV, and the
+    replicate's tau, R and R_tv (:mod:`kvdrift.examples.trajectories`)."""
+    from kvdrift.directory import StudyDirectory
+
+    return StudyDirectory(directory).trajectories()
 
 
 def analyze(directory: str | Path, bootstrap: int | None = None,
@@ -142,12 +156,15 @@ def frontier(
     out: str | Path = "runs/frontier",
     *,
     alpha: float = 0.05,
-    looks: int = 2,
     replicates: int = 8,
+    max_replicates: int = 32,
+    cap: float | None = None,
     **study: object,
 ) -> FrontierResult:
     """The least KV cache per family whose ``measure`` stays within its tolerance, certified
     at level ``1 - alpha`` over the whole search (``kvdrift frontier``); resumable in ``out``.
+    ``cap`` states a bound on an unbounded measure's values (``kl``), without which it gets
+    estimates only.
 
     ``study`` takes :func:`study_from_arguments`' keywords (``model``, ``docs``, ``horizon``,
     ``temperature``, ``seed``, ``device``, ...); its actions are the budgets searched.
@@ -161,7 +178,8 @@ def frontier(
                          "budgets with complete coupled rollouts")
     config = FrontierConfig.parse(
         study_from_arguments(actions=("full",), name="frontier", **study), families, measure,
-        SearchSettings(alpha=alpha, looks=looks, replicates=replicates))
+        SearchSettings(alpha=alpha, replicates=replicates, max_replicates=max_replicates),
+        cap)
 
     @functools.cache
     def load(name: str) -> object:  # every stage runs on the study's device and dtype
@@ -176,4 +194,4 @@ def frontier(
 
 
 __all__ = ["analyze", "finite_state", "frontier", "load_records", "load_study", "plan", "predict",
-           "run_study", "shipped_config", "study_from_arguments"]
+           "run_study", "shipped_config", "study_from_arguments", "trajectories"]

@@ -6,7 +6,9 @@ See ``configs/`` for shipped examples. Layout::
     [study]                      models, actions, replicates, horizon, temperature,
                                  estimator, depths, seed, batch, device, dtype, chat_template,
                                  cohort ("development" | "evaluation", for kvdrift predict),
-                                 executor, ray_address, gpus_per_worker, cpus_per_worker
+                                 attribution (record what Q's cache had lost at each
+                                 divergence; rollouts only), executor, ray_address,
+                                 gpus_per_worker, cpus_per_worker
     [[documents]]                one table per source: source = "ruler" | "jsonl" | "hf"
     [analysis]                   bootstrap, alpha, endpoints (prespecified), seed
 """
@@ -29,7 +31,7 @@ STUDY_KEYS = {
     "name": str, "models": list, "actions": list, "replicates": int, "horizon": int,
     "temperature": (int, float), "estimator": str, "depths": list, "seed": int, "batch": int,
     "device": str,
-    "dtype": str, "chat_template": bool, "cohort": str,
+    "dtype": str, "chat_template": bool, "cohort": str, "attribution": bool,
     "executor": str, "ray_address": str, "gpus_per_worker": float, "cpus_per_worker": float,
 }
 COHORTS = ("development", "evaluation")
@@ -170,6 +172,7 @@ def parse_study(data: dict, source: str | None = None) -> StudyConfig:
         temperature=float(study.get("temperature", 1.0)),
         estimator=study.get("estimator", "rollout"), depths=tuple(study.get("depths", ())),
         seed=study.get("seed", 0), batch=study.get("batch", 0),
+        attribution=study.get("attribution", False),
     )
     options = AnalysisOptions.from_table(analysis)
     from kvdrift.analysis.endpoints import parse_endpoint
@@ -241,6 +244,7 @@ def single_model_study(
     model: str, actions: tuple[str, ...], docs: str | Path | None, *, replicates: int,
     horizon: int, temperature: float, estimator: str, depths: tuple[int, ...], seed: int,
     batch: int, device: str, dtype: str, chat_template: bool, name: str = "run",
+    attribution: bool = False,
 ) -> StudyConfig:
     """The one-model study that ``kvdrift run`` builds from its arguments: the same checks
     and the same pipeline as a study from a TOML file."""
@@ -249,5 +253,6 @@ def single_model_study(
         "study": {"name": name, "models": [model], "actions": list(actions),
                   "replicates": replicates, "horizon": horizon, "temperature": temperature,
                   "estimator": estimator, "depths": list(depths), "seed": seed, "batch": batch,
-                  "device": device, "dtype": dtype, "chat_template": chat_template},
+                  "device": device, "dtype": dtype, "chat_template": chat_template,
+                  "attribution": attribution},
         "documents": [dict(source)]})

@@ -12,6 +12,9 @@ from kvdrift.cli.finite_state import finite_state
 from kvdrift.cli.frontier import frontier
 from kvdrift.cli.reports import report
 from kvdrift.cli.runs import run, study
+from kvdrift.cli.show import HELP as SHOW_HELP
+from kvdrift.cli.show import SHORT_HELP as SHOW_SHORT_HELP
+from kvdrift.cli.show import show
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="Measure how KV-cache compression changes what a language model "
@@ -34,6 +37,7 @@ app.command("finite-state")(finite_state)
 app.command("actions")(actions_list)
 app.command("run")(run)
 app.command("report")(report)
+app.command("show", help=SHOW_HELP, short_help=SHOW_SHORT_HELP)(show)
 app.command("study")(study)
 app.command("predict")(predict)
 app.command("plan")(plan)

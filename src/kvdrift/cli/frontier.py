@@ -22,11 +22,18 @@ def frontier(
                                 "'R_tv <= x', 'R <= x', 'F <= x', 'kl <= x', "
                                 "'acceptance >= x' or 'task >= x'."),
     alpha: float = typer.Option(0.05, help="1 - confidence, held over the whole search."),
-    looks: int = typer.Option(2, help="Most batches of replicates per budget."),
+    cap: float | None = typer.Option(None, help="A stated bound on an unbounded measure's "
+                                     "per-replicate values (kl): the certificate assumes it, "
+                                     "and a value above it stops the search. Without it, kl "
+                                     "gets estimates only, never 'certified'."),
+    max_replicates: int = typer.Option(32, help="Most replicates per document at one budget; "
+                                       "a budget still undecided then ends its family's "
+                                       "sequence."),
     model: str = typer.Option("smollm2", help="'smollm2' (embedded) or a Hugging Face id/path."),
     docs: Path | None = typer.Option(None, help="JSONL file of {id, prompt, stratum?, answer?} "
                                      "(default: six generated 512-token RULER-style tasks)."),
-    replicates: int = typer.Option(8, help="Replicates per document in each batch."),
+    replicates: int = typer.Option(8, help="Replicates per document in each look (the bounds "
+                                   "are checked after every one)."),
     horizon: int = typer.Option(32, help="Generated positions H."),
     temperature: float = typer.Option(1.0, help="Sampling temperature (0 = greedy)."),
     seed: int = typer.Option(0, help="Seed of the search (look L uses seed + L - 1)."),
@@ -46,25 +53,27 @@ def frontier(
     from kvdrift.frontier_search.search import SearchSettings
     from kvdrift.frontier_search.study import FrontierConfig, run_frontier
     from kvdrift.lm.loading import check_model_name
-    from kvdrift.report.frontier import frontier_table, write_frontier_report
+    from kvdrift.report.frontier import frontier_examples, frontier_table, write_frontier_report
     from kvdrift.report.terminal import print_whole
     from kvdrift.study_config import single_model_study
 
     check_model_name(model, allow_download)
-    settings = SearchSettings(alpha=alpha, looks=looks, replicates=replicates)
+    settings = SearchSettings(alpha=alpha, replicates=replicates,
+                              max_replicates=max_replicates)
     study = single_model_study(model, ("full",), docs, replicates=replicates, horizon=horizon,
                                temperature=temperature, estimator="rollout", depths=(),
                                seed=seed, batch=batch, device=device, dtype=dtype,
                                chat_template=chat_template, name="frontier")
     study = replace(study, executor=study.executor.overridden(executor, ray_address))
-    config = FrontierConfig.parse(study, split_list(families), measure, settings)
+    config = FrontierConfig.parse(study, split_list(families), measure, settings, cap)
     cache: dict[str, object] = {}
 
     def run_stage(stage, where: Path) -> None:
         run_with_progress(stage, where, recompute, allow_download, models=cache)
 
     result = run_frontier(config, out, run_stage)
-    html = write_frontier_report(result, out / "report")
+    html = write_frontier_report(result, out / "report",
+                                 examples=frontier_examples(result, out / "stages"))
     if as_json:
         print(strict_json(result.to_json()))
         return

@@ -17,6 +17,7 @@ def write_report(store_dir: Path, out: Path | None, bootstrap: int | None = None
     a partial store (being written, or units missing) is said on stderr."""
     from kvdrift.directory import StudyDirectory
     from kvdrift.report import write_report as write
+    from kvdrift.report.sections.examples import examples_section
 
     status = (f"waiting for the run writing {escape(printable(store_dir))}" if wait
               else "analysing (bootstrap over documents)")
@@ -25,7 +26,8 @@ def write_report(store_dir: Path, out: Path | None, bootstrap: int | None = None
     if "partial" in analysis.meta.run:
         notice(analysis.meta.notes[0])
     with console.status("writing the report"):
-        path = write(analysis, out or store_dir / "report")
+        examples = examples_section(StudyDirectory(store_dir))
+        path = write(analysis, out or store_dir / "report", examples=examples)
     return analysis, path
 
 

@@ -23,6 +23,9 @@ from kvdrift.text import printable
 RECOMPUTE_HELP = "Recompute finished units stored under other settings instead of refusing them."
 DOWNLOAD_HELP = "Download a hub id that is not in the local Hugging Face cache."
 RAY_ADDRESS_HELP = "Join this Ray cluster ('auto' or HOST:PORT; implies --executor ray)."
+ATTRIBUTION_HELP = ("Record what Q's cache had lost at each divergence: the prompt tokens P "
+                    "attended to at tau that Q no longer holds (rollouts; costs one short "
+                    "replay per divergent replicate; kvdrift show and the report show them).")
 
 
 def _workers_label(n: int) -> str:
@@ -125,6 +128,7 @@ def run(
     chat_template: bool = typer.Option(True, help="Wrap prompts in the model's chat template."),
     executor: str | None = typer.Option(None, help="local (default: this process) or ray."),
     ray_address: str | None = typer.Option(None, help=RAY_ADDRESS_HELP),
+    attribution: bool = typer.Option(False, "--attribution", help=ATTRIBUTION_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the table as JSON."),
     recompute: bool = typer.Option(False, "--recompute", help=RECOMPUTE_HELP),
     allow_download: bool = typer.Option(False, "--allow-download", help=DOWNLOAD_HELP),
@@ -151,7 +155,7 @@ def run(
         model, split_actions(actions), docs, replicates=replicates, horizon=horizon,
         temperature=temperature, estimator=estimator, depths=_depths(depths), seed=seed,
         batch=batch, device=device, dtype=dtype, chat_template=chat_template,
-        name=_run_name(out))
+        name=_run_name(out), attribution=attribution)
     config = replace(config, executor=config.executor.overridden(executor, ray_address))
     if config.executor.kind == "local":  # Ray workers check the device where the model goes
         resolve_device(device)
@@ -174,6 +178,8 @@ def study(
     executor: str | None = typer.Option(None, help="local or ray (default: the config's "
                                         "[study] executor, else local)."),
     ray_address: str | None = typer.Option(None, help=RAY_ADDRESS_HELP),
+    attribution: bool = typer.Option(False, "--attribution", help=ATTRIBUTION_HELP + " The "
+                                     "same as [study] attribution = true."),
     recompute: bool = typer.Option(False, "--recompute", help=RECOMPUTE_HELP),
     allow_download: bool = typer.Option(False, "--allow-download", help=DOWNLOAD_HELP),
 ) -> None:
@@ -182,7 +188,7 @@ def study(
     from kvdrift.lm.loading import check_model_name
     from kvdrift.study_config import load_study
 
-    config = load_study(config_path)
+    config = load_study(config_path, {"attribution": True} if attribution else None)
     config = replace(config, executor=config.executor.overridden(executor, ray_address))
     from kvdrift.run.outdir import check_output_dir
 

@@ -16,8 +16,6 @@ from kvdrift.lm.actions import parse_action
 
 #: The fine grid of ratios kept that an eviction family may be tried at (sixteenths).
 RATIO_STEPS = 16
-#: The coarse grid tried first (indices into the fine grid, in sixteenths).
-COARSE_RATIOS = (12, 8, 4, 2)
 #: Discrete axes: kivi bits and llama.cpp cache types, most memory first.
 KIVI_BITS = (8, 4, 2)
 GGUF_TYPES = ("q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
@@ -54,12 +52,10 @@ class Budget:
 
 @dataclass(frozen=True)
 class Family:
-    """A family's budgets (most cache first) and which of them the search tries first."""
+    """A family's budgets, most cache first: the order the search tests them in."""
 
     name: str
     budgets: tuple[Budget, ...]
-    coarse: tuple[int, ...]  # indices into budgets
-    continuous: bool  # True for a ratio axis (refined by bisection), False for a list
 
     def __post_init__(self) -> None:
         if not self.budgets:
@@ -72,15 +68,14 @@ def _ratio_family(name: str, head: str, tail: str) -> Family:
         ratio = Fraction(k, RATIO_STEPS)
         value = f"{float(ratio):g}"
         budgets.append(Budget(name, i, value, f"{head}:ratio={value}{tail}"))
-    coarse = tuple(RATIO_STEPS - 1 - k for k in COARSE_RATIOS)
-    return Family(name, tuple(budgets), coarse, True)
+    return Family(name, tuple(budgets))
 
 
 def _ladder_family(name: str, ladder: Ladder) -> Family:
     budgets = tuple(Budget(name, i, lab, act)
                     for i, (lab, act) in enumerate(zip(ladder.labels, ladder.actions,
                                                        strict=True)))
-    return Family(name, budgets, tuple(range(len(budgets))), False)
+    return Family(name, budgets)
 
 
 def parse_family(text: str) -> Family:

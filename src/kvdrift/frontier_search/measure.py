@@ -82,34 +82,73 @@ _PATTERN = re.compile(r"^\s*(?P<name>[A-Za-z_][A-Za-z_ ]*?)\s*(?P<op><=|>=)\s*"
 
 @dataclass(frozen=True)
 class Measure:
-    """A measure and its tolerance: ``R_tv <= 0.05`` keeps rollout-TV risk at most 5%."""
+    """A measure and its tolerance: ``R_tv <= 0.05`` keeps rollout-TV risk at most 5%.
+
+    ``cap`` states a bound on an unbounded measure's per-replicate values (``kl``): it is an
+    assumption the certificate rests on, and a value above it stops the search. Without one,
+    an unbounded measure gets estimates only, never "certified"."""
 
     kind: MeasureKind
     tolerance: float
+    cap: float | None = None
 
     @property
     def op(self) -> str:
         """``"<="`` or ``">="``: the side a measure of this kind is kept on."""
         return self.kind.better
 
+    @property
+    def certifiable(self) -> bool:
+        """Whether its values have a known range (its own, or the stated cap)."""
+        return math.isfinite(self.kind.low) and (math.isfinite(self.kind.high)
+                                                 or self.cap is not None)
+
+    @property
+    def range(self) -> tuple[float, float]:
+        """The range of a per-replicate value: the kind's, its upper end the cap if stated."""
+        return self.kind.low, self.kind.high if self.cap is None else self.cap
+
     def __str__(self) -> str:
         return f"{self.kind.name} {self.op} {self.tolerance:g}"
+
+    def describe(self) -> str:
+        """The measure with its range, as the report states it."""
+        if not self.certifiable:
+            return f"{self} (unbounded: estimates only, not certified)"
+        low, high = self.range
+        stated = " (stated cap)" if self.cap is not None else ""
+        return f"{self} (values in [{low:g}, {high:g}]{stated})"
 
     def meets(self, value: float) -> bool:
         """Whether ``value`` is within the tolerance."""
         return value <= self.tolerance if self.op == "<=" else value >= self.tolerance
 
-    def certified(self, lo: float, hi: float) -> bool:
-        """Whether an interval lies wholly within the tolerance (the far bound meets it)."""
-        return self.meets(hi if self.op == "<=" else lo)
+    def check_values(self, values: np.ndarray) -> None:
+        """Refuse values outside the measure's range (a stated cap the data broke)."""
+        low, high = self.range
+        bad = values[(values < low) | (values > high)]
+        if bad.size:
+            what = "the stated cap" if self.cap is not None else "the measure's range"
+            raise ValueError(f"{self.kind.name} value {float(bad[0]):g} lies outside "
+                             f"[{low:g}, {high:g}], {what}; a bound that assumes the range "
+                             "would not hold (state a larger cap)")
 
-    def certainly_fails(self, lo: float, hi: float) -> bool:
-        """Whether an interval lies wholly outside the tolerance (the near bound breaks it)."""
-        return not self.meets(lo if self.op == "<=" else hi)
+
+def parse_cap(kind: MeasureKind, cap: float | None) -> float | None:
+    """A stated cap: only for an unbounded measure, above its tolerance's side."""
+    if cap is None:
+        return None
+    if math.isfinite(kind.high):
+        raise ValueError(f"{kind.name} is bounded in [{kind.low:g}, {kind.high:g}]; a cap is "
+                         "only for an unbounded measure (kl)")
+    checks.number(cap, f"{kind.name} cap", kind.low, math.inf, open_lo=True,
+                  rule=f"a finite number above {kind.low:g}")
+    return float(cap)
 
 
-def parse_measure(text: str) -> Measure:
-    """``"R_tv <= 0.05"`` -> :class:`Measure`; one line naming the bad part otherwise."""
+def parse_measure(text: str, cap: float | None = None) -> Measure:
+    """``"R_tv <= 0.05"`` -> :class:`Measure` (``cap``: a stated bound on an unbounded
+    measure's values); one line naming the bad part otherwise."""
     allowed = ", ".join(f"{m.name} {m.better} x" for m in MEASURES.values())
     match = _PATTERN.match(text) if isinstance(text, str) else None
     if match is None:
@@ -128,4 +167,7 @@ def parse_measure(text: str) -> Measure:
         raise ValueError(f"{name} is kept within a tolerance with '{kind.better}' "
                          f"({'smaller' if kind.better == '<=' else 'larger'} is better); "
                          f"got {match['op']!r}")
-    return Measure(kind, tolerance)
+    cap = parse_cap(kind, cap)
+    if cap is not None and tolerance > cap:
+        raise ValueError(f"{name} tolerance {tolerance:g} lies above the stated cap {cap:g}")
+    return Measure(kind, tolerance, cap)

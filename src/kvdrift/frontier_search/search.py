@@ -1,29 +1,32 @@
-"""The frontier search: the least cache whose measure is within the tolerance, certified.
+"""The frontier search: per family, the least cache whose measure is within the tolerance,
+certified by fixed-sequence testing down the family's axis with anytime-valid bounds.
 
-Each family's budgets are tried coarse first, then refined by bisection around the crossing
-(continuous axes), spending a second batch of replicates ("look") on a budget only while its
-interval straddles the tolerance and it could still change the answer. Every interval the
-search could ever compute (every budget of every family, at every look) is held at level
-``1 - alpha / M`` (Bonferroni over those ``M``), so with probability at least ``1 - alpha`` all
-of them hold at once, whichever the search computed: every certified point then meets the
-tolerance and every "certainly dominated" holds (docs/method.md, "The compression frontier").
-Budgets of one look share each document's seed across budgets (common random numbers).
+Each budget's mean over the documents gets a betting confidence sequence (``betting.py``),
+checked after every round of replicates, so a budget is run only until it is decided. A family's
+budgets are tested in a fixed order, most cache first: a budget is **certified** when its own
+bound is within the tolerance and every budget before it is certified; the first one that is
+not stops the sequence, so nothing after it is run. Each family's sequence holds at level
+``alpha / families``, so with probability at least ``1 - alpha`` no certified budget of any
+family breaks the tolerance, under any dependence between budgets (they share random numbers
+within a look) and whatever the search chose to run. "Fails" labels hold jointly at level
+``1 - alpha`` on their own (Bonferroni over every budget of every axis). docs/method.md
+section 12 states the guarantee.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
-from scipy import stats
 
 from kvdrift import checks
-from kvdrift.analysis.interval import Interval
+from kvdrift.frontier_search.betting import first_crossing, lower_path, rounds_of, upper_path
 from kvdrift.frontier_search.families import Budget, Family
 from kvdrift.frontier_search.measure import Measure
-from kvdrift.frontier_search.result import BudgetResult, FamilyResult, FrontierResult
+from kvdrift.frontier_search.result import BudgetResult, FamilyResult, FrontierResult, Scheme
 
 
 @dataclass(frozen=True)
@@ -36,151 +39,165 @@ class Sample:
 
 
 class Evaluator(Protocol):
-    """Runs budgets at a look and returns their samples (same documents at every budget)."""
+    """Runs budgets at a look and returns their samples (same documents at every budget).
+
+    Look ``L`` must use random numbers that no earlier look used (budgets of one look may
+    share them: common random numbers)."""
 
     def evaluate(self, budgets: Sequence[Budget], look: int) -> dict[Budget, Sample]: ...
 
 
 @dataclass(frozen=True)
 class SearchSettings:
-    """How sure and how thorough: level ``1 - alpha`` over the whole search, at most ``looks``
-    batches of ``replicates`` per document at a budget."""
+    """How sure and how thorough: level ``1 - alpha`` over the whole search; each look runs
+    ``replicates`` more per document at the budgets still undecided near the head of each
+    family's sequence (at most ``window`` of them), and a budget still undecided after
+    ``max_replicates`` per document stops its family's sequence."""
 
     alpha: float = 0.05
-    looks: int = 2
     replicates: int = 8
-    exhaustive: bool = False  # every budget at every look (the full grid, for comparison)
+    max_replicates: int = 32
+    window: int = 3
+    exhaustive: bool = False  # every budget until decided (the full grid, for comparison)
 
     def __post_init__(self) -> None:
         checks.number(self.alpha, "alpha", 0, 1, open_lo=True, open_hi=True)
-        checks.integer(self.looks, "looks", 1, 8)
-        checks.integer(self.replicates, "replicates", 2)
+        checks.integer(self.replicates, "replicates", 1)
+        checks.integer(self.max_replicates, "max_replicates", self.replicates)
+        checks.integer(self.window, "window", 1)
 
 
-def pooled_interval(samples: Sequence[Sample], level: float, low: float, high: float
-                    ) -> Interval:
-    """The mean over documents of each document's mean, with a t-interval, clipped to the
-    measure's range ``[low, high]``.
+@dataclass(frozen=True)
+class Judgement:
+    """A budget's own test after the rounds so far: its estimate, its bounds (each at its
+    level) and its own outcome, ``"within"``, ``"beyond"`` or ``"undecided"``."""
 
-    The variance of one replicate is pooled within documents (``df = sum(K_d - 1)``) and,
-    for a bounded measure, shrunk toward the largest variance a value in the range can have
-    at that mean (Bhatia-Davis, ``(m - low)(high - m)``) by one pseudo-replicate, with ``m``
-    the mean of the values and one pseudo-value at the range's midpoint. Without it, rare
-    large values that a handful of replicates did not show leave the interval far too
-    narrow (a nominal 99% interval covered 66% of finite worlds at a risk of 0.025 with
-    K = 8; docs/method.md, section 12). The documents are fixed: the interval is over
-    replicates, for these documents.
-    """
-    docs = sorted(samples[0].values)
-    means, squares, df, inv_k, total, count = [], 0.0, 0, 0.0, 0.0, 0
-    for d in docs:
-        v = np.concatenate([s.values[d] for s in samples]).astype(np.float64)
-        v = v[np.isfinite(v)]
-        if v.size < 2:
-            raise ValueError(f"document {d!r} has fewer than 2 replicates with a value")
-        means.append(v.mean())
-        squares += float(((v - v.mean()) ** 2).sum())
-        df += v.size - 1
-        inv_k += 1 / v.size
-        total, count = total + float(v.sum()), count + v.size
-    n = len(docs)
-    estimate = float(np.mean(means))
-    pseudo = 0.0
-    if np.isfinite(low) and np.isfinite(high):
-        m = (total + (low + high) / 2) / (count + 1)
-        pseudo = (m - low) * (high - m)
-    var = (squares + pseudo) / (df + 1) * inv_k / n**2
-    if var == 0:
-        return Interval(estimate, estimate, estimate, level)
-    half = float(stats.t.ppf(1 - (1 - level) / 2, df)) * var**0.5
-    return Interval(estimate, max(low, estimate - half), min(high, estimate + half), level)
+    estimate: float
+    lo: float
+    hi: float
+    outcome: str
+    rounds: int  # complete rounds: values per document that the bounds use
+    decided_at: int | None  # the round at which the outcome was reached
+
+
+def judge(samples: Sequence[Sample], measure: Measure, scheme: Scheme) -> Judgement:
+    """The budget's bounds and outcome from all its looks (see the module docstring)."""
+    values = rounds_of([s.values for s in samples])
+    rounds = values.shape[0]
+    if not measure.certifiable:  # estimates only: one look decides, by the point estimate
+        means = [np.nanmean(np.concatenate([s.values[d] for s in samples]))
+                 for d in sorted(samples[0].values)]
+        estimate = float(np.mean(means)) if means else math.nan
+        outcome = "within" if measure.meets(estimate) else "beyond"
+        return Judgement(estimate, math.nan, math.nan, outcome, rounds, 1)
+    low, high = measure.range
+    measure.check_values(values)
+    if rounds == 0:
+        return Judgement(math.nan, low, high, "undecided", 0, None)
+    tol = measure.tolerance
+    upper = measure.op == "<="  # the certifying side is the upper bound for a risk
+    certify, fail = scheme.certify_level, scheme.fail_level
+    hi = upper_path(values, certify if upper else fail, tol, low, high)
+    lo = lower_path(values, fail if upper else certify, tol, low, high)
+    within = first_crossing(hi if upper else lo, measure.meets)
+    beyond = first_crossing(lo if upper else hi, lambda b: ~_meets(measure, b))
+    if within is not None and (beyond is None or within < beyond):
+        outcome, at = "within", within
+    elif beyond is not None:
+        outcome, at = "beyond", beyond
+    else:
+        outcome, at = "undecided", None
+    return Judgement(float(values.mean()), float(lo[-1]), float(hi[-1]), outcome, rounds, at)
+
+
+def _meets(measure: Measure, bounds: np.ndarray) -> np.ndarray:
+    return bounds <= measure.tolerance if measure.op == "<=" else bounds >= measure.tolerance
 
 
 @dataclass
 class _Tried:
     budget: Budget
     samples: list[Sample] = field(default_factory=list)
-    interval: Interval | None = None
-    status: str = "untried"  # "certified" | "fails" | "undecided"
+    judgement: Judgement | None = None
+
+    @property
+    def outcome(self) -> str:
+        return "untried" if self.judgement is None else self.judgement.outcome
+
+    @property
+    def drawn(self) -> int:
+        """Replicates drawn per document (before any value was left out)."""
+        return sum(max((len(v) for v in s.values.values()), default=0) for s in self.samples)
 
 
 class _FamilySearch:
     def __init__(self, family: Family, measure: Measure, settings: SearchSettings,
-                 level: float) -> None:
-        self.family, self.measure, self.settings, self.level = family, measure, settings, level
-        self.tried = {b.index: _Tried(b) for b in family.budgets}
+                 scheme: Scheme) -> None:
+        self.family, self.measure, self.settings, self.scheme = family, measure, settings, scheme
+        self.tried = [_Tried(b) for b in family.budgets]
 
     def record(self, index: int, sample: Sample) -> None:
         t = self.tried[index]
         t.samples.append(sample)
-        kind = self.measure.kind
-        t.interval = pooled_interval(t.samples, self.level, kind.low, kind.high)
-        if self.measure.certified(t.interval.lo, t.interval.hi):
-            t.status = "certified"
-        elif self.measure.certainly_fails(t.interval.lo, t.interval.hi):
-            t.status = "fails"
-        else:
-            t.status = "undecided"
+        t.judgement = judge(t.samples, self.measure, self.scheme)
 
-    def _indices(self, status: str) -> list[int]:
-        return [i for i, t in self.tried.items() if t.status == status]
+    def _open(self, t: _Tried) -> bool:
+        """Whether another look at ``t`` could still decide it."""
+        return t.outcome in ("untried", "undecided") and t.drawn < self.settings.max_replicates
 
-    def cheapest(self) -> int:
-        """The cheapest certified budget's index (-1 if none)."""
-        return max(self._indices("certified"), default=-1)
+    def requests(self) -> list[int]:
+        """Budget indices to run at the next look; empty when the family's answer is settled.
 
-    def requests(self) -> list[tuple[int, int]]:
-        """(budget index, look) to run next; empty when the family's answer is settled."""
+        Down the sequence from the most cache: budgets already within are passed, the first
+        one beyond (or undecided with no replicates left) ends it; of the rest, the first few
+        still open are run together: one at first, one more per budget already within, at
+        most ``window`` (a budget run ahead of the sequence is wasted if one before it
+        fails, which is likelier the sooner it comes)."""
         if self.settings.exhaustive:
-            done = min(len(t.samples) for t in self.tried.values())
-            return [(i, done + 1) for i in self.tried] if done < self.settings.looks else []
-        if not any(t.samples for t in self.tried.values()):
-            return [(i, 1) for i in self.family.coarse]
-        c = self.cheapest()  # undecided budgets with less cache than it could still win
-        more = [(i, len(self.tried[i].samples) + 1) for i in self._indices("undecided")
-                if i > c and len(self.tried[i].samples) < self.settings.looks]
-        if more:
-            return more
-        if not self.family.continuous:
-            return []
-        tried = sorted(i for i, t in self.tried.items() if t.samples)
-        below = [i for i in tried if i > c]
-        lo = below[0] if below else len(self.tried)  # the next budget tried with less cache
-        if c == -1 and 0 not in tried:
-            return [(0, 1)]  # nothing certified: try the most cache the axis offers
-        if lo - c > 1 and c >= 0:
-            return [((c + lo) // 2, 1)]
-        return []
-
-    def result(self) -> tuple[list[BudgetResult], BudgetResult | None, list[str]]:
-        rows = []
-        for t in sorted(self.tried.values(), key=lambda t: t.budget.index):
-            if not t.samples:
+            return [t.budget.index for t in self.tried if self._open(t)]
+        within = sum(t.outcome == "within" for t in self.tried)
+        width = min(self.settings.window, 1 + within)
+        out = []
+        for t in self.tried:
+            if t.outcome == "within":
                 continue
+            if not self._open(t) or len(out) == width:
+                break
+            out.append(t.budget.index)
+        return out
+
+    def result(self) -> FamilyResult:
+        rows, intact = [], True
+        for t in self.tried:
+            if t.judgement is None:
+                intact = False
+                continue
+            j = t.judgement
+            intact = intact and j.outcome == "within"
             rows.append(BudgetResult(
                 family=self.family.name, label=t.budget.label, action=t.budget.action,
-                index=t.budget.index,
-                kv_fraction=float(np.mean([s.kv_fraction for s in t.samples])),
-                interval=t.interval, status=t.status, looks=len(t.samples),
-                replicates=sum(len(next(iter(s.values.values()))) for s in t.samples),
-                calls=sum(s.calls for s in t.samples)))
-        c = self.cheapest()
-        certified = next((r for r in rows if r.index == c), None)
-        return rows, certified, self._not_monotone(rows)
+                index=t.budget.index, kv_fraction=_kv_fraction(t.samples),
+                estimate=j.estimate, lo=j.lo, hi=j.hi,
+                status=_status(j.outcome, intact, self.measure.certifiable),
+                rounds=j.rounds, decided_at=j.decided_at, looks=len(t.samples),
+                replicates=t.drawn, calls=sum(s.calls for s in t.samples)))
+        certified = [r for r in rows if r.status == "certified"]
+        return FamilyResult(self.family.name, tuple(rows),
+                            certified[-1] if certified else None)
 
-    def _not_monotone(self, rows: list[BudgetResult]) -> list[str]:
-        """Pairs of budgets whose intervals are ordered against the budget: the one with more
-        cache certainly worse than one with less (both intervals hold jointly)."""
-        out = []
-        for i, more in enumerate(rows):
-            for less in rows[i + 1:]:
-                a, b = more.interval, less.interval
-                worse = a.lo > b.hi if self.measure.op == "<=" else a.hi < b.lo
-                if worse:
-                    out.append(f"{self.family.name}: not monotone in the budget: {more.label} "
-                               f"(more cache) is certainly worse than {less.label}")
-                    break
-        return out
+
+def _kv_fraction(samples: Sequence[Sample]) -> float:
+    values = [s.kv_fraction for s in samples if math.isfinite(s.kv_fraction)]
+    return float(np.mean(values)) if values else math.nan
+
+
+def _status(outcome: str, intact: bool, certifiable: bool) -> str:
+    """A budget's label: its own outcome, and for "within", whether the sequence reached it."""
+    if not certifiable:
+        return "estimate within" if outcome == "within" else "estimate beyond"
+    if outcome == "within":
+        return "certified" if intact else "blocked"
+    return {"beyond": "fails", "undecided": "undecided"}[outcome]
 
 
 def frontier_search(families: Sequence[Family], measure: Measure, evaluator: Evaluator,
@@ -188,28 +205,24 @@ def frontier_search(families: Sequence[Family], measure: Measure, evaluator: Eva
     """Search every family's budget axis for the least cache within the measure's tolerance."""
     checks.distinct_items((f.name for f in families), "families",
                           "one or more distinct family names")
-    tests = sum(len(f.budgets) for f in families) * settings.looks
-    level = 1 - settings.alpha / tests
-    searches = [_FamilySearch(f, measure, settings, level) for f in families]
+    scheme = Scheme(settings.alpha, len(families), sum(len(f.budgets) for f in families))
+    searches = [_FamilySearch(f, measure, settings, scheme) for f in families]
+    look, documents = 0, 0
     while True:
-        wanted = [(s, i, look) for s in searches for i, look in s.requests()]
+        wanted = [(s, i) for s in searches for i in s.requests()]
         if not wanted:
             break
-        for look in sorted({w[2] for w in wanted}):
-            batch = [(s, i) for s, i, lk in wanted if lk == look]
-            samples = evaluator.evaluate([s.family.budgets[i] for s, i in batch], look)
-            for s, i in batch:
-                s.record(i, samples[s.family.budgets[i]])
-    families_out, warnings, rows = [], [], []
-    for s in searches:
-        r, cert, warn = s.result()
-        rows.extend(r)
-        warnings.extend(warn)
-        families_out.append(FamilyResult(s.family.name, tuple(r), cert))
-    calls = sum(r.calls for r in rows)
-    per_look = calls / max(1, sum(r.looks for r in rows))
+        look += 1
+        samples = evaluator.evaluate([s.family.budgets[i] for s, i in wanted], look)
+        for s, i in wanted:
+            sample = samples[s.family.budgets[i]]
+            documents = len(sample.values)
+            s.record(i, sample)
+    drawn = sum(r.replicates for s in searches for r in s.result().budgets)
+    calls = sum(r.calls for s in searches for r in s.result().budgets)
+    per_replicate = calls / max(1, drawn)
+    full = per_replicate * scheme.budgets * settings.max_replicates
     return FrontierResult.assemble(
-        measure=str(measure), better=measure.op, tolerance=measure.tolerance,
-        alpha=settings.alpha, tests=tests, level=level, families=tuple(families_out),
-        calls=calls, full_grid_calls=int(round(per_look * tests)),
-        warnings=tuple(warnings))
+        measure=measure, alpha=settings.alpha, scheme=scheme, documents=documents,
+        families=tuple(s.result() for s in searches), calls=calls,
+        full_grid_calls=int(round(full)), looks=look)

@@ -1,9 +1,10 @@
 """The frontier on a language model: each batch of budgets is a study directory (a *stage*)
 under the frontier's output directory, run and resumed like any study.
 
-Stage ``NN-lookL`` holds the budgets the search asked for at that step, with ``replicates`` per
+Stage ``NN-lookL`` holds the budgets the search asked for at look ``L``, with ``replicates`` per
 document; look ``L`` uses the seed ``seed + L - 1``, so every budget of one look shares each
-document's random stream (common random numbers) and a second look adds fresh replicates.
+document's random stream (common random numbers) and every look draws fresh replicates, which
+the search's bounds need (docs/method.md section 12).
 Re-running the same command replays the search's decisions from the stored stages and
 computes only what is missing.
 """
@@ -40,17 +41,19 @@ class FrontierConfig:
 
     @classmethod
     def parse(cls, study: StudyConfig, families: Sequence[str], measure: str,
-              settings: SearchSettings) -> FrontierConfig:
-        return cls(study, tuple(parse_family(f) for f in families), parse_measure(measure),
-                   settings)
+              settings: SearchSettings, cap: float | None = None) -> FrontierConfig:
+        return cls(study, tuple(parse_family(f) for f in families),
+                   parse_measure(measure, cap), settings)
 
     def as_dict(self) -> dict:
         study = self.study.as_dict()
         for key in ("name", "actions", "replicates"):
             study.pop(key, None)
         return {"study": study, "families": [f.name for f in self.families],
-                "measure": str(self.measure), "alpha": self.settings.alpha,
-                "looks": self.settings.looks, "replicates": self.settings.replicates}
+                "measure": str(self.measure), "cap": self.measure.cap,
+                "alpha": self.settings.alpha, "replicates": self.settings.replicates,
+                "max_replicates": self.settings.max_replicates,
+                "window": self.settings.window}
 
 
 @dataclass
@@ -83,8 +86,8 @@ class StudyEvaluator:
             if reps.empty:
                 raise ValueError(f"stage {where} holds no records of {b.action!r}")
             series = self.config.measure.kind.read(steps, reps)
-            values = {doc: group.to_numpy(dtype=float)
-                      for doc, group in series.groupby(level="doc_id")}
+            values = {doc: group.to_numpy(dtype=float)  # in replicate order
+                      for doc, group in series.sort_index().groupby(level="doc_id")}
             kv = float(reps["kv_fraction"].mean()) if "kv_fraction" in reps else float("nan")
             out[b] = Sample(values, kv, int(reps["evaluations"].sum()))
         return out

@@ -151,19 +151,29 @@ def _quiet_progress() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-def _convert_smollm2(out_dir: Path) -> None:
-    """De-quantize the embedded GGUF and save model, config and tokenizer to ``out_dir``."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+_LOCAL = {"trust_remote_code": False, "local_files_only": True}
 
-    gguf_dir = smollm2_gguf_dir()
-    local = {"trust_remote_code": False, "local_files_only": True}
-    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=SMOLLM2_GGUF, **local)
+
+def _smollm2_gguf_tokenizer() -> Any:
+    """The embedded model's tokenizer read from its GGUF file alone (no weights converted)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_gguf_dir(), gguf_file=SMOLLM2_GGUF,
+                                              **_LOCAL)
     # The GGUF metadata names <|im_start|> as EOS; the model's generation config and the
     # upstream SmolLM2-Instruct tokenizer end turns with <|im_end|> (id 2).
     tokenizer.eos_token = SMOLLM2_EOS
     tokenizer.pad_token = SMOLLM2_EOS
+    return tokenizer
+
+
+def _convert_smollm2(out_dir: Path) -> None:
+    """De-quantize the embedded GGUF and save model, config and tokenizer to ``out_dir``."""
+    from transformers import AutoModelForCausalLM
+
+    tokenizer = _smollm2_gguf_tokenizer()
     model = AutoModelForCausalLM.from_pretrained(
-        gguf_dir, gguf_file=SMOLLM2_GGUF, dtype=torch.float32, **local
+        smollm2_gguf_dir(), gguf_file=SMOLLM2_GGUF, dtype=torch.float32, **_LOCAL
     )
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
@@ -185,9 +195,14 @@ def _model_source(name_or_path: str) -> str | Path:
 
 
 def load_tokenizer(name_or_path: str = DEFAULT_MODEL, allow_download: bool = False) -> Any:
-    """The tokenizer of a model, without its weights (what a driver needs to size documents)."""
+    """The tokenizer of a model, without its weights (what a driver needs to size documents,
+    and what ``kvdrift show`` decodes with). The embedded model's comes from its converted
+    cache where that exists, else from the GGUF file alone, without converting the weights."""
     from transformers import AutoTokenizer
 
+    if name_or_path == DEFAULT_MODEL and not is_complete_model_dir(
+            cache_root() / SMOLLM2_CACHE_NAME):
+        return _smollm2_gguf_tokenizer()
     source = _model_source(name_or_path)
     options = pretrained_options(source, allow_download)
     try:

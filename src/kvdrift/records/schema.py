@@ -80,6 +80,24 @@ SCORES = (
     Column("score_y", pa.float64(), "task score of Y's text", "documents with answers"),
 )
 
+_LOST_WHEN = "--attribution, rollouts of language models (divergent replicates)"
+LOST = (
+    Column("lost_mass", pa.float64(),
+           "share of P's attention at tau (mean over layers and query heads) on prompt entries "
+           "Q's cache lost (evicted: all; held: their relative distortion); NaN: no divergence",
+           _LOST_WHEN),
+    Column("lost_positions", pa.list_(pa.int32()),
+           "the prompt positions (0-based) with the most lost attention, most first", _LOST_WHEN),
+    Column("lost_shares", pa.list_(pa.float64()),
+           "each position's lost attention mass m(j), in the order of lost_positions",
+           _LOST_WHEN),
+    Column("lost_tokens", pa.list_(pa.string()), "each position's token text", _LOST_WHEN),
+    Column("lost_contexts", pa.list_(pa.string()),
+           "each position's context in the prompt: a few tokens either side, the token in ⟦ ⟧",
+           _LOST_WHEN),
+)
+"""What Q's cache had lost at the first divergence (:mod:`kvdrift.lm.attribution`)."""
+
 DEPTHS = Column("depths", pa.list_(pa.int32()),
                 "the observation depths L, ascending (the same list in every row of a run)")
 OBSERVED = Column("observed", pa.list_(pa.float64()),
@@ -109,7 +127,7 @@ REPLICATES = KEY + (
     *TERMS[1:5],
     Column("evaluations", pa.int64(), "kernel-pair evaluations of the replicate"),
     *TERMS[5:],
-) + DEPTH_TERMS + TIMING + MEMORY + SCORES
+) + DEPTH_TERMS + TIMING + MEMORY + SCORES + LOST
 """The replicate columns."""
 
 
@@ -145,5 +163,6 @@ MEMORY_COLUMNS = names(MEMORY)
 TIMING_COLUMNS = names(TIMING)
 """The only columns that differ between two runs of the same settings."""
 SCORE_COLUMNS = names(SCORES)
+LOST_COLUMNS = names(LOST)
 TERM_COLUMNS = names(TERMS)
 DEPTH_TERM_COLUMNS = names(DEPTH_TERMS)

@@ -20,7 +20,7 @@ from kvdrift.analysis.results import StudyAnalysis
 from kvdrift.json_values import to_json_safe
 from kvdrift.report.figures import FIGURES
 from kvdrift.report.page import render_page
-from kvdrift.report.page_model import Page
+from kvdrift.report.page_model import Page, Section
 from kvdrift.report.paper import paper_section
 from kvdrift.report.sections.agreement import local_agreement
 from kvdrift.report.sections.bounds import bounds
@@ -38,7 +38,7 @@ DEFAULT_TITLE = "KV-cache compression: divergence timing and cumulative disagree
 
 
 def write_report(analysis: StudyAnalysis, out_dir: str | Path, *,
-                 title: str = DEFAULT_TITLE) -> Path:
+                 title: str = DEFAULT_TITLE, examples: Section | None = None) -> Path:
     """Write ``report.html``, ``analysis.json`` and ``figures/*.png`` into ``out_dir``.
 
     Parameters
@@ -49,6 +49,9 @@ def write_report(analysis: StudyAnalysis, out_dir: str | Path, *,
     out_dir : path
         Created if needed. Figures of an earlier report that this analysis cannot draw are
         removed, so ``figures/`` always matches the HTML.
+    examples : Section, optional
+        The "Examples" section (:func:`~kvdrift.report.sections.examples.examples_section`:
+        it reads the records, not the analysis), placed before the figures.
 
     Returns
     -------
@@ -85,6 +88,7 @@ def write_report(analysis: StudyAnalysis, out_dir: str | Path, *,
         task_outcomes(analysis),
         readings(analysis),
         strata(analysis),
+        *(() if examples is None else (examples,)),
         figures(drawn),
         glossary(),
     ))

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from kvdrift.analysis.interval import Interval
 from kvdrift.analysis.registry import Quantity
+from kvdrift.examples.views import ExampleView
 
 # ------------------------------------------------------------------------------ cells
 
@@ -127,7 +128,16 @@ class EmbeddedFigure:
     path: Path
 
 
-Block = Markup | Table | Definitions | Bullets | Details | EmbeddedFigure
+@dataclass(frozen=True)
+class Generations:
+    """One replicate's two generations side by side, token by token (P's and Q's text,
+    escaped when written, with the divergence marked, mismatches highlighted and each
+    position's TV as a background shade)."""
+
+    view: ExampleView
+
+
+Block = Markup | Table | Definitions | Bullets | Details | EmbeddedFigure | Generations
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ unit's files are held against it in one call, :func:`check`.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -28,7 +29,10 @@ LABELS = {
     "horizon": "horizon H", "temperature": "temperature", "depths": "depths",
     "seed": "seed", "batch": "batch", "chat_template": "chat_template",
     "prompt_sha256": "the document's prompt text", "kvdrift": "kvdrift version",
+    "attribution": "attribution",
 }
+#: Settings a fingerprint records only when not at this value (so earlier stores resume).
+UNRECORDED = {"attribution": False}
 
 
 def kvdrift_version() -> str:
@@ -36,6 +40,11 @@ def kvdrift_version() -> str:
         return metadata.version("kvdrift")
     except metadata.PackageNotFoundError:
         return "unknown"
+
+
+def prompt_sha256(prompt: str) -> str:
+    """The hash a fingerprint records of a document's prompt text."""
+    return hashlib.sha256(prompt.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def encode(fingerprint: Mapping[str, Any]) -> bytes:
@@ -59,12 +68,12 @@ def first_difference(stored: Mapping[str, Any] | None, wanted: Mapping[str, Any]
     if stored is None:
         return "it was stored without the settings that made it (an older kvdrift)"
     for key in list(LABELS) + sorted(set(wanted) - set(LABELS)):
-        if stored.get(key) != wanted.get(key):
+        was, now = (stored.get(key, UNRECORDED.get(key)), wanted.get(key, UNRECORDED.get(key)))
+        if was != now:
             label = LABELS.get(key, key)
             if key == "prompt_sha256":
                 return "the document's prompt text has changed since it was stored"
-            return (f"it was computed with {label} = {stored.get(key)!r}, this run has "
-                    f"{label} = {wanted.get(key)!r}")
+            return f"it was computed with {label} = {was!r}, this run has {label} = {now!r}"
     return None
 
 

@@ -30,7 +30,7 @@ from kvdrift.estimate.common import (
 from kvdrift.kernel import KernelPair
 from kvdrift.records.schema import MEMORY_COLUMNS, TIMING_COLUMNS
 from kvdrift.run.estimators import Estimator, parse_estimator
-from kvdrift.run.fingerprint import kvdrift_version
+from kvdrift.run.fingerprint import kvdrift_version, prompt_sha256
 from kvdrift.run.records import UnitKey
 from kvdrift.run.store import RunStore
 
@@ -48,6 +48,7 @@ class RunConfig:
     depths: tuple[int, ...] = ()
     seed: int = 0
     batch: int = 0  # most replicates per forward batch (0: all K at once); bounds memory
+    attribution: bool = False  # record what Q's cache had lost at each divergence (lm only)
     extra: dict = field(default_factory=dict)  # e.g. device, dtype, chat template, doc source
 
     def __post_init__(self) -> None:
@@ -61,6 +62,9 @@ class RunConfig:
         checks.integer(self.batch, "batch", 0,
                        rule="an integer >= 0 (0 = all replicates at once)")
         checks.number(self.temperature, "temperature", 0, rule="a finite number >= 0 (0 = greedy)")
+        if self.attribution and not self.estimator.records.complete_branches:
+            raise ValueError(f"attribution must be false with estimator {self.estimator.name!r}; "
+                             "it needs complete coupled rollouts (estimator = \"rollout\")")
 
     def fingerprint(self, doc: Document) -> dict[str, Any]:
         """The settings that shape the records of ``doc``'s units (JSON-ready; stored with
@@ -72,15 +76,16 @@ class RunConfig:
             "temperature": float(self.temperature), "depths": list(self.depths),
             "seed": self.seed, "batch": self.batch,
             "chat_template": extra.get("chat_template"),
-            "prompt_sha256": hashlib.sha256(doc.prompt.encode("utf-8", "surrogatepass")
-                                            ).hexdigest(),
+            "prompt_sha256": prompt_sha256(doc.prompt),
             "kvdrift": kvdrift_version(),
-        }
+        } | ({"attribution": True} if self.attribution else {})  # off: as stores before it
 
     def as_dict(self) -> dict:
         out = asdict(self)
         out["actions"], out["depths"] = list(self.actions), list(self.depths)
         out["estimator"] = self.estimator.name
+        if not self.attribution:  # recorded only when on, so earlier stores still resume
+            del out["attribution"]
         return out
 
 
@@ -137,7 +142,8 @@ def unit_records(
     The replicate table carries the unit's measured cost (:func:`with_timing`), the only
     columns that differ between two runs of the same configuration and seed, and, for
     rollouts of a document with an expected answer whose factory can decode text, the task
-    scores of X and Y (:mod:`kvdrift.run.outcomes`).
+    scores of X and Y (:mod:`kvdrift.run.outcomes`); with ``attribution``, what Q's cache had
+    lost at each divergence (:mod:`kvdrift.run.lost_context`).
     """
     key = unit_key(config, doc, action)
     seed = unit_seed(config.seed, doc.id)
@@ -148,6 +154,10 @@ def unit_records(
     finished = time.perf_counter()
     refuse_nonfinite(key, result)
     steps, reps = config.estimator.tables(key, result, config.depths, doc, pair, make_pair)
+    if config.attribution:
+        from kvdrift.run.lost_context import with_lost_context
+
+        reps = with_lost_context(reps, result, pair, make_pair, doc)
     return steps, with_memory(with_timing(reps, built - started, finished - built), pair)
 
 

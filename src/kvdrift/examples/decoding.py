@@ -1,0 +1,59 @@
+"""Token ids as text, with the run's own tokenizer, loaded offline and once per model.
+
+A run records the model it ran (``model`` column); its tokenizer is loaded without the
+weights (:func:`kvdrift.lm.model.load_tokenizer`). Where it cannot be loaded (a model
+directory moved, a hub id not in the local cache), :class:`TokenText` says so in one line
+(``note``) and writes token ids instead of text.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class TokenText:
+    """How one model's token ids become text.
+
+    ``tokenizer`` is None where the model's tokenizer is not available; then ``note`` says
+    why in one line and each token is written as its id, ``[id]``. A negative id (SWRB's
+    positions before its continuation) is no token and writes as the empty string.
+    """
+
+    model: str
+    tokenizer: Any | None
+    note: str | None = None
+
+    def piece(self, token_id: int) -> str:
+        """One token's text on its own (the tokenizer's ``decode([id])``, special tokens
+        kept)."""
+        token_id = int(token_id)
+        if token_id < 0:
+            return ""
+        if self.tokenizer is None:
+            return f"[{token_id}]"
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def text(self, token_ids: Iterable[int]) -> str:
+        """A sequence of tokens decoded together (negative ids left out)."""
+        ids = [int(i) for i in token_ids if int(i) >= 0]
+        if self.tokenizer is None:
+            return "".join(f"[{i}]" for i in ids)
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+
+@functools.cache
+def token_text(model: str) -> TokenText:
+    """The run's model's :class:`TokenText`, its tokenizer loaded offline, once per process."""
+    from kvdrift.lm.model import load_tokenizer
+
+    try:
+        return TokenText(model, load_tokenizer(model))
+    except (OSError, ValueError, ImportError) as exc:
+        reason = next((line.strip() for line in str(exc).splitlines() if line.strip()),
+                      type(exc).__name__)
+        return TokenText(model, None, f"the tokenizer of model {model!r} is not available "
+                                      f"({reason}); token ids are shown instead")

@@ -1,0 +1,56 @@
+"""A run's trajectories as one pandas frame with decoded text, one row per generated position.
+
+Columns: the unit and replicate (``model``, ``doc_id``, ``stratum``, ``action``,
+``estimator``, ``replicate``), the position ``t``, P's and Q's tokens (``x_token``,
+``y_token``) and their text (``x_text``, ``y_text``: each token decoded on its own with the
+run's tokenizer, :mod:`.decoding`), ``mismatch``, the position's TV ``delta`` (NaN for SWRB),
+and the replicate's ``tau`` (0: never diverged; SWRB: its scan length J), ``R`` (the
+mismatch fraction) and ``R_tv`` (the rollout TV, NaN for SWRB).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pandas as pd
+
+from kvdrift.examples.decoding import TokenText, token_text
+
+KEY = ["model", "doc_id", "stratum", "action", "estimator", "replicate"]
+STEP_COLUMNS = [*KEY, "t", "x_token", "y_token", "mismatch", "delta"]
+REPLICATE_COLUMNS = [*KEY, "horizon", "tau", "risk", "risk_tv"]
+COLUMNS = [*KEY, "t", "x_token", "y_token", "x_text", "y_text", "mismatch", "delta", "tau",
+           "R", "R_tv"]
+
+
+def decoded_pieces(tokens: pd.Series, models: pd.Series,
+                   texts: Callable[[str], TokenText] = token_text) -> list[str]:
+    """Each token's text, decoded with its row's model's tokenizer (each distinct
+    (model, id) once)."""
+    pieces: dict[tuple[str, int], str] = {}
+    out = []
+    for model, token in zip(models, tokens, strict=True):
+        key = (model, int(token))
+        if key not in pieces:
+            pieces[key] = texts(model).piece(key[1])
+        out.append(pieces[key])
+    return out
+
+
+def trajectory_frame(steps: pd.DataFrame, replicates: pd.DataFrame,
+                     texts: Callable[[str], TokenText] = token_text) -> pd.DataFrame:
+    """The step records joined with their replicate's ``tau``, ``R`` and ``R_tv``, P's and
+    Q's tokens decoded; sorted by unit, replicate and position (columns :data:`COLUMNS`)."""
+    reps = replicates[[*KEY, "tau", "risk", "risk_tv"]].rename(
+        columns={"tau": "replicate_tau", "risk": "R", "risk_tv": "R_tv"})
+    frame = steps[STEP_COLUMNS].merge(reps, on=KEY, how="inner", validate="many_to_one")
+    frame = frame.rename(columns={"replicate_tau": "tau"})
+    frame["x_text"] = decoded_pieces(frame["x_token"], frame["model"], texts)
+    frame["y_text"] = decoded_pieces(frame["y_token"], frame["model"], texts)
+    order = ["model", "doc_id", "action", "replicate", "t"]
+    return frame[COLUMNS].sort_values(order, kind="stable").reset_index(drop=True)
+
+
+def tokenizer_notes(models, texts: Callable[[str], TokenText] = token_text) -> list[str]:
+    """One line per model whose tokenizer is not available."""
+    return [n for n in (texts(m).note for m in sorted(set(models))) if n is not None]
