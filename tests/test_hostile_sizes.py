@@ -443,3 +443,30 @@ def test_hostile_sizes_and_nesting_are_one_line_and_write_nothing(tmp_path, monk
     assert tree_hashes(tmp_path) == before and not (tmp_path / "out").exists()
     assert peak < 200 * 2**20, peak
     assert time.perf_counter() - started < 20
+
+
+def test_an_allocation_failure_is_one_line_naming_the_unit_and_what_to_lower():
+    """What the limits let through and still does not fit ended in the allocator's
+    traceback (``--replicates 5000000`` on a tiny model tried to allocate 10 GB)."""
+    from kvdrift.data import Document
+    from kvdrift.run.runner import OutOfMemory, unit_records
+
+    alloc = ("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
+             "memory: you tried to allocate 10240000000 bytes. Error code 12")
+
+    def make_pair(error):
+        def build(doc, action):
+            raise error
+        return build
+
+    doc, config = Document(id="d", prompt=PROMPT), RunConfig(model="m", actions=("a",))
+    with pytest.raises(OutOfMemory) as info:
+        unit_records(config, doc, "a", make_pair(RuntimeError(alloc)))
+    assert str(info.value) == (
+        f"unit m · d · a ran out of memory with 8 replicates per batch ({alloc}); lower batch "
+        "(--batch, or batch in [study]), the horizon or the prompt length (finished units are "
+        "kept)")
+    with pytest.raises(OutOfMemory, match=r"\(MemoryError\)"):
+        unit_records(config, doc, "a", make_pair(MemoryError()))
+    with pytest.raises(RuntimeError, match="^a bug$"):  # any other error is not one
+        unit_records(config, doc, "a", make_pair(RuntimeError("a bug")))

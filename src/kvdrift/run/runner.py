@@ -148,9 +148,18 @@ def unit_records(
     key = unit_key(config, doc, action)
     seed = unit_seed(config.seed, doc.id)
     started = time.perf_counter()
-    pair = make_pair(doc, action)
-    built = time.perf_counter()
-    result = run_estimator(config, pair, seed)
+    try:
+        pair = make_pair(doc, action)
+        built = time.perf_counter()
+        result = run_estimator(config, pair, seed)
+    except (MemoryError, RuntimeError) as exc:
+        if not out_of_memory(exc):
+            raise
+        raise OutOfMemory(
+            f"unit {key.model} · {key.doc_id} · {key.action} ran out of memory with "
+            f"{config.batch or config.replicates} replicates per batch ({out_of_memory(exc)}); "
+            "lower batch (--batch, or batch in [study]), the horizon or the prompt length "
+            "(finished units are kept)") from None
     finished = time.perf_counter()
     refuse_nonfinite(key, result)
     steps, reps = config.estimator.tables(key, result, config.depths, doc, pair, make_pair)
@@ -159,6 +168,21 @@ def unit_records(
 
         reps = with_lost_context(reps, result, pair, make_pair, doc)
     return steps, with_memory(with_timing(reps, built - started, finished - built), pair)
+
+
+class OutOfMemory(ValueError):
+    """A unit that an allocation failed for (one line, with what to lower); the limits of
+    :mod:`kvdrift.limits` keep most such units from starting, this names the rest."""
+
+
+def out_of_memory(exc: BaseException) -> str | None:
+    """The allocator's words if ``exc`` is an allocation failure (Python's ``MemoryError``,
+    torch's out-of-memory error on a GPU or its CPU allocator's), else None."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError" or \
+            "can't allocate memory" in text or "out of memory" in text.lower():
+        return text[:200]
+    return None
 
 
 class NonFiniteUnit(ValueError):
