@@ -470,3 +470,10 @@ def test_an_allocation_failure_is_one_line_naming_the_unit_and_what_to_lower():
         unit_records(config, doc, "a", make_pair(MemoryError()))
     with pytest.raises(RuntimeError, match="^a bug$"):  # any other error is not one
         unit_records(config, doc, "a", make_pair(RuntimeError("a bug")))
+
+
+def test_a_study_config_that_is_no_regular_file_is_named_as_such(tmp_path):
+    for path in ("/dev/zero", tmp_path):
+        with pytest.raises(ValueError, match=f"^study config {path} must be a regular file "
+                                             r"\(a TOML file\)$"):
+            load_study(path)

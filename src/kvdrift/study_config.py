@@ -212,8 +212,10 @@ def load_study(path: str | Path, overrides: dict[str, Any] | None = None) -> Stu
     """Read and validate a study TOML file; ``overrides`` replace keys of its [study] table
     (e.g. ``{"replicates": 2, "horizon": 8}``) and are checked like the file's own keys."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"study config {path} does not exist")
+    if not path.is_file():  # a folder, /dev/zero, a pipe: never read whole
+        raise ValueError(f"study config {path} must be a regular file (a TOML file)")
     try:
         data = tomllib.loads(limits.read_bounded(path).decode("utf-8"))
     except UnicodeDecodeError as exc:
