@@ -105,6 +105,7 @@ def _write_atomically(table: pa.Table, path: Path) -> None:
 #: Key-value metadata naming the unit a Parquet file holds (model, document id, action).
 UNIT_KEY = b"kvdrift.unit"
 _KEY_COLUMNS = ["model", "doc_id", "action"]
+_UNIT_FILE = re.compile(r".*-[0-9a-f]{12}\.parquet")  # the names unit_name gives
 
 
 def _with_fingerprint(table: pa.Table, fingerprint: Mapping[str, Any] | None,
@@ -377,8 +378,9 @@ class RunStore:
 
     def _owned(self, kind: str, refused: set[str] = frozenset()
                ) -> dict[str, tuple[str, str, str]]:
-        """The files of ``kind`` that their unit owns (a file's name is the name of the unit
-        whose records it holds), by name, with that unit. Any other file (a copy under
+        """The files of ``kind`` that their unit owns (a file kvdrift wrote, or one named as
+        it names units, holds the unit its name is the name of; a file of records assembled
+        otherwise may hold several), by name, with that unit. Any other file (a copy under
         another name, a unit of another model or action, a replicate file without its steps
         file) is named once in a notice and left out, unless its name is in ``refused`` (the
         caller refuses it); one that is unreadable or names no unit is kept, so that reading
@@ -387,13 +389,16 @@ class RunStore:
         named = self._named_in_config()
         for path in sorted((self.root / kind).glob("*.parquet")):
             try:
-                unit = _unit_in(path, pq.read_metadata(path))
+                footer = pq.read_metadata(path)
+                unit = _unit_in(path, footer)
             except (OSError, pa.ArrowException, StopIteration):
                 unit = None
             if unit is None:  # unreadable, or names no unit: kept, reading it tells
                 owned[path.name] = ("?", "?", "?")
                 continue
-            if _file_name(unit) != path.name:
+            named_by_kvdrift = UNIT_KEY in (footer.metadata or {}) or _UNIT_FILE.fullmatch(
+                path.name)  # a file of records assembled by hand may hold several units
+            if named_by_kvdrift and _file_name(unit) != path.name:
                 why = "its name is not that of the unit whose records it holds"
             elif not all(n is None or u in n for u, n in zip(unit, named, strict=True)):
                 why = f"its unit {' · '.join(unit)} is not one of the store's models and actions"
