@@ -11,7 +11,6 @@ computes only what is missing.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -104,16 +103,16 @@ def check_saved(out: Path, config: FrontierConfig) -> None:
             raise ValueError(f"{out} holds a frontier with other settings (differs in: "
                              f"{', '.join(keys)}); use a new --out or the same settings")
         return
-    out.mkdir(parents=True, exist_ok=True)
     _write_json(path, {"config": mine})
 
 
 def _write_json(path: Path, data: dict) -> None:
+    """Write ``data`` to ``path`` in the frontier's folder, never through a link."""
+    from kvdrift import output
     from kvdrift.json_values import to_json_safe
 
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(to_json_safe(data), indent=2, allow_nan=False), encoding="utf-8")
-    os.replace(tmp, path)
+    output.write_text(path.parent, path.name,
+                      json.dumps(to_json_safe(data), indent=2, allow_nan=False))
 
 
 def run_frontier(config: FrontierConfig, out: str | Path, run_stage: RunStage

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kvdrift import output
 from kvdrift.frontier_search.result import BudgetResult, FrontierResult
 from kvdrift.report import page
 from kvdrift.report.figures import plt, save_figure
@@ -107,17 +108,14 @@ def frontier_section(result: FrontierResult) -> str:
 def write_frontier_report(result: FrontierResult, out_dir: str | Path,
                           title: str = "KV-cache compression frontier") -> Path:
     """Write ``report.html`` and ``figures/frontier.png`` into ``out_dir``; returns the HTML."""
-    out_dir = Path(out_dir)
-    (out_dir / "figures").mkdir(parents=True, exist_ok=True)
+    out_dir = output.make_folder(out_dir, "figures").parent  # never through a link
     plot_frontier(result, out_dir / "figures" / "frontier.png")
     figure = ('<figure><img src="figures/frontier.png" alt="frontier"><figcaption>The measure '
               "against the cache kept, per family: each point a budget tried with its "
               "simultaneous interval; filled points are certified within the tolerance (the "
               "dashed line), the star the least cache certified.</figcaption></figure>")
     body = frontier_section(result) + figure
-    path = out_dir / "report.html"
-    path.write_text(page.standalone(title, body), encoding="utf-8")
-    return path
+    return output.write_text(out_dir, "report.html", page.standalone(title, body))
 
 
 def frontier_table(result: FrontierResult):

@@ -11,6 +11,8 @@ import fcntl
 import os
 from pathlib import Path
 
+from kvdrift.output import open_for_reading, open_lock_file
+
 LOCK_FILE = ".lock"
 
 
@@ -34,8 +36,7 @@ class StoreLock:
         return self.root / LOCK_FILE
 
     def acquire(self) -> StoreLock:
-        self.root.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = open_lock_file(self.root, LOCK_FILE)  # never through a link (kvdrift.output)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -55,9 +56,8 @@ class StoreLock:
     def holder(self) -> str | None:
         """The PID (as text) of another process writing the store now, or None; a reader's
         check that takes no lock and creates no file."""
-        try:
-            fd = os.open(self.path, os.O_RDONLY)
-        except FileNotFoundError:
+        fd = open_for_reading(self.path)
+        if fd is None:
             return None
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
@@ -69,9 +69,8 @@ class StoreLock:
 
     def wait(self) -> None:
         """Block until no process writes the store (a shared lock, taken and let go)."""
-        try:
-            fd = os.open(self.path, os.O_RDONLY)
-        except FileNotFoundError:
+        fd = open_for_reading(self.path)
+        if fd is None:
             return
         try:
             fcntl.flock(fd, fcntl.LOCK_SH)

@@ -15,7 +15,8 @@ finished unit against its own settings before any unit runs (:meth:`RunStore.uni
 refuses a unit made under other settings (or recomputes it, with ``recompute``), and
 recomputes a damaged unit (rows missing, a file unreadable), naming it. One process writes a
 store at a time (:mod:`kvdrift.run.lock`); ``run.json`` is created atomically, so two
-processes that open a fresh store at once agree on one configuration.
+processes that open a fresh store at once agree on one configuration. Every file and folder is
+written through :mod:`kvdrift.output`, never through a link.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ import os
 import platform
 import re
 import sys
-import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -36,7 +36,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kvdrift import checks
+from kvdrift import checks, output
 from kvdrift.records.legacy import current_layout
 from kvdrift.run import fingerprint as fp
 from kvdrift.run.records import UnitKey
@@ -64,21 +64,6 @@ def unit_name(key: UnitKey) -> str:
     return f"{readable}-{digest}"
 
 
-def _temporary(path: Path) -> Path:
-    """A new, unique temporary file beside ``path`` (renamed over it once written)."""
-    handle, name = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
-    os.close(handle)
-    return Path(name)
-
-
-def _follow_umask(path: Path) -> None:
-    """Give a file made by ``mkstemp`` (mode 0600) the mode a plain ``open`` would: 0666
-    less the umask, so a store's files are as readable as the user's other files."""
-    mask = os.umask(0)
-    os.umask(mask)
-    os.chmod(path, 0o666 & ~mask)
-
-
 def _naming(exc: OSError, path: Path) -> OSError:
     """``exc`` with the file named: pyarrow's write errors (a full disk) name none."""
     if exc.filename is not None:
@@ -89,16 +74,14 @@ def _naming(exc: OSError, path: Path) -> OSError:
     return OSError(code, reason, str(path))
 
 
-def _write_atomically(table: pa.Table, path: Path) -> None:
-    tmp = _temporary(path)
+def _write_atomically(table: pa.Table, root: Path, relative: str) -> None:
+    """Write ``table`` to ``root/relative`` through the output boundary (a temporary name,
+    renamed; never through a link)."""
     try:
-        pq.write_table(table, tmp)
-        _follow_umask(tmp)
-        os.replace(tmp, path)
+        with output.writing(root, relative) as handle:
+            pq.write_table(table, handle)
     except OSError as exc:
-        raise _naming(exc, path) from None
-    finally:
-        tmp.unlink(missing_ok=True)
+        raise _naming(exc, root / relative) from None
 
 
 def _with_fingerprint(table: pa.Table, fingerprint: Mapping[str, Any] | None) -> pa.Table:
@@ -212,24 +195,19 @@ class RunStore:
         store = cls(root, recompute, notice)
         path = store.root / RUN_FILE
         if not path.exists():
-            store.root.mkdir(parents=True, exist_ok=True)
             meta = {"config": config, "versions": package_versions()}
             if presses:
                 meta["presses"] = presses
-            tmp = _temporary(path)
-            try:
-                tmp.write_text(json.dumps(meta, indent=2))
-                _follow_umask(tmp)
-                os.link(tmp, path)  # fails if run.json appeared meanwhile: never overwritten
+            try:  # linked to the name only if absent: never overwritten
+                output.write_text(store.root, RUN_FILE, json.dumps(meta, indent=2),
+                                  exclusive=True)
             except FileExistsError:
                 pass
             except OSError as exc:
                 raise _naming(exc, path) from None
-            finally:
-                tmp.unlink(missing_ok=True)
         _refuse_other_config(store.root, read_run_file(path)["config"], config)
         for kind in KINDS:
-            (store.root / kind).mkdir(exist_ok=True)
+            output.make_folder(store.root, kind)
         return store
 
     @property
@@ -296,9 +274,9 @@ class RunStore:
                    fingerprint: Mapping[str, Any] | None = None) -> None:
         """Store one finished unit: steps first, the replicate file (the done marker) last;
         both carry ``fingerprint``, the settings that made them."""
-        _write_atomically(_with_fingerprint(steps, fingerprint), self._path(key, "steps"))
-        _write_atomically(_with_fingerprint(replicates, fingerprint),
-                          self._path(key, "replicates"))
+        for kind, table in zip(KINDS, (steps, replicates), strict=True):
+            _write_atomically(_with_fingerprint(table, fingerprint), self.root,
+                              f"{kind}/{unit_name(key)}.parquet")
 
     def read(self, kind: str, columns: list[str] | None = None) -> pa.Table:
         """All finished units' records of one kind (``"steps"`` or ``"replicates"``), each
