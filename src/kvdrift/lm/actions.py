@@ -199,6 +199,12 @@ class Action:
         return list(dict.fromkeys(s.family.departs for s in (*self.stages, self.decoding)
                                   if s is not None and s.family.departs))
 
+    def check_layers(self, n_layers: int) -> None:
+        """Raise ValueError (one line) unless every stage fits a model of ``n_layers`` layers
+        (per-layer ratios: one per layer)."""
+        for stage in (*self.stages, *([self.decoding] if self.decoding else [])):
+            stage.check_layers(n_layers)
+
     def check_counts(self, n_prompt: int, counts: Any, config: Any) -> None:
         """Raise RuntimeError unless ``counts`` ``[layers, kv_heads]`` (entries each KV head
         of each layer attends to after prefill) is what the action promises."""

@@ -22,10 +22,12 @@ from kvdrift.data.document import Document
 from kvdrift.lm.actions import Action, parse_action
 from kvdrift.lm.model import (
     LoadedModel,
-    context_window,
     encode_prompt,
+    layers_of,
     load_model,
     load_tokenizer,
+    text_config,
+    window_of,
 )
 from kvdrift.lm.pair import LMKernelPair
 from kvdrift.lm.prefill import PromptCache, own_prefill_reason, prefill_shared
@@ -148,6 +150,7 @@ class DriverSide:
     tokenizer: Any
     build: Callable[[], LMPairFactory]
     context_window: int | None
+    layers: int | None = None  # the model's layers (per-layer actions are checked against it)
 
 
 def driver_side(
@@ -161,12 +164,23 @@ def driver_side(
     before any unit runs).
     """
     if not in_process:
+        config = text_config(source.model, source.allow_download)
         return DriverSide(source.model, load_tokenizer(source.model, source.allow_download),
-                          source, context_window(source.model, source.allow_download))
+                          source, window_of(config), layers_of(config))
     loaded = load() if load else source.load()
-    window = getattr(loaded.model.config, "max_position_embeddings", None)
+    config = loaded.model.config.get_text_config()
     return DriverSide(source.model, loaded.tokenizer,
-                      functools.partial(LMPairFactory, loaded, source.chat_template), window)
+                      functools.partial(LMPairFactory, loaded, source.chat_template),
+                      window_of(config), layers_of(config))
+
+
+def check_actions_fit(actions: Sequence[str], side: DriverSide) -> None:
+    """Raise a one-line ValueError if an action cannot run on the model (per-layer ratios
+    for another number of layers); meant to run before anything is written."""
+    if side.layers is None:
+        return
+    for name in actions:
+        parse_action(name).check_layers(side.layers)
 
 
 class ContextWindowExceeded(ValueError):

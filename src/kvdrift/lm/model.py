@@ -201,6 +201,23 @@ def load_tokenizer(name_or_path: str = DEFAULT_MODEL, allow_download: bool = Fal
 def context_window(name_or_path: str = DEFAULT_MODEL, allow_download: bool = False) -> int | None:
     """The model's context window (``max_position_embeddings``) from its config alone, without
     its weights; ``None`` where the config names none."""
+    return window_of(text_config(name_or_path, allow_download))
+
+
+def window_of(config: Any) -> int | None:
+    """A (text) config's context window, ``None`` where it names none."""
+    window = getattr(config, "max_position_embeddings", None)
+    return int(window) if window else None
+
+
+def layers_of(config: Any) -> int | None:
+    """A (text) config's number of layers, ``None`` where it names none."""
+    layers = getattr(config, "num_hidden_layers", None)
+    return int(layers) if layers else None
+
+
+def text_config(name_or_path: str = DEFAULT_MODEL, allow_download: bool = False) -> Any:
+    """The model's (text) config alone, without its weights."""
     from transformers import AutoConfig
 
     source = _model_source(name_or_path)
@@ -211,8 +228,7 @@ def context_window(name_or_path: str = DEFAULT_MODEL, allow_download: bool = Fal
         if name_or_path == DEFAULT_MODEL:
             raise
         raise ValueError(unloadable_model_message(name_or_path, exc, allow_download)) from exc
-    window = getattr(config.get_text_config(), "max_position_embeddings", None)
-    return int(window) if window else None
+    return config.get_text_config()
 
 
 def load_model(

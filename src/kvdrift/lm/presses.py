@@ -332,9 +332,7 @@ class PerLayer(Varying):
         return all(_exact_floor(r, n) >= n for r in stage.ratios or ())
 
     def expected_counts(self, stage: Stage, n: int, n_layers: int, config: Any) -> list[int]:
-        if len(stage.ratios) != n_layers:
-            raise ValueError(f"{stage.label}: ratios has {len(stage.ratios)} values; the model "
-                             f"has {n_layers} layers (give one kept fraction per layer)")
+        stage.check_layers(n_layers)
         return [min(n, max(1, _exact_floor(r, n))) for r in stage.ratios]
 
     def build(self, stage: Stage, n: int) -> Any:
@@ -667,6 +665,13 @@ class Stage:
     def is_noop(self, n: int) -> bool:
         """Whether nothing is evicted at prefill for a prompt of ``n`` entries."""
         return self.family.is_noop(self, n)
+
+    def check_layers(self, n_layers: int) -> None:
+        """Raise ValueError unless per-layer ``ratios`` (if any) give one value per layer of a
+        model with ``n_layers`` layers: checked before a run writes anything."""
+        if self.ratios is not None and len(self.ratios) != n_layers:
+            raise ValueError(f"{self.label}: ratios has {len(self.ratios)} values; the model "
+                             f"has {n_layers} layers (give one kept fraction per layer)")
 
     def expected_counts(self, n: int, n_layers: int, config: Any) -> list[int] | None:
         """Entries each KV head of each layer keeps after prefill (None: head-adaptive)."""
