@@ -137,10 +137,10 @@ def run(
 
         print(actions_help())
         return
-    check_model_name(model, allow_download)  # at once: before torch and kvpress are imported
     from kvdrift.run.outdir import check_output_dir
 
-    out = check_output_dir(out)
+    out = check_output_dir(out)  # at once: reads only, before anything is imported or written
+    check_model_name(model, allow_download)  # before torch and kvpress are imported
     from kvdrift.directory import StudyDirectory
     from kvdrift.lm.actions import split_actions
     from kvdrift.lm.model import resolve_device

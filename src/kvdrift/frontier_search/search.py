@@ -183,11 +183,15 @@ class _FamilySearch:
         return out
 
 
+def check_family_names(names: Sequence[str]) -> tuple[str, ...]:
+    """``names`` if they are one or more distinct family names; else one clear error."""
+    return checks.distinct_items(names, "families", "one or more distinct family names")
+
+
 def frontier_search(families: Sequence[Family], measure: Measure, evaluator: Evaluator,
                     settings: SearchSettings = SearchSettings()) -> FrontierResult:
     """Search every family's budget axis for the least cache within the measure's tolerance."""
-    checks.distinct_items((f.name for f in families), "families",
-                          "one or more distinct family names")
+    check_family_names([f.name for f in families])
     tests = sum(len(f.budgets) for f in families) * settings.looks
     level = 1 - settings.alpha / tests
     searches = [_FamilySearch(f, measure, settings, level) for f in families]

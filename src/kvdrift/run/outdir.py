@@ -15,10 +15,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from kvdrift.output import refuse_links
+from kvdrift.output import LinkRefused, is_link, refuse_links
 
 #: What a kvdrift store holds at its top level (temporary files start with ".run.json.tmp-").
 STORE_ENTRIES = frozenset({"run.json", "steps", "replicates", "report", ".lock"})
+#: A frontier directory's marker and what it holds at its top level (``kvdrift frontier``).
+FRONTIER_FILE = "frontier.json"
+FRONTIER_ENTRIES = frozenset({FRONTIER_FILE, "analysis.json", "stages", "report"})
 #: What a report directory holds (``kvdrift report``).
 REPORT_ENTRIES = frozenset({"report.html", "analysis.json", "figures"})
 ALLOWED = ("allowed: a new or empty directory, or a kvdrift run or study directory to resume; "
@@ -72,10 +75,39 @@ def check_output_dir(out: str | os.PathLike[str], marker: str = "run.json",
     return path
 
 
+def check_frontier_dir(out: str | os.PathLike[str]) -> Path:
+    """``out`` as a path if a frontier may be written there: as :func:`check_output_dir`, for
+    a frontier directory, which may lie inside neither a run nor another frontier."""
+    return check_output_dir(out, FRONTIER_FILE, FRONTIER_ENTRIES, ("run.json", FRONTIER_FILE),
+                            "a kvdrift frontier")
+
+
 def check_report_dir(out: str | os.PathLike[str]) -> Path:
     """``out`` as a path if a report may be written there: as :func:`check_output_dir`, for
     a report directory (new, empty, or holding a report), which may lie inside a store."""
     return check_output_dir(out, "report.html", REPORT_ENTRIES, (), "a kvdrift report")
+
+
+def check_file_path(path: str | os.PathLike[str], what: str) -> Path:
+    """``path`` as a path if it names a file kvdrift may write (``--figure``, ``--report``):
+    not empty, not a folder (``/``, ``.``), not a link, valid text; else one line naming it."""
+    if not isinstance(path, str | os.PathLike) or not str(path).strip():
+        raise ValueError(f"{what} must name a file to write; got {str(path)!r}")
+    text = str(path)
+    if "\0" in text or text.endswith(("/", os.sep)) or Path(text).name in ("", ".", ".."):
+        raise ValueError(f"{what} must name a file to write (not a folder); got {text!r}")
+    try:
+        os.fsencode(text)
+    except UnicodeError:
+        raise ValueError(f"{what} is not valid text for a file name (a lone surrogate); got "
+                         f"{text!r}") from None
+    out = Path(text)
+    if out.is_dir():
+        raise ValueError(f"{what} must name a file to write, not the folder {text!r}")
+    if is_link(out):
+        raise LinkRefused(f"{what} {text!r} is a symbolic link; kvdrift never writes through "
+                          "a link: name the file itself")
+    return out
 
 
 def check_writable_path(out: str | os.PathLike[str]) -> Path:

@@ -74,14 +74,14 @@ def _naming(exc: OSError, path: Path) -> OSError:
     return OSError(code, reason, str(path))
 
 
-def _write_atomically(table: pa.Table, root: Path, relative: str) -> None:
-    """Write ``table`` to ``root/relative`` through the output boundary (a temporary name,
-    renamed; never through a link)."""
+def _write_atomically(table: pa.Table, path: Path) -> None:
+    """Write ``table`` to ``path`` (``<store>/<kind>/<file>``) through the output boundary,
+    rooted at the store: a temporary name, renamed; never through a link."""
     try:
-        with output.writing(root, relative) as handle:
+        with output.writing(path.parent.parent, Path(path.parent.name, path.name)) as handle:
             pq.write_table(table, handle)
     except OSError as exc:
-        raise _naming(exc, root / relative) from None
+        raise _naming(exc, path) from None
 
 
 def _with_fingerprint(table: pa.Table, fingerprint: Mapping[str, Any] | None) -> pa.Table:
@@ -274,9 +274,9 @@ class RunStore:
                    fingerprint: Mapping[str, Any] | None = None) -> None:
         """Store one finished unit: steps first, the replicate file (the done marker) last;
         both carry ``fingerprint``, the settings that made them."""
-        for kind, table in zip(KINDS, (steps, replicates), strict=True):
-            _write_atomically(_with_fingerprint(table, fingerprint), self.root,
-                              f"{kind}/{unit_name(key)}.parquet")
+        _write_atomically(_with_fingerprint(steps, fingerprint), self._path(key, "steps"))
+        _write_atomically(_with_fingerprint(replicates, fingerprint),
+                          self._path(key, "replicates"))
 
     def read(self, kind: str, columns: list[str] | None = None) -> pa.Table:
         """All finished units' records of one kind (``"steps"`` or ``"replicates"``), each
