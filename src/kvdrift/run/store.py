@@ -65,8 +65,10 @@ def unit_name(key: UnitKey) -> str:
 
 
 def _naming(exc: OSError, path: Path) -> OSError:
-    """``exc`` with the file named: pyarrow's write errors (a full disk) name none."""
-    if exc.filename is not None:
+    """``exc`` with the file named: pyarrow's write errors (a full disk) name none, or the
+    file object it wrote to."""
+    if isinstance(exc.filename, str | bytes | os.PathLike) and not str(exc.filename
+                                                                     ).startswith("<"):
         return exc
     text = str(exc)
     code = exc.errno or next((int(m) for m in re.findall(r"errno (\d+)", text)), None)
