@@ -82,6 +82,11 @@ def write_docs(path: Path, answer: bool = False) -> Path:
     return path
 
 
+#: A frontier small enough to finish in seconds on the tiny model (were it not refused).
+SMALL_FRONTIER = ("frontier", "--families", "recent", "--replicates", "2", "--horizon", "2",
+                  "--looks", "1")
+
+
 def run_args(model: Path, docs: Path, out: Path | str, *extra: str) -> list[str]:
     return ["run", "--model", str(model), "--docs", str(docs), "--actions", "full",
             "--replicates", "1", "--horizon", "2", "--out", str(out), *extra]
@@ -244,9 +249,11 @@ def test_a_per_layer_action_for_another_model_writes_nothing(tiny_model_dir, tmp
 
 
 def test_frontier_out_empty_is_refused_and_the_working_directory_untouched(
-        tmp_path, monkeypatch):
+        tiny_model_dir, tmp_path, monkeypatch):
+    docs = write_docs(tmp_path.parent / f"{tmp_path.name}-docs.jsonl")
     monkeypatch.chdir(tmp_path)
-    result = runner.invoke(app, ["frontier", "--out", ""])
+    result = runner.invoke(app, [*SMALL_FRONTIER, "--model", str(tiny_model_dir), "--docs",
+                                 str(docs), "--out", ""])
     check_output(result)
     assert result.exit_code == 2 and "is empty" in result.output, result.output
     assert list(tmp_path.iterdir()) == []
@@ -264,22 +271,21 @@ def test_frontier_with_no_family_writes_nothing(tiny_model_dir, tmp_path):
 def test_a_task_frontier_without_answers_is_refused_before_any_stage(tiny_model_dir, tmp_path):
     docs = write_docs(tmp_path / "docs.jsonl")
     out = tmp_path / "frontier"
-    result = runner.invoke(app, ["frontier", "--model", str(tiny_model_dir), "--docs", str(docs),
-                                 "--measure", "task >= -0.5", "--families", "recent",
-                                 "--replicates", "2", "--horizon", "2", "--looks", "1",
-                                 "--out", str(out)])
+    result = runner.invoke(app, [*SMALL_FRONTIER, "--model", str(tiny_model_dir), "--docs",
+                                 str(docs), "--measure", "task >= -0.5", "--out", str(out)])
     check_output(result)
     assert result.exit_code == 2 and "needs scored documents" in result.output, result.output
     assert not out.exists()
 
 
-def test_a_frontier_inside_a_run_is_refused_and_report_never_overwrites_one(finished,
-                                                                            tmp_path):
+def test_a_frontier_inside_a_run_is_refused_and_report_never_overwrites_one(
+        tiny_model_dir, finished, tmp_path):
     base = tmp_path / "base"
     shutil.copytree(finished[0], base)
     shutil.rmtree(base / "report")
     before = snapshot(base)
-    result = runner.invoke(app, ["frontier", "--out", str(base / "report")])
+    result = runner.invoke(app, [*SMALL_FRONTIER, "--model", str(tiny_model_dir), "--docs",
+                                 str(finished[1]), "--out", str(base / "report")])
     check_output(result)
     assert result.exit_code == 2 and "lies inside the kvdrift directory" in result.output
     assert snapshot(base) == before
@@ -319,18 +325,20 @@ def test_finite_state_never_writes_its_figure_through_a_link(tmp_path, sentinel)
 
 def test_frontier_refuses_bad_arguments_before_torch_is_imported(tiny_model_dir, tmp_path):
     """Checked in a fresh interpreter: nothing heavy is imported before the refusal."""
+    docs = write_docs(tmp_path / "docs.jsonl")
     code = ("import sys\nfrom kvdrift.cli import app\n"
             "try:\n    app(sys.argv[1:], prog_name='kvdrift')\nexcept SystemExit:\n    pass\n"
             "print('heavy:', sorted(m for m in ('torch', 'transformers', 'kvpress', 'ray') "
             "if m in sys.modules))\n")
     for extra in (["--alpha", "2"], ["--families", ""], ["--out", ""]):
         done = subprocess.run(
-            [sys.executable, "-c", code, "frontier", "--model", str(tiny_model_dir),
-             "--out", str(tmp_path / "f"), *extra], capture_output=True, text=True,
-            timeout=120, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+            [sys.executable, "-c", code, *SMALL_FRONTIER, "--model", str(tiny_model_dir),
+             "--docs", str(docs), "--out", str(tmp_path / "f"), *extra], capture_output=True,
+            text=True, timeout=120, cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
         assert "error:" in done.stderr, (extra, done.stderr)
         assert "heavy: []" in done.stdout, (extra, done.stdout, done.stderr)
-        assert not (tmp_path / "f").exists()
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["docs.jsonl"]
 
 
 # --- the property: generated hostile folders, every command ---------------------------------
@@ -411,8 +419,7 @@ def command(rng: random.Random, name: str, tmp_path: Path, model: Path, finished
         out.mkdir()
         while not plant(rng, out, FRONTIER_NAMES, outside, ("file", "folder", "dangling")):
             pass  # links only: a damaged report/ file would be found only after the search
-        return (["frontier", "--model", str(model), "--docs", str(docs), "--families", "recent",
-                 "--replicates", "2", "--horizon", "2", "--looks", "1", "--out", str(out)],
+        return ([*SMALL_FRONTIER, "--model", str(model), "--docs", str(docs), "--out", str(out)],
                 out, True)
     out.mkdir()
     figure = out / "figure.png"
