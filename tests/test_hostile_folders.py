@@ -323,21 +323,27 @@ def test_finite_state_never_writes_its_figure_through_a_link(tmp_path, sentinel)
 # --- class 8: slow refusals -----------------------------------------------------------------
 
 
-def test_frontier_refuses_bad_arguments_before_torch_is_imported(tiny_model_dir, tmp_path):
-    """Checked in a fresh interpreter: nothing heavy is imported before the refusal."""
+HEAVY = ("torch", "transformers", "kvpress", "ray")
+
+
+def test_bad_arguments_are_refused_before_the_heavy_imports(tiny_model_dir, tmp_path):
+    """Checked in a fresh interpreter: frontier imports none of torch, transformers, kvpress
+    or ray before a refusal, run none but torch (its settings' checks live beside it)."""
     docs = write_docs(tmp_path / "docs.jsonl")
     code = ("import sys\nfrom kvdrift.cli import app\n"
             "try:\n    app(sys.argv[1:], prog_name='kvdrift')\nexcept SystemExit:\n    pass\n"
-            "print('heavy:', sorted(m for m in ('torch', 'transformers', 'kvpress', 'ray') "
-            "if m in sys.modules))\n")
-    for extra in (["--alpha", "2"], ["--families", ""], ["--out", ""]):
+            f"print('heavy:', sorted(m for m in {HEAVY!r} if m in sys.modules))\n")
+    model = ("--model", str(tiny_model_dir), "--docs", str(docs), "--out", str(tmp_path / "f"))
+    cases = [([*SMALL_FRONTIER, *model, *extra], []) for extra in (
+        ["--alpha", "2"], ["--families", ""], ["--out", ""])]
+    cases.append(([*run_args(tiny_model_dir, docs, tmp_path / "f"), "--replicates", "0"],
+                  ["torch"]))
+    for args, allowed in cases:
         done = subprocess.run(
-            [sys.executable, "-c", code, *SMALL_FRONTIER, "--model", str(tiny_model_dir),
-             "--docs", str(docs), "--out", str(tmp_path / "f"), *extra], capture_output=True,
-            text=True, timeout=120, cwd=tmp_path,
-            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
-        assert "error:" in done.stderr, (extra, done.stderr)
-        assert "heavy: []" in done.stdout, (extra, done.stdout, done.stderr)
+            [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120,
+            cwd=tmp_path, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+        assert "error:" in done.stderr, (args, done.stderr)
+        assert f"heavy: {allowed}" in done.stdout, (args, done.stdout, done.stderr)
         assert sorted(p.name for p in tmp_path.iterdir()) == ["docs.jsonl"]
 
 

@@ -55,7 +55,7 @@ from kvdrift.lm.quantization import (
     parse_quantization,
     quantization_table,
 )
-from kvdrift.lm.spec_fields import ActionError, split_fields
+from kvdrift.lm.spec_fields import ActionError, split_actions, split_fields
 
 
 @dataclass(frozen=True)
@@ -362,30 +362,6 @@ def describe_actions(specs: Sequence[str]) -> dict[str, dict[str, Any]]:
         action = parse_action(spec)
         out[spec] = {"kvpress": action.kvpress_call(), "departs": action.departures()}
     return out
-
-
-def split_actions(text: str) -> tuple[str, ...]:
-    """Split a comma list of action specs (the command line's ``--actions``).
-
-    A piece that starts with ``key=`` (no ``:`` before its first ``=``) continues the spec
-    before it; any other piece (a named action, ``<press>:...``, ``kivi:...``) starts a new
-    one. So ``snapkv-half,snapkv:budget=256,window_size=32+kivi:bits=4`` ->
-    ``("snapkv-half", "snapkv:budget=256,window_size=32+kivi:bits=4")``. ActionError for a
-    list with no action.
-    """
-    specs: list[str] = []
-    for part in (p.strip() for p in text.split(",")):
-        if not part:
-            continue
-        head, eq, _ = part.partition("=")
-        if specs and eq and ":" not in head:
-            specs[-1] = f"{specs[-1]},{part}"
-        else:
-            specs.append(part)
-    if not specs:
-        raise ActionError(f"--actions must be a comma list of at least one action (e.g. "
-                          f"snapkv-half,knorm:ratio=0.5; 'help' lists them); got {text!r}")
-    return tuple(specs)
 
 
 def actions_help() -> str:
