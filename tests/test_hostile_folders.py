@@ -75,6 +75,14 @@ def targets(outside: Path) -> dict[str, Path]:
             "dangling": outside / "missing"}
 
 
+def out_with_link(tmp_path: Path, name: str, target: Path) -> Path:
+    """A new output folder ``tmp_path/out`` holding a link ``name`` to ``target``."""
+    root = tmp_path / "out"
+    root.mkdir()
+    (root / name).symlink_to(target)
+    return root
+
+
 def write_docs(path: Path, answer: bool = False) -> Path:
     records = [{"id": f"d{i}", "prompt": PROMPT} | ({"answer": "mat"} if answer else {})
                for i in range(2)]
@@ -108,9 +116,7 @@ def finished(tiny_model_dir, tmp_path_factory):
 
 @pytest.mark.parametrize("kind", ["file", "dangling"])
 def test_a_file_is_never_written_through_a_link(tmp_path, sentinel, kind):
-    root = tmp_path / "out"
-    root.mkdir()
-    (root / "run.json").symlink_to(targets(sentinel)[kind])
+    root = out_with_link(tmp_path, "run.json", targets(sentinel)[kind])
     before = snapshot(sentinel)
     with pytest.raises(output.LinkRefused, match="run.json is a symbolic link"):
         output.write_text(root, "run.json", "{}")
@@ -119,9 +125,7 @@ def test_a_file_is_never_written_through_a_link(tmp_path, sentinel, kind):
 
 
 def test_a_folder_on_the_way_is_never_a_link(tmp_path, sentinel):
-    root = tmp_path / "out"
-    root.mkdir()
-    (root / "steps").symlink_to(sentinel / "folder")
+    root = out_with_link(tmp_path, "steps", sentinel / "folder")
     before = snapshot(sentinel)
     with pytest.raises(output.LinkRefused, match="steps is a symbolic link"):
         output.write_bytes(root, "steps/unit.parquet", b"x")
@@ -159,9 +163,7 @@ def test_writes_replace_files_and_follow_the_umask(tmp_path):
 def test_the_store_lock_is_never_a_link(tmp_path, sentinel, kind):
     from kvdrift.run.lock import StoreLock
 
-    root = tmp_path / "out"
-    root.mkdir()
-    (root / ".lock").symlink_to(targets(sentinel)[kind])
+    root = out_with_link(tmp_path, ".lock", targets(sentinel)[kind])
     before = snapshot(sentinel)
     with pytest.raises(output.LinkRefused, match=".lock is a symbolic link"):
         StoreLock(root).acquire()
@@ -197,9 +199,7 @@ def test_a_store_never_writes_units_through_linked_folders(tmp_path, sentinel):
 def test_run_refuses_a_link_inside_out_and_writes_nothing(tiny_model_dir, tmp_path, sentinel,
                                                          entry, kind):
     docs = write_docs(tmp_path / "docs.jsonl")
-    out = tmp_path / "out"
-    out.mkdir()
-    (out / entry).symlink_to(targets(sentinel)[kind])
+    out = out_with_link(tmp_path, entry, targets(sentinel)[kind])
     before, folder = snapshot(sentinel), snapshot(out)
     result = runner.invoke(app, run_args(tiny_model_dir, docs, out))
     check_output(result)
