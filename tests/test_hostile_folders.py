@@ -310,6 +310,16 @@ def test_finite_state_figure_must_name_a_file(tmp_path, monkeypatch, figure):
     assert not Path("/.png").exists() and list(tmp_path.iterdir()) == []
 
 
+def test_predict_report_must_name_a_file_before_any_work(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for path in ("/", "", "."):
+        result = runner.invoke(app, ["predict", "dev", "eval", "--contrast", "a - b",
+                                     "--report", path])
+        check_output(result)
+        assert result.exit_code == 2 and "--report must name a file" in result.output
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_finite_state_never_writes_its_figure_through_a_link(tmp_path, sentinel):
     (tmp_path / "fig.png").symlink_to(sentinel / "victim.txt")
     before = snapshot(sentinel)
