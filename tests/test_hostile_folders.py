@@ -248,6 +248,24 @@ def test_a_per_layer_action_for_another_model_writes_nothing(tiny_model_dir, tmp
     assert not out.exists()
 
 
+def test_a_busy_store_is_refused_before_the_model_loads(tiny_model_dir, tmp_path):
+    """The lock is taken only once everything is checked; a writer at work is said at once."""
+    from kvdrift.run.lock import StoreBusy, StoreLock
+    from kvdrift.study import run_study
+    from kvdrift.study_config import single_model_study
+
+    config = single_model_study(
+        str(tiny_model_dir), ("full",), write_docs(tmp_path / "docs.jsonl"), replicates=1,
+        horizon=2, temperature=1.0, estimator="rollout", depths=(), seed=0, batch=0,
+        device="cpu", dtype="float32", chat_template=True)
+
+    def load(name):
+        raise AssertionError(f"{name} was loaded for a store another process writes")
+
+    with StoreLock(tmp_path / "out"), pytest.raises(StoreBusy, match="being written by"):
+        run_study(config, tmp_path / "out", load=load)
+
+
 def test_frontier_out_empty_is_refused_and_the_working_directory_untouched(
         tiny_model_dir, tmp_path, monkeypatch):
     docs = write_docs(tmp_path.parent / f"{tmp_path.name}-docs.jsonl")

@@ -90,6 +90,7 @@ def run_study(
     from kvdrift.lm.loading import check_model_name
 
     out = check_output_dir(out)  # nothing is written outside it, nor into another folder
+    StoreLock(out).refuse_if_busy()  # at once, not after the model loaded
     for name in config.models:  # no network, no model code, no download without a network
         check_model_name(name, allow_download)
     fixed = fixed_documents(config) if fixed is None else fixed

@@ -42,9 +42,7 @@ class StoreLock:
         except BlockingIOError:
             holder = os.read(fd, 64).decode("ascii", "replace").strip() or "unknown"
             os.close(fd)
-            raise StoreBusy(f"{self.root} is being written by another kvdrift process (PID "
-                            f"{holder}); wait for it to finish, or use another output "
-                            "directory") from None
+            raise self._busy(holder) from None
         except BaseException:
             os.close(fd)
             raise
@@ -52,6 +50,17 @@ class StoreLock:
         os.write(fd, f"{os.getpid()}\n".encode())
         self._fd = fd
         return self
+
+    def _busy(self, holder: str) -> StoreBusy:
+        return StoreBusy(f"{self.root} is being written by another kvdrift process (PID "
+                         f"{holder}); wait for it to finish, or use another output directory")
+
+    def refuse_if_busy(self) -> None:
+        """Raise :class:`StoreBusy` if another process writes the store now; creates nothing,
+        so a command can say so before it loads a model (the lock itself is taken later)."""
+        holder = self.holder()
+        if holder is not None:
+            raise self._busy(holder)
 
     def holder(self) -> str | None:
         """The PID (as text) of another process writing the store now, or None; a reader's
