@@ -3,9 +3,11 @@ files already there, and settings refused after a first write (issue 40, classes
 
 Every file kvdrift writes goes through one boundary (:mod:`kvdrift.output`): nothing is ever
 written through a link, and a refused command leaves its output folder as it found it. The
-property test at the end generates hostile folders with a fixed seed and runs run, study,
-report, frontier and finite-state against them; fixtures live under pytest's tmp_path, with a
-sentinel folder outside every output folder whose files are hashed before and after.
+property test at the end generates hostile folders with a fixed seed (links to files and
+folders outside, dangling links, foreign or damaged files, output folders nested inside a
+store, settings refused only once the model is loaded) and runs run, study, report, frontier
+and finite-state against them; fixtures live under pytest's tmp_path, with a sentinel folder
+outside every output folder whose files are hashed before and after.
 """
 
 from __future__ import annotations
@@ -383,6 +385,9 @@ FRONTIER_NAMES = ("frontier.json", "stages", "report", "analysis.json", "stages/
                   "stages/01-look1/.lock", "stages/01-look1/run.json")
 
 
+#: Output folders inside a store (nested), for run, study and frontier.
+NESTED = ("report", "steps/more", "report/figures", "new")
+
 #: Settings refused only once the model is loaded: the run must still write nothing.
 REFUSED_SETTINGS = (("--horizon", "100000"), ("--actions", "perlayer-knorm:ratios=0.5/0.5/0.5"))
 
@@ -446,10 +451,16 @@ def command(rng: random.Random, name: str, tmp_path: Path, model: Path, finished
                     any(n.split("/")[0] == "report" for n in linked))
         refused = rng.choice(REFUSED_SETTINGS) if rng.random() < 0.4 else ()
         horizon = 100000 if refused else 2  # a study refused only once its model is loaded
-        args = (run_args(model, docs, out, *refused) if name == "run" else
-                ["study", str(study_file(tmp_path, model, docs, horizon)), "--out", str(out)])
-        return args, out, bool(linked or refused)
+        nested = (out / rng.choice(NESTED) if (out / "run.json").exists() and rng.random() < 0.3
+                  else out)  # an output folder inside a store: refused, the store untouched
+        args = (run_args(model, docs, nested, *refused) if name == "run" else
+                ["study", str(study_file(tmp_path, model, docs, horizon)), "--out", str(nested)])
+        return args, out, bool(linked or refused or nested != out)
     if name == "frontier":
+        if rng.randrange(3) == 0:  # a frontier inside a run (its report/ would be overwritten)
+            shutil.copytree(finished[0], out)
+            return ([*SMALL_FRONTIER, "--model", str(model), "--docs", str(docs), "--out",
+                     str(out / rng.choice(NESTED))], out, True)
         out.mkdir()
         while not plant(rng, out, FRONTIER_NAMES, outside, ("file", "folder", "dangling")):
             pass  # links only: a damaged report/ file would be found only after the search
@@ -463,7 +474,7 @@ def command(rng: random.Random, name: str, tmp_path: Path, model: Path, finished
              "--figure", str(figure)], out, True)
 
 
-@pytest.mark.parametrize("seed", range(20))
+@pytest.mark.parametrize("seed", range(30))
 def test_hostile_folders_never_leak_writes(tiny_model_dir, finished, tmp_path, sentinel, seed):
     rng = random.Random(seed)
     name = ("run", "study", "report", "frontier", "finite-state")[seed % 5]
