@@ -279,13 +279,16 @@ def test_frontier_out_empty_is_refused_and_the_working_directory_untouched(
     assert list(tmp_path.iterdir()) == []
 
 
-def test_frontier_with_no_family_writes_nothing(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("extra, message", [(["--families", ""], "families must be"),
+                                            (["--horizon", "100000"], "context window")])
+def test_a_refused_frontier_writes_nothing(tiny_model_dir, tmp_path, extra, message):
     out = tmp_path / "frontier"
-    result = runner.invoke(app, ["frontier", "--model", str(tiny_model_dir), "--families", "",
-                                 "--out", str(out)])
+    result = runner.invoke(app, [*SMALL_FRONTIER, "--model", str(tiny_model_dir), "--docs",
+                                 str(write_docs(tmp_path / "docs.jsonl")), "--out", str(out),
+                                 *extra])
     check_output(result)
-    assert result.exit_code == 2 and "families must be" in result.output, result.output
-    assert not out.exists()
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert not out.exists()  # no frontier.json: the corrected command is not "other settings"
 
 
 def test_a_task_frontier_without_answers_is_refused_before_any_stage(tiny_model_dir, tmp_path):
