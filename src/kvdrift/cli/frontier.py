@@ -54,7 +54,7 @@ def frontier(
     settings = SearchSettings(alpha=alpha, looks=looks, replicates=replicates)
     names = check_family_names(split_list(families))
     parse_measure(measure)
-    check_model_name(model, allow_download)  # a local model's config imports transformers
+    check_model_name(model, allow_download)  # a local model: its config.json, as JSON
 
     from kvdrift.frontier_search.study import FrontierConfig, run_frontier
     from kvdrift.report.frontier import frontier_table, write_frontier_report
