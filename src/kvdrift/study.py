@@ -81,16 +81,18 @@ def run_study(
     hears which damaged units are recomputed; ``fixed`` are the study's
     :func:`fixed_documents` when the caller has read them already. ``out`` is checked first
     (:func:`~kvdrift.run.outdir.check_output_dir`: not the root, not empty, not another
-    program's folder). The store's lock is held
-    throughout (one writer per store); ``recompute`` recomputes units stored under other
+    program's folder, no link inside), and every model's documents are checked before the store
+    is created (a refused study writes nothing). The store's lock is held
+    while it is written (one writer per store); ``recompute`` recomputes units stored under other
     settings instead of refusing them; ``allow_download`` lets a hub id missing from the local
     cache download.
     """
     from kvdrift.lm.actions import describe_actions
-    from kvdrift.lm.factory import LMPairSource, check_actions, check_fits, driver_side
+    from kvdrift.lm.factory import LMPairSource, check_actions_fit, check_fits, driver_side
     from kvdrift.lm.loading import check_model_name
 
     out = check_output_dir(out)  # nothing is written outside it, nor into another folder
+    StoreLock(out).refuse_if_busy()  # at once, not after the model loaded
     for name in config.models:  # no network, no model code, no download without a network
         check_model_name(name, allow_download)
     fixed = fixed_documents(config) if fixed is None else fixed
@@ -99,25 +101,39 @@ def run_study(
     fixed_sha256 = documents_sha256(fixed)  # what the store compares on resume
     runs = [config.for_model(name) for name in config.models]  # each model's run settings
     recorded = config.as_dict() | {DOCUMENTS_HASH: fixed_sha256}
-    lock = StoreLock(out).acquire()
-    try:
-        store = RunStore.open(out, recorded, recompute=recompute, notice=notice,
-                              presses=describe_actions(config.run.actions))
-        settings = config.executor.for_device(config.device)
-        with open_executor(settings, on_workers=on_workers) as executor:
-            for run in runs:
-                source = LMPairSource(run.model, config.device, config.dtype,
-                                      config.chat_template, allow_download)
-                side = driver_side(source, executor.in_process,
-                                   functools.partial(load, run.model) if load else None)
-                docs = model_documents(config, fixed, side.tokenizer)
-                check_fits(docs, run.horizon, side, config.chat_template)
-                check_actions(run.actions, side)
-                limits.batch_memory(min(run.batch or run.replicates, run.replicates),
-                                    len(side.tokenizer), run.model)  # a batch holds <= K rows
+    settings = config.executor.for_device(config.device)
+    with open_executor(settings, on_workers=on_workers) as executor:
+
+        def prepared(run, in_process: bool):
+            """The model's driver side and documents, checked against its context window and
+            its layers."""
+            source = LMPairSource(run.model, config.device, config.dtype,
+                                  config.chat_template, allow_download)
+            side = driver_side(source, in_process,
+                               functools.partial(load, run.model) if load else None)
+            docs = model_documents(config, fixed, side.tokenizer)
+            check_fits(docs, run.horizon, side, config.chat_template)
+            check_actions_fit(run.actions, side)
+            limits.batch_memory(min(run.batch or run.replicates, run.replicates),
+                                len(side.tokenizer), run.model)  # a batch holds <= K rows
+            return side, docs
+
+        # Validate, then write: every model's documents are checked (the first model as it
+        # will run, the others from their tokenizer and config alone) before the store
+        # exists, so a refused study leaves the output directory as it found it.
+        first = prepared(runs[0], executor.in_process)
+        for run in runs[1:]:
+            prepared(run, in_process=False)
+        lock = StoreLock(out).acquire()
+        try:
+            store = RunStore.open(out, recorded, recompute=recompute, notice=notice,
+                                  presses=describe_actions(config.run.actions))
+            for i, run in enumerate(runs):
+                side, docs = first if i == 0 else prepared(run, executor.in_process)
+                first = None  # the first model is not held while the next one loads
                 if on_model:
                     on_model(run.model, len(docs) * len(run.actions))
                 executor.run(run, docs, side.build, store, on_unit=on_unit)
-    finally:
-        lock.release()
+        finally:
+            lock.release()
     return store

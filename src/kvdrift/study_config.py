@@ -161,11 +161,7 @@ def parse_study(data: dict, source: str | None = None) -> StudyConfig:
         docs = [docs]
     sources = tuple(_check_source(i, s) for i, s in enumerate(docs))
     analysis = _check_table(data.get("analysis", {}), ANALYSIS_KEYS, "[analysis]")
-    from kvdrift.lm.actions import parse_action  # validates names without loading a model
-
     actions = tuple(str(a) for a in study["actions"])
-    for a in actions:
-        parse_action(a)
     run = RunConfig(
         model="", actions=actions,
         replicates=study.get("replicates", 8), horizon=study.get("horizon", 32),
@@ -173,7 +169,11 @@ def parse_study(data: dict, source: str | None = None) -> StudyConfig:
         estimator=study.get("estimator", "rollout"), depths=tuple(study.get("depths", ())),
         seed=study.get("seed", 0), batch=study.get("batch", 0),
         attribution=study.get("attribution", False),
-    )
+    )  # checked before kvpress is imported for the actions
+    from kvdrift.lm.actions import parse_action  # validates names without loading a model
+
+    for a in actions:
+        parse_action(a)
     options = AnalysisOptions.from_table(analysis)
     from kvdrift.analysis.endpoints import parse_endpoint
 

@@ -25,12 +25,16 @@ def predict(
     seed: int = typer.Option(0, help="Seed of the bootstrap."),
     target: str = typer.Option("tv", help="Full-horizon target: tv (rollout TV, the paper's) "
                                "or tokens (token-mismatch fraction)."),
-    report_path: Path | None = typer.Option(None, "--report", help="Also write the paper's "
-                                            "Table 4 as an HTML page here."),
+    report_path: str | None = typer.Option(None, "--report", help="Also write the paper's "
+                                           "Table 4 as an HTML page here (a file name)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Predict a full-horizon contrast from short observations, calibrated on development
     documents and checked on evaluation documents."""
+    from kvdrift.run.outdir import check_file_path
+
+    if report_path is not None:
+        report_path = check_file_path(report_path, "--report")  # before any work
     from kvdrift.directory import StudyDirectory
     from kvdrift.report.terminal import prediction_tables, print_whole
 

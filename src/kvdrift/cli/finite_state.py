@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import typer
 
 from kvdrift.cli.common import console, say, strict_json, user_errors
@@ -15,10 +13,14 @@ def finite_state(
     replicates: int = typer.Option(512, help="Replicates per estimator and system."),
     horizon: int = typer.Option(3, help="Horizon H (generated positions)."),
     seed: int = typer.Option(0, help="Seed for the systems and both estimators."),
-    figure: Path = typer.Option(Path("finite-state.png"), help="Where to write the PNG figure."),
+    figure: str = typer.Option("finite-state.png", help="Where to write the PNG figure (a file "
+                               "name; its folder is made if missing)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
 ) -> None:
     """Reproduce the paper's finite-state check: naive rollouts vs SWRB against exact risk."""
+    from kvdrift.run.outdir import check_file_path
+
+    figure = check_file_path(figure, "--figure")  # before anything runs or is written
     from kvdrift.finite.check import run_finite_study
     from kvdrift.report.figures import plot_finite_study
     from kvdrift.report.terminal import finite_state_tables, print_whole

@@ -38,7 +38,8 @@ def frontier(
     temperature: float = typer.Option(1.0, help="Sampling temperature (0 = greedy)."),
     seed: int = typer.Option(0, help="Seed of the search (look L uses seed + L - 1)."),
     batch: int = typer.Option(0, help="Most replicates per forward batch (0 = all)."),
-    out: Path = typer.Option(Path("runs/frontier"), help="Output directory (resumable)."),
+    out: str = typer.Option("runs/frontier", help="Output directory (resumable): new, empty, or "
+                            "a kvdrift frontier to resume; not inside a run's directory."),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
     dtype: str = typer.Option("float32", help="float32, bfloat16 or float16."),
     chat_template: bool = typer.Option(True, help="Wrap prompts in the model's chat template."),
@@ -50,22 +51,30 @@ def frontier(
 ) -> None:
     """Find, per family, the least KV cache whose measure stays within the tolerance at the
     stated confidence; write the frontier's report."""
-    from kvdrift.frontier_search.search import SearchSettings
-    from kvdrift.frontier_search.study import FrontierConfig, run_frontier
+    from kvdrift.frontier_search.measure import parse_measure
+    from kvdrift.frontier_search.search import SearchSettings, check_family_names
     from kvdrift.lm.loading import check_model_name
+    from kvdrift.run.outdir import check_frontier_dir
+
+    # What needs neither torch nor kvpress is checked before they are imported (seconds).
+    out = check_frontier_dir(out)
+    settings = SearchSettings(alpha=alpha, replicates=replicates,
+                              max_replicates=max_replicates)
+    names = check_family_names(split_list(families))
+    parse_measure(measure, cap)
+    check_model_name(model, allow_download)  # a local model: its config.json, as JSON
+
+    from kvdrift.frontier_search.study import FrontierConfig, run_frontier
     from kvdrift.report.frontier import frontier_examples, frontier_table, write_frontier_report
     from kvdrift.report.terminal import print_whole
     from kvdrift.study_config import single_model_study
 
-    check_model_name(model, allow_download)
-    settings = SearchSettings(alpha=alpha, replicates=replicates,
-                              max_replicates=max_replicates)
     study = single_model_study(model, ("full",), docs, replicates=replicates, horizon=horizon,
                                temperature=temperature, estimator="rollout", depths=(),
                                seed=seed, batch=batch, device=device, dtype=dtype,
                                chat_template=chat_template, name="frontier")
     study = replace(study, executor=study.executor.overridden(executor, ray_address))
-    config = FrontierConfig.parse(study, split_list(families), measure, settings, cap)
+    config = FrontierConfig.parse(study, names, measure, settings, cap)
     cache: dict[str, object] = {}
 
     def run_stage(stage, where: Path) -> None:

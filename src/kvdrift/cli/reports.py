@@ -54,9 +54,9 @@ def report(
                               "finish (else the report is partial, and says so)."),
 ) -> None:
     """Analyse a run or study directory and write an HTML report with figures."""
-    from kvdrift.run.outdir import check_writable_path
+    from kvdrift.run.outdir import check_report_dir
 
-    out = None if out is None else check_writable_path(out)
+    out = check_report_dir(directory / "report" if out is None else out)  # before the analysis
     if as_json:
         _, path = write_report(directory, out, bootstrap, alpha, wait)
         print((path.parent / "analysis.json").read_text())

@@ -141,15 +141,12 @@ def run(
 
         print(actions_help())
         return
-    check_model_name(model, allow_download)  # at once: before torch and kvpress are imported
     from kvdrift.run.outdir import check_output_dir
 
-    out = check_output_dir(out)
-    from kvdrift.directory import StudyDirectory
-    from kvdrift.lm.actions import split_actions
-    from kvdrift.lm.model import resolve_device
-    from kvdrift.report.terminal import print_whole, run_rows, run_table
-    from kvdrift.study_config import single_model_study
+    out = check_output_dir(out)  # at once: reads only, before anything is imported or written
+    check_model_name(model, allow_download)  # before torch and kvpress are imported
+    from kvdrift.lm.spec_fields import split_actions
+    from kvdrift.study_config import single_model_study  # torch, not yet kvpress
 
     config = single_model_study(
         model, split_actions(actions), docs, replicates=replicates, horizon=horizon,
@@ -157,6 +154,10 @@ def run(
         batch=batch, device=device, dtype=dtype, chat_template=chat_template,
         name=_run_name(out), attribution=attribution)
     config = replace(config, executor=config.executor.overridden(executor, ray_address))
+    from kvdrift.directory import StudyDirectory
+    from kvdrift.lm.model import resolve_device
+    from kvdrift.report.terminal import print_whole, run_rows, run_table
+
     if config.executor.kind == "local":  # Ray workers check the device where the model goes
         resolve_device(device)
     run_with_progress(config, out, recompute, allow_download)

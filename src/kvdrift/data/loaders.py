@@ -119,18 +119,17 @@ def load_jsonl(path: str | os.PathLike[str]) -> list[Document]:
 
 def write_jsonl(docs: Iterable[Document], path: str | os.PathLike[str]) -> Path:
     """Write documents as JSON Lines (``load_jsonl`` reads them back equal); returns the path."""
+    from kvdrift import output
+
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as handle:
+    with output.writing(path.parent, path.name) as handle:  # never through a link
         for doc in docs:
             record: dict[str, Any] = {"id": doc.id, "prompt": doc.prompt, "stratum": doc.stratum}
             if doc.answer is not None:
                 record["answer"] = doc.answer
             if doc.meta:
                 record["meta"] = doc.meta
-            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-    tmp.replace(path)
+            handle.write((json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8"))
     return path
 
 

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from kvdrift import checks
-from kvdrift.lm.actions import parse_action
 
 #: The fine grid of ratios kept that an eviction family may be tried at (sixteenths).
 RATIO_STEPS = 16
@@ -84,6 +83,8 @@ def parse_family(text: str) -> Family:
     An eviction head is any press that takes ``ratio`` (see ``kvdrift actions``); what follows
     its ``+`` is kept as written. The spec of every budget is checked by the action parser.
     """
+    from kvdrift.lm.actions import parse_action  # kvpress: imported once arguments are checked
+
     name = checks.text(text, "a family (a press or quantization name)", visible=True).strip()
     head, plus, rest = name.partition("+")
     tail = plus + rest

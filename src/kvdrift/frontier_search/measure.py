@@ -40,9 +40,12 @@ def _step_mean(values: Callable[[pd.DataFrame], np.ndarray], what: str
     return read
 
 
+NEEDS_ANSWERS = "the task measure needs scored documents (an \"answer\" per document)"
+
+
 def _task_gap(steps: pd.DataFrame, replicates: pd.DataFrame) -> pd.Series:
     if "score_x" not in replicates or replicates["score_x"].isna().all():
-        raise ValueError("the task measure needs scored documents (an \"answer\" per document)")
+        raise ValueError(NEEDS_ANSWERS)
     reps = replicates.dropna(subset=["score_x", "score_y"]).set_index(["doc_id", "replicate"])
     return reps["score_y"] - reps["score_x"]
 
@@ -57,6 +60,7 @@ class MeasureKind:
     high: float
     read: Callable[[pd.DataFrame, pd.DataFrame], pd.Series]  # (steps, reps) -> per replicate
     better: str  # "<=" when smaller is better (risks), ">=" when larger is
+    needs_answers: bool = False  # read from task scores: documents must carry answers
 
 
 def _risk(name: str) -> MeasureKind:
@@ -73,7 +77,7 @@ MEASURES: dict[str, MeasureKind] = {m.name: m for m in (
     MeasureKind("acceptance", "self-speculative acceptance", 0.0, 1.0,
                 _step_mean(lambda s: acceptance_probs(s["logp_x"], s["logq_x"]), "acceptance"),
                 ">="),
-    MeasureKind("task", "task score difference Q - P", -1.0, 1.0, _task_gap, ">="),
+    MeasureKind("task", "task score difference Q - P", -1.0, 1.0, _task_gap, ">=", True),
 )}
 _ALIASES = {"task diff": "task", "task_diff": "task", "r_tv": "R_tv"}
 _PATTERN = re.compile(r"^\s*(?P<name>[A-Za-z_][A-Za-z_ ]*?)\s*(?P<op><=|>=)\s*"

@@ -200,11 +200,15 @@ def _status(outcome: str, intact: bool, certifiable: bool) -> str:
     return {"beyond": "fails", "undecided": "undecided"}[outcome]
 
 
+def check_family_names(names: Sequence[str]) -> tuple[str, ...]:
+    """``names`` if they are one or more distinct family names; else one clear error."""
+    return checks.distinct_items(names, "families", "one or more distinct family names")
+
+
 def frontier_search(families: Sequence[Family], measure: Measure, evaluator: Evaluator,
                     settings: SearchSettings = SearchSettings()) -> FrontierResult:
     """Search every family's budget axis for the least cache within the measure's tolerance."""
-    checks.distinct_items((f.name for f in families), "families",
-                          "one or more distinct family names")
+    check_family_names([f.name for f in families])
     scheme = Scheme(settings.alpha, len(families), sum(len(f.budgets) for f in families))
     searches = [_FamilySearch(f, measure, settings, scheme) for f in families]
     look, documents = 0, 0

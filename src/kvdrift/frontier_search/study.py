@@ -12,7 +12,6 @@ computes only what is missing.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -21,12 +20,11 @@ from kvdrift.frontier_search.families import Budget, Family, parse_family
 from kvdrift.frontier_search.measure import Measure, parse_measure
 from kvdrift.frontier_search.result import FrontierResult
 from kvdrift.frontier_search.search import Sample, SearchSettings, frontier_search
+from kvdrift.run.outdir import FRONTIER_FILE, check_frontier_dir
 from kvdrift.study_config import StudyConfig
 
 RunStage = Callable[[StudyConfig, Path], None]  # runs a study into a directory (resumable)
-CONFIG_FILE = "frontier.json"
-#: What a frontier directory holds at its top level.
-ENTRIES = frozenset({CONFIG_FILE, "analysis.json", "stages", "report"})
+CONFIG_FILE = FRONTIER_FILE
 
 
 @dataclass(frozen=True)
@@ -93,8 +91,22 @@ class StudyEvaluator:
         return out
 
 
+def check_measurable(config: FrontierConfig) -> None:
+    """Refuse, before any stage runs, a measure the documents cannot give: the task measure on
+    documents of which none has an answer (generated tasks carry theirs)."""
+    from kvdrift.frontier_search.measure import NEEDS_ANSWERS
+    from kvdrift.study import fixed_documents
+
+    if not config.measure.kind.needs_answers or any(
+            s.needs_tokenizer for s in config.study.documents):
+        return
+    if not any(d.answer is not None for d in fixed_documents(config.study)):
+        raise ValueError(f"{NEEDS_ANSWERS}; the documents have none")
+
+
 def check_saved(out: Path, config: FrontierConfig) -> None:
-    """Refuse to resume a frontier directory written with other settings; record them."""
+    """Refuse to resume a frontier directory written with other settings (the settings are
+    recorded once the first stage has run, :func:`run_frontier`)."""
     path = out / CONFIG_FILE
     mine = config.as_dict()
     if path.exists():
@@ -106,28 +118,33 @@ def check_saved(out: Path, config: FrontierConfig) -> None:
             keys = sorted(k for k in mine if saved is None or saved.get(k) != mine[k])
             raise ValueError(f"{out} holds a frontier with other settings (differs in: "
                              f"{', '.join(keys)}); use a new --out or the same settings")
-        return
-    out.mkdir(parents=True, exist_ok=True)
-    _write_json(path, {"config": mine})
 
 
 def _write_json(path: Path, data: dict) -> None:
+    """Write ``data`` to ``path`` in the frontier's folder, never through a link."""
+    from kvdrift import output
     from kvdrift.json_values import to_json_safe
 
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(to_json_safe(data), indent=2, allow_nan=False), encoding="utf-8")
-    os.replace(tmp, path)
+    output.write_text(path.parent, path.name,
+                      json.dumps(to_json_safe(data), indent=2, allow_nan=False))
 
 
 def run_frontier(config: FrontierConfig, out: str | Path, run_stage: RunStage
                  ) -> FrontierResult:
     """Search the frontier into ``out`` (resumable); writes ``frontier.json`` (settings and
     result) and ``analysis.json`` (``{"frontier": ...}``), returns the result."""
-    from kvdrift.run.outdir import check_output_dir
-
-    out = check_output_dir(out, CONFIG_FILE, ENTRIES)  # never outside it, nor into another's
+    out = check_frontier_dir(out)  # never outside it, nor into another's, nor via a link
+    check_measurable(config)
     check_saved(out, config)
-    evaluator = StudyEvaluator(config, out, run_stage)
+
+    def run_and_record(stage: StudyConfig, where: Path) -> None:
+        """Run a stage; after the first, record the settings (validate, then write: a search
+        refused before its first stage finished leaves no frontier.json behind)."""
+        run_stage(stage, where)
+        if not (out / CONFIG_FILE).exists():
+            _write_json(out / CONFIG_FILE, {"config": config.as_dict()})
+
+    evaluator = StudyEvaluator(config, out, run_and_record)
     result = frontier_search(config.families, config.measure, evaluator, config.settings)
     _write_json(out / CONFIG_FILE, {"config": config.as_dict(), "result": result.to_json()})
     _write_json(out / "analysis.json", {"frontier": result.to_json()})

@@ -55,7 +55,7 @@ from kvdrift.lm.quantization import (
     parse_quantization,
     quantization_table,
 )
-from kvdrift.lm.spec_fields import ActionError, split_fields
+from kvdrift.lm.spec_fields import ActionError, split_actions, split_fields
 
 
 @dataclass(frozen=True)
@@ -200,11 +200,10 @@ class Action:
                                   if s is not None and s.family.departs))
 
     def check_layers(self, n_layers: int) -> None:
-        """Raise ValueError (one line) if a stage cannot run on a model of ``n_layers`` layers:
-        checked before any unit, so kvpress never indexes past its per-layer ratios."""
-        for s in (*self.stages, self.decoding):
-            if s is not None:
-                s.check_layers(n_layers)
+        """Raise ValueError (one line) unless every stage fits a model of ``n_layers`` layers
+        (per-layer ratios: one per layer)."""
+        for stage in (*self.stages, *([self.decoding] if self.decoding else [])):
+            stage.check_layers(n_layers)
 
     def check_counts(self, n_prompt: int, counts: Any, config: Any) -> None:
         """Raise RuntimeError unless ``counts`` ``[layers, kv_heads]`` (entries each KV head
@@ -363,30 +362,6 @@ def describe_actions(specs: Sequence[str]) -> dict[str, dict[str, Any]]:
         action = parse_action(spec)
         out[spec] = {"kvpress": action.kvpress_call(), "departs": action.departures()}
     return out
-
-
-def split_actions(text: str) -> tuple[str, ...]:
-    """Split a comma list of action specs (the command line's ``--actions``).
-
-    A piece that starts with ``key=`` (no ``:`` before its first ``=``) continues the spec
-    before it; any other piece (a named action, ``<press>:...``, ``kivi:...``) starts a new
-    one. So ``snapkv-half,snapkv:budget=256,window_size=32+kivi:bits=4`` ->
-    ``("snapkv-half", "snapkv:budget=256,window_size=32+kivi:bits=4")``. ActionError for a
-    list with no action.
-    """
-    specs: list[str] = []
-    for part in (p.strip() for p in text.split(",")):
-        if not part:
-            continue
-        head, eq, _ = part.partition("=")
-        if specs and eq and ":" not in head:
-            specs[-1] = f"{specs[-1]},{part}"
-        else:
-            specs.append(part)
-    if not specs:
-        raise ActionError(f"--actions must be a comma list of at least one action (e.g. "
-                          f"snapkv-half,knorm:ratio=0.5; 'help' lists them); got {text!r}")
-    return tuple(specs)
 
 
 def actions_help() -> str:

@@ -23,10 +23,11 @@ from kvdrift.lm.actions import Action, parse_action
 from kvdrift.lm.model import (
     LoadedModel,
     encode_prompt,
-    layer_count,
+    layers_of,
     load_model,
     load_tokenizer,
-    model_config,
+    text_config,
+    window_of,
 )
 from kvdrift.lm.pair import LMKernelPair
 from kvdrift.lm.prefill import PromptCache, own_prefill_reason, prefill_shared
@@ -149,7 +150,7 @@ class DriverSide:
     tokenizer: Any
     build: Callable[[], LMPairFactory]
     context_window: int | None
-    layers: int | None = None  # decoder layers, for per-layer actions (check_actions)
+    layers: int | None = None  # the model's layers (per-layer actions are checked against it)
 
 
 def driver_side(
@@ -163,20 +164,19 @@ def driver_side(
     before any unit runs).
     """
     if not in_process:
-        config = model_config(source.model, source.allow_download)
-        window = getattr(config, "max_position_embeddings", None)
+        config = text_config(source.model, source.allow_download)
         return DriverSide(source.model, load_tokenizer(source.model, source.allow_download),
-                          source, int(window) if window else None, layer_count(config))
+                          source, window_of(config), layers_of(config))
     loaded = load() if load else source.load()
-    window = getattr(loaded.model.config, "max_position_embeddings", None)
+    config = loaded.model.config.get_text_config()
     return DriverSide(source.model, loaded.tokenizer,
-                      functools.partial(LMPairFactory, loaded, source.chat_template), window,
-                      layer_count(loaded.model.config))
+                      functools.partial(LMPairFactory, loaded, source.chat_template),
+                      window_of(config), layers_of(config))
 
 
-def check_actions(actions: Sequence[str], side: DriverSide) -> None:
-    """Raise a one-line ValueError if an action cannot run on ``side``'s model (a per-layer
-    press whose ratios do not match its layers); meant to run before any unit."""
+def check_actions_fit(actions: Sequence[str], side: DriverSide) -> None:
+    """Raise a one-line ValueError if an action cannot run on the model (per-layer ratios
+    for another number of layers); meant to run before anything is written."""
     if side.layers is None:
         return
     for name in actions:

@@ -88,15 +88,16 @@ def custom_code_message(name_or_path: str) -> str:
 
 def refuse_custom_code(name_or_path: str, config_file: Path) -> None:
     """Refuse, in one line, a model whose ``config.json`` asks for its own code (``auto_map``)
-    for an architecture transformers does not implement; reads the JSON only."""
-    from transformers import CONFIG_MAPPING
-
+    for an architecture transformers does not implement; reads the JSON only (transformers is
+    imported only for a config that asks, so a plain model is checked in milliseconds)."""
     try:
         config = json.loads(config_file.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return  # transformers names what is wrong with it
     if not isinstance(config, dict) or not config.get("auto_map"):
         return
+    from transformers import CONFIG_MAPPING
+
     if config.get("model_type") not in CONFIG_MAPPING:
         raise ValueError(custom_code_message(name_or_path))
 

@@ -216,17 +216,22 @@ def load_tokenizer(name_or_path: str = DEFAULT_MODEL, allow_download: bool = Fal
 def context_window(name_or_path: str = DEFAULT_MODEL, allow_download: bool = False) -> int | None:
     """The model's context window (``max_position_embeddings``) from its config alone, without
     its weights; ``None`` where the config names none."""
-    window = getattr(model_config(name_or_path, allow_download), "max_position_embeddings", None)
+    return window_of(text_config(name_or_path, allow_download))
+
+
+def window_of(config: Any) -> int | None:
+    """A (text) config's context window, ``None`` where it names none."""
+    window = getattr(config, "max_position_embeddings", None)
     return int(window) if window else None
 
 
-def layer_count(config: Any) -> int | None:
-    """The number of decoder layers a model config names (its text model's), or None."""
-    layers = getattr(config.get_text_config(), "num_hidden_layers", None)
+def layers_of(config: Any) -> int | None:
+    """A (text) config's number of layers, ``None`` where it names none."""
+    layers = getattr(config, "num_hidden_layers", None)
     return int(layers) if layers else None
 
 
-def model_config(name_or_path: str = DEFAULT_MODEL, allow_download: bool = False) -> Any:
+def text_config(name_or_path: str = DEFAULT_MODEL, allow_download: bool = False) -> Any:
     """The model's (text) config alone, without its weights."""
     from transformers import AutoConfig
 

@@ -335,13 +335,8 @@ class PerLayer(Varying):
     def is_noop(self, stage: Stage, n: int) -> bool:
         return all(_exact_floor(r, n) >= n for r in stage.ratios or ())
 
-    def check_layers(self, stage: Stage, n_layers: int) -> None:
-        if len(stage.ratios) != n_layers:
-            raise ValueError(f"{stage.label}: ratios has {len(stage.ratios)} values; the model "
-                             f"has {n_layers} layers (give one kept fraction per layer)")
-
     def expected_counts(self, stage: Stage, n: int, n_layers: int, config: Any) -> list[int]:
-        self.check_layers(stage, n_layers)
+        stage.check_layers(n_layers)
         return [min(n, max(1, _exact_floor(r, n))) for r in stage.ratios]
 
     def build(self, stage: Stage, n: int) -> Any:
@@ -674,6 +669,13 @@ class Stage:
     def is_noop(self, n: int) -> bool:
         """Whether nothing is evicted at prefill for a prompt of ``n`` entries."""
         return self.family.is_noop(self, n)
+
+    def check_layers(self, n_layers: int) -> None:
+        """Raise ValueError unless per-layer ``ratios`` (if any) give one value per layer of a
+        model with ``n_layers`` layers: checked before a run writes anything."""
+        if self.ratios is not None and len(self.ratios) != n_layers:
+            raise ValueError(f"{self.label}: ratios has {len(self.ratios)} values; the model "
+                             f"has {n_layers} layers (give one kept fraction per layer)")
 
     def expected_counts(self, n: int, n_layers: int, config: Any) -> list[int] | None:
         """Entries each KV head of each layer keeps after prefill (None: head-adaptive)."""

@@ -1,4 +1,6 @@
-"""The ``key=value`` fields of an action spec: how they are split, and the values allowed.
+"""The ``key=value`` fields of an action spec: how they are split, and the values allowed;
+and how ``--actions`` splits into specs. Nothing here imports kvpress, so a command line is
+split and its other arguments checked before the press library loads.
 
 A bad spec raises :class:`ActionError` (a ``ValueError``) with one line in the shape of
 :mod:`kvdrift.checks`: ``"<what> must be <rule>; got <value>"``.
@@ -84,3 +86,27 @@ def check_field(label: str, key: str, value: Any) -> None:
     rule = FIELD_RULES.get(key)
     if rule is not None and not rule[1](value):
         raise ActionError(f"{label}: {key} must be {rule[0]}; got {value!r}")
+
+
+def split_actions(text: str) -> tuple[str, ...]:
+    """Split a comma list of action specs (the command line's ``--actions``).
+
+    A piece that starts with ``key=`` (no ``:`` before its first ``=``) continues the spec
+    before it; any other piece (a named action, ``<press>:...``, ``kivi:...``) starts a new
+    one. So ``snapkv-half,snapkv:budget=256,window_size=32+kivi:bits=4`` ->
+    ``("snapkv-half", "snapkv:budget=256,window_size=32+kivi:bits=4")``. ActionError for a
+    list with no action.
+    """
+    specs: list[str] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        head, eq, _ = part.partition("=")
+        if specs and eq and ":" not in head:
+            specs[-1] = f"{specs[-1]},{part}"
+        else:
+            specs.append(part)
+    if not specs:
+        raise ActionError(f"--actions must be a comma list of at least one action (e.g. "
+                          f"snapkv-half,knorm:ratio=0.5; 'help' lists them); got {text!r}")
+    return tuple(specs)

@@ -11,6 +11,7 @@ across panels and figures.
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
 from matplotlib.patches import Patch  # noqa: E402
 
+from kvdrift import output  # noqa: E402
 from kvdrift.analysis.interval import Interval  # noqa: E402
 from kvdrift.analysis.results import ActionResult, StudyAnalysis  # noqa: E402
 
@@ -98,13 +100,15 @@ def _band(ax, c: CurveArrays, color, scale: float = 100.0) -> None:
                         alpha=BAND_ALPHA, linewidth=0)
 
 
-def save_figure(fig, path: str | Path) -> Path:
-    """Write ``fig`` as a PNG at the report's resolution (folders made), then close it."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return path
+def save_figure(fig, path: str | Path, dpi: int = DPI) -> Path:
+    """Write ``fig`` as a PNG at the report's resolution (folders made; never through a link,
+    :mod:`kvdrift.output`), then close it."""
+    buffer = io.BytesIO()
+    try:
+        fig.savefig(buffer, format="png", dpi=dpi)
+    finally:
+        plt.close(fig)
+    return output.write_file(path, buffer.getvalue())
 
 
 def _curve_panels(analysis: StudyAnalysis,
@@ -619,6 +623,4 @@ def plot_finite_study(result: FiniteStudyResult, path: str | Path) -> Path:
                     f"{result.advantage:.1f}")
     right.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=130)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from kvdrift import output
 from kvdrift.analysis.results import StudyAnalysis
 from kvdrift.json_values import to_json_safe
 from kvdrift.report.figures import FIGURES
@@ -61,12 +62,10 @@ def write_report(analysis: StudyAnalysis, out_dir: str | Path, *,
         raise TypeError("analysis must be a StudyAnalysis (from kvdrift.analysis.study."
                         f"analyze), got {type(analysis).__name__}")
     out_dir = Path(out_dir)
-    fig_dir = out_dir / "figures"
-    fig_dir.mkdir(parents=True, exist_ok=True)
-
-    (out_dir / "analysis.json").write_text(
-        json.dumps(to_json_safe(analysis.to_json()), indent=1, allow_nan=False) + "\n",
-        encoding="utf-8")
+    fig_dir = output.make_folder(out_dir, "figures")  # never through a link (kvdrift.output)
+    output.write_text(out_dir, "analysis.json",
+                      json.dumps(to_json_safe(analysis.to_json()), indent=1, allow_nan=False)
+                      + "\n")
 
     drawn = []
     for figure in FIGURES:
@@ -92,6 +91,4 @@ def write_report(analysis: StudyAnalysis, out_dir: str | Path, *,
         figures(drawn),
         glossary(),
     ))
-    path = out_dir / "report.html"
-    path.write_text(render_page(page), encoding="utf-8")
-    return path
+    return output.write_text(out_dir, "report.html", render_page(page))

@@ -12,8 +12,8 @@ contrasts (:func:`prediction_table`, for ``kvdrift predict --report``). Figure 7
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
+from kvdrift import output
 from kvdrift.analysis.interval import Interval
 from kvdrift.analysis.results import ActionResult, StudyAnalysis
 from kvdrift.report.numbers import MISSING
@@ -128,5 +128,4 @@ def prediction_table(result) -> tuple[Block, ...]:
 def write_prediction_report(result, path) -> None:
     """An HTML page with Table 4 (``kvdrift predict --report PATH``)."""
     html = standalone("kvdrift prediction (Table 4)", render_blocks(prediction_table(result)))
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(html, encoding="utf-8")
+    output.write_file(path, html.encode("utf-8"))

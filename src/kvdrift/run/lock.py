@@ -11,6 +11,8 @@ import fcntl
 import os
 from pathlib import Path
 
+from kvdrift.output import open_for_reading, open_lock_file
+
 LOCK_FILE = ".lock"
 
 
@@ -34,16 +36,13 @@ class StoreLock:
         return self.root / LOCK_FILE
 
     def acquire(self) -> StoreLock:
-        self.root.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = open_lock_file(self.root, LOCK_FILE)  # never through a link (kvdrift.output)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.read(fd, 64).decode("ascii", "replace").strip() or "unknown"
             os.close(fd)
-            raise StoreBusy(f"{self.root} is being written by another kvdrift process (PID "
-                            f"{holder}); wait for it to finish, or use another output "
-                            "directory") from None
+            raise self._busy(holder) from None
         except BaseException:
             os.close(fd)
             raise
@@ -52,12 +51,22 @@ class StoreLock:
         self._fd = fd
         return self
 
+    def _busy(self, holder: str) -> StoreBusy:
+        return StoreBusy(f"{self.root} is being written by another kvdrift process (PID "
+                         f"{holder}); wait for it to finish, or use another output directory")
+
+    def refuse_if_busy(self) -> None:
+        """Raise :class:`StoreBusy` if another process writes the store now; creates nothing,
+        so a command can say so before it loads a model (the lock itself is taken later)."""
+        holder = self.holder()
+        if holder is not None:
+            raise self._busy(holder)
+
     def holder(self) -> str | None:
         """The PID (as text) of another process writing the store now, or None; a reader's
         check that takes no lock and creates no file."""
-        try:
-            fd = os.open(self.path, os.O_RDONLY)
-        except FileNotFoundError:
+        fd = open_for_reading(self.path)
+        if fd is None:
             return None
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
@@ -69,9 +78,8 @@ class StoreLock:
 
     def wait(self) -> None:
         """Block until no process writes the store (a shared lock, taken and let go)."""
-        try:
-            fd = os.open(self.path, os.O_RDONLY)
-        except FileNotFoundError:
+        fd = open_for_reading(self.path)
+        if fd is None:
             return
         try:
             fcntl.flock(fd, fcntl.LOCK_SH)

@@ -15,7 +15,8 @@ finished unit against its own settings before any unit runs (:meth:`RunStore.uni
 refuses a unit made under other settings (or recomputes it, with ``recompute``), and
 recomputes a damaged unit (rows missing, a file unreadable), naming it. One process writes a
 store at a time (:mod:`kvdrift.run.lock`); ``run.json`` is created atomically, so two
-processes that open a fresh store at once agree on one configuration.
+processes that open a fresh store at once agree on one configuration. Every file and folder is
+written through :mod:`kvdrift.output`, never through a link.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ import os
 import platform
 import re
 import sys
-import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -36,7 +36,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kvdrift import checks, limits
+from kvdrift import checks, limits, output
 from kvdrift.json_values import parse_json
 from kvdrift.records.legacy import current_layout
 from kvdrift.run import fingerprint as fp
@@ -65,24 +65,11 @@ def unit_name(key: UnitKey) -> str:
     return f"{readable}-{digest}"
 
 
-def _temporary(path: Path) -> Path:
-    """A new, unique temporary file beside ``path`` (renamed over it once written)."""
-    handle, name = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
-    os.close(handle)
-    return Path(name)
-
-
-def _follow_umask(path: Path) -> None:
-    """Give a file made by ``mkstemp`` (mode 0600) the mode a plain ``open`` would: 0666
-    less the umask, so a store's files are as readable as the user's other files."""
-    mask = os.umask(0)
-    os.umask(mask)
-    os.chmod(path, 0o666 & ~mask)
-
-
 def _naming(exc: OSError, path: Path) -> OSError:
-    """``exc`` with the file named: pyarrow's write errors (a full disk) name none."""
-    if exc.filename is not None:
+    """``exc`` with the file named: pyarrow's write errors (a full disk) name none, or the
+    file object it wrote to."""
+    if isinstance(exc.filename, str | bytes | os.PathLike) and not str(exc.filename
+                                                                     ).startswith("<"):
         return exc
     text = str(exc)
     code = exc.errno or next((int(m) for m in re.findall(r"errno (\d+)", text)), None)
@@ -91,15 +78,13 @@ def _naming(exc: OSError, path: Path) -> OSError:
 
 
 def _write_atomically(table: pa.Table, path: Path) -> None:
-    tmp = _temporary(path)
+    """Write ``table`` to ``path`` (``<store>/<kind>/<file>``) through the output boundary,
+    rooted at the store: a temporary name, renamed; never through a link."""
     try:
-        pq.write_table(table, tmp)
-        _follow_umask(tmp)
-        os.replace(tmp, path)
+        with output.writing(path.parent.parent, Path(path.parent.name, path.name)) as handle:
+            pq.write_table(table, handle)
     except OSError as exc:
         raise _naming(exc, path) from None
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 #: Key-value metadata naming the unit a Parquet file holds (model, document id, action).
@@ -258,24 +243,19 @@ class RunStore:
         store = cls(root, recompute, notice)
         path = store.root / RUN_FILE
         if not path.exists():
-            store.root.mkdir(parents=True, exist_ok=True)
             meta = {"config": config, "versions": package_versions()}
             if presses:
                 meta["presses"] = presses
-            tmp = _temporary(path)
-            try:
-                tmp.write_text(json.dumps(meta, indent=2))
-                _follow_umask(tmp)
-                os.link(tmp, path)  # fails if run.json appeared meanwhile: never overwritten
+            try:  # linked to the name only if absent: never overwritten
+                output.write_text(store.root, RUN_FILE, json.dumps(meta, indent=2),
+                                  exclusive=True)
             except FileExistsError:
                 pass
             except OSError as exc:
                 raise _naming(exc, path) from None
-            finally:
-                tmp.unlink(missing_ok=True)
         _refuse_other_config(store.root, read_run_file(path)["config"], config)
         for kind in KINDS:
-            (store.root / kind).mkdir(exist_ok=True)
+            output.make_folder(store.root, kind)
         return store
 
     @property
