@@ -120,10 +120,6 @@ class Family:
     own_scorer: ClassVar[type | None] = None  # a family that is one fixed scorer press, named
     #                                          alone ("pyramidkv"), not "<family>-<scorer>"
 
-    def check_layers(self, stage: Stage, n_layers: int) -> None:
-        """Raise ValueError (one line) if ``stage`` cannot run on a model of ``n_layers``
-        layers (a per-layer press with another number of ratios); checked before any unit."""
-
     @property
     def field_map(self) -> dict[str, str]:
         return dict(self.fields)
@@ -684,10 +680,6 @@ class Stage:
     def check_counts(self, n: int, counts: Any, config: Any) -> None:
         """Raise RuntimeError unless ``counts`` ``[layers, kv_heads]`` is what this promises."""
         self.family.check_counts(self, n, counts, config)
-
-    def check_layers(self, n_layers: int) -> None:
-        """Raise ValueError if this stage cannot run on a model of ``n_layers`` layers."""
-        self.family.check_layers(self, n_layers)
 
     # --- the kvpress press --------------------------------------------------------------
     def scorer_press(self, compression_ratio: float = 0.0) -> Any:
