@@ -94,7 +94,7 @@ def write_docs(path: Path, answer: bool = False) -> Path:
 
 #: A frontier small enough to finish in seconds on the tiny model (were it not refused).
 SMALL_FRONTIER = ("frontier", "--families", "recent", "--replicates", "2", "--horizon", "2",
-                  "--looks", "1")
+                  "--max-replicates", "2")
 
 
 def run_args(model: Path, docs: Path, out: Path | str, *extra: str) -> list[str]:
