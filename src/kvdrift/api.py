@@ -106,8 +106,9 @@ def trajectories(directory: str | Path) -> pd.DataFrame:
     own tokenizer, offline; token ids where it is not available), the position's TV, and the
     replicate's tau, R and R_tv (:mod:`kvdrift.examples.trajectories`)."""
     from kvdrift.directory import StudyDirectory
+    from kvdrift.examples.trajectories import directory_trajectories
 
-    return StudyDirectory(directory).trajectories()
+    return directory_trajectories(StudyDirectory(directory))
 
 
 def analyze(directory: str | Path, bootstrap: int | None = None,

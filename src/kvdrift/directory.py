@@ -111,32 +111,6 @@ class StudyDirectory:
         path = self.path / "replicates" / f"{unit_name(UnitKey(model, doc_id, action))}.parquet"
         return fingerprint.decode(pq.read_schema(path).metadata)
 
-    def replicates_summary(self) -> pd.DataFrame:
-        """One row per replicate: its unit, ``horizon``, ``tau``, ``risk``, ``risk_tv`` and,
-        where recorded (``--attribution``), what Q's cache had lost at the divergence."""
-        from kvdrift.examples.trajectories import REPLICATE_COLUMNS
-        from kvdrift.records.schema import LOST_COLUMNS
-
-        table = self.store.read("replicates")
-        return table.select([c for c in (*REPLICATE_COLUMNS, *LOST_COLUMNS)
-                             if c in table.column_names]).to_pandas()
-
-    def trajectories(self, units: list[tuple[str, str, str]] | None = None) -> pd.DataFrame:
-        """Every replicate's generations position by position, P's and Q's tokens decoded
-        with the run's own tokenizer (offline, loaded once; token ids where it is not
-        available), with each position's TV and the replicate's tau, R and R_tv; columns in
-        :mod:`kvdrift.examples.trajectories`. ``units``: only these (model, doc_id, action)."""
-        from kvdrift.examples.trajectories import STEP_COLUMNS, trajectory_frame
-
-        steps = self.store.read("steps", STEP_COLUMNS).to_pandas()
-        replicates = self.replicates_summary()
-        if units is not None:
-            key = ["model", "doc_id", "action"]
-            wanted = pd.MultiIndex.from_tuples(list(units), names=key)
-            steps = steps[pd.MultiIndex.from_frame(steps[key]).isin(wanted)]
-            replicates = replicates[pd.MultiIndex.from_frame(replicates[key]).isin(wanted)]
-        return trajectory_frame(steps, replicates)
-
     def analyze(self, bootstrap: int | None = None, alpha: float | None = None,
                 wait: bool = False) -> StudyAnalysis:
         """The study analysis of the records.

@@ -36,11 +36,12 @@ def show(
     from kvdrift.directory import StudyDirectory
     from kvdrift.examples.gather import gather_examples
     from kvdrift.examples.selection import named_examples
+    from kvdrift.examples.trajectories import replicates_summary
     from kvdrift.report.example_text import example_text
 
     checks.integer(prompt_tokens, "--prompt-tokens", 0)
     study = StudyDirectory(directory)
-    chosen = named_examples(study.replicates_summary(), doc, action, replicate)
+    chosen = named_examples(replicates_summary(study), doc, action, replicate)
     found = gather_examples(study, chosen, prompt_tokens=prompt_tokens)
     for note in found.notes:
         notice(note)

@@ -11,7 +11,11 @@ from kvdrift import checks
 from kvdrift.examples.decoding import token_text
 from kvdrift.examples.prompts import Prompts, run_prompts
 from kvdrift.examples.selection import SHOW_ROLES, Example, choose_examples
-from kvdrift.examples.trajectories import tokenizer_notes
+from kvdrift.examples.trajectories import (
+    directory_trajectories,
+    replicates_summary,
+    tokenizer_notes,
+)
 from kvdrift.examples.views import ExampleView, example_view
 
 if TYPE_CHECKING:
@@ -34,14 +38,14 @@ def gather_examples(directory: StudyDirectory, examples: list[Example] | None = 
                     prompt_tokens: int = PROMPT_TOKENS) -> Examples:
     """The views of ``examples`` (default: the rule's ``roles`` for every action, or for
     ``action`` only), each with its prompt's last ``prompt_tokens`` tokens."""
-    replicates = directory.replicates_summary()
+    replicates = replicates_summary(directory)
     if examples is None:
         if action is not None:
             checks.choice(action, "action", sorted(set(replicates["action"])),
                           "the directory's records")
             replicates = replicates[replicates["action"] == action]
         examples = choose_examples(replicates, roles)
-    frame = directory.trajectories(units=[(e.model, e.doc_id, e.action) for e in examples])
+    frame = directory_trajectories(directory, [(e.model, e.doc_id, e.action) for e in examples])
     notes = tokenizer_notes({e.model for e in examples})
     prompts: dict[str, Prompts] = {}
     for model in sorted({e.model for e in examples} if prompt_tokens else ()):

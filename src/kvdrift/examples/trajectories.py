@@ -11,10 +11,14 @@ mismatch fraction) and ``R_tv`` (the rollout TV, NaN for SWRB).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
 from kvdrift.examples.decoding import TokenText, token_text
+
+if TYPE_CHECKING:
+    from kvdrift.directory import StudyDirectory
 
 KEY = ["model", "doc_id", "stratum", "action", "estimator", "replicate"]
 STEP_COLUMNS = [*KEY, "t", "x_token", "y_token", "mismatch", "delta"]
@@ -54,3 +58,30 @@ def trajectory_frame(steps: pd.DataFrame, replicates: pd.DataFrame,
 def tokenizer_notes(models, texts: Callable[[str], TokenText] = token_text) -> list[str]:
     """One line per model whose tokenizer is not available."""
     return [n for n in (texts(m).note for m in sorted(set(models))) if n is not None]
+
+
+def replicates_summary(directory: StudyDirectory) -> pd.DataFrame:
+    """One row per replicate of a directory: its unit, ``horizon``, ``tau``, ``risk``,
+    ``risk_tv`` and, where recorded (``--attribution``), what Q's cache had lost at the
+    divergence."""
+    from kvdrift.records.schema import LOST_COLUMNS
+
+    table = directory.store.read("replicates")
+    return table.select([c for c in (*REPLICATE_COLUMNS, *LOST_COLUMNS)
+                         if c in table.column_names]).to_pandas()
+
+
+def directory_trajectories(directory: StudyDirectory,
+                           units: list[tuple[str, str, str]] | None = None) -> pd.DataFrame:
+    """Every replicate's generations in a run or study directory, position by position, P's
+    and Q's tokens decoded with the run's own tokenizer (offline, loaded once; token ids where
+    it is not available), with each position's TV and the replicate's tau, R and R_tv.
+    ``units``: only these (model, doc_id, action)."""
+    steps = directory.store.read("steps", STEP_COLUMNS).to_pandas()
+    replicates = replicates_summary(directory)
+    if units is not None:
+        key = ["model", "doc_id", "action"]
+        wanted = pd.MultiIndex.from_tuples(list(units), names=key)
+        steps = steps[pd.MultiIndex.from_frame(steps[key]).isin(wanted)]
+        replicates = replicates[pd.MultiIndex.from_frame(replicates[key]).isin(wanted)]
+    return trajectory_frame(steps, replicates)
