@@ -230,7 +230,7 @@ def test_a_refused_horizon_leaves_no_store_behind(tiny_model_dir, tmp_path):
     docs = write_docs(tmp_path / "docs.jsonl")
     out = tmp_path / "out"
     result = runner.invoke(app, run_args(tiny_model_dir, docs, out)[:-4] + [
-        "--horizon", "100000", "--out", str(out)])
+        "--horizon", "60000", "--out", str(out)])
     check_output(result)
     assert result.exit_code == 2 and "context window" in result.output, result.output
     assert not out.exists()
@@ -280,7 +280,7 @@ def test_frontier_out_empty_is_refused_and_the_working_directory_untouched(
 
 
 @pytest.mark.parametrize("extra, message", [(["--families", ""], "families must be"),
-                                            (["--horizon", "100000"], "context window")])
+                                            (["--horizon", "60000"], "context window")])
 def test_a_refused_frontier_writes_nothing(tiny_model_dir, tmp_path, extra, message):
     out = tmp_path / "frontier"
     result = runner.invoke(app, [*SMALL_FRONTIER, "--model", str(tiny_model_dir), "--docs",
@@ -392,7 +392,7 @@ FRONTIER_NAMES = ("frontier.json", "stages", "report", "analysis.json", "stages/
 NESTED = ("report", "steps/more", "report/figures", "new")
 
 #: Settings refused only once the model is loaded: the run must still write nothing.
-REFUSED_SETTINGS = (("--horizon", "100000"), ("--actions", "perlayer-knorm:ratios=0.5/0.5/0.5"))
+REFUSED_SETTINGS = (("--horizon", "60000"), ("--actions", "perlayer-knorm:ratios=0.5/0.5/0.5"))
 
 
 def plant(rng: random.Random, out: Path, names: tuple[str, ...], outside: Path,
@@ -453,7 +453,7 @@ def command(rng: random.Random, name: str, tmp_path: Path, model: Path, finished
             return (["report", str(out), "--bootstrap", "0"], out,
                     any(n.split("/")[0] == "report" for n in linked))
         refused = rng.choice(REFUSED_SETTINGS) if rng.random() < 0.4 else ()
-        horizon = 100000 if refused else 2  # a study refused only once its model is loaded
+        horizon = 60000 if refused else 2  # a study refused only once its model is loaded
         nested = (out / rng.choice(NESTED) if (out / "run.json").exists() and rng.random() < 0.3
                   else out)  # an output folder inside a store: refused, the store untouched
         args = (run_args(model, docs, nested, *refused) if name == "run" else
