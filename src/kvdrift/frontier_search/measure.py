@@ -124,7 +124,7 @@ class Measure:
         return f"{self} (values in [{low:g}, {high:g}]{stated})"
 
     def meets(self, value: float) -> bool:
-        """Whether ``value`` is within the tolerance."""
+        """Whether ``value`` (a number, or elementwise an array) is within the tolerance."""
         return value <= self.tolerance if self.op == "<=" else value >= self.tolerance
 
     def check_values(self, values: np.ndarray) -> None:

@@ -179,7 +179,8 @@ class FrontierResult:
                 f"{c.family} {c.label}" for c in (best, *ties)))
         dominated = []
         for f in families:
-            warnings.extend(_not_monotone(f))
+            contradicted = _not_monotone(f)
+            warnings.extend(contradicted)
             if best is None or f.family == best.family:
                 continue
             # a certain failure with at least best's cache, and nothing with less cache
@@ -187,7 +188,7 @@ class FrontierResult:
             # the tolerance with best's cache or less
             fails = [b for b in f.budgets if b.status == "fails"
                      and b.kv_fraction >= best.kv_fraction]
-            if fails and not _not_monotone(f):
+            if fails and not contradicted:
                 dominated.append(f.family)
         points = tuple(b for f in families for b in f.budgets)
         return cls(str(measure), measure.op, measure.tolerance, alpha, measure.describe(),

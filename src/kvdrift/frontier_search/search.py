@@ -100,7 +100,7 @@ def judge(samples: Sequence[Sample], measure: Measure, scheme: Scheme) -> Judgem
     hi = upper_path(values, certify if upper else fail, tol, low, high)
     lo = lower_path(values, fail if upper else certify, tol, low, high)
     within = first_crossing(hi if upper else lo, measure.meets)
-    beyond = first_crossing(lo if upper else hi, lambda b: ~_meets(measure, b))
+    beyond = first_crossing(lo if upper else hi, lambda b: ~measure.meets(b))
     if within is not None and (beyond is None or within < beyond):
         outcome, at = "within", within
     elif beyond is not None:
@@ -108,10 +108,6 @@ def judge(samples: Sequence[Sample], measure: Measure, scheme: Scheme) -> Judgem
     else:
         outcome, at = "undecided", None
     return Judgement(float(values.mean()), float(lo[-1]), float(hi[-1]), outcome, rounds, at)
-
-
-def _meets(measure: Measure, bounds: np.ndarray) -> np.ndarray:
-    return bounds <= measure.tolerance if measure.op == "<=" else bounds >= measure.tolerance
 
 
 @dataclass
@@ -222,11 +218,10 @@ def frontier_search(families: Sequence[Family], measure: Measure, evaluator: Eva
             sample = samples[s.family.budgets[i]]
             documents = len(sample.values)
             s.record(i, sample)
-    drawn = sum(r.replicates for s in searches for r in s.result().budgets)
-    calls = sum(r.calls for s in searches for r in s.result().budgets)
-    per_replicate = calls / max(1, drawn)
-    full = per_replicate * scheme.budgets * settings.max_replicates
+    results = tuple(s.result() for s in searches)
+    rows = [r for f in results for r in f.budgets]
+    drawn, calls = sum(r.replicates for r in rows), sum(r.calls for r in rows)
+    full = calls / max(1, drawn) * scheme.budgets * settings.max_replicates
     return FrontierResult.assemble(
         measure=measure, alpha=settings.alpha, scheme=scheme, documents=documents,
-        families=tuple(s.result() for s in searches), calls=calls,
-        full_grid_calls=int(round(full)), looks=look)
+        families=results, calls=calls, full_grid_calls=int(round(full)), looks=look)
