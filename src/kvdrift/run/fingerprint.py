@@ -36,9 +36,10 @@ LABELS = {
 }
 #: Settings a fingerprint records only when not at this value (so earlier stores resume).
 UNRECORDED = {"attribution": False}
-#: The model's identity (digests of what was loaded): compared only where both sides record it
-#: (stores written before it, and a driver that has not loaded the weights, do not).
-IDENTITY = ("weights_sha256", "tokenizer_sha256")
+#: The model's identity (digests of what was loaded), and a difference in words: compared only
+#: where both sides record it (stores written before it, and a driver that has not loaded the
+#: weights, do not).
+IDENTITY = {"weights_sha256": "other weights", "tokenizer_sha256": "another tokenizer"}
 
 
 def kvdrift_version() -> str:
@@ -82,7 +83,7 @@ def first_difference(stored: Mapping[str, Any] | None, wanted: Mapping[str, Any]
             if key in IDENTITY:
                 if was is None or now is None:
                     continue
-                return (f"it was computed with other {label} under the same model name "
+                return (f"it was computed with {IDENTITY[key]} under the same model name "
                         f"({label} {short(str(was))}, this run has {short(str(now))})")
             return f"it was computed with {label} = {was!r}, this run has {label} = {now!r}"
     return None
