@@ -129,6 +129,11 @@ path = "{docs}"
         torch.set_num_threads(threads)
     assert local.exit_code == 0, local.output
     assert_same_units(ray_out, local_out, units=2 * 2)
+    from kvdrift.directory import StudyDirectory
+
+    recorded = StudyDirectory(ray_out).documents  # as the workers saw them, with their digests
+    assert len(recorded) == 2 and recorded == StudyDirectory(local_out).documents
+    assert all(len(d.fingerprint["weights_sha256"]) == 64 for d in recorded.values())
 
 
 def test_killed_worker_is_replaced_and_every_unit_is_stored_once(ray_cluster, tmp_path):
