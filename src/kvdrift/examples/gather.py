@@ -51,8 +51,7 @@ def gather_examples(directory: StudyDirectory, examples: list[Example] | None = 
     for e in examples:
         tail = None
         if prompt_tokens and token_text(e.model).tokenizer is not None:
-            tail, note = prompts.tail(e.model, e.doc_id, directory.unit_fingerprint(
-                e.model, e.doc_id, e.action), token_text(e.model), prompt_tokens)
+            tail, note = prompts.tail(e.model, e.doc_id, token_text(e.model), prompt_tokens)
             if note is not None and note not in notes:
                 notes.append(note)
         views.append(example_view(frame, e, tail,
