@@ -191,3 +191,21 @@ def test_a_tokenizer_other_than_the_recorded_one_is_named(tiny_model_dir):
     note = tokenizer_mismatch(model, {"f" * 64})
     assert f"(digest {short(loaded)}) is not the one the run recorded (ffffffffffff)" in note
     assert "\n" not in note
+
+
+def test_show_and_trajectories_name_a_tokenizer_other_than_the_recorded_one(store, tmp_path):
+    import kvdrift
+
+    out, _ = store
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy)
+    for path in copy.glob("documents/*.parquet"):  # as if the run had another tokenizer
+        table = pq.read_table(path)
+        meta = dict(table.schema.metadata)
+        meta[fp.METADATA_KEY] = fp.encode(fp.decode(meta) | {"tokenizer_sha256": "e" * 64})
+        pq.write_table(table.replace_schema_metadata(meta), path)
+    words = "is not the one the run recorded (eeeeeeeeeeee); text is decoded with the one"
+    with pytest.warns(UserWarning, match=r"is not the one the run recorded \(eeeeeeeeeeee\)"):
+        kvdrift.trajectories(copy)
+    shown = runner.invoke(app, ["show", str(copy)])
+    assert shown.exit_code == 0 and words in shown.stderr
