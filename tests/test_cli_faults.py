@@ -215,7 +215,7 @@ def test_a_full_or_read_only_disk_is_one_line(tiny_model_dir, docs_file, tmp_pat
     result = runner.invoke(app, run_args(tiny_model_dir, docs_file, tmp_path / "run"))
     assert result.exit_code == 2
     line = error_line(result)
-    assert line.startswith(f"error: {tmp_path / 'run' / 'steps'}/")
+    assert line.startswith(f"error: {tmp_path / 'run' / 'documents'}/")  # the unit's first file
     assert line.endswith(f": {reason} (errno {code})")
 
 

@@ -286,7 +286,7 @@ def test_a_full_disk_names_the_file(tiny_model_dir, tmp_path, monkeypatch):
     result = runner.invoke(app, run_args(tiny_model_dir, docs, tmp_path / "run"))
     assert result.exit_code == 2
     line = error_line(result)
-    assert line.startswith(f"error: {tmp_path / 'run' / 'steps'}/full__a-")
+    assert line.startswith(f"error: {tmp_path / 'run' / 'documents'}/a-")  # the unit's first
     assert line.endswith(f".parquet: No space left on device (errno {errno.ENOSPC})")
 
 

@@ -129,6 +129,42 @@ path = "{docs}"
         torch.set_num_threads(threads)
     assert local.exit_code == 0, local.output
     assert_same_units(ray_out, local_out, units=2 * 2)
+    from kvdrift.directory import StudyDirectory
+
+    recorded = StudyDirectory(ray_out).documents  # as the workers saw them, with their digests
+    assert len(recorded) == 2 and recorded == StudyDirectory(local_out).documents
+    assert all(len(d.fingerprint["weights_sha256"]) == 64 for d in recorded.values())
+
+
+@pytest.mark.slow
+def test_a_ray_resume_with_other_weights_under_the_same_name_is_refused(ray_cluster,
+                                                                        tiny_model_dir, tmp_path):
+    """The driver has not loaded the weights: a worker loads them to tell their digest."""
+    import shutil
+
+    from transformers import LlamaForCausalLM
+
+    from kvdrift.directory import StudyDirectory
+    from kvdrift.lm.digest import short, weights_digest
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    write_jsonl([Document(id="d0", prompt="The cat sat. " * 12)], tmp_path / "docs.jsonl")
+    args = ["run", "--model", str(model), "--docs", str(tmp_path / "docs.jsonl"), "--actions",
+            "recent-half", "--replicates", "2", "--horizon", "3", "--out", str(tmp_path / "run"),
+            "--executor", "ray"]
+    first = runner.invoke(app, args)
+    assert first.exit_code == 0, first.output
+    was = StudyDirectory(tmp_path / "run").unit_fingerprint(str(model), "d0", "recent-half")
+    weights = LlamaForCausalLM.from_pretrained(model)
+    with torch.no_grad():
+        weights.model.norm.weight.mul_(1.5)
+    weights.save_pretrained(model)
+    refused = runner.invoke(app, args)
+    assert refused.exit_code == 2
+    assert (f"(weights {short(was['weights_sha256'])}, this run has "
+            f"{short(weights_digest(weights))})") in refused.output
+    assert runner.invoke(app, [*args, "--recompute"]).exit_code == 0
 
 
 def test_killed_worker_is_replaced_and_every_unit_is_stored_once(ray_cluster, tmp_path):

@@ -228,7 +228,8 @@ def test_crash_between_the_two_files_of_a_unit_is_redone(tmp_path, monkeypatch):
     writes = []
 
     def crash_on_third_replicate_file(table, path):
-        writes.append(path)
+        if path.parent.name != "documents":  # a document is written with its first unit
+            writes.append(path)
         if path.parent.name == "replicates" and len(writes) == 6:
             raise KeyboardInterrupt  # killed after the steps file of unit 3 was written
         real(table, path)

@@ -104,11 +104,18 @@ def trajectories(directory: str | Path) -> pd.DataFrame:
     """A run or study directory's generations as one pandas frame, a row per (document,
     action, replicate, position): P's and Q's tokens and their text (decoded with the run's
     own tokenizer, offline; token ids where it is not available), the position's TV, and the
-    replicate's tau, R and R_tv (:mod:`kvdrift.examples.trajectories`)."""
+    replicate's tau, R and R_tv (:mod:`kvdrift.examples.trajectories`). A tokenizer that is
+    not available or not the one the run recorded is named in a warning (and in
+    ``attrs["notes"]``)."""
+    import warnings
+
     from kvdrift.directory import StudyDirectory
     from kvdrift.examples.trajectories import directory_trajectories
 
-    return directory_trajectories(StudyDirectory(directory))
+    frame = directory_trajectories(StudyDirectory(directory))
+    for note in frame.attrs["notes"]:
+        warnings.warn(note, stacklevel=2)
+    return frame
 
 
 def analyze(directory: str | Path, bootstrap: int | None = None,

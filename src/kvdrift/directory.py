@@ -19,6 +19,7 @@ from kvdrift.analysis.predict import PredictionResult, predict_study
 from kvdrift.analysis.results import StudyAnalysis
 from kvdrift.analysis.study import CONFIRMATORY_DRAWS, AnalysisOptions, analyze
 from kvdrift.run.completeness import completeness
+from kvdrift.run.documents import RecordedDocument, read_documents
 from kvdrift.run.lock import StoreLock
 from kvdrift.run.store import RunStore
 from kvdrift.study_config import StudyConfig, recorded_study
@@ -98,6 +99,12 @@ class StudyDirectory:
         return Records(steps=self.store.read("steps", steps).to_pandas(),
                        replicates=self.store.read("replicates", replicates).to_pandas(),
                        config=self.config, versions=self.versions)
+
+    @cached_property
+    def documents(self) -> dict[tuple[str, str], RecordedDocument] | None:
+        """What the units ran on, by (model, document id) (:mod:`kvdrift.run.documents`);
+        None for a store written before documents were recorded."""
+        return read_documents(self.path)
 
     def unit_fingerprint(self, model: str, doc_id: str, action: str) -> dict | None:
         """The settings a finished unit was stored with (:mod:`kvdrift.run.fingerprint`), or

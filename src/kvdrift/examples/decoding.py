@@ -1,15 +1,17 @@
 """Token ids as text, with the run's own tokenizer, loaded offline and once per model.
 
-A run records the model it ran (``model`` column); its tokenizer is loaded without the
-weights (:func:`kvdrift.lm.model.load_tokenizer`). Where it cannot be loaded (a model
-directory moved, a hub id not in the local cache), :class:`TokenText` says so in one line
-(``note``) and writes token ids instead of text.
+A run records the model it ran (``model`` column) and its tokenizer's digest (each unit's
+fingerprint, :mod:`kvdrift.run.documents`); the tokenizer is loaded by name without the
+weights (:func:`kvdrift.lm.model.load_tokenizer`) and its digest checked against the recorded
+one (:func:`tokenizer_mismatch` says so in one line where it differs). Where it cannot be
+loaded (a model directory moved, a hub id not in the local cache), :class:`TokenText` says so
+in one line (``note``) and writes token ids instead of text.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
+from collections.abc import Iterable, Set
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,3 +59,25 @@ def token_text(model: str) -> TokenText:
                       type(exc).__name__)
         return TokenText(model, None, f"the tokenizer of model {model!r} is not available "
                                       f"({reason}); token ids are shown instead")
+
+
+@functools.cache
+def _loaded_digest(model: str) -> str | None:
+    from kvdrift.lm.digest import tokenizer_digest
+
+    tokenizer = token_text(model).tokenizer
+    return None if tokenizer is None else tokenizer_digest(tokenizer)
+
+
+def tokenizer_mismatch(model: str, recorded: Set[str]) -> str | None:
+    """One line where the tokenizer loaded for ``model`` is not one the run recorded (its
+    digests ``recorded``; none recorded: stores before digests, nothing to check), else None."""
+    from kvdrift.lm.digest import short
+
+    loaded = _loaded_digest(model)
+    if loaded is None or not recorded or loaded in recorded:
+        return None
+    was = ", ".join(short(d) for d in sorted(recorded))
+    return (f"the tokenizer of model {model!r} loaded now (digest {short(loaded)}) is not the one "
+            f"the run recorded ({was}); text is decoded with the one loaded now and may differ "
+            "from what the model saw")

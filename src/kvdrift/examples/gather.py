@@ -9,13 +9,9 @@ from typing import TYPE_CHECKING
 
 from kvdrift import checks
 from kvdrift.examples.decoding import token_text
-from kvdrift.examples.prompts import Prompts, run_prompts
+from kvdrift.examples.prompts import Prompts
 from kvdrift.examples.selection import SHOW_ROLES, Example, choose_examples
-from kvdrift.examples.trajectories import (
-    directory_trajectories,
-    replicates_summary,
-    tokenizer_notes,
-)
+from kvdrift.examples.trajectories import directory_trajectories, replicates_summary
 from kvdrift.examples.views import ExampleView, example_view
 
 if TYPE_CHECKING:
@@ -46,36 +42,18 @@ def gather_examples(directory: StudyDirectory, examples: list[Example] | None = 
             replicates = replicates[replicates["action"] == action]
         examples = choose_examples(replicates, roles)
     frame = directory_trajectories(directory, [(e.model, e.doc_id, e.action) for e in examples])
-    notes = tokenizer_notes({e.model for e in examples})
-    prompts: dict[str, Prompts] = {}
-    for model in sorted({e.model for e in examples} if prompt_tokens else ()):
-        prompts[model] = run_prompts(directory.config, token_text(model))
-        if prompts[model].note is not None and token_text(model).tokenizer is not None:
-            notes.append(prompts[model].note)
+    notes = list(frame.attrs.get("notes", ()))
+    prompts = Prompts(directory.documents)
+    if prompt_tokens and examples and prompts.note is not None:
+        notes.append(prompts.note)
     rows = replicates.set_index(["model", "doc_id", "action", "replicate"])
     views = []
     for e in examples:
         tail = None
-        if prompt_tokens and _same_prompt(directory, e, prompts[e.model], notes):
-            tail = prompts[e.model].tail(e.doc_id, token_text(e.model), prompt_tokens)
+        if prompt_tokens and token_text(e.model).tokenizer is not None:
+            tail, note = prompts.tail(e.model, e.doc_id, token_text(e.model), prompt_tokens)
+            if note is not None and note not in notes:
+                notes.append(note)
         views.append(example_view(frame, e, tail,
                                   rows.loc[(e.model, e.doc_id, e.action, e.replicate)]))
     return Examples(tuple(views), tuple(notes))
-
-
-def _same_prompt(directory: StudyDirectory, example: Example, prompts: Prompts,
-                 notes: list[str]) -> bool:
-    """Whether the rebuilt prompt of ``example``'s document is the text its unit ran on (a
-    note says so where it is not)."""
-    rebuilt = prompts.sha256.get(example.doc_id)
-    if rebuilt is None:
-        return False
-    stored = (directory.unit_fingerprint(example.model, example.doc_id, example.action)
-              or {}).get("prompt_sha256")
-    if stored is not None and stored != rebuilt:
-        note = (f"the prompt of document {example.doc_id!r} is not shown: its text has changed "
-                "since the run")
-        if note not in notes:
-            notes.append(note)
-        return False
-    return True

@@ -10,12 +10,12 @@ mismatch fraction) and ``R_tv`` (the rollout TV, NaN for SWRB).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Set
 from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from kvdrift.examples.decoding import TokenText, token_text
+from kvdrift.examples.decoding import TokenText, token_text, tokenizer_mismatch
 
 if TYPE_CHECKING:
     from kvdrift.directory import StudyDirectory
@@ -55,9 +55,29 @@ def trajectory_frame(steps: pd.DataFrame, replicates: pd.DataFrame,
     return frame[COLUMNS].sort_values(order, kind="stable").reset_index(drop=True)
 
 
-def tokenizer_notes(models, texts: Callable[[str], TokenText] = token_text) -> list[str]:
-    """One line per model whose tokenizer is not available."""
-    return [n for n in (texts(m).note for m in sorted(set(models))) if n is not None]
+def tokenizer_notes(models, texts: Callable[[str], TokenText] = token_text,
+                    recorded: Mapping[str, Set[str]] | None = None) -> list[str]:
+    """One line per model whose tokenizer is not available, or is not the one the run
+    recorded (``recorded``: each model's recorded tokenizer digests)."""
+    notes = []
+    for model in sorted(set(models)):
+        note = texts(model).note
+        if note is None and recorded:
+            note = tokenizer_mismatch(model, recorded.get(model, set()))
+        if note is not None:
+            notes.append(note)
+    return notes
+
+
+def recorded_tokenizers(directory: StudyDirectory) -> dict[str, set[str]]:
+    """Each model's tokenizer digests as the store's documents record them (empty for a
+    store written before they were)."""
+    out: dict[str, set[str]] = {}
+    for (model, _), found in (directory.documents or {}).items():
+        digest = (found.fingerprint or {}).get("tokenizer_sha256")
+        if isinstance(digest, str):
+            out.setdefault(model, set()).add(digest)
+    return out
 
 
 def replicates_summary(directory: StudyDirectory) -> pd.DataFrame:
@@ -76,7 +96,8 @@ def directory_trajectories(directory: StudyDirectory,
     """Every replicate's generations in a run or study directory, position by position, P's
     and Q's tokens decoded with the run's own tokenizer (offline, loaded once; token ids where
     it is not available), with each position's TV and the replicate's tau, R and R_tv.
-    ``units``: only these (model, doc_id, action)."""
+    ``units``: only these (model, doc_id, action). ``attrs["notes"]``: one line per model whose
+    tokenizer is not available or not the one the run recorded."""
     steps = directory.store.read("steps", STEP_COLUMNS).to_pandas()
     replicates = replicates_summary(directory)
     if units is not None:
@@ -84,4 +105,7 @@ def directory_trajectories(directory: StudyDirectory,
         wanted = pd.MultiIndex.from_tuples(list(units), names=key)
         steps = steps[pd.MultiIndex.from_frame(steps[key]).isin(wanted)]
         replicates = replicates[pd.MultiIndex.from_frame(replicates[key]).isin(wanted)]
-    return trajectory_frame(steps, replicates)
+    frame = trajectory_frame(steps, replicates)
+    frame.attrs["notes"] = tuple(tokenizer_notes(set(replicates["model"]),
+                                                 recorded=recorded_tokenizers(directory)))
+    return frame

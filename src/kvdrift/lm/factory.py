@@ -57,8 +57,17 @@ class LMPairFactory:
         self._planned: list[str] = []
         self.prefills = 0  # prefill forwards run so far (for benchmarks and tests)
 
+    @property
+    def identity(self) -> dict[str, str]:
+        """The loaded model's weights and tokenizer digests (computed once per model), which
+        each unit's fingerprint records."""
+        return self.loaded.identity
+
     def prompt_ids(self, doc: Document):
-        """Token ids ``[1, n]`` of a document's prompt (chat template applied if enabled)."""
+        """Token ids ``[1, n]`` of a document's prompt (chat template applied if enabled): what
+        the model runs on, the attribution reads and the store records."""
+        if doc.id == self._doc_id and self._ids is not None:
+            return self._ids
         return encode_prompt(self.loaded.tokenizer, doc.prompt, self.chat_template)
 
     def decode(self, token_ids: Sequence[int]) -> str:

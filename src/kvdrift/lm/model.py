@@ -11,6 +11,7 @@ never with the model's own code and, unless asked, never from the network
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import os
 import shutil
@@ -53,6 +54,16 @@ class LoadedModel:
             raise TypeError(f"device must be a torch.device; got {self.device!r}")
         if self.dtype not in DTYPES.values():
             raise checks.refuse("dtype", f"one of {', '.join(DTYPES)}", self.dtype)
+
+    @functools.cached_property
+    def identity(self) -> dict[str, str]:
+        """What this model is beyond its name: the SHA-256 of the weights actually loaded and
+        of the tokenizer (:mod:`kvdrift.lm.digest`), computed once per loaded model; each
+        unit's fingerprint records them, so a store never mixes records of other weights."""
+        from kvdrift.lm.digest import tokenizer_digest, weights_digest
+
+        return {"weights_sha256": weights_digest(self.model),
+                "tokenizer_sha256": tokenizer_digest(self.tokenizer)}
 
 
 DEVICE_RULE = "one of auto, cpu, cuda, cuda:N"

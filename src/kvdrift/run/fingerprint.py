@@ -2,12 +2,14 @@
 
 A stored unit is found again by (model, document, action), but its records also depend on the
 run's settings: the horizon, the number of replicates, the temperature, the estimator and
-its depths, the seed, the replicate batch, the dtype and prompt format, the document's text
-and the kvdrift version. Each unit's Parquet files carry these settings (key-value metadata
-``kvdrift.fingerprint``), and a resumed run checks them before any unit runs, so records made
-under other settings are never mixed in, whatever happened to ``run.json``. A run's settings
-make a document's fingerprint in :meth:`kvdrift.run.runner.RunConfig.fingerprint`; a stored
-unit's files are held against it in one call, :func:`check`.
+its depths, the seed, the replicate batch, the dtype and prompt format, the document's text,
+the kvdrift version and what the model is beyond its name (the SHA-256 of the weights actually
+loaded and of the tokenizer, :data:`IDENTITY`). Each unit's Parquet files carry these settings
+(key-value metadata ``kvdrift.fingerprint``), and a resumed run checks them before any unit
+runs, so records made under other settings are never mixed in, whatever happened to
+``run.json``. A run's settings make a document's fingerprint in
+:meth:`kvdrift.run.runner.RunConfig.fingerprint`; a stored unit's files are held against it in
+one call, :func:`check`.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from importlib import metadata
 from typing import Any
 
 from kvdrift.json_values import parse_json
+from kvdrift.lm.digest import short
 
 METADATA_KEY = b"kvdrift.fingerprint"
 
@@ -29,10 +32,14 @@ LABELS = {
     "horizon": "horizon H", "temperature": "temperature", "depths": "depths",
     "seed": "seed", "batch": "batch", "chat_template": "chat_template",
     "prompt_sha256": "the document's prompt text", "kvdrift": "kvdrift version",
-    "attribution": "attribution",
+    "attribution": "attribution", "weights_sha256": "weights", "tokenizer_sha256": "tokenizer",
 }
 #: Settings a fingerprint records only when not at this value (so earlier stores resume).
 UNRECORDED = {"attribution": False}
+#: The model's identity (digests of what was loaded), and a difference in words: compared only
+#: where both sides record it (stores written before it, and a driver that has not loaded the
+#: weights, do not).
+IDENTITY = {"weights_sha256": "other weights", "tokenizer_sha256": "another tokenizer"}
 
 
 def kvdrift_version() -> str:
@@ -73,6 +80,11 @@ def first_difference(stored: Mapping[str, Any] | None, wanted: Mapping[str, Any]
             label = LABELS.get(key, key)
             if key == "prompt_sha256":
                 return "the document's prompt text has changed since it was stored"
+            if key in IDENTITY:
+                if was is None or now is None:
+                    continue
+                return (f"it was computed with {IDENTITY[key]} under the same model name "
+                        f"({label} {short(str(was))}, this run has {short(str(now))})")
             return f"it was computed with {label} = {was!r}, this run has {label} = {now!r}"
     return None
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from kvdrift.output import LinkRefused, is_link, refuse_links
 
 #: What a kvdrift store holds at its top level (temporary files start with ".run.json.tmp-").
-STORE_ENTRIES = frozenset({"run.json", "steps", "replicates", "report", ".lock"})
+STORE_ENTRIES = frozenset({"run.json", "documents", "steps", "replicates", "report", ".lock"})
 #: A frontier directory's marker and what it holds at its top level (``kvdrift frontier``).
 FRONTIER_FILE = "frontier.json"
 FRONTIER_ENTRIES = frozenset({FRONTIER_FILE, "analysis.json", "stages", "report"})

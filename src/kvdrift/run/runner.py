@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -29,6 +29,7 @@ from kvdrift.estimate.common import (
 )
 from kvdrift.kernel import KernelPair
 from kvdrift.records.schema import MEMORY_COLUMNS, TIMING_COLUMNS
+from kvdrift.run.documents import document_table
 from kvdrift.run.estimators import Estimator, parse_estimator
 from kvdrift.run.fingerprint import kvdrift_version, prompt_sha256
 from kvdrift.run.records import UnitKey
@@ -66,9 +67,11 @@ class RunConfig:
             raise ValueError(f"attribution must be false with estimator {self.estimator.name!r}; "
                              "it needs complete coupled rollouts (estimator = \"rollout\")")
 
-    def fingerprint(self, doc: Document) -> dict[str, Any]:
+    def fingerprint(self, doc: Document, identity: Mapping[str, str] | None = None
+                    ) -> dict[str, Any]:
         """The settings that shape the records of ``doc``'s units (JSON-ready; stored with
-        them, :mod:`kvdrift.run.fingerprint`)."""
+        them, :mod:`kvdrift.run.fingerprint`), with the model's ``identity`` where known
+        (:class:`RanOn`)."""
         extra = self.extra or {}
         return {
             "model": self.model, "dtype": extra.get("dtype"), "estimator": self.estimator.name,
@@ -78,7 +81,7 @@ class RunConfig:
             "chat_template": extra.get("chat_template"),
             "prompt_sha256": prompt_sha256(doc.prompt),
             "kvdrift": kvdrift_version(),
-        } | ({"attribution": True} if self.attribution else {})  # off: as stores before it
+        } | ({"attribution": True} if self.attribution else {}) | dict(identity or {})
 
     def as_dict(self) -> dict:
         out = asdict(self)
@@ -110,6 +113,29 @@ def with_timing(replicates: pa.Table, setup: float, estimator: float) -> pa.Tabl
 
 
 PairFactory = Callable[[Document, str], KernelPair]
+
+
+@dataclass(frozen=True)
+class RanOn:
+    """What a unit ran on, as its pair factory tells it (a language model's does, the finite
+    tables' do not): the model's ``identity`` (``weights_sha256``, ``tokenizer_sha256``: the
+    digests of what was loaded) and the prompt's token ids as the model saw them."""
+
+    identity: dict[str, str] = field(default_factory=dict)
+    prompt_ids: tuple[int, ...] | None = None
+
+
+def factory_identity(make_pair: PairFactory) -> dict[str, str]:
+    """The model identity a factory tells (its ``identity``), else empty."""
+    return dict(getattr(make_pair, "identity", None) or {})
+
+
+def ran_on(make_pair: PairFactory, doc: Document) -> RanOn:
+    """What ``doc``'s units run on under ``make_pair``: its identity and, from its
+    ``prompt_ids`` (the one encoding the model and the attribution use), the prompt's ids."""
+    encode = getattr(make_pair, "prompt_ids", None)
+    ids = None if encode is None else tuple(int(i) for i in encode(doc).reshape(-1).tolist())
+    return RanOn(factory_identity(make_pair), ids)
 
 
 def run_estimator(config: RunConfig, pair: KernelPair, seed: int):
@@ -227,9 +253,12 @@ def prepare_document(make_pair: PairFactory, doc: Document, actions: Sequence[st
 
 
 def finished_units(
-    config: RunConfig, documents: Sequence[Document], store: RunStore
+    config: RunConfig, documents: Sequence[Document], store: RunStore,
+    identity: Mapping[str, str] | None = None,
 ) -> set[UnitKey]:
-    """The units already finished in ``store`` under ``config``'s settings.
+    """The units already finished in ``store`` under ``config``'s settings and the model's
+    ``identity`` (what of it is known: other weights or another tokenizer under the same
+    name are refused).
 
     Every stored unit is checked against this run's fingerprint before any unit runs: one
     stored under other settings stops the run here (or, if the store recomputes, is removed),
@@ -237,7 +266,7 @@ def finished_units(
     """
     done = set()
     for doc in documents:
-        fingerprint = config.fingerprint(doc)
+        fingerprint = config.fingerprint(doc, identity)
         for action in config.actions:
             key = unit_key(config, doc, action)
             if store.unit_done(key, fingerprint):
@@ -246,11 +275,13 @@ def finished_units(
 
 
 def store_unit(store: RunStore, config: RunConfig, doc: Document, action: str,
-               tables: tuple[pa.Table, pa.Table]) -> UnitKey:
-    """Write one computed unit with its fingerprint; returns its key."""
+               tables: tuple[pa.Table, pa.Table], ran: RanOn = RanOn()) -> UnitKey:
+    """Write one computed unit with its fingerprint, and its document as the model saw it
+    (:mod:`kvdrift.run.documents`), both naming what it ``ran`` on; returns its key."""
     key = unit_key(config, doc, action)
-    fingerprint = config.fingerprint(doc)
-    store.write_unit(key, *tables, fingerprint=fingerprint)
+    fingerprint = config.fingerprint(doc, ran.identity)
+    store.write_unit(key, *tables, fingerprint=fingerprint,
+                     document=document_table(config.model, doc, ran.prompt_ids, fingerprint))
     return key
 
 
@@ -267,7 +298,7 @@ def run_units(
     """
     if not documents:
         raise ValueError("no documents to run")
-    done = finished_units(config, documents, store)
+    done = finished_units(config, documents, store, factory_identity(make_pair))
     ran = 0
     for doc in documents:
         prepare_document(make_pair, doc, [a for a in config.actions
@@ -279,7 +310,7 @@ def run_units(
                     on_unit(key, True)
                 continue
             tables = unit_records(config, doc, action, make_pair)  # computed fully, then written
-            store_unit(store, config, doc, action, tables)
+            store_unit(store, config, doc, action, tables, ran_on(make_pair, doc))
             ran += 1
             if on_unit:
                 on_unit(key, False)

@@ -3,6 +3,7 @@
 Layout of a run directory::
 
     run.json                 configuration + package versions (written once)
+    documents/<doc>.parquet  what a (model, document)'s units ran on (:mod:`.documents`)
     steps/<unit>.parquet     per-step records of one (model, document, action) unit
     replicates/<unit>.parquet  per-replicate records of that unit (written last)
 
@@ -39,6 +40,7 @@ import pyarrow.parquet as pq
 from kvdrift import checks, limits, output
 from kvdrift.json_values import parse_json
 from kvdrift.records.legacy import current_layout
+from kvdrift.run import documents as docs
 from kvdrift.run import fingerprint as fp
 from kvdrift.run.records import UnitKey
 
@@ -327,9 +329,15 @@ class RunStore:
                          "use another output directory")
 
     def write_unit(self, key: UnitKey, steps: pa.Table, replicates: pa.Table,
-                   fingerprint: Mapping[str, Any] | None = None) -> None:
-        """Store one finished unit: steps first, the replicate file (the done marker) last;
-        both carry ``fingerprint``, the settings that made them."""
+                   fingerprint: Mapping[str, Any] | None = None,
+                   document: pa.Table | None = None) -> None:
+        """Store one finished unit: its ``document`` (:func:`~.documents.document_table`)
+        first unless recorded already, then steps, the replicate file (the done marker) last;
+        the records carry ``fingerprint``, the settings that made them."""
+        if document is not None:
+            path = self.root / docs.FOLDER / docs.document_name(key.model, key.doc_id)
+            if not docs.is_recorded(path, document):
+                _write_atomically(document, path)
         _write_atomically(_with_fingerprint(steps, fingerprint, key), self._path(key, "steps"))
         _write_atomically(_with_fingerprint(replicates, fingerprint, key),
                           self._path(key, "replicates"))

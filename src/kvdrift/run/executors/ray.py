@@ -27,9 +27,12 @@ from kvdrift.run import UnitFailed
 from kvdrift.run.executors.base import ExecutorConfig, PairBuilder, ray_endpoint
 from kvdrift.run.records import UnitKey
 from kvdrift.run.runner import (
+    RanOn,
     RunConfig,
+    factory_identity,
     finished_units,
     prepare_document,
+    ran_on,
     store_unit,
     unit_key,
     unit_records,
@@ -58,12 +61,19 @@ class UnitWorker:
         return os.getpid()
 
     def run(self, config: RunConfig, doc: Document, action: str,
-            pending: Sequence[str] = ()) -> tuple[pa.Table, pa.Table]:
-        """One unit; ``pending``: the document's unfinished actions when it was handed out."""
+            pending: Sequence[str] = ()) -> tuple[pa.Table, pa.Table, RanOn]:
+        """One unit's records and what it ran on; ``pending``: the document's unfinished
+        actions when it was handed out."""
         if doc.id != self._prepared:
             prepare_document(self._make_pair, doc, pending)
             self._prepared = doc.id
-        return unit_records(config, doc, action, self._make_pair)
+        return (*unit_records(config, doc, action, self._make_pair),
+                ran_on(self._make_pair, doc))
+
+
+def built_identity(build: PairBuilder) -> dict[str, str]:
+    """The model identity of the factory ``build`` makes (a Ray task: loads the model)."""
+    return factory_identity(build())
 
 
 @dataclass
@@ -142,6 +152,25 @@ class RayExecutor:
             raise ValueError(f"cannot join {self.where}: {first}") from None
         self._started = True
 
+    def _identity(self, config: RunConfig, documents: Sequence[Document], build: PairBuilder,
+                  store: RunStore) -> dict[str, str]:
+        """The model identity finished units are held against: where the store holds any,
+        one worker loads the model to tell it (the driver has not loaded the weights)."""
+        if not any(store.is_done(unit_key(config, doc, action)) for doc in documents
+                   for action in config.actions):
+            return {}
+        import ray
+        from ray.exceptions import RayTaskError
+
+        self._connect()
+        _, resources = self._worker_options()
+        try:
+            return ray.get(ray.remote(built_identity).options(**resources).remote(build))
+        except RayTaskError as exc:  # loading failed: show its own error
+            if isinstance(exc.cause, Exception):
+                raise exc.cause from None
+            raise
+
     def _worker_options(self) -> tuple[int, dict[str, float]]:
         """How many workers the cluster holds, and each one's resources."""
         import ray
@@ -170,7 +199,8 @@ class RayExecutor:
         if not documents:
             raise ValueError("no documents to run")
         queue: deque[_Work] = deque()
-        done = finished_units(config, documents, store)
+        done = finished_units(config, documents, store, self._identity(config, documents,
+                                                                       build, store))
         for doc in documents:
             todo = []
             for action in config.actions:
@@ -226,8 +256,9 @@ class _Dispatch:
         self.slots.remove(slot)
         self._live_changed()
 
-    def _store(self, slot: _Slot, action: str, tables: tuple[pa.Table, pa.Table]) -> None:
-        key = store_unit(self.store, self.config, slot.work.doc, action, tables)
+    def _store(self, slot: _Slot, action: str,
+               value: tuple[pa.Table, pa.Table, RanOn]) -> None:
+        key = store_unit(self.store, self.config, slot.work.doc, action, value[:2], value[2])
         slot.work.actions.remove(action)
         self.ran += 1
         if self.on_unit:
