@@ -155,13 +155,15 @@ def frontier_examples(result: FrontierResult, stages: str | Path) -> str:
             "position's TV as a background shade.</p>" + "".join(parts))
 
 
-def write_frontier_report(result: FrontierResult, out_dir: str | Path,
+def write_frontier_report(result: FrontierResult, out_dir: str | Path | output.OutputDir,
                           title: str = "KV-cache compression frontier",
                           examples: str = "") -> Path:
-    """Write ``report.html`` and ``figures/frontier.png`` into ``out_dir``; returns the HTML.
-    ``examples`` is already-escaped HTML placed after the tables."""
-    out_dir = output.make_folder(out_dir, "figures").parent  # never through a link
-    plot_frontier(result, out_dir / "figures" / "frontier.png")
+    """Write ``report.html`` and ``figures/frontier.png`` into ``out_dir`` (a path, or a
+    folder held by the caller); returns the HTML. ``examples`` is already-escaped HTML placed
+    after the tables."""
+    if not isinstance(out_dir, output.OutputDir):
+        out_dir = output.OutputDir(out_dir, marker="report")
+    plot_frontier(result, out_dir.subdir("figures") / "frontier.png")  # never through a link
     marks = ("filled points are certified within the tolerance (the dashed line), the star "
              "the least cache certified" if result.certifiable else
              "the dashed line is the tolerance; estimates only, not certified")
@@ -173,7 +175,7 @@ def write_frontier_report(result: FrontierResult, out_dir: str | Path,
              "values its bounds use, shown with [lower, upper] beneath it (confidence-sequence "
              "bounds, not bootstrap intervals); &ldquo;&mdash;&rdquo; marks a bound an "
              "unbounded measure does not have.")
-    return output.write_text(out_dir, "report.html", page.standalone(title, body, intro))
+    return out_dir.write_text("report.html", page.standalone(title, body, intro))
 
 
 def frontier_table(result: FrontierResult):
