@@ -84,7 +84,7 @@ def frontier(
     folder = OutputDir(out, marker="frontier")  # held for the whole command
     result = run_frontier(config, folder, run_stage)
     html = write_frontier_report(result, folder.subdir("report", marker="report"),
-                                 examples=frontier_examples(result, out / "stages"))
+                                 examples=frontier_examples(result, folder.subdir("stages")))
     if as_json:
         print(strict_json(result.to_json()))
         return

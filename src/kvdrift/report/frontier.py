@@ -130,13 +130,17 @@ def frontier_section(result: FrontierResult, examples: str = "") -> str:
     return page.section("The compression frontier", "frontier", "\n".join(lines))
 
 
-def frontier_examples(result: FrontierResult, stages: str | Path) -> str:
+def frontier_examples(result: FrontierResult, stages: str | Path | output.OutputDir) -> str:
     """HTML: at each family's certified budget, one example of P's and Q's generations (the
-    replicate at the median divergence) from the last look that ran it; "" when none is."""
+    replicate at the median divergence) from the last look that ran it; "" when none is.
+    ``stages`` is the frontier's ``stages/`` (a held folder: each stage read through it)."""
     from kvdrift.directory import StudyDirectory
     from kvdrift.report.sections.examples import action_example_html
 
-    looks = sorted(Path(stages).iterdir(), reverse=True) if Path(stages).is_dir() else []
+    if isinstance(stages, output.OutputDir):
+        looks = [stages.subdir(n) for n in reversed(stages.names()) if not n.startswith(".")]
+    else:
+        looks = sorted(Path(stages).iterdir(), reverse=True) if Path(stages).is_dir() else []
     parts = []
     for fam in result.families:
         c = fam.certified
@@ -145,8 +149,8 @@ def frontier_examples(result: FrontierResult, stages: str | Path) -> str:
         if where is None:
             continue
         parts.append(f"<h4>{escape(c.family)} at {escape(c.label)} (<code>{escape(c.action)}"
-                     f"</code>, look {escape(where.name)})</h4>"
-                     + action_example_html(where, c.action))
+                     f"</code>, look {escape(Path(where).name)})</h4>"
+                     + action_example_html(StudyDirectory(where), c.action))
     if not parts:
         return ""
     return ("<h3>Examples at each family's certified budget</h3><p class=\"note\">What the "

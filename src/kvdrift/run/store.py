@@ -268,7 +268,7 @@ class RunStore:
         """Whether the unit's replicate file (its done marker) exists; see :meth:`unit_done`."""
         return self.dir.subdir("replicates").exists(f"{unit_name(key)}.parquet")
 
-    def _open_part(self, kind: str, name: str) -> Any:
+    def open_part(self, kind: str, name: str) -> Any:
         """A unit file of ``kind`` opened for reading through the held folder: only a regular
         file (a FIFO there is refused, never waited on)."""
         handle = self.dir.subdir(kind).open_read(name)
@@ -278,7 +278,7 @@ class RunStore:
 
     def _footer(self, kind: str, name: str) -> tuple[pq.FileMetaData, Any]:
         """A unit file's Parquet footer and the unit it names (:meth:`_open_part`)."""
-        with self._open_part(kind, name) as handle:
+        with self.open_part(kind, name) as handle:
             footer = pq.read_metadata(handle)
             return footer, _unit_in(self.root / kind / name, footer, handle)
 
@@ -361,7 +361,7 @@ class RunStore:
                                  f"{' · '.join(done[f.name])}; rerun the run or study command "
                                  "to recompute its unit")
             try:
-                with self._open_part(kind, f.name) as handle:
+                with self.open_part(kind, f.name) as handle:
                     table = pq.read_table(handle, columns=columns)
                 tables.append(current_layout(kind, table, columns))
             except (OSError, pa.ArrowException) as exc:
