@@ -28,6 +28,7 @@ import pytest
 from test_hostile_folders import (
     SMALL_FRONTIER,
     check_output,
+    make_sentinel,
     run_args,
     runner,
     snapshot,
@@ -40,12 +41,7 @@ from kvdrift.cli import app
 
 @pytest.fixture
 def outside(tmp_path):
-    """A folder outside every output folder: a file and a folder with a file."""
-    folder = tmp_path / "outside"
-    (folder / "folder").mkdir(parents=True)
-    (folder / "victim.txt").write_text("do not touch\n")
-    (folder / "folder" / "inner.txt").write_text("nor this\n")
-    return folder
+    return make_sentinel(tmp_path)
 
 
 def one_line_or_done(result) -> None:
