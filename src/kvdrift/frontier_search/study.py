@@ -77,8 +77,11 @@ class StudyEvaluator:
         self.stages += 1
         name = f"{self.stages:02d}-look{look}"
         where = self.out.subdir(f"stages/{name}")
-        self.run_stage(self.stage_config(budgets, look, name), where)
-        records = StudyDirectory(where).records()
+        try:
+            self.run_stage(self.stage_config(budgets, look, name), where)
+            records = StudyDirectory(where).records()
+        finally:
+            where.close()  # reopened through stages/ if read again: few descriptors held
         out = {}
         for b in budgets:
             steps = records.steps[records.steps["action"] == b.action]
