@@ -44,6 +44,20 @@ def outside(tmp_path):
     return make_sentinel(tmp_path)
 
 
+@pytest.fixture(scope="module")
+def finished_store(tiny_model_dir, tmp_path_factory):
+    """A finished run (no report), copied into each test that needs one."""
+    root = tmp_path_factory.mktemp("finished")
+    docs = write_docs(root / "docs.jsonl")
+    assert runner.invoke(app, run_args(tiny_model_dir, docs, root / "store")).exit_code == 0
+    return root / "store", docs
+
+
+def copy_store(finished_store, tmp_path: Path, name: str = "out") -> tuple[Path, Path]:
+    shutil.copytree(finished_store[0], tmp_path / name)
+    return tmp_path / name, finished_store[1]
+
+
 def one_line_or_done(result) -> None:
     """The command completed, or refused in one line (no traceback)."""
     check_output(result)
@@ -221,10 +235,8 @@ def test_a_run_racing_its_steps_folder(tiny_model_dir, tmp_path, outside):
          out / "run.json", outside, seed=1)
 
 
-def test_a_report_racing_its_figures_folder(tiny_model_dir, tmp_path, outside):
-    docs = write_docs(tmp_path / "docs.jsonl")
-    out = tmp_path / "out"
-    assert runner.invoke(app, run_args(tiny_model_dir, docs, out)).exit_code == 0
+def test_a_report_racing_its_figures_folder(finished_store, tmp_path, outside):
+    out, _ = copy_store(finished_store, tmp_path)
     race(["report", str(out), "--bootstrap", "0"], out / "report" / "figures",
          out / "report" / "analysis.json", outside, seed=2)
 
@@ -287,23 +299,20 @@ def time_limit(seconds: int):
         signal.signal(signal.SIGALRM, previous)
 
 
-def test_a_fifo_as_a_parquet_part_is_refused_by_report_and_run(tiny_model_dir, tmp_path):
-    docs = write_docs(tmp_path / "docs.jsonl")
-    out = tmp_path / "out"
-    assert runner.invoke(app, run_args(tiny_model_dir, docs, out)).exit_code == 0
-    for kind in ("steps", "replicates"):
-        part = sorted((out / kind).glob("*.parquet"))[0]
-        part.unlink()
-        os.mkfifo(part)
-        for args in (["report", str(out), "--bootstrap", "0"],
-                     run_args(tiny_model_dir, docs, out)):
-            with time_limit(60):
-                result = runner.invoke(app, args)
-            one_line_or_done(result)
-            assert result.exit_code == 2, (args, result.output)
-            assert "FIFO (named pipe), not a regular file" in result.output, result.output
-            assert part.name in result.output.replace("\n", "")
-            assert stat.S_ISFIFO(os.lstat(part).st_mode)
+def test_a_fifo_as_a_parquet_part_is_refused_by_report_and_run(tiny_model_dir, finished_store,
+                                                                tmp_path):
+    out, docs = copy_store(finished_store, tmp_path)
+    part = sorted((out / "steps").glob("*.parquet"))[0]
+    part.unlink()
+    os.mkfifo(part)
+    for args in (["report", str(out), "--bootstrap", "0"], run_args(tiny_model_dir, docs, out)):
+        with time_limit(60):
+            result = runner.invoke(app, args)
+        one_line_or_done(result)
+        assert result.exit_code == 2, (args, result.output)
+        assert "FIFO (named pipe), not a regular file" in result.output, result.output
+        assert part.name in result.output.replace("\n", "")
+        assert stat.S_ISFIFO(os.lstat(part).st_mode)
 
 
 # --- kvdrift folders: markers and nesting --------------------------------------------------
@@ -334,10 +343,8 @@ def test_a_run_inside_a_frontier_is_refused(tiny_model_dir, tmp_path, legacy, in
     assert snapshot(frontier) == before
 
 
-def test_report_never_writes_into_a_frontier(tiny_model_dir, tmp_path):
-    docs = write_docs(tmp_path / "docs.jsonl")
-    store = tmp_path / "store"
-    assert runner.invoke(app, run_args(tiny_model_dir, docs, store)).exit_code == 0
+def test_report_never_writes_into_a_frontier(finished_store, tmp_path):
+    store, _ = copy_store(finished_store, tmp_path, "store")
     frontier = _frontier_folder(tmp_path / "frontier")
     (frontier / "report").mkdir()
     (frontier / "report" / "report.html").write_text("the frontier's report")
@@ -351,10 +358,9 @@ def test_report_never_writes_into_a_frontier(tiny_model_dir, tmp_path):
     assert snapshot(frontier) == before
 
 
-def test_a_store_whose_run_json_was_deleted_is_still_a_kvdrift_folder(tiny_model_dir, tmp_path):
-    docs = write_docs(tmp_path / "docs.jsonl")
-    store = tmp_path / "store"
-    assert runner.invoke(app, run_args(tiny_model_dir, docs, store)).exit_code == 0
+def test_a_store_whose_run_json_was_deleted_is_still_a_kvdrift_folder(tiny_model_dir,
+                                                                      finished_store, tmp_path):
+    store, docs = copy_store(finished_store, tmp_path, "store")
     assert (store / output.MARKER).read_text() == "kvdrift run\n"  # written with the store
     (store / "run.json").unlink()
     before = snapshot(store)
