@@ -95,6 +95,20 @@ def test_a_folder_replaced_by_a_link_is_refused_at_its_next_use(tmp_path, outsid
     assert list((tmp_path / "out" / "steps").iterdir()) == []
 
 
+def test_the_output_folder_itself_replaced_by_a_link_is_refused(tmp_path, outside):
+    root = output.OutputDir(tmp_path / "out")
+    root.write_text("a.txt", "one")
+    reader = output.OutputDir(tmp_path / "out", create=False)  # a reader follows the user's
+    assert reader.read_bytes("a.txt") == b"one"
+    before = snapshot(outside)
+    swap_for_link(tmp_path / "out", outside / "folder")
+    with pytest.raises(output.LinkRefused, match="out is a symbolic link"):
+        root.write_text("b.txt", "two")
+    with pytest.raises(output.LinkRefused, match="replaced by another folder"):
+        reader.read_bytes("a.txt")  # the link now names another folder than the one read
+    assert snapshot(outside) == before
+
+
 def test_a_held_folder_is_opened_on_first_use_and_marked_first(tmp_path):
     root = output.OutputDir(tmp_path / "out", marker="frontier")
     stage = root.subdir("stages/01-look1", marker="run")

@@ -66,15 +66,15 @@ def _link_error(path: Path) -> LinkRefused:
         "never through a link: remove the link or choose another output directory")
 
 
-def kind_of(mode: int) -> str:
+def _kind_of(mode: int) -> str:
     """What a file of ``mode`` is, in words ("FIFO (named pipe)", "character device", ...)."""
     return next((word for test, word in _KINDS if test(mode)), "special file")
 
 
-def not_regular(path: str | os.PathLike[str], mode: int, what: str = "") -> NotARegularFile:
+def _not_regular(path: str | os.PathLike[str], mode: int, what: str = "") -> NotARegularFile:
     """The one-line refusal of a non-regular file at ``path`` (``what``: the user's flag)."""
     named = f"{what} {str(path)!r}" if what else str(path)
-    return NotARegularFile(f"{named} is a {kind_of(mode)}, not a regular file; kvdrift reads "
+    return NotARegularFile(f"{named} is a {_kind_of(mode)}, not a regular file; kvdrift reads "
                            "and writes only regular files: name a regular file")
 
 
@@ -162,11 +162,11 @@ def _open_followed(path: Path) -> int | None:
         return None
 
 
-def _replaced(path: Path, why: str) -> LinkRefused:
-    if is_link(path):
+def _replaced(path: Path, why: str, followed: bool = False) -> LinkRefused:
+    if is_link(path) and not followed:
         return _link_error(path)
-    return LinkRefused(f"{path} was {why} while kvdrift wrote in it; kvdrift writes only into "
-                       "the folders it opened: put it back or rerun the command")
+    return LinkRefused(f"{path} was {why} while kvdrift was using it; kvdrift reads and "
+                       "writes only in the folders it opened: put it back or rerun the command")
 
 
 @dataclass(frozen=True)
@@ -305,17 +305,13 @@ class OutputDir:
         if self._parent is not None:
             self._parent.check()
         try:
-            info = (os.stat(self.path, follow_symlinks=not self._follow)
+            info = (os.stat(self.path, follow_symlinks=self._follow)
                     if self._parent is None else
                     os.stat(self._name, dir_fd=self._parent._fd, follow_symlinks=False))
         except FileNotFoundError:
-            raise _replaced(self.path, "moved or deleted") from None
+            raise _replaced(self.path, "moved or deleted", self._follow) from None
         if (info.st_dev, info.st_ino) != self._id:
-            raise _replaced(self.path, "replaced by another folder")
-
-    def opened(self) -> bool:
-        """Whether the folder exists (opened now if it was not yet; never made)."""
-        return self._held(False) is not None
+            raise _replaced(self.path, "replaced by another folder", self._follow)
 
     # --- reading --------------------------------------------------------------------------
 
@@ -375,7 +371,7 @@ class OutputDir:
         if stat.S_ISDIR(mode):
             raise IsADirectoryError(errno.EISDIR, "is a directory", str(self.path / name))
         if not stat.S_ISREG(mode):
-            raise not_regular(self.path / name, mode)
+            raise _not_regular(self.path / name, mode)
 
     @contextlib.contextmanager
     def open_file(self, name: str, *, exclusive: bool = False) -> Iterator[BinaryIO]:
@@ -453,7 +449,7 @@ class OutputDir:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
             os.close(fd)
-            raise not_regular(self.path / name, mode)
+            raise _not_regular(self.path / name, mode)
         return fd
 
 
@@ -463,7 +459,7 @@ def _regular_reader(fd: int, shown: str | os.PathLike[str], what: str = "") -> B
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            raise not_regular(shown, mode, what)
+            raise _not_regular(shown, mode, what)
         fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
     except BaseException:
         os.close(fd)
@@ -486,7 +482,7 @@ def check_regular(path: str | os.PathLike[str], what: str = "") -> None:
     except (OSError, ValueError):
         return
     if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
-        raise not_regular(path, mode, what)
+        raise _not_regular(path, mode, what)
 
 
 def _folder_of(root: str | os.PathLike[str] | OutputDir) -> OutputDir:
@@ -564,13 +560,6 @@ def write_file(target: str | os.PathLike[str] | FileIn, data: bytes) -> Path | F
     with writing_to(target) as handle:
         handle.write(data)
     return target if isinstance(target, FileIn) else Path(target)
-
-
-def open_lock_file(root: str | os.PathLike[str] | OutputDir, name: str) -> int:
-    """A read-write descriptor of ``root/name`` (created if missing, never through a link,
-    a regular file), for a lock held with ``flock``; the caller closes it."""
-    with _held_parent(root, name) as (folder, leaf):
-        return folder.lock_file(leaf)
 
 
 def open_for_reading(path: str | os.PathLike[str] | FileIn) -> int | None:
