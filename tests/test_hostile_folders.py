@@ -62,14 +62,18 @@ def check_output(result) -> None:
     assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
 
 
-@pytest.fixture
-def sentinel(tmp_path):
+def make_sentinel(tmp_path: Path) -> Path:
     """A folder outside every output folder: a file, a folder with a file, a missing name."""
     outside = tmp_path / "outside"
     (outside / "folder").mkdir(parents=True)
     (outside / "victim.txt").write_text("do not touch\n")
     (outside / "folder" / "inner.txt").write_text("nor this\n")
     return outside
+
+
+@pytest.fixture
+def sentinel(tmp_path):
+    return make_sentinel(tmp_path)
 
 
 def targets(outside: Path) -> dict[str, Path]:

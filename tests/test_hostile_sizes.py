@@ -122,9 +122,11 @@ def test_too_many_documents_are_refused_at_the_document_that_crosses_the_limit(
         load_jsonl(docs)
 
 
-def test_reading_dev_zero_holds_one_bounded_line():
-    """``--docs /dev/zero`` read until memory ran out; now the first line over the limit ends
-    it. A child process under a 1 GiB address-space cap makes a regression fail, not swap."""
+def test_reading_dev_zero_is_refused_without_reading():
+    """``--docs /dev/zero`` read until memory ran out; then the first line over the limit
+    ended it; now a device is refused before a byte is read (only regular files are read,
+    issue 46). A child process under a 1 GiB address-space cap makes a regression fail, not
+    swap."""
     code = ("import resource; resource.setrlimit(resource.RLIMIT_AS, (2**30, 2**30))\n"
             "from kvdrift.data import load_jsonl\n"
             "try:\n    load_jsonl('/dev/zero')\nexcept ValueError as e:\n    print(e)\n")
@@ -132,8 +134,9 @@ def test_reading_dev_zero_holds_one_bounded_line():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 0, done.stderr[-500:]
-    assert done.stdout.strip() == ("/dev/zero:1: a line must be at most 4 MiB (kvdrift's limit "
-                                   "on one document); this one is longer")
+    assert done.stdout.strip() == ("/dev/zero is a character device, not a regular file; "
+                                   "kvdrift reads and writes only regular files: name a "
+                                   "regular file")
     assert time.perf_counter() - started < 30
 
 

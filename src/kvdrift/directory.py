@@ -115,8 +115,9 @@ class StudyDirectory:
         from kvdrift.run.records import UnitKey
         from kvdrift.run.store import unit_name
 
-        path = self.path / "replicates" / f"{unit_name(UnitKey(model, doc_id, action))}.parquet"
-        return fingerprint.decode(pq.read_schema(path).metadata)
+        name = f"{unit_name(UnitKey(model, doc_id, action))}.parquet"
+        with self.store.open_part("replicates", name) as handle:  # a regular file, held folder
+            return fingerprint.decode(pq.read_schema(handle).metadata)
 
     def analyze(self, bootstrap: int | None = None, alpha: float | None = None,
                 wait: bool = False) -> StudyAnalysis:
@@ -137,10 +138,10 @@ class StudyDirectory:
             and ``meta.run["partial"]`` with the writer's PID and the missing units.
         """
         if wait:
-            StoreLock(self.path).wait()
+            StoreLock(self.store.dir).wait()
         config = self.config
         replicates = self.store.read("replicates").to_pandas()
-        state = completeness(self.store.root, config, zip(
+        state = completeness(self.store.dir, config, zip(
             replicates["model"], replicates["doc_id"], replicates["action"], strict=True))
         run = {"config": config, "versions": self.versions, "temperature": self.temperature}
         if state.partial:

@@ -168,10 +168,17 @@ def documents(docs: Any, where: str) -> None:
 
 
 def read_bounded(path: Any, limit: int = MAX_CONFIG_BYTES) -> bytes:
-    """The bytes of a file kvdrift parses whole, read only up to ``limit`` (a device such as
-    ``/dev/zero`` never fills memory); over it, one line naming the file and the limit."""
-    with open(path, "rb") as handle:
-        data = handle.read(limit + 1)
+    """The bytes of a regular file kvdrift parses whole, read only up to ``limit``; over it,
+    one line naming the file and the limit (a device or FIFO is refused, never read:
+    :func:`kvdrift.output.open_regular`)."""
+    from kvdrift.output import open_regular
+
+    with open_regular(path) as handle:
+        return bounded(handle.read(limit + 1), path, limit)
+
+
+def bounded(data: bytes, path: Any, limit: int = MAX_CONFIG_BYTES) -> bytes:
+    """``data`` read from ``path`` (at most ``limit + 1`` bytes), refused if over ``limit``."""
     if len(data) > limit:
         raise ValueError(f"{path} is larger than {_size(limit)}, kvdrift's limit on a file it "
                          "reads whole (a study's TOML file, a run.json)")

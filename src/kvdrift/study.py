@@ -10,6 +10,7 @@ from pathlib import Path
 
 from kvdrift import limits
 from kvdrift.data.document import Document
+from kvdrift.output import OutputDir
 from kvdrift.run.executors import open_executor
 from kvdrift.run.lock import StoreLock
 from kvdrift.run.outdir import check_output_dir
@@ -62,7 +63,7 @@ def model_documents(config: StudyConfig, fixed: list[Document], tokenizer) -> li
 
 def run_study(
     config: StudyConfig,
-    out: str | Path,
+    out: str | Path | OutputDir,
     load: Callable[[str], object] | None = None,
     on_unit: Callable[[UnitKey, bool], None] | None = None,
     on_model: Callable[[str, int], None] | None = None,
@@ -81,8 +82,9 @@ def run_study(
     hears which damaged units are recomputed; ``fixed`` are the study's
     :func:`fixed_documents` when the caller has read them already. ``out`` is checked first
     (:func:`~kvdrift.run.outdir.check_output_dir`: not the root, not empty, not another
-    program's folder, no link inside), and every model's documents are checked before the store
-    is created (a refused study writes nothing). The store's lock is held
+    program's folder, no link inside, not inside another kvdrift folder unless ``out`` is a
+    folder the caller holds, a frontier's stage), and every model's documents are checked
+    before the store is created (a refused study writes nothing). The store's lock is held
     while it is written (one writer per store); ``recompute`` recomputes units stored under other
     settings instead of refusing them; ``allow_download`` lets a hub id missing from the local
     cache download.
@@ -91,8 +93,13 @@ def run_study(
     from kvdrift.lm.factory import LMPairSource, check_actions_fit, check_fits, driver_side
     from kvdrift.lm.loading import check_model_name
 
-    out = check_output_dir(out)  # nothing is written outside it, nor into another folder
-    StoreLock(out).refuse_if_busy()  # at once, not after the model loaded
+    if isinstance(out, OutputDir):  # a frontier's stage: held by the frontier, inside it
+        check_output_dir(out.path, nested=True)
+        folder = out
+    else:  # nothing is written outside it, nor into another folder
+        folder = OutputDir(check_output_dir(out))
+    folder.marker = "run"
+    StoreLock(folder).refuse_if_busy()  # at once, not after the model loaded
     for name in config.models:  # no network, no model code, no download without a network
         check_model_name(name, allow_download)
     fixed = fixed_documents(config) if fixed is None else fixed
@@ -124,9 +131,9 @@ def run_study(
         first = prepared(runs[0], executor.in_process)
         for run in runs[1:]:
             prepared(run, in_process=False)
-        lock = StoreLock(out).acquire()
+        lock = StoreLock(folder).acquire()
         try:
-            store = RunStore.open(out, recorded, recompute=recompute, notice=notice,
+            store = RunStore.open(folder, recorded, recompute=recompute, notice=notice,
                                   presses=describe_actions(config.run.actions))
             for i, run in enumerate(runs):
                 side, docs = first if i == 0 else prepared(run, executor.in_process)

@@ -65,6 +65,7 @@ def frontier(
     check_model_name(model, allow_download)  # a local model: its config.json, as JSON
 
     from kvdrift.frontier_search.study import FrontierConfig, run_frontier
+    from kvdrift.output import OutputDir
     from kvdrift.report.frontier import frontier_examples, frontier_table, write_frontier_report
     from kvdrift.report.terminal import print_whole
     from kvdrift.study_config import single_model_study
@@ -77,12 +78,13 @@ def frontier(
     config = FrontierConfig.parse(study, names, measure, settings, cap)
     cache: dict[str, object] = {}
 
-    def run_stage(stage, where: Path) -> None:
+    def run_stage(stage, where: OutputDir) -> None:
         run_with_progress(stage, where, recompute, allow_download, models=cache)
 
-    result = run_frontier(config, out, run_stage)
-    html = write_frontier_report(result, out / "report",
-                                 examples=frontier_examples(result, out / "stages"))
+    folder = OutputDir(out, marker="frontier")  # held for the whole command
+    result = run_frontier(config, folder, run_stage)
+    html = write_frontier_report(result, folder.subdir("report", marker="report"),
+                                 examples=frontier_examples(result, folder.subdir("stages")))
     if as_json:
         print(strict_json(result.to_json()))
         return

@@ -16,6 +16,7 @@ def write_report(store_dir: Path, out: Path | None, bootstrap: int | None = None
     """Analyse a store with its saved analysis options (``bootstrap``/``alpha`` override);
     a partial store (being written, or units missing) is said on stderr."""
     from kvdrift.directory import StudyDirectory
+    from kvdrift.output import OutputDir
     from kvdrift.report import write_report as write
     from kvdrift.report.sections.examples import examples_section
 
@@ -27,8 +28,9 @@ def write_report(store_dir: Path, out: Path | None, bootstrap: int | None = None
         notice(analysis.meta.notes[0])
     with console.status("writing the report"):
         examples = examples_section(StudyDirectory(store_dir))
-        path = write(analysis, out or store_dir / "report", examples=examples)
-    return analysis, path
+        folder = OutputDir(out or store_dir / "report", marker="report")  # held while written
+        write(analysis, folder, examples=examples)
+    return analysis, folder / "report.html"
 
 
 def write_and_summarize(store_dir: Path, out: Path | None, bootstrap: int | None = None,
@@ -59,6 +61,6 @@ def report(
     out = check_report_dir(directory / "report" if out is None else out)  # before the analysis
     if as_json:
         _, path = write_report(directory, out, bootstrap, alpha, wait)
-        print((path.parent / "analysis.json").read_text())
+        print(path.folder.read_bytes("analysis.json").decode("utf-8"))
         return
     write_and_summarize(directory, out, bootstrap, alpha, wait)

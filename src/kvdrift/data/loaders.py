@@ -76,13 +76,16 @@ def load_jsonl(path: str | os.PathLike[str]) -> list[Document]:
     """Documents from a JSON Lines file (blank lines skipped); ids must be unique.
 
     Lines, documents and prompt text are bounded (:mod:`kvdrift.limits`): a file over a limit
-    is refused at the line that crosses it, without reading further.
+    is refused at the line that crosses it, without reading further; only a regular file is
+    read (a FIFO or device is refused, never waited on).
     """
+    from kvdrift.output import open_regular
+
     path = Path(path)
     docs: list[Document] = []
     first_line: dict[str, int] = {}
     held = 0  # bytes of prompt text read so far
-    with path.open("rb") as handle:
+    with open_regular(path) as handle:
         for lineno, raw in bounded_lines(handle, path):
             where = f"{path}:{lineno}"
             try:

@@ -20,10 +20,11 @@ from kvdrift.frontier_search.families import Budget, Family, parse_family
 from kvdrift.frontier_search.measure import Measure, parse_measure
 from kvdrift.frontier_search.result import FrontierResult
 from kvdrift.frontier_search.search import Sample, SearchSettings, frontier_search
+from kvdrift.output import OutputDir
 from kvdrift.run.outdir import FRONTIER_FILE, check_frontier_dir
 from kvdrift.study_config import StudyConfig
 
-RunStage = Callable[[StudyConfig, Path], None]  # runs a study into a directory (resumable)
+RunStage = Callable[[StudyConfig, OutputDir], None]  # runs a study into a folder (resumable)
 CONFIG_FILE = FRONTIER_FILE
 
 
@@ -56,10 +57,11 @@ class FrontierConfig:
 
 @dataclass
 class StudyEvaluator:
-    """Runs each batch of budgets as a stage study under ``out`` and reads the measure back."""
+    """Runs each batch of budgets as a stage study under ``out`` (held: each stage's folder
+    is opened through it, :class:`~kvdrift.output.OutputDir`) and reads the measure back."""
 
     config: FrontierConfig
-    out: Path
+    out: OutputDir
     run_stage: RunStage
     stages: int = 0
 
@@ -74,9 +76,12 @@ class StudyEvaluator:
 
         self.stages += 1
         name = f"{self.stages:02d}-look{look}"
-        where = self.out / "stages" / name
-        self.run_stage(self.stage_config(budgets, look, name), where)
-        records = StudyDirectory(where).records()
+        where = self.out.subdir(f"stages/{name}")
+        try:
+            self.run_stage(self.stage_config(budgets, look, name), where)
+            records = StudyDirectory(where).records()
+        finally:
+            where.close()  # reopened through stages/ if read again: few descriptors held
         out = {}
         for b in budgets:
             steps = records.steps[records.steps["action"] == b.action]
@@ -104,14 +109,18 @@ def check_measurable(config: FrontierConfig) -> None:
         raise ValueError(f"{NEEDS_ANSWERS}; the documents have none")
 
 
-def check_saved(out: Path, config: FrontierConfig) -> None:
+def check_saved(out: Path | OutputDir, config: FrontierConfig) -> None:
     """Refuse to resume a frontier directory written with other settings (the settings are
     recorded once the first stage has run, :func:`run_frontier`)."""
-    path = out / CONFIG_FILE
+    from kvdrift import limits
+
+    folder = out if isinstance(out, OutputDir) else OutputDir(out, create=False)
+    path = folder.path / CONFIG_FILE
     mine = config.as_dict()
-    if path.exists():
+    if folder.exists(CONFIG_FILE):
         try:
-            saved = json.loads(path.read_text(encoding="utf-8")).get("config")
+            saved = json.loads(folder.read_bytes(CONFIG_FILE, limits.MAX_CONFIG_BYTES)
+                               .decode("utf-8")).get("config")
         except (OSError, ValueError, AttributeError, RecursionError):
             raise ValueError(f"{path} is damaged; use a new --out") from None
         if saved != mine:
@@ -120,32 +129,34 @@ def check_saved(out: Path, config: FrontierConfig) -> None:
                              f"{', '.join(keys)}); use a new --out or the same settings")
 
 
-def _write_json(path: Path, data: dict) -> None:
-    """Write ``data`` to ``path`` in the frontier's folder, never through a link."""
-    from kvdrift import output
+def _write_json(folder: OutputDir, name: str, data: dict) -> None:
+    """Write ``data`` to ``name`` in the frontier's held folder, never through a link."""
     from kvdrift.json_values import to_json_safe
 
-    output.write_text(path.parent, path.name,
-                      json.dumps(to_json_safe(data), indent=2, allow_nan=False))
+    folder.write_text(name, json.dumps(to_json_safe(data), indent=2, allow_nan=False))
 
 
-def run_frontier(config: FrontierConfig, out: str | Path, run_stage: RunStage
+def run_frontier(config: FrontierConfig, out: str | Path | OutputDir, run_stage: RunStage
                  ) -> FrontierResult:
-    """Search the frontier into ``out`` (resumable); writes ``frontier.json`` (settings and
-    result) and ``analysis.json`` (``{"frontier": ...}``), returns the result."""
-    out = check_frontier_dir(out)  # never outside it, nor into another's, nor via a link
+    """Search the frontier into ``out`` (resumable; a path, or the folder the caller holds
+    for the whole command); writes ``frontier.json`` (settings and result) and
+    ``analysis.json`` (``{"frontier": ...}``), returns the result. The folder is marked a
+    kvdrift frontier (:data:`~kvdrift.output.MARKER`) when its first stage is created."""
+    folder = out if isinstance(out, OutputDir) else OutputDir(out)
+    check_frontier_dir(folder.path)  # never outside it, nor into another's, nor via a link
+    folder.marker = "frontier"
     check_measurable(config)
-    check_saved(out, config)
+    check_saved(folder, config)
 
-    def run_and_record(stage: StudyConfig, where: Path) -> None:
+    def run_and_record(stage: StudyConfig, where: OutputDir) -> None:
         """Run a stage; after the first, record the settings (validate, then write: a search
         refused before its first stage finished leaves no frontier.json behind)."""
         run_stage(stage, where)
-        if not (out / CONFIG_FILE).exists():
-            _write_json(out / CONFIG_FILE, {"config": config.as_dict()})
+        if not folder.exists(CONFIG_FILE):
+            _write_json(folder, CONFIG_FILE, {"config": config.as_dict()})
 
-    evaluator = StudyEvaluator(config, out, run_and_record)
+    evaluator = StudyEvaluator(config, folder, run_and_record)
     result = frontier_search(config.families, config.measure, evaluator, config.settings)
-    _write_json(out / CONFIG_FILE, {"config": config.as_dict(), "result": result.to_json()})
-    _write_json(out / "analysis.json", {"frontier": result.to_json()})
+    _write_json(folder, CONFIG_FILE, {"config": config.as_dict(), "result": result.to_json()})
+    _write_json(folder, "analysis.json", {"frontier": result.to_json()})
     return result

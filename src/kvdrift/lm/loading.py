@@ -90,8 +90,13 @@ def refuse_custom_code(name_or_path: str, config_file: Path) -> None:
     """Refuse, in one line, a model whose ``config.json`` asks for its own code (``auto_map``)
     for an architecture transformers does not implement; reads the JSON only (transformers is
     imported only for a config that asks, so a plain model is checked in milliseconds)."""
+    from kvdrift.output import NotARegularFile, open_regular
+
     try:
-        config = json.loads(config_file.read_text(encoding="utf-8"))
+        with open_regular(config_file) as handle:  # a FIFO or device: refused, never read
+            config = json.loads(handle.read().decode("utf-8"))
+    except NotARegularFile:
+        raise
     except (OSError, ValueError):
         return  # transformers names what is wrong with it
     if not isinstance(config, dict) or not config.get("auto_map"):

@@ -11,7 +11,6 @@ across panels and figures.
 
 from __future__ import annotations
 
-import io
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -100,15 +99,16 @@ def _band(ax, c: CurveArrays, color, scale: float = 100.0) -> None:
                         alpha=BAND_ALPHA, linewidth=0)
 
 
-def save_figure(fig, path: str | Path, dpi: int = DPI) -> Path:
-    """Write ``fig`` as a PNG at the report's resolution (folders made; never through a link,
-    :mod:`kvdrift.output`), then close it."""
-    buffer = io.BytesIO()
+def save_figure(fig, path: str | Path | output.FileIn, dpi: int = DPI) -> Path | output.FileIn:
+    """Write ``fig`` as a PNG at the report's resolution to ``path`` (a file the user named,
+    its folder made, or a file in a held folder; never through a link, only a regular file:
+    :mod:`kvdrift.output`), then close it; returns where."""
     try:
-        fig.savefig(buffer, format="png", dpi=dpi)
+        with output.writing_to(path) as handle:
+            fig.savefig(handle, format="png", dpi=dpi)
     finally:
         plt.close(fig)
-    return output.write_file(path, buffer.getvalue())
+    return path if isinstance(path, output.FileIn) else Path(path)
 
 
 def _curve_panels(analysis: StudyAnalysis,
@@ -593,7 +593,6 @@ FIGURES = (
 
 def plot_finite_study(result: FiniteStudyResult, path: str | Path) -> Path:
     """Left: both estimators (mean +- 2 SE) against exact risk. Right: sorted variance ratios."""
-    path = Path(path)
     exact = np.array([s.exact for s in result.systems])
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.2))
     lim = [0, max(exact.max(), max(s.naive_mean for s in result.systems)) * 1.1 + 1e-3]

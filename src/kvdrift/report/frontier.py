@@ -130,13 +130,17 @@ def frontier_section(result: FrontierResult, examples: str = "") -> str:
     return page.section("The compression frontier", "frontier", "\n".join(lines))
 
 
-def frontier_examples(result: FrontierResult, stages: str | Path) -> str:
+def frontier_examples(result: FrontierResult, stages: str | Path | output.OutputDir) -> str:
     """HTML: at each family's certified budget, one example of P's and Q's generations (the
-    replicate at the median divergence) from the last look that ran it; "" when none is."""
+    replicate at the median divergence) from the last look that ran it; "" when none is.
+    ``stages`` is the frontier's ``stages/`` (a held folder: each stage read through it)."""
     from kvdrift.directory import StudyDirectory
     from kvdrift.report.sections.examples import action_example_html
 
-    looks = sorted(Path(stages).iterdir(), reverse=True) if Path(stages).is_dir() else []
+    if isinstance(stages, output.OutputDir):
+        looks = [stages.subdir(n) for n in reversed(stages.names()) if not n.startswith(".")]
+    else:
+        looks = sorted(Path(stages).iterdir(), reverse=True) if Path(stages).is_dir() else []
     parts = []
     for fam in result.families:
         c = fam.certified
@@ -145,8 +149,8 @@ def frontier_examples(result: FrontierResult, stages: str | Path) -> str:
         if where is None:
             continue
         parts.append(f"<h4>{escape(c.family)} at {escape(c.label)} (<code>{escape(c.action)}"
-                     f"</code>, look {escape(where.name)})</h4>"
-                     + action_example_html(where, c.action))
+                     f"</code>, look {escape(Path(where).name)})</h4>"
+                     + action_example_html(StudyDirectory(where), c.action))
     if not parts:
         return ""
     return ("<h3>Examples at each family's certified budget</h3><p class=\"note\">What the "
@@ -155,13 +159,15 @@ def frontier_examples(result: FrontierResult, stages: str | Path) -> str:
             "position's TV as a background shade.</p>" + "".join(parts))
 
 
-def write_frontier_report(result: FrontierResult, out_dir: str | Path,
+def write_frontier_report(result: FrontierResult, out_dir: str | Path | output.OutputDir,
                           title: str = "KV-cache compression frontier",
                           examples: str = "") -> Path:
-    """Write ``report.html`` and ``figures/frontier.png`` into ``out_dir``; returns the HTML.
-    ``examples`` is already-escaped HTML placed after the tables."""
-    out_dir = output.make_folder(out_dir, "figures").parent  # never through a link
-    plot_frontier(result, out_dir / "figures" / "frontier.png")
+    """Write ``report.html`` and ``figures/frontier.png`` into ``out_dir`` (a path, or a
+    folder held by the caller); returns the HTML. ``examples`` is already-escaped HTML placed
+    after the tables."""
+    if not isinstance(out_dir, output.OutputDir):
+        out_dir = output.OutputDir(out_dir, marker="report")
+    plot_frontier(result, out_dir.subdir("figures") / "frontier.png")  # never through a link
     marks = ("filled points are certified within the tolerance (the dashed line), the star "
              "the least cache certified" if result.certifiable else
              "the dashed line is the tolerance; estimates only, not certified")
@@ -173,7 +179,7 @@ def write_frontier_report(result: FrontierResult, out_dir: str | Path,
              "values its bounds use, shown with [lower, upper] beneath it (confidence-sequence "
              "bounds, not bootstrap intervals); &ldquo;&mdash;&rdquo; marks a bound an "
              "unbounded measure does not have.")
-    return output.write_text(out_dir, "report.html", page.standalone(title, body, intro))
+    return out_dir.write_text("report.html", page.standalone(title, body, intro))
 
 
 def frontier_table(result: FrontierResult):

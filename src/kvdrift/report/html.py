@@ -38,7 +38,7 @@ from kvdrift.report.sections.task import task_outcomes
 DEFAULT_TITLE = "KV-cache compression: divergence timing and cumulative disagreement"
 
 
-def write_report(analysis: StudyAnalysis, out_dir: str | Path, *,
+def write_report(analysis: StudyAnalysis, out_dir: str | Path | output.OutputDir, *,
                  title: str = DEFAULT_TITLE, examples: Section | None = None) -> Path:
     """Write ``report.html``, ``analysis.json`` and ``figures/*.png`` into ``out_dir``.
 
@@ -47,9 +47,11 @@ def write_report(analysis: StudyAnalysis, out_dir: str | Path, *,
     analysis : StudyAnalysis
         A study analysis; NaN marks quantities that were not measured. ``analysis.json`` is
         its ``to_json()``, with NaN written as null.
-    out_dir : path
-        Created if needed. Figures of an earlier report that this analysis cannot draw are
-        removed, so ``figures/`` always matches the HTML.
+    out_dir : path or OutputDir
+        Created if needed (marked a kvdrift report), and held while the report is written:
+        every file is written and deleted through it, never through a link. Figures of an
+        earlier report that this analysis cannot draw are removed, so ``figures/`` always
+        matches the HTML.
     examples : Section, optional
         The "Examples" section (:func:`~kvdrift.report.sections.examples.examples_section`:
         it reads the records, not the analysis), placed before the figures.
@@ -61,19 +63,20 @@ def write_report(analysis: StudyAnalysis, out_dir: str | Path, *,
     if not isinstance(analysis, StudyAnalysis):
         raise TypeError("analysis must be a StudyAnalysis (from kvdrift.analysis.study."
                         f"analyze), got {type(analysis).__name__}")
-    out_dir = Path(out_dir)
-    fig_dir = output.make_folder(out_dir, "figures")  # never through a link (kvdrift.output)
-    output.write_text(out_dir, "analysis.json",
+    folder = (out_dir if isinstance(out_dir, output.OutputDir) else
+              output.OutputDir(out_dir, marker="report"))
+    folder.write_text("analysis.json",
                       json.dumps(to_json_safe(analysis.to_json()), indent=1, allow_nan=False)
                       + "\n")
+    fig_dir = folder.subdir("figures")
+    fig_dir.fd  # noqa: B018 - made if missing, held
 
     drawn = []
     for figure in FIGURES:
-        target = fig_dir / f"{figure.name}.png"
-        target.unlink(missing_ok=True)
-        path = figure.draw(analysis, target)
+        fig_dir.unlink(f"{figure.name}.png")  # a name in the held folder, never a path
+        path = figure.draw(analysis, fig_dir / f"{figure.name}.png")
         if path is not None:
-            drawn.append((figure, Path(path)))
+            drawn.append((figure, path))
 
     page = Page(title, (
         what_was_run(analysis),
@@ -91,4 +94,4 @@ def write_report(analysis: StudyAnalysis, out_dir: str | Path, *,
         figures(drawn),
         glossary(),
     ))
-    return output.write_text(out_dir, "report.html", render_page(page))
+    return folder.write_text("report.html", render_page(page))

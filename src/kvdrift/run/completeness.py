@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvdrift.output import OutputDir
 from kvdrift.run.lock import StoreLock
 
 #: How many missing units a note names before it counts the rest.
@@ -53,7 +54,7 @@ def _names(config: Mapping[str, Any], key: str) -> list[str]:
     return [str(v) for v in value] if isinstance(value, list) else []
 
 
-def completeness(root: str | Path, config: Mapping[str, Any],
+def completeness(root: str | Path | OutputDir, config: Mapping[str, Any],
                  done: Iterable[tuple[str, str, str]]) -> Completeness:
     """How complete the store at ``root`` is, given its config and its finished units'
     (model, doc_id, action) keys."""

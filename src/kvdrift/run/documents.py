@@ -20,13 +20,14 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kvdrift.data.document import Document
 from kvdrift.json_values import parse_json
+from kvdrift.output import OutputDir
 from kvdrift.records.schema import Column
 from kvdrift.run import fingerprint as fp
 
@@ -70,11 +71,14 @@ def document_table(model: str, doc: Document, prompt_ids: Sequence[int] | None,
     return pa.Table.from_pylist([row], schema=SCHEMA).replace_schema_metadata(meta)
 
 
-def is_recorded(path: Path, table: pa.Table) -> bool:
-    """Whether ``path`` holds ``table`` already (the same row and fingerprint): a document is
-    written once."""
+def is_recorded(handle: BinaryIO | None, table: pa.Table) -> bool:
+    """Whether the open file ``handle`` (None: no file yet) holds ``table`` already (the same
+    row and fingerprint): a document is written once."""
+    if handle is None:
+        return False
     try:
-        stored = pq.read_schema(path).metadata or {}
+        with handle:
+            stored = pq.read_schema(handle).metadata or {}
     except (OSError, pa.ArrowException):
         return False
     wanted = table.schema.metadata or {}
@@ -93,23 +97,28 @@ class RecordedDocument:
 
 def read_documents(root: Path) -> dict[tuple[str, str], RecordedDocument] | None:
     """Every recorded document of the store at ``root`` by (model, document id); None for a
-    store written before documents were recorded (no ``documents/`` folder)."""
-    folder = root / FOLDER
-    if not folder.is_dir():
-        return None
-    out = {}
-    for path in sorted(folder.glob("*.parquet")):
-        try:
-            table = pq.read_table(path)
-        except (OSError, pa.ArrowException) as exc:
-            raise ValueError(f"{path} is unreadable ({str(exc).strip().splitlines()[0]}); "
-                             "rerun the run or study command to record it again") from None
-        found = fp.decode(table.schema.metadata)
-        for row in table.to_pylist():
-            meta = parse_json(row["meta"], str(path)) if row["meta"] else {}
-            doc = Document(id=row["doc_id"], prompt=row["prompt"], stratum=row["stratum"],
-                           answer=row["answer"], meta=meta if isinstance(meta, dict) else {})
-            ids = row["prompt_ids"]
-            out[(row["model"], row["doc_id"])] = RecordedDocument(
-                doc, None if ids is None else tuple(ids), found)
-    return out
+    store written before documents were recorded (no ``documents/`` folder). Read through
+    the held folder: a link, device or FIFO there is refused, never followed or waited on."""
+    with OutputDir(root, create=False) as store:
+        folder = store.subdir(FOLDER)
+        names = [n for n in folder.names() if n.endswith(".parquet")]
+        if not names and not store.exists(FOLDER):
+            return None
+        out = {}
+        for name in names:
+            path = root / FOLDER / name
+            try:
+                with folder.open_read(name) as handle:
+                    table = pq.read_table(handle)
+            except (OSError, pa.ArrowException) as exc:
+                raise ValueError(f"{path} is unreadable ({str(exc).strip().splitlines()[0]}); "
+                                 "rerun the run or study command to record it again") from None
+            found = fp.decode(table.schema.metadata)
+            for row in table.to_pylist():
+                meta = parse_json(row["meta"], str(path)) if row["meta"] else {}
+                doc = Document(id=row["doc_id"], prompt=row["prompt"], stratum=row["stratum"],
+                               answer=row["answer"], meta=meta if isinstance(meta, dict) else {})
+                ids = row["prompt_ids"]
+                out[(row["model"], row["doc_id"])] = RecordedDocument(
+                    doc, None if ids is None else tuple(ids), found)
+        return out

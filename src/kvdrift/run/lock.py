@@ -2,7 +2,9 @@
 
 The lock is an ``fcntl.flock`` on a file in the store directory, so it is released by the
 kernel when its holder exits, however it exits (a killed process leaves no stale lock); the
-file holds the holder's process id, so a second process can say who holds it.
+file holds the holder's process id, so a second process can say who holds it. The file is
+opened through the store's held folder (:class:`kvdrift.output.OutputDir`), never through a
+link, and only as a regular file.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from kvdrift.output import open_for_reading, open_lock_file
+from kvdrift.output import OutputDir, open_for_reading
 
 LOCK_FILE = ".lock"
 
@@ -27,7 +29,10 @@ class StoreLock:
     another lock in this process) holds it.
     """
 
-    def __init__(self, root: str | Path):
+    def __init__(self, root: str | Path | OutputDir):
+        # a path is read as the user names it (links above .lock followed); taking the lock
+        # opens it as an output folder (never a link), unless a held folder was given
+        self.dir = root if isinstance(root, OutputDir) else OutputDir(root, create=False)
         self.root = Path(root)
         self._fd: int | None = None
 
@@ -36,7 +41,8 @@ class StoreLock:
         return self.root / LOCK_FILE
 
     def acquire(self) -> StoreLock:
-        fd = open_lock_file(self.root, LOCK_FILE)  # never through a link (kvdrift.output)
+        folder = self.dir if self.dir.create else OutputDir(self.root)
+        fd = folder.lock_file(LOCK_FILE)  # never through a link (kvdrift.output)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -65,7 +71,7 @@ class StoreLock:
     def holder(self) -> str | None:
         """The PID (as text) of another process writing the store now, or None; a reader's
         check that takes no lock and creates no file."""
-        fd = open_for_reading(self.path)
+        fd = open_for_reading(self.dir / LOCK_FILE)
         if fd is None:
             return None
         try:
@@ -78,7 +84,7 @@ class StoreLock:
 
     def wait(self) -> None:
         """Block until no process writes the store (a shared lock, taken and let go)."""
-        fd = open_for_reading(self.path)
+        fd = open_for_reading(self.dir / LOCK_FILE)
         if fd is None:
             return
         try:

@@ -5,9 +5,14 @@ path and a file are refused, and so is an existing directory that holds anything
 a kvdrift store (``run.json``, ``steps/``, ``replicates/``, ``report/``, ``.lock``): kvdrift
 never mixes its files into another project's folder. A new or empty directory, or a kvdrift
 store to resume, is accepted. A symbolic link anywhere inside the directory is refused
-(:func:`kvdrift.output.refuse_links`), and so is a directory inside another run's store
-(``frontier --out RUN/report`` would be overwritten by ``report RUN``): these checks read
-only, so a refused command has written nothing.
+(:func:`kvdrift.output.refuse_links`). A kvdrift folder is known by its marker
+(:data:`~kvdrift.output.MARKER`, naming its kind: run, frontier or report), or by the file its
+kind writes (``run.json``, ``frontier.json``, ``report.html``) for folders written before the
+marker; no output directory may lie inside another kvdrift folder (``frontier --out
+RUN/report`` would be overwritten by ``report RUN``; a run inside a frontier's ``stages/`` would
+be read as a stage), except a report inside the run it reports on, and a folder of one kind is
+never written as another (``report STORE --out FRONTIER/report``). These checks read only, so a
+refused command has written nothing.
 """
 
 from __future__ import annotations
@@ -15,15 +20,19 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from kvdrift.output import LinkRefused, is_link, refuse_links
+from kvdrift.output import MARKER, LinkRefused, check_regular, is_link, open_regular, refuse_links
 
 #: What a kvdrift store holds at its top level (temporary files start with ".run.json.tmp-").
-STORE_ENTRIES = frozenset({"run.json", "documents", "steps", "replicates", "report", ".lock"})
+STORE_ENTRIES = frozenset({"run.json", "documents", "steps", "replicates", "report", ".lock",
+                           MARKER})
 #: A frontier directory's marker and what it holds at its top level (``kvdrift frontier``).
 FRONTIER_FILE = "frontier.json"
-FRONTIER_ENTRIES = frozenset({FRONTIER_FILE, "analysis.json", "stages", "report"})
+FRONTIER_ENTRIES = frozenset({FRONTIER_FILE, "analysis.json", "stages", "report", MARKER})
 #: What a report directory holds (``kvdrift report``).
-REPORT_ENTRIES = frozenset({"report.html", "analysis.json", "figures"})
+REPORT_ENTRIES = frozenset({"report.html", "analysis.json", "figures", MARKER})
+#: Each kind of kvdrift folder: the file that marked it before :data:`MARKER`, its entries.
+KINDS = {"run": ("run.json", STORE_ENTRIES), "frontier": (FRONTIER_FILE, FRONTIER_ENTRIES),
+         "report": ("report.html", REPORT_ENTRIES)}
 ALLOWED = ("allowed: a new or empty directory, or a kvdrift run or study directory to resume; "
            "choose another output directory (--out)")
 
@@ -44,53 +53,73 @@ def _foreign_entry(root: Path, entries: frozenset[str]) -> str | None:
     return None
 
 
-def _enclosing_store(path: Path, markers: tuple[str, ...]) -> Path | None:
-    """The nearest folder above ``path`` that holds one of ``markers``, or None."""
+def folder_kind(path: str | os.PathLike[str]) -> str | None:
+    """The kind of kvdrift folder ``path`` is (``run``, ``frontier``, ``report``; the
+    marker's word, whatever it is), or None if it is none. Reads only."""
+    path = Path(path)
+    marker = path / MARKER
+    if os.path.lexists(marker):
+        try:
+            with open_regular(marker) as handle:
+                words = handle.read(64).decode("utf-8", "replace").split()
+        except (OSError, ValueError):
+            words = []
+        return words[1] if len(words) == 2 and words[0] == "kvdrift" else "unknown"
+    return next((kind for kind, (file, _) in KINDS.items() if (path / file).exists()), None)
+
+
+def _enclosing(path: Path, kind: str) -> tuple[Path, str] | None:
+    """The nearest kvdrift folder above ``path`` that a folder of ``kind`` may not lie in (a
+    report may lie inside a run), with its kind, or None."""
     for parent in path.expanduser().resolve().parents:
-        if any((parent / m).exists() for m in markers):
-            return parent
+        outer = folder_kind(parent)
+        if outer is not None and not (kind == "report" and outer == "run"):
+            return parent, outer
     return None
 
 
-def check_output_dir(out: str | os.PathLike[str], marker: str = "run.json",
-                     entries: frozenset[str] = STORE_ENTRIES,
-                     not_inside: tuple[str, ...] = ("run.json",), what: str = "a kvdrift run"
+def check_output_dir(out: str | os.PathLike[str], kind: str = "run", nested: bool = False
                      ) -> Path:
-    """``out`` as a path if a run may write there; else :class:`OutputDirRefused` (or
-    :class:`~kvdrift.output.LinkRefused` for a link inside it).
+    """``out`` as a path if a kvdrift folder of ``kind`` (run, frontier, report) may be
+    written there; else :class:`OutputDirRefused` (or :class:`~kvdrift.output.LinkRefused`
+    for a link inside it).
 
-    A directory holding ``marker`` is kvdrift's (resumed); another non-empty directory may
-    hold only ``entries`` (the frontier and the report pass their own marker and entries);
-    a directory inside a folder holding one of ``not_inside`` (another store) is refused."""
+    A directory of that kind is resumed; another non-empty directory may hold only that
+    kind's entries; a directory inside another kvdrift folder is refused unless ``nested``
+    (a frontier's own stages)."""
     path = check_writable_path(out)
     refuse_links(path)
-    outer = _enclosing_store(path, not_inside)
+    word = "a kvdrift run" if kind == "run" else f"a kvdrift {kind}"
+    outer = None if nested else _enclosing(path, kind)
     if outer is not None:
-        raise _refuse(out, f"lies inside the kvdrift directory {str(outer)!r}, whose own "
-                           "commands write there")
-    if path.is_dir() and not (path / marker).exists():
-        entry = _foreign_entry(path, entries)
+        raise _refuse(out, f"lies inside the kvdrift directory {str(outer[0])!r} (a kvdrift "
+                           f"{outer[1]}), whose own commands write there")
+    own = folder_kind(path) if path.is_dir() else None
+    if own is not None and own != kind:
+        raise _refuse(out, f"is a kvdrift {own} directory, not {word}")
+    if path.is_dir() and own is None:
+        entry = _foreign_entry(path, KINDS[kind][1])
         if entry is not None:
-            raise _refuse(out, f"already holds files that are not {what} (e.g. {entry!r})")
+            raise _refuse(out, f"already holds files that are not {word} (e.g. {entry!r})")
     return path
 
 
 def check_frontier_dir(out: str | os.PathLike[str]) -> Path:
-    """``out`` as a path if a frontier may be written there: as :func:`check_output_dir`, for
-    a frontier directory, which may lie inside neither a run nor another frontier."""
-    return check_output_dir(out, FRONTIER_FILE, FRONTIER_ENTRIES, ("run.json", FRONTIER_FILE),
-                            "a kvdrift frontier")
+    """``out`` as a path if a frontier may be written there (:func:`check_output_dir`)."""
+    return check_output_dir(out, "frontier")
 
 
 def check_report_dir(out: str | os.PathLike[str]) -> Path:
     """``out`` as a path if a report may be written there: as :func:`check_output_dir`, for
-    a report directory (new, empty, or holding a report), which may lie inside a store."""
-    return check_output_dir(out, "report.html", REPORT_ENTRIES, (), "a kvdrift report")
+    a report directory (new, empty, or holding a report), which may lie inside a run's store
+    but never inside a frontier or another report."""
+    return check_output_dir(out, "report")
 
 
 def check_file_path(path: str | os.PathLike[str], what: str) -> Path:
     """``path`` as a path if it names a file kvdrift may write (``--figure``, ``--report``):
-    not empty, not a folder (``/``, ``.``), not a link, valid text; else one line naming it."""
+    not empty, not a folder (``/``, ``.``), not a link, not a device, FIFO or socket, valid
+    text; else one line naming it."""
     if not isinstance(path, str | os.PathLike) or not str(path).strip():
         raise ValueError(f"{what} must name a file to write; got {str(path)!r}")
     text = str(path)
@@ -107,6 +136,7 @@ def check_file_path(path: str | os.PathLike[str], what: str) -> Path:
     if is_link(out):
         raise LinkRefused(f"{what} {text!r} is a symbolic link; kvdrift never writes through "
                           "a link: name the file itself")
+    check_regular(out, what)  # a device or FIFO is never replaced
     return out
 
 

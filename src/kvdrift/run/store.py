@@ -16,15 +16,17 @@ finished unit against its own settings before any unit runs (:meth:`RunStore.uni
 refuses a unit made under other settings (or recomputes it, with ``recompute``), and
 recomputes a damaged unit (rows missing, a file unreadable), naming it. One process writes a
 store at a time (:mod:`kvdrift.run.lock`); ``run.json`` is created atomically, so two
-processes that open a fresh store at once agree on one configuration. Every file and folder is
-written through :mod:`kvdrift.output`, never through a link.
+processes that open a fresh store at once agree on one configuration. The store's folder and
+its ``steps/`` and ``replicates/`` are held open (:class:`kvdrift.output.OutputDir`): every
+file is written, read and deleted through them, never through a link or a path resolved again,
+and only regular files are read.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
-import os
 import platform
 import re
 import sys
@@ -37,8 +39,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kvdrift import checks, limits, output
+from kvdrift import checks, limits
 from kvdrift.json_values import parse_json
+from kvdrift.output import MARKER, OutputDir
 from kvdrift.records.legacy import current_layout
 from kvdrift.run import documents as docs
 from kvdrift.run import fingerprint as fp
@@ -67,26 +70,11 @@ def unit_name(key: UnitKey) -> str:
     return f"{readable}-{digest}"
 
 
-def _naming(exc: OSError, path: Path) -> OSError:
-    """``exc`` with the file named: pyarrow's write errors (a full disk) name none, or the
-    file object it wrote to."""
-    if isinstance(exc.filename, str | bytes | os.PathLike) and not str(exc.filename
-                                                                     ).startswith("<"):
-        return exc
-    text = str(exc)
-    code = exc.errno or next((int(m) for m in re.findall(r"errno (\d+)", text)), None)
-    reason = os.strerror(code) if code else (exc.strerror or text)
-    return OSError(code, reason, str(path))
-
-
-def _write_atomically(table: pa.Table, path: Path) -> None:
-    """Write ``table`` to ``path`` (``<store>/<kind>/<file>``) through the output boundary,
-    rooted at the store: a temporary name, renamed; never through a link."""
-    try:
-        with output.writing(path.parent.parent, Path(path.parent.name, path.name)) as handle:
-            pq.write_table(table, handle)
-    except OSError as exc:
-        raise _naming(exc, path) from None
+def _write_atomically(table: pa.Table, folder: OutputDir, name: str) -> None:
+    """Write ``table`` to ``name`` in the held ``folder`` (a temporary name, renamed; never
+    through a link; a full disk names the file)."""
+    with folder.open_file(name) as handle:
+        pq.write_table(table, handle)
 
 
 #: Key-value metadata naming the unit a Parquet file holds (model, document id, action).
@@ -104,7 +92,8 @@ def _with_fingerprint(table: pa.Table, fingerprint: Mapping[str, Any] | None,
     return table.replace_schema_metadata(meta)
 
 
-def _unit_in(path: Path, footer: pq.FileMetaData) -> tuple[str, str, str] | None:
+def _unit_in(path: Path, footer: pq.FileMetaData, handle: Any = None
+             ) -> tuple[str, str, str] | None:
     """The (model, document id, action) a unit's file holds: from its metadata, or (files
     written before it was recorded) its first row; None if it names none."""
     raw = (footer.metadata or {}).get(UNIT_KEY)
@@ -118,7 +107,8 @@ def _unit_in(path: Path, footer: pq.FileMetaData) -> tuple[str, str, str] | None
         return tuple(value) if ok else None
     if footer.num_rows == 0 or not set(_KEY_COLUMNS) <= set(footer.schema.names):
         return None
-    first = next(pq.ParquetFile(path).iter_batches(batch_size=1, columns=_KEY_COLUMNS))
+    first = next(pq.ParquetFile(handle if handle is not None else path).iter_batches(
+        batch_size=1, columns=_KEY_COLUMNS))
     return tuple(str(first.column(c)[0].as_py()) for c in _KEY_COLUMNS)
 
 
@@ -159,11 +149,13 @@ def _run_file_problem(meta: Any) -> str | None:
     return None
 
 
-def read_run_file(path: Path) -> dict[str, Any]:
-    """A ``run.json``, checked: a JSON object with a ``config`` object holding an integer
-    horizon, and a ``versions`` object if any; else :class:`NotARunStore` (one line)."""
+def read_run_file(path: Path, folder: OutputDir | None = None) -> dict[str, Any]:
+    """A ``run.json`` (read through the held ``folder`` where given), checked: a JSON object
+    with a ``config`` object holding an integer horizon, and a ``versions`` object if any;
+    else :class:`NotARunStore` (one line)."""
     try:
-        text = limits.read_bounded(path)
+        text = (limits.read_bounded(path) if folder is None else
+                limits.bounded(folder.read_bytes(path.name, limits.MAX_CONFIG_BYTES), path))
     except ValueError as exc:
         raise NotARunStore(str(exc)) from None
     try:
@@ -220,70 +212,87 @@ def _notice_on_stderr(message: str) -> None:
 
 
 class RunStore:
-    """The directory of one run (or study); see the module docstring for the layout."""
+    """The directory of one run (or study); see the module docstring for the layout.
 
-    def __init__(self, root: str | Path, recompute: bool = False,
+    ``root`` is a path (read only, unless opened with :meth:`open`) or a held folder."""
+
+    def __init__(self, root: str | Path | OutputDir, recompute: bool = False,
                  notice: Callable[[str], None] | None = None):
+        self.dir = root if isinstance(root, OutputDir) else OutputDir(root, create=False)
         self.root = Path(root)
         self.recompute = recompute  # recompute units stored under other settings
         self.notice = notice or _notice_on_stderr  # hears which damaged units are recomputed
         self._strays: set[Path] = set()  # files no unit owns, named once
 
     @classmethod
-    def open(cls, root: str | Path, config: dict[str, Any], recompute: bool = False,
+    def open(cls, root: str | Path | OutputDir, config: dict[str, Any], recompute: bool = False,
              notice: Callable[[str], None] | None = None,
              presses: dict[str, Any] | None = None) -> RunStore:
         """Create the store, or reopen it if it holds a run with the same configuration.
 
         ``presses`` (each action's kvpress press, for readers) is written beside the
-        configuration and not compared on reopening.
+        configuration and not compared on reopening. The folder is marked a kvdrift run
+        (:data:`~kvdrift.output.MARKER`) before anything else is written in it.
 
         Creating ``run.json`` is atomic (a unique temporary file, linked to the name only if
         no other process created it first); a process that loses that race compares its
         configuration with the winner's like any reopening run.
         """
-        store = cls(root, recompute, notice)
+        folder = root if isinstance(root, OutputDir) else OutputDir(root)
+        folder.marker = "run"
+        store = cls(folder, recompute, notice)
         path = store.root / RUN_FILE
-        if not path.exists():
+        if not folder.exists(RUN_FILE):
             meta = {"config": config, "versions": package_versions()}
             if presses:
                 meta["presses"] = presses
             try:  # linked to the name only if absent: never overwritten
-                output.write_text(store.root, RUN_FILE, json.dumps(meta, indent=2),
-                                  exclusive=True)
+                folder.write_text(RUN_FILE, json.dumps(meta, indent=2), exclusive=True)
             except FileExistsError:
                 pass
-            except OSError as exc:
-                raise _naming(exc, path) from None
-        _refuse_other_config(store.root, read_run_file(path)["config"], config)
+        _refuse_other_config(store.root, read_run_file(path, folder)["config"], config)
         for kind in KINDS:
-            output.make_folder(store.root, kind)
+            folder.subdir(kind).fd  # noqa: B018 - made if missing, held
         return store
 
     @property
     def metadata(self) -> dict[str, Any]:
-        path = self.root / RUN_FILE
-        if not path.exists():
-            raise FileNotFoundError(f"{self.root} is not a kvdrift run directory (no {RUN_FILE})")
-        return read_run_file(path)
+        if not self.dir.exists(RUN_FILE):
+            kind = "" if not self.dir.exists(MARKER) else " (its run.json was deleted)"
+            raise FileNotFoundError(f"{self.root} is not a kvdrift run directory (no "
+                                    f"{RUN_FILE}){kind}")
+        return read_run_file(self.root / RUN_FILE, self.dir)
 
     def _path(self, key: UnitKey, kind: str) -> Path:
         return self.root / kind / f"{unit_name(key)}.parquet"
 
     def is_done(self, key: UnitKey) -> bool:
         """Whether the unit's replicate file (its done marker) exists; see :meth:`unit_done`."""
-        return self._path(key, "replicates").exists()
+        return self.dir.subdir("replicates").exists(f"{unit_name(key)}.parquet")
+
+    def open_part(self, kind: str, name: str) -> Any:
+        """A unit file of ``kind`` opened for reading through the held folder: only a regular
+        file (a FIFO there is refused, never waited on)."""
+        handle = self.dir.subdir(kind).open_read(name)
+        if handle is None:
+            raise FileNotFoundError(errno.ENOENT, "no such file", str(self.root / kind / name))
+        return handle
+
+    def _footer(self, kind: str, name: str) -> tuple[pq.FileMetaData, Any]:
+        """A unit file's Parquet footer and the unit it names (:meth:`_open_part`)."""
+        with self.open_part(kind, name) as handle:
+            footer = pq.read_metadata(handle)
+            return footer, _unit_in(self.root / kind / name, footer, handle)
 
     def _read_unit(self, key: UnitKey) -> UnitFiles:
         """A finished unit's files as their Parquet footers tell them (nothing else is read)."""
         footers = {}
         for kind in KINDS:
             path = self._path(key, kind)
-            if not path.exists():
+            if not self.dir.subdir(kind).exists(path.name):
                 return UnitFiles(damage=f"its {kind} file is missing")
             try:
-                footers[kind] = pq.read_metadata(path)
-                unit = _unit_in(path, footers[kind])
+                footers[kind], unit = self._footer(kind, path.name)
             except (OSError, pa.ArrowException, StopIteration) as exc:
                 return UnitFiles(damage=f"{path.name} is unreadable "
                                         f"({str(exc).strip().splitlines()[0]})")
@@ -299,7 +308,7 @@ class RunStore:
 
     def _forget(self, key: UnitKey) -> None:
         for kind in reversed(KINDS):  # the done marker first
-            self._path(key, kind).unlink(missing_ok=True)
+            self.dir.subdir(kind).unlink(f"{unit_name(key)}.parquet")
 
     def unit_done(self, key: UnitKey, fingerprint: Mapping[str, Any]) -> bool:
         """Whether ``key`` is finished under the settings ``fingerprint``.
@@ -335,19 +344,22 @@ class RunStore:
         first unless recorded already, then steps, the replicate file (the done marker) last;
         the records carry ``fingerprint``, the settings that made them."""
         if document is not None:
-            path = self.root / docs.FOLDER / docs.document_name(key.model, key.doc_id)
-            if not docs.is_recorded(path, document):
-                _write_atomically(document, path)
-        _write_atomically(_with_fingerprint(steps, fingerprint, key), self._path(key, "steps"))
+            folder = self.dir.subdir(docs.FOLDER)
+            name = docs.document_name(key.model, key.doc_id)
+            if not docs.is_recorded(folder.open_read(name), document):
+                _write_atomically(document, folder, name)
+        name = f"{unit_name(key)}.parquet"
+        _write_atomically(_with_fingerprint(steps, fingerprint, key), self.dir.subdir("steps"),
+                          name)
         _write_atomically(_with_fingerprint(replicates, fingerprint, key),
-                          self._path(key, "replicates"))
+                          self.dir.subdir("replicates"), name)
 
     def read(self, kind: str, columns: list[str] | None = None) -> pa.Table:
         """All finished units' records of one kind (``"steps"`` or ``"replicates"``), each
         file in the current layout (:func:`~kvdrift.records.legacy.current_layout`)."""
         checks.choice(kind, "record kind", KINDS)
         done = self._owned("replicates")
-        files = sorted(p for p in (self.root / kind).glob("*.parquet") if p.name in done)
+        files = [self.root / kind / n for n in self._parts(kind) if n in done]
         if not files:
             raise ValueError(f"{self.root} has no finished units yet")
         owned = done if kind == "replicates" else self._owned(kind, refused=set(done))
@@ -358,7 +370,9 @@ class RunStore:
                                  f"{' · '.join(done[f.name])}; rerun the run or study command "
                                  "to recompute its unit")
             try:
-                tables.append(current_layout(kind, pq.read_table(f, columns=columns), columns))
+                with self.open_part(kind, f.name) as handle:
+                    table = pq.read_table(handle, columns=columns)
+                tables.append(current_layout(kind, table, columns))
             except (OSError, pa.ArrowException) as exc:
                 raise ValueError(f"{f} is unreadable ({str(exc).strip().splitlines()[0]}); "
                                  "rerun the run or study command to recompute its unit") from None
@@ -375,10 +389,10 @@ class RunStore:
         it tells."""
         owned = {}
         named = self._named_in_config()
-        for path in sorted((self.root / kind).glob("*.parquet")):
+        for name in self._parts(kind):
+            path = self.root / kind / name
             try:
-                footer = pq.read_metadata(path)
-                unit = _unit_in(path, footer)
+                footer, unit = self._footer(kind, name)
             except (OSError, pa.ArrowException, StopIteration):
                 unit = None
             if unit is None:  # unreadable, or names no unit: kept, reading it tells
@@ -390,7 +404,7 @@ class RunStore:
                 why = "its name is not that of the unit whose records it holds"
             elif not all(n is None or u in n for u, n in zip(unit, named, strict=True)):
                 why = f"its unit {' · '.join(unit)} is not one of the store's models and actions"
-            elif kind == "replicates" and not (self.root / "steps" / path.name).exists():
+            elif kind == "replicates" and not self.dir.subdir("steps").exists(path.name):
                 why = f"its unit {' · '.join(unit)} has no steps file"
             else:
                 owned[path.name] = unit
@@ -399,6 +413,11 @@ class RunStore:
                 self._strays.add(path)
                 self.notice(f"ignoring {path}: no unit of this store owns it ({why})")
         return owned
+
+    def _parts(self, kind: str) -> list[str]:
+        """The names of the Parquet files in ``kind``'s folder, sorted."""
+        return [n for n in self.dir.subdir(kind).names()
+                if n.endswith(".parquet") and not n.startswith(".")]
 
     def _named_in_config(self) -> tuple[set[str] | None, None, set[str] | None]:
         """The models and actions the store's configuration names (None where it names
