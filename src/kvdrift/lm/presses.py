@@ -703,12 +703,17 @@ class Stage:
         """A fresh scorer press for ``n`` entries, with ``window_size`` and ``n_sink`` clamped
         to ``n - 1`` (kvpress asserts on shorter inputs: this is kvdrift's documented fallback
         for short prompts)."""
-        press = self.scorer_press(compression_ratio)
-        for key in ("window_size", "n_sink"):
-            value = getattr(press, key, None)
-            if isinstance(value, int) and value >= n:
-                setattr(press, key, n - 1)
-        return press
+        return clamp_to_length(self.scorer_press(compression_ratio), n)
+
+
+def clamp_to_length(press: Any, n: int) -> Any:
+    """``press`` with ``window_size`` and ``n_sink`` lowered to ``n - 1`` where they are not
+    below ``n`` (kvpress asserts on shorter inputs: kvdrift's documented fallback)."""
+    for key in ("window_size", "n_sink"):
+        value = getattr(press, key, None)
+        if isinstance(value, int) and value >= n:
+            setattr(press, key, n - 1)
+    return press
 
 
 def family_table() -> list[tuple[str, str, str, str]]:
