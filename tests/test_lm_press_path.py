@@ -132,6 +132,25 @@ def test_a_users_scorer_press_equals_generate_inside_it(tiny_loaded):
     assert reps.column("kv_fraction").to_pylist()[0] == pytest.approx(kept, abs=0.02)
 
 
+@dataclass
+class EveryFewTokensPress(kvpress.DecodingPress):
+    """A user's DecodingPress subclass that keeps kvpress's decoding-time rule."""
+
+
+def test_a_users_decoding_press_equals_generate_inside_it(tiny_llama):
+    """A user's scorer at prefill, then a user's DecodingPress subclass with it compressing
+    every 4 generated tokens to 40 entries: Q equals generate inside the same press."""
+    def make():
+        return kvpress.PrefillDecodingPress(
+            prefilling_press=ValueNormPress(compression_ratio=0.5),
+            decoding_press=EveryFewTokensPress(base_press=ValueNormPress(),
+                                               compression_interval=4, target_size=40))
+    ids = prompt(60)
+    pair = general_pair(tiny_llama, ids, make())
+    assert greedy_q(pair, STEPS) == generate_in(tiny_llama, ids, make(), STEPS)
+    assert pair.kv_memory()[1] == pytest.approx(0.5)  # the prompt cache: at prefill
+
+
 # --- the general path against the shared prefill, on every kind of named action ----------
 
 SPECS = [name for name, named in NAMED_ACTIONS.items() if named.spec] + [

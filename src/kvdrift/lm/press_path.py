@@ -84,13 +84,29 @@ def decoding_rule(press: Any, name: str) -> DecodingRule | None:
         else press
     if decoding is None or not _decodes(decoding):
         return None
-    if type(decoding) is kvpress.DecodingPress and \
-            isinstance(decoding.base_press, kvpress.ScorerPress):
+    if _replays_as_decoding_press(decoding):
+        if not isinstance(decoding.base_press, kvpress.ScorerPress):
+            raise ValueError(f"action {name!r}: its DecodingPress scores with a "
+                             f"{type(decoding.base_press).__qualname__}; kvdrift replays "
+                             f"decoding-time compression with a ScorerPress as base_press")
         return DecodingRule(decoding, name)
     raise ValueError(
         f"action {name!r}: {type(decoding).__qualname__} compresses during decoding in its own "
         f"way, which kvdrift cannot replay per row; decoding-time presses measured: kvpress's "
-        f"DecodingPress with a ScorerPress (alone or as PrefillDecodingPress's decoding_press)")
+        f"DecodingPress (or a subclass that keeps its decoding methods) with a ScorerPress, "
+        f"alone or as PrefillDecodingPress's decoding_press")
+
+
+_DECODING_METHODS = ("forward_hook", "compress", "_find_target_compression_ratio",
+                     "_resolve_target_size")
+
+
+def _replays_as_decoding_press(press: Any) -> bool:
+    """Whether ``press`` compresses during decoding exactly as kvpress's ``DecodingPress``
+    (the class itself, or a subclass that overrides none of its decoding methods)."""
+    return isinstance(press, kvpress.DecodingPress) and all(
+        getattr(type(press), m, None) is getattr(kvpress.DecodingPress, m, None)
+        for m in _DECODING_METHODS)
 
 
 def _decodes(press: Any) -> bool:
