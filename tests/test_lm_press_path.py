@@ -18,6 +18,7 @@ import kvpress
 import pyarrow.compute as pc
 import pytest
 import torch
+from transformers import DynamicCache
 from typer.testing import CliRunner
 
 from kvdrift.cli import app
@@ -38,7 +39,7 @@ from kvdrift.run.runner import RunConfig, run_units, unit_records
 from kvdrift.run.store import RunStore
 from tests.test_lm_presses import prompt
 
-EOS = 2  # the tiny Llama's
+EOS = 2  # the tiny Llama's (and SmolLM2's <|im_end|>)
 STEPS = 48
 
 
@@ -228,9 +229,43 @@ def test_formerly_refused_presses_equal_generate_inside_them(tiny_llama, name):
                        for v in q.values[0])
 
 
+def pipeline_greedy(model, ids: torch.Tensor, press, steps: int) -> list[int]:
+    """kvpress's pipeline: the prompt's prefill inside the press, then greedy steps outside it
+    over the cache it left (kvpress's attention patch hides what it masked), EOS never
+    chosen. The reference for presses that compress when their context exits, which
+    ``generate`` inside the press would decode before."""
+    cache = DynamicCache(config=model.config)
+    tokens = []
+    with torch.no_grad():
+        with press(model):
+            logits = model(input_ids=ids, past_key_values=cache).logits[0, -1]
+        for t in range(steps):
+            logits[EOS] = -torch.inf
+            tokens.append(int(logits.argmax()))
+            logits = model(input_ids=torch.tensor([[tokens[-1]]]), past_key_values=cache,
+                           position_ids=torch.tensor([[ids.shape[1] + t]])).logits[0, -1]
+    for module in model.modules():  # kvpress leaves its masks on the modules
+        if getattr(module, "masked_key_indices", None) is not None:
+            module.masked_key_indices = None
+    return tokens
+
+
+@pytest.mark.parametrize("make", [
+    lambda: kvpress.KVzipPress(compression_ratio=0.5),  # head-adaptive: per KV head masks
+    lambda: kvpress.KVComposePress(compression_ratio=0.5),  # eager re-run, one count per layer
+], ids=["kvzip", "kvcompose"])
+def test_presses_with_their_own_prefill_equal_kvpress_pipeline(tiny_loaded, make):
+    """KVzip re-runs the context to score it, KVCompose re-runs the prompt with eager
+    attention; both compress when their context exits."""
+    ids = LMPairFactory(tiny_loaded).prompt_ids(DOC)
+    pair = general_pair(tiny_loaded.model, ids, make())
+    assert greedy_q(pair, 24) == pipeline_greedy(tiny_loaded.model, ids, make(), 24)
+    assert pair.kv_memory()[1] == pytest.approx(0.5, abs=0.02)
+
+
 def test_a_press_with_its_own_prefill_runs_end_to_end(tiny_loaded, tmp_path):
-    """KVCompose re-runs the prompt with eager attention and compresses when its context
-    exits (kvpress's generate would decode before that: no generate to compare with)."""
+    """Through the runner into a store: KVCompose (its own re-run of the prompt) and a
+    composition that prunes entries, then key channels."""
     presses = {"kvcompose": kvpress.KVComposePress(compression_ratio=0.5),
                "think-snapkv": kvpress.ComposedPress([
                    kvpress.SnapKVPress(compression_ratio=0.5, window_size=8),
@@ -353,3 +388,22 @@ def test_kvdrift_actions_says_how_each_class_is_measured():
         assert "general path" in lines[name], name
     assert "shared prefill: snapkv:ratio=R" in lines["SnapKVPress"]
     assert "not offered" in lines["FinchPress"]
+
+
+# --- SmolLM2 -------------------------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("make", [
+    lambda: ValueNormPress(compression_ratio=0.5),
+    lambda: kvpress.ThinKPress(key_channel_compression_ratio=0.5),
+    lambda: kvpress.MergingPress(press=kvpress.SnapKVPress(compression_ratio=0.5)),
+], ids=["users-scorer", "think", "merging"])
+def test_presses_on_smollm2_equal_generate_inside_them(make):
+    from kvdrift.lm.model import encode_prompt
+
+    loaded = load_model("smollm2")
+    text = ("Rivers carve valleys over millennia; glaciers widen them, and the sea floods "
+            "their mouths when the ice melts. ") * 6 + "Explain how a fjord forms."
+    ids = encode_prompt(loaded.tokenizer, text)
+    pair = general_pair(loaded.model, ids, make())
+    assert greedy_q(pair, STEPS) == generate_in(loaded.model, ids, make(), STEPS)
