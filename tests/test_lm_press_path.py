@@ -288,6 +288,9 @@ def test_a_press_with_its_own_prefill_runs_end_to_end(tiny_loaded, tmp_path):
     (NaNPress(), "layer 0 holds non-finite keys or values"),
     (EmptyPress(), "layer 0 keeps nothing in a KV head"),
     (NarrowPress(), "layer 0 holds keys and values of 4 and 8 channels"),
+    (kvpress.DecodingPress(base_press=RaisingPress(), compression_interval=2, target_size=10),
+     "its DecodingPress: RaisingPress cannot score during decoding (ZeroDivisionError: the "
+     "user's score divided by zero)"),
 ])
 def test_a_broken_press_stops_its_unit_in_one_line(tiny_loaded, tmp_path, press, says):
     config = RunConfig(model="tiny", actions=("snapkv-half", "broken"), replicates=2,

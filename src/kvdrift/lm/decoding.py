@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +49,7 @@ class DecodingRule:
 
     press: Any  # kvpress.DecodingPress whose base_press is a ScorerPress
     label: str
+    failure: Callable[[str], Exception] = ValueError  # the exception a failing scorer raises
 
     @staticmethod
     def of_stage(stage: Stage) -> DecodingRule:
@@ -82,7 +83,7 @@ class DecodingRule:
         """Refuse settings the scorer cannot run with (clear error instead of kvpress's assert)."""
         window_size = getattr(self.press.base_press, "window_size", None)
         if isinstance(window_size, int) and self.window <= window_size:
-            raise ValueError(
+            raise self.failure(
                 f"{self.label}: the scorer looks at the last window_size={window_size} "
                 f"steps, but a compression sees only min(interval, buffer + 1) = {self.window}; "
                 f"raise interval= and buffer= above {window_size} or lower window_size=")
@@ -293,9 +294,12 @@ def _kept_entries(
     try:
         with fixed_press_randomness(keys.device):
             scores = base.score(module, hidden, live_keys, live_values, None, kwargs)  # [1,kv,m]
-    except (AssertionError, RuntimeError, KeyError) as exc:
-        raise ValueError(f"{rule.label}: kvpress's {rule.scorer_name} cannot score "
-                         f"during decoding ({type(exc).__name__}: {exc})") from exc
+    except (MemoryError, torch.OutOfMemoryError):
+        raise
+    except Exception as exc:  # the scorer's own code: one line, not its traceback
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise rule.failure(f"{rule.label}: {rule.scorer_name} cannot score during decoding "
+                           f"({type(exc).__name__}: {first})") from exc
     top = scores[0].topk(compute_n_kept(m, base.compression_ratio), dim=-1).indices
     return p_live, o_live, order.gather(1, top)
 

@@ -141,11 +141,13 @@ def press_prompt_cache(model: Any, prompt_ids: torch.Tensor, press: Any, action:
 
     ``action`` and ``document`` name the unit in a :class:`PressFailed`.
     """
+    fail = _Failure(action, document)
     rule = decoding_rule(press, action)
+    if rule is not None:  # a scorer failing during Q's steps names the unit too
+        rule = dataclasses.replace(rule, label="its DecodingPress", failure=fail)
     model = unwrap_model(model)
     ids = as_prompt(prompt_ids, model)
     n = ids.shape[1]
-    fail = _Failure(action, document)
     cache = DynamicCache(config=model.config)
     clear_hidden_entries(model)  # a stale mask (left by a generate) would be read as this one's
     try:
