@@ -209,6 +209,9 @@ REFUSED_BEFORE = {
                                     sliding_window_size=16),
     # lazy layers keep sinks and recent entries
     "simlayerkv": lambda: kvpress.SimLayerKVPress(lazy_threshold=0.1, n_recent=16, n_initial=4),
+    # chunk sizes follow an entropy threshold
+    "entropy-chunkkv": lambda: kvpress.EntropyGatedChunkKVPress(
+        press=kvpress.KnormPress(compression_ratio=0.5)),
 }
 
 
@@ -252,11 +255,12 @@ def pipeline_greedy(model, ids: torch.Tensor, press, steps: int) -> list[int]:
 
 @pytest.mark.parametrize("make", [
     lambda: kvpress.KVzipPress(compression_ratio=0.5),  # head-adaptive: per KV head masks
+    lambda: kvpress.KVgradPress(compression_ratio=0.5),  # as KVzip, with gradients
     lambda: kvpress.KVComposePress(compression_ratio=0.5),  # eager re-run, one count per layer
-], ids=["kvzip", "kvcompose"])
+], ids=["kvzip", "kvgrad", "kvcompose"])
 def test_presses_with_their_own_prefill_equal_kvpress_pipeline(tiny_loaded, make):
-    """KVzip re-runs the context to score it, KVCompose re-runs the prompt with eager
-    attention; both compress when their context exits."""
+    """KVzip (and KVgrad, with gradients) re-run the context to score it, KVCompose re-runs
+    the prompt with eager attention; all compress when their context exits."""
     ids = LMPairFactory(tiny_loaded).prompt_ids(DOC)
     pair = general_pair(tiny_loaded.model, ids, make())
     assert greedy_q(pair, 24) == pipeline_greedy(tiny_loaded.model, ids, make(), 24)
