@@ -150,6 +150,7 @@ def press_prompt_cache(model: Any, prompt_ids: torch.Tensor, press: Any, action:
     n = ids.shape[1]
     cache = DynamicCache(config=model.config)
     clear_hidden_entries(model)  # a stale mask (left by a generate) would be read as this one's
+    attention = model.config._attn_implementation  # a press may switch it (KVCompose: eager)
     try:
         with torch.no_grad(), attention_implementation(model, "eager" if needs_eager(press)
                                                         else None), \
@@ -164,6 +165,7 @@ def press_prompt_cache(model: Any, prompt_ids: torch.Tensor, press: Any, action:
         raise fail(f"the press raised {_first_line(exc)}") from exc
     finally:
         clear_hidden_entries(model)
+        model.config._attn_implementation = attention  # as found, even if the press failed
     check_not_sliding(cache)
     keys = [layer.keys for layer in cache.layers]
     values = [layer.values for layer in cache.layers]
