@@ -21,6 +21,7 @@ from kvdrift.lm.actions import (
 )
 from kvdrift.lm.presses import (
     FAMILIES,
+    GENERAL_PATH,
     NOT_OFFERED,
     PLAIN,
     SCORERS,
@@ -251,11 +252,14 @@ def test_every_kvpress_press_is_offered_or_refused_with_a_reason():
                                                                           "ScorerPress"}
     offered = set(SCORERS.values()) | {f.press_name for f in FAMILIES.values() if f.press} | {
         "PyramidKVPress"}
-    assert presses - offered == set(NOT_OFFERED)
-    for name, why in NOT_OFFERED.items():
+    assert presses - offered == set(NOT_OFFERED) | set(GENERAL_PATH)
+    assert not set(NOT_OFFERED) & set(GENERAL_PATH)
+    for name, why in (NOT_OFFERED | GENERAL_PATH).items():
         with pytest.raises(ValueError) as info:
             parse_action(f"{name}:ratio=0.5")
         assert why in str(info.value) and name in str(info.value)
+        if name in GENERAL_PATH:
+            assert "press object" in str(info.value) and "--presses" in str(info.value)
 
 
 def test_split_actions():

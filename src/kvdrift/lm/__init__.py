@@ -9,6 +9,9 @@
 - :mod:`kvdrift.lm.cache`: the shared-prompt KV cache used by path states;
 - :mod:`kvdrift.lm.shared_attention`: exact attention over shared prompt + own entries, masks;
 - :mod:`kvdrift.lm.decoding`: decode-time eviction (``DecodingPress``) per row.
+- :mod:`kvdrift.lm.press_path`: the general path, any kvpress press object as an action
+  (Q's cache as the press left it; ``PressFailed``);
+- :mod:`kvdrift.lm.press_identity`: a press's class, fields and source digest.
 
 Import the submodules directly; this package does not import kvpress or transformers itself.
 """

@@ -37,6 +37,7 @@ import kvpress
 from kvdrift import checks
 from kvdrift.lm.presses import (
     FAMILIES,
+    GENERAL_PATH,
     NOT_OFFERED,
     PLAIN,
     SCORERS,
@@ -46,6 +47,7 @@ from kvdrift.lm.presses import (
     family_names,
     family_table,
     field_defaults,
+    not_a_spec,
     resolve_scorer,
     scorer_classes,
 )
@@ -259,8 +261,8 @@ def _parse_head(head: str) -> tuple[Family, type]:
         if fam.own_scorer is not None and (text.lower() == fam.name
                                            or text == fam.own_scorer.__name__):
             return fam, fam.own_scorer
-    if text in NOT_OFFERED:
-        raise ValueError(f"kvpress's {text} is not offered: {NOT_OFFERED[text]}")
+    if not_a_spec(text):
+        raise ValueError(not_a_spec(text))
     prefix, dash, rest = text.partition("-")
     if dash and prefix.lower() in _PREFIXES:
         return _PREFIXES[prefix.lower()], resolve_scorer(rest)
@@ -386,10 +388,40 @@ def actions_help() -> str:
     lines.append("Scorers: " + ", ".join(
         f"{short} ({cls})" for short, cls in SCORERS.items() if cls in scorer_classes()))
     lines.append("")
+    lines.append("Every kvpress press class, and how kvdrift measures it (a spec's class also runs "
+                 "as a press object, through the general path):")
+    for press, how in press_classes():
+        lines.append(f"  {press:<30} {how}")
+    lines.append("")
+    lines.append("General path (a press object given under an action name: --presses FILE, or "
+                 "presses= from Python):")
+    for press, what in GENERAL_PATH.items():
+        lines.append(f"  {press}: {what}")
+    lines.append("")
     lines.append("Not offered:")
     for press, why in NOT_OFFERED.items():
         lines.append(f"  {press}: {why}")
     return "\n".join(lines)
+
+
+def press_classes() -> list[tuple[str, str]]:
+    """(kvpress press class, how kvdrift measures it) for every class kvpress exports: the
+    shared prefill (a spec names it), the general path (a press object) or not offered."""
+    spec = {f.press_name: f"shared prefill: {f.table_row()[0]}" for f in FAMILIES.values()
+            if f.press is not None}
+    spec |= {f.own_scorer.__name__: f"shared prefill: {f.table_row()[0]}"
+             for f in FAMILIES.values() if f.own_scorer is not None}
+    spec |= {cls: f"shared prefill: {short}:ratio=R | budget=B" for short, cls in
+             reversed(SCORERS.items())}
+    rows = []
+    for name in sorted(n for n in dir(kvpress) if n.endswith("Press")):
+        if name in spec:
+            rows.append((name, spec[name]))
+        elif name in NOT_OFFERED:
+            rows.append((name, "not offered (see below)"))
+        else:  # BasePress and ScorerPress: a user's own subclass, and any other class
+            rows.append((name, "general path (a press object)"))
+    return rows
 
 
 __all__ = ["NAMED_ACTIONS", "Action", "ActionError", "Stage", "actions_help", "describe_actions",

@@ -28,36 +28,50 @@ of compressions (tests pin this for several scorers).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import copy
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from kvpress.utils import compute_n_kept
 
-from kvdrift.lm.presses import Stage, fixed_press_randomness
+from kvdrift.lm.presses import Stage, clamp_to_length, fixed_press_randomness
 
 NEVER = torch.iinfo(torch.int32).max  # eviction step of an entry that was never evicted
 
 
 @dataclass(frozen=True)
 class DecodingRule:
-    """When and how a row's cache is compressed during generation."""
+    """When and how a row's cache is compressed during generation: kvpress's
+    ``DecodingPress`` ``press`` (a ``decoding-<scorer>`` stage's, or a press object given as
+    an action), named ``label`` in messages."""
 
-    stage: Stage  # the decoding-<scorer> stage
+    press: Any  # kvpress.DecodingPress whose base_press is a ScorerPress
+    label: str
+    failure: Callable[[str], Exception] = ValueError  # the exception a failing scorer raises
+
+    @staticmethod
+    def of_stage(stage: Stage) -> DecodingRule:
+        """The rule of a ``decoding-<scorer>`` stage (its kvpress ``DecodingPress``)."""
+        return DecodingRule(stage.build(1), stage.label)
+
+    @property
+    def scorer_name(self) -> str:
+        return type(self.press.base_press).__name__
 
     @property
     def target(self) -> int:
-        return int(self.stage.field("target"))
+        return int(self.press.target_size)
 
     @property
     def interval(self) -> int:
         """Generated steps between compressions (kvpress compresses every step if target <= 1)."""
-        return 1 if self.target <= 1 else int(self.stage.field("interval"))
+        return 1 if self.target <= 1 else int(self.press.compression_interval)
 
     @property
     def buffer(self) -> int:
-        return int(self.stage.field("buffer"))
+        return int(self.press.hidden_states_buffer_size)
 
     @property
     def window(self) -> int:
@@ -67,12 +81,19 @@ class DecodingRule:
 
     def check(self) -> None:
         """Refuse settings the scorer cannot run with (clear error instead of kvpress's assert)."""
-        window_size = self.stage.field("window_size")
+        window_size = getattr(self.press.base_press, "window_size", None)
         if isinstance(window_size, int) and self.window <= window_size:
-            raise ValueError(
-                f"{self.stage.label}: the scorer looks at the last window_size={window_size} "
+            raise self.failure(
+                f"{self.label}: the scorer looks at the last window_size={window_size} "
                 f"steps, but a compression sees only min(interval, buffer + 1) = {self.window}; "
                 f"raise interval= and buffer= above {window_size} or lower window_size=")
+
+    def scorer(self, m: int, compression_ratio: float) -> Any:
+        """The base scorer for ``m`` live entries at ``compression_ratio`` (a copy of the
+        press's own, ``window_size`` and ``n_sink`` clamped to ``m - 1`` as a stage's are)."""
+        press = copy.deepcopy(self.press.base_press)
+        press.compression_ratio = compression_ratio
+        return clamp_to_length(press, m)
 
     def compresses(self, lengths: torch.Tensor) -> torch.Tensor:
         """``[n]`` bool: rows that compress after reaching these lengths."""
@@ -194,7 +215,7 @@ def compress_rows(
     positions: dict[int, Any],  # layer -> (cos, sin) of the step just taken, [n, 1, dim]
 ) -> DecodeEvictions:
     """Compress the given rows' caches as kvpress's ``DecodingPress`` does (module docstring)."""
-    helper = rule.stage.build(1)  # kvpress's DecodingPress, for its exact ratio search
+    helper = rule.press  # kvpress's DecodingPress, for its exact ratio search
     prompt = [p.clone() for p in ev.prompt]
     own = [o.clone() for o in ev.own]
     order = list(ev.order)
@@ -269,13 +290,16 @@ def _kept_entries(
     hidden = ev.inputs[layer_idx][i:i + 1, start:length]  # [1, window, hidden]
     cos, sin = positions[layer_idx]
     kwargs = {"hidden_states": hidden, "position_embeddings": (cos[i:i + 1], sin[i:i + 1])}
-    base = rule.stage.clamped_scorer(m, helper._find_target_compression_ratio(m, rule.target))
+    base = rule.scorer(m, helper._find_target_compression_ratio(m, rule.target))
     try:
         with fixed_press_randomness(keys.device):
             scores = base.score(module, hidden, live_keys, live_values, None, kwargs)  # [1,kv,m]
-    except (AssertionError, RuntimeError, KeyError) as exc:
-        raise ValueError(f"{rule.stage.label}: kvpress's {rule.stage.scorer_name} cannot score "
-                         f"during decoding ({type(exc).__name__}: {exc})") from exc
+    except (MemoryError, torch.OutOfMemoryError):
+        raise
+    except Exception as exc:  # the scorer's own code: one line, not its traceback
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise rule.failure(f"{rule.label}: {rule.scorer_name} cannot score during decoding "
+                           f"({type(exc).__name__}: {first})") from exc
     top = scores[0].topk(compute_n_kept(m, base.compression_ratio), dim=-1).indices
     return p_live, o_live, order.gather(1, top)
 

@@ -7,6 +7,10 @@ out when its pair is asked for. Actions that change the prefill computation (eag
 weights) run their own prefill. Only the last document is kept, so a stale cache is never
 reused, and an interrupted document recomputes its prefill once.
 
+Actions named in ``presses`` (action name -> kvpress press object) take the general path of
+:mod:`kvdrift.lm.press_path` instead: P's cache is the same shared full prefill, Q's is the
+prompt's prefill run inside the press object, as the press left it.
+
 An :class:`LMPairSource` names a model instead of holding one, so that a process that
 computes units elsewhere (a Ray worker) can build its own factory from it.
 """
@@ -14,7 +18,7 @@ computes units elsewhere (a Ray worker) can build its own factory from it.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +35,8 @@ from kvdrift.lm.model import (
 )
 from kvdrift.lm.pair import LMKernelPair
 from kvdrift.lm.prefill import PromptCache, own_prefill_reason, prefill_shared
+from kvdrift.lm.press_identity import check_press
+from kvdrift.lm.press_path import press_prompt_cache
 
 SHARED_CACHE_FRACTION = 2.0
 """Most kept entries one shared prefill holds for actions not yet served, as a multiple of P's
@@ -42,14 +48,19 @@ class LMPairFactory:
 
     ``prepare(document, actions)`` announces the actions of a document about to be asked for,
     in order, so that one prefill forward serves them all (module docstring); without it each
-    pair still gets P's and its own cache from one forward.
+    pair still gets P's and its own cache from one forward. ``presses`` maps action names to
+    kvpress press objects, which take the general path (module docstring).
     """
 
     def __init__(self, loaded: LoadedModel, chat_template: bool = True,
-                 cache_fraction: float = SHARED_CACHE_FRACTION):
+                 cache_fraction: float = SHARED_CACHE_FRACTION,
+                 presses: Mapping[str, object] | None = None):
         self.loaded = loaded
         self.chat_template = chat_template
         self.cache_fraction = cache_fraction
+        self.presses = dict(presses or {})
+        for name, press in self.presses.items():
+            check_press(press, name)
         self._doc_id: str | None = None
         self._ids = None
         self._reference: PromptCache | None = None
@@ -77,7 +88,7 @@ class LMPairFactory:
     def prepare(self, doc: Document, actions: Sequence[str]) -> None:
         """The actions of ``doc`` about to be asked for, in order (replaces an earlier plan)."""
         self._document(doc)
-        self._planned = [str(a).strip() for a in actions]
+        self._planned = [str(a).strip() for a in actions if str(a).strip() not in self.presses]
 
     def _document(self, doc: Document) -> None:
         if doc.id != self._doc_id:
@@ -87,6 +98,8 @@ class LMPairFactory:
 
     def __call__(self, doc: Document, action: str) -> LMKernelPair:
         self._document(doc)
+        if action in self.presses:
+            return self._general(doc, action)
         parsed = parse_action(action)
         shared = own_prefill_reason(parsed) is None
         if self._reference is None or (shared and parsed.name not in self._waiting):
@@ -97,6 +110,16 @@ class LMPairFactory:
             self.prefills += 1  # the pair runs the action's own prefill
         return LMKernelPair(self.loaded.model, self._ids, parsed, reference=self._reference,
                             compressed=compressed)
+
+    def _general(self, doc: Document, name: str) -> LMKernelPair:
+        """The general path: P's shared full cache, Q's from a prefill inside the press."""
+        if self._reference is None:
+            self._prefill(None)
+        general = press_prompt_cache(self.loaded.model, self._ids, self.presses[name], name,
+                                     doc.id)
+        self.prefills += 1
+        return LMKernelPair(self.loaded.model, self._ids, Action(name=name),
+                            reference=self._reference, general=general)
 
     def _prefill(self, first: Action | None) -> None:
         """One forward: P's cache (if not yet computed), ``first``'s and as many planned
@@ -141,13 +164,14 @@ class LMPairSource:
     dtype: str = "float32"
     chat_template: bool = True
     allow_download: bool = False  # fetch a hub id that is not in the local cache
+    presses: Mapping[str, object] | None = None  # action name -> press object (general path)
 
     def load(self) -> LoadedModel:
         return load_model(self.model, self.device, self.dtype,
                           allow_download=self.allow_download)
 
     def __call__(self) -> LMPairFactory:
-        return LMPairFactory(self.load(), self.chat_template)
+        return LMPairFactory(self.load(), self.chat_template, presses=self.presses)
 
 
 @dataclass(frozen=True)
@@ -179,17 +203,21 @@ def driver_side(
     loaded = load() if load else source.load()
     config = loaded.model.config.get_text_config()
     return DriverSide(source.model, loaded.tokenizer,
-                      functools.partial(LMPairFactory, loaded, source.chat_template),
+                      functools.partial(LMPairFactory, loaded, source.chat_template,
+                                        presses=source.presses),
                       window_of(config), layers_of(config))
 
 
-def check_actions_fit(actions: Sequence[str], side: DriverSide) -> None:
+def check_actions_fit(actions: Sequence[str], side: DriverSide,
+                      presses: Mapping[str, object] | None = None) -> None:
     """Raise a one-line ValueError if an action cannot run on the model (per-layer ratios
-    for another number of layers); meant to run before anything is written."""
+    for another number of layers); meant to run before anything is written. Actions named
+    in ``presses`` are press objects, checked when their prefill runs."""
     if side.layers is None:
         return
     for name in actions:
-        parse_action(name).check_layers(side.layers)
+        if name not in (presses or {}):
+            parse_action(name).check_layers(side.layers)
 
 
 class ContextWindowExceeded(ValueError):

@@ -64,6 +64,7 @@ from kvdrift.lm.prefill import (
     prefill_shared,
     unwrap_model,
 )
+from kvdrift.lm.press_path import KEPT_ENTRIES, STORED_BYTES, PressCache
 from kvdrift.lm.quantization import GeneratedView, kv_memory
 from kvdrift.lm.shared_attention import ATTENTION_NAME, attention_implementation, hidden_bias
 
@@ -104,6 +105,9 @@ class LMKernelPair:
         reference prefill across several actions of a document.
     compressed : optional prompt cache of ``action`` on the same prompt (from
         :func:`~kvdrift.lm.prefill.prefill_shared`), instead of running its own prefill.
+    general : optional Q cache made by a press object (the general path,
+        :func:`~kvdrift.lm.press_path.press_prompt_cache`): used as the press left it, with
+        its logits and decoding-time rule; ``action`` then only names it.
     eos_token_id : overrides the model's EOS. By default the primary (first) id of
         ``generation_config.eos_token_id`` (falling back to ``config.eos_token_id``).
     """
@@ -116,6 +120,7 @@ class LMKernelPair:
         *,
         reference: PromptCache | None = None,
         compressed: PromptCache | None = None,
+        general: PressCache | None = None,
         eos_token_id: int | None = None,
     ) -> None:
         self.model = unwrap_model(model)
@@ -127,8 +132,11 @@ class LMKernelPair:
             raise ValueError(f"the prompt has {self.n_prompt} tokens, more than the model's "
                              f"context window allows ({window} positions, including generated "
                              f"ones); shorten the document")
-        if (reference is None and compressed is None and own_prefill_reason(self.action) is None
-                and not self.action.prefill_is_noop(self.n_prompt)):
+        self.general = general
+        if general is not None:
+            compressed = general.cache
+        elif (reference is None and compressed is None and own_prefill_reason(self.action) is
+                None and not self.action.prefill_is_noop(self.n_prompt)):
             # set-up close to one prefill: P's cache and Q's from one forward, entry for entry
             # what a prefill inside the press keeps (lm/prefill.py)
             shared = prefill_shared(self.model, ids, [self.action])
@@ -140,7 +148,7 @@ class LMKernelPair:
             raise ValueError(f"reference must be the full cache of this {self.n_prompt}-token "
                              f"prompt; got n_prompt={reference.n_prompt}, kept "
                              f"{sorted(set(reference.counts.flatten().tolist()))}")
-        if self.action.prefill_is_noop(self.n_prompt):
+        if general is None and self.action.prefill_is_noop(self.n_prompt):
             compressed = reference  # bit-identical to full: no prefill press runs
         elif compressed is not None:
             if compressed.n_prompt != self.n_prompt:
@@ -149,14 +157,16 @@ class LMKernelPair:
         else:
             compressed = prefill(self.model, ids, self.action)
         quant = self.action.quantization
-        if compressed is not reference and not (quant is not None and quant.before_attention):
+        if compressed is not reference and general is None and not (
+                quant is not None and quant.before_attention):
             # the first generated position is computed before eviction (and before KIVI
             # quantizes): share P's logits; a gguf or fp8 prefill attends to quantized entries
             compressed = dataclasses.replace(compressed, logits=reference.logits)
         self._prompt: dict[str, PromptCache] = {"p": reference, "q": compressed}
-        self._rule = None
+        self._rule = general.rule if general is not None else None
         if self.action.decoding is not None:
-            self._rule = DecodingRule(self.action.decoding)
+            self._rule = DecodingRule.of_stage(self.action.decoding)
+        if self._rule is not None:
             self._rule.check()
         self._modules = sorted(attention_modules(self.model), key=lambda m: m.layer_idx)
         self._eos = eos_token_id if eos_token_id is not None else _primary_eos(self.model)
@@ -185,13 +195,21 @@ class LMKernelPair:
         Then both sides share one prompt cache, and equal histories in equally shaped batches
         give bit-identical logprobs; batches of different shapes may differ by float noise.
         """
-        return self._prompt["q"] is self._prompt["p"] and not self.action.evicts_during_decoding
+        return self._prompt["q"] is self._prompt["p"] and self._rule is None
 
     def kv_memory(self) -> tuple[float, float]:
         """``(kv_bytes, kv_fraction)`` of Q's prompt cache (:func:`~kvdrift.lm.quantization.
-        kv_memory`): bytes held, and their fraction of P's full cache in the model's dtype."""
+        kv_memory`): bytes held, and their fraction of P's full cache in the model's dtype
+        (the general path: bytes as stored, :func:`~kvdrift.lm.press_path.stored_memory`)."""
+        if self.general is not None:
+            return self.general.kv_bytes, self.general.kv_fraction
         pc = self._prompt["q"]
         return kv_memory(pc.keys, pc.live, self.n_prompt, self.action.quantization)
+
+    @property
+    def kv_measure(self) -> str:
+        """How :meth:`kv_memory` was obtained (the records' ``kv_measure``)."""
+        return STORED_BYTES if self.general is not None else KEPT_ENTRIES
 
     def prompt_cache(self, side: Side) -> PromptCache:
         """The side's prompt cache (``"q"``: after eviction)."""

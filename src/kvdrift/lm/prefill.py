@@ -131,17 +131,17 @@ def prefill(model: Any, prompt_ids: torch.Tensor, action: Action | None = None) 
         with (torch.no_grad(), attention_implementation(model, attn), press_ctx,
               fixed_press_randomness(ids.device)):
             out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
-        hidden = _take_hidden_entries(model, len(cache.layers))
+        hidden = take_hidden_entries(model, len(cache.layers))
     finally:
-        _clear_hidden_entries(model)
-    _check_not_sliding(cache)
+        clear_hidden_entries(model)
+    check_not_sliding(cache)
     logits = out.logits[:, -1].float()  # [1, V]
     return _prompt_cache([layer.keys for layer in cache.layers],
                          [layer.values for layer in cache.layers], hidden, logits, n, action,
                          model.config)
 
 
-def _check_not_sliding(cache: DynamicCache) -> None:
+def check_not_sliding(cache: DynamicCache) -> None:
     if any(layer.is_sliding for layer in cache.layers):  # every cache layer says
         raise NotImplementedError("sliding-window attention layers are not supported by kvdrift")
 
@@ -154,7 +154,7 @@ def _prompt_cache(keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor],
     keys, values = tuple(keys), tuple(values)
     live = None
     if any(h is not None for h in hidden):
-        live = tuple(_live_mask(k, h) for k, h in zip(keys, hidden, strict=True))
+        live = tuple(live_mask(k, h) for k, h in zip(keys, hidden, strict=True))
     pc = PromptCache(keys=keys, values=values, logits=logits, n_prompt=n, live=live)
     if action is not None:
         action.check_counts(n, pc.counts, config)
@@ -257,8 +257,8 @@ def prefill_shared(model: Any, prompt_ids: torch.Tensor, actions: Sequence[Actio
     finally:
         for handle in handles:
             handle.remove()
-        _clear_hidden_entries(model)
-    _check_not_sliding(cache)
+        clear_hidden_entries(model)
+    check_not_sliding(cache)
     logits = out.logits[:, -1].float()  # [1, V]
     reference = _prompt_cache([layer.keys for layer in cache.layers],
                               [layer.values for layer in cache.layers], [None] * n_layers,
@@ -329,7 +329,7 @@ def attention_modules(model: Any) -> list[Any]:
     return [m for m in model.modules() if hasattr(m, "layer_idx") and hasattr(m, "o_proj")]
 
 
-def _take_hidden_entries(model: Any, n_layers: int) -> list[Any]:
+def take_hidden_entries(model: Any, n_layers: int) -> list[Any]:
     """Per layer, the (batch, head, position) indices a head-adaptive press hid (kvpress's
     ``masked_key_indices``, which it would emulate with fake keys during decoding), or None."""
     hidden: list[Any] = [None] * n_layers
@@ -340,7 +340,7 @@ def _take_hidden_entries(model: Any, n_layers: int) -> list[Any]:
     return hidden
 
 
-def _clear_hidden_entries(model: Any) -> None:
+def clear_hidden_entries(model: Any) -> None:
     """Forget kvpress's per-head masks: kvdrift masks exactly, and a stale one left on a module
     would make kvpress's attention patch overwrite keys in a later forward."""
     for module in attention_modules(model):
@@ -348,7 +348,7 @@ def _clear_hidden_entries(model: Any) -> None:
             module.masked_key_indices = None
 
 
-def _live_mask(keys: torch.Tensor, hidden: Any) -> torch.Tensor | None:
+def live_mask(keys: torch.Tensor, hidden: Any) -> torch.Tensor | None:
     """``[1, kv_heads, P]`` bool: False at the entries a head-adaptive press hid."""
     if hidden is None:
         return None

@@ -69,31 +69,69 @@ SCORERS: dict[str, str] = {
 # Scorers that read the attention weights of the layer: eager attention in prefill only.
 NEEDS_ATTENTION_WEIGHTS: frozenset[type] = frozenset({kvpress.ObservedAttentionPress})
 
-# kvpress presses kvdrift does not offer, and why (shown when a user names one).
+# kvpress presses that kvdrift cannot measure, and why (shown when a user names one).
 NOT_OFFERED: dict[str, str] = {
-    "QFilterPress": "its Q-filters are downloaded from the Hugging Face hub (runs are offline)",
-    "DuoAttentionPress": "its attention-head patterns are downloaded from the Hugging Face hub",
-    "KVzapPress": "its scoring model is downloaded from the Hugging Face hub",
-    "ExpectedAttentionStatsPress": "its query statistics are downloaded from the hub",
-    "RestoreKVPress": "its restore model is downloaded from the Hugging Face hub",
-    "FastKVzipPress": "its gates are downloaded from the Hugging Face hub",
-    "KVzipPress": "it re-runs the context through the model (not a single prefill)",
-    "KVgradPress": "it re-runs the context through the model with gradients",
-    "FinchPress": "it needs a delimiter token between context and question in the prompt",
-    "ThinKPress": "it prunes key channels, not entries (no kept set of entries)",
-    "MergingPress": "it merges evicted entries into kept ones (values change, not a kept set)",
-    "CAMPress": "it merges entries during decoding (values change, not a kept set)",
-    "DMSPress": "its kept count follows a score threshold, not a budget",
-    "SimLayerKVPress": "its kept count follows a per-layer laziness threshold, not a budget",
-    "KVComposePress": "it keeps a count that follows its own aggregation, not a budget",
-    "LUKVPress": "its budget curves are fitted offline",
-    "EntropyGatedChunkKVPress": "its chunk sizes follow an entropy threshold, not a budget",
-    "CompactorPress": "its internal leverage and attention sub-presses do not take a budget",
-    "CompressionRatioDecodingPress": "use decoding-<scorer> (DecodingPress) with target=",
-    "ComposedPress": "join actions with '+' instead, e.g. snapkv:ratio=0.5+knorm:ratio=0.8",
-    "PrefillDecodingPress": "join a prefill action and a decoding one with '+', e.g. "
-                            "snapkv:ratio=0.5+decoding-knorm:interval=32,target=256",
+    "DuoAttentionPress": "it downloads its attention-head patterns over HTTP (GitHub) and a "
+                         "calibration set at run time; runs are offline and it has no local "
+                         "cache to read them from",
+    "LUKVPress": "it downloads its budget curves over HTTP (GitHub) at run time; runs are "
+                 "offline and it has no local cache to read them from",
+    "FinchPress": "it deletes its delimiter token from the prompt inside the model, so Q would "
+                  "read another prompt, at other positions, than P",
+    "CAMPress": "it merges values during decoding in kvpress's own cache; kvdrift replays "
+                "decoding-time compression per row only for DecodingPress",
+    "CompressionRatioDecodingPress": "it compresses during decoding to a ratio of the growing "
+                                     "cache, which kvdrift does not replay per row; use "
+                                     "decoding-<scorer> (DecodingPress) with target=",
 }
+
+_HUB = ("hub-trained: runs when its files are in the local Hugging Face cache (a missing one "
+        "is named)")
+_TOKENIZER = "reads the model's tokenizer from model.config.name_or_path (a model folder or hub id)"
+
+# kvpress presses measured as press objects through the general path (lm/press_path.py): what
+# each does to Q's cache, and an object to start from (give it in a presses file or presses=).
+GENERAL_PATH: dict[str, str] = {
+    "ThinKPress": "prunes key channels (stored as zeros; kv_fraction counts the channels kept): "
+                  "ThinKPress(key_channel_compression_ratio=0.5)",
+    "MergingPress": "merges evicted values into kept entries (values change): "
+                    "MergingPress(press=KnormPress(compression_ratio=0.5))",
+    "DMSPress": "hides entries whose score is below a threshold, per KV head (decoding=False): "
+                "DMSPress(press=KnormPress(), threshold=-5.0, sliding_window_size=128)",
+    "SimLayerKVPress": "keeps only sink and recent entries in lazy layers: "
+                       "SimLayerKVPress(lazy_threshold=0.9)",
+    "KVComposePress": "re-runs the prompt with eager attention and keeps a composite per layer "
+                      "when its context exits: KVComposePress(compression_ratio=0.5)",
+    "CompactorPress": "blends leverage and non-causal attention scores over the prompt: "
+                      "CompactorPress(compression_ratio=0.5)",
+    "KVzipPress": "re-runs the context to score entries, when its context exits; " + _TOKENIZER
+                  + ": KVzipPress(compression_ratio=0.5)",
+    "KVgradPress": "as KVzip, with gradients; " + _TOKENIZER
+                   + ": KVgradPress(compression_ratio=0.5)",
+    "EntropyGatedChunkKVPress": "chunk sizes follow an entropy threshold: "
+                                "EntropyGatedChunkKVPress(press=SnapKVPress(compression_ratio=0.5))",
+    "QFilterPress": _HUB + ": QFilterPress(compression_ratio=0.5)",
+    "KVzapPress": _HUB + ": KVzapPress(...)",
+    "ExpectedAttentionStatsPress": _HUB + ": ExpectedAttentionStatsPress(...)",
+    "RestoreKVPress": _HUB + ": RestoreKVPress(...)",
+    "FastKVzipPress": _HUB + ": FastKVzipPress(...)",
+    "ComposedPress": "presses in sequence (as a spec: join actions with '+', e.g. "
+                     "snapkv:ratio=0.5+knorm:ratio=0.8)",
+    "PrefillDecodingPress": "a prefill press, then a DecodingPress during generation (as a spec: "
+                            "snapkv:ratio=0.5+decoding-knorm:interval=32,target=256)",
+}
+
+
+def not_a_spec(name: str) -> str | None:
+    """Why the kvpress class ``name`` is not a spec, if it is one kvdrift does not parse:
+    refused (:data:`NOT_OFFERED`) or measured as a press object (:data:`GENERAL_PATH`)."""
+    if name in NOT_OFFERED:
+        return f"kvpress's {name} is not offered: {NOT_OFFERED[name]}"
+    if name in GENERAL_PATH:
+        return (f"kvpress's {name} is measured as a press object, not a spec: give it under an "
+                f"action name in a presses file (--presses) or in presses= from Python; it "
+                f"{GENERAL_PATH[name]}")
+    return None
 
 
 @dataclass(frozen=True)
@@ -470,8 +508,8 @@ def resolve_scorer(name: str) -> type:
     classes = scorer_classes()
     if name in classes:
         return classes[name]
-    if name in NOT_OFFERED:
-        raise ValueError(f"kvpress's {name} is not offered: {NOT_OFFERED[name]}")
+    if not_a_spec(name):
+        raise ValueError(not_a_spec(name))
     key = name.strip().lower().replace("-", "_")
     if key in SCORERS and SCORERS[key] in classes:
         return classes[SCORERS[key]]
@@ -703,12 +741,17 @@ class Stage:
         """A fresh scorer press for ``n`` entries, with ``window_size`` and ``n_sink`` clamped
         to ``n - 1`` (kvpress asserts on shorter inputs: this is kvdrift's documented fallback
         for short prompts)."""
-        press = self.scorer_press(compression_ratio)
-        for key in ("window_size", "n_sink"):
-            value = getattr(press, key, None)
-            if isinstance(value, int) and value >= n:
-                setattr(press, key, n - 1)
-        return press
+        return clamp_to_length(self.scorer_press(compression_ratio), n)
+
+
+def clamp_to_length(press: Any, n: int) -> Any:
+    """``press`` with ``window_size`` and ``n_sink`` lowered to ``n - 1`` where they are not
+    below ``n`` (kvpress asserts on shorter inputs: kvdrift's documented fallback)."""
+    for key in ("window_size", "n_sink"):
+        value = getattr(press, key, None)
+        if isinstance(value, int) and value >= n:
+            setattr(press, key, n - 1)
+    return press
 
 
 def family_table() -> list[tuple[str, str, str, str]]:

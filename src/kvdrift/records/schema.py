@@ -71,6 +71,12 @@ MEMORY = (
     Column("kv_fraction", pa.float64(), "Q's prompt cache over the full cache",
            "language models"),
 )
+KV_MEASURE = Column(
+    "kv_measure", pa.string(),
+    "how kv_bytes and kv_fraction were obtained: 'kept entries' (a named action's kept entries "
+    "at their bits, hidden ones included) or 'stored bytes' (a press object's cache as stored, "
+    "hidden entries and all-zero channels not counted); absent in stores before it",
+    "language models")
 TIMING = (
     Column("setup_seconds", pa.float64(), "wall time to build the unit's pair"),
     Column("replicate_seconds", pa.float64(), "the estimator's wall time per replicate"),
@@ -127,7 +133,7 @@ REPLICATES = KEY + (
     *TERMS[1:5],
     Column("evaluations", pa.int64(), "kernel-pair evaluations of the replicate"),
     *TERMS[5:],
-) + DEPTH_TERMS + TIMING + MEMORY + SCORES + LOST
+) + DEPTH_TERMS + TIMING + MEMORY + (KV_MEASURE,) + SCORES + LOST
 """The replicate columns."""
 
 

@@ -28,7 +28,8 @@ from kvdrift.estimate.common import (
     make_generator,
 )
 from kvdrift.kernel import KernelPair
-from kvdrift.records.schema import MEMORY_COLUMNS, TIMING_COLUMNS
+from kvdrift.records.schema import KV_MEASURE, MEMORY_COLUMNS, TIMING_COLUMNS
+from kvdrift.run import UnitStopped
 from kvdrift.run.documents import document_table
 from kvdrift.run.estimators import Estimator, parse_estimator
 from kvdrift.run.fingerprint import kvdrift_version, prompt_sha256
@@ -186,6 +187,9 @@ def unit_records(
             f"{config.batch or config.replicates} replicates per batch ({out_of_memory(exc)}); "
             "lower batch (--batch, or batch in [study]), the horizon or the prompt length "
             "(finished units are kept)") from None
+    except UnitStopped as exc:  # e.g. a press that failed on this document: its one line
+        raise type(exc)(f"{exc}; the unit is not stored and the run stops here (finished "
+                        "units are kept)") from None
     finished = time.perf_counter()
     refuse_nonfinite(key, result)
     steps, reps = config.estimator.tables(key, result, config.depths, doc, pair, make_pair)
@@ -232,14 +236,19 @@ def refuse_nonfinite(key: UnitKey, result: Any) -> None:
 
 def with_memory(replicates: pa.Table, pair: KernelPair) -> pa.Table:
     """Add the size of Q's prompt cache where the pair can tell it (language models):
-    ``kv_bytes`` and ``kv_fraction`` of the full cache in the model's dtype, and
-    ``kept_per_layer`` (prompt entries each layer keeps per KV head), on each row."""
+    ``kv_bytes`` and ``kv_fraction`` of the full cache in the model's dtype, how they were
+    obtained (``kv_measure``) and ``kept_per_layer`` (prompt entries each layer keeps per KV
+    head: for a head-adaptive cache, the mean over its KV heads), on each row."""
     memory = getattr(pair, "kv_memory", None)
     if memory is None:
         return replicates
     n = replicates.num_rows
     for name, value in zip(MEMORY_COLUMNS, memory(), strict=True):
         replicates = replicates.append_column(name, pa.array([float(value)] * n, pa.float64()))
+    measure = getattr(pair, "kv_measure", None)
+    if measure is not None:
+        replicates = replicates.append_column(KV_MEASURE.name, pa.array([measure] * n,
+                                                                        KV_MEASURE.dtype))
     kept = pair.prompt_cache("q").kept_per_layer
     return replicates.append_column("kept_per_layer", pa.array([kept] * n, pa.list_(pa.int64())))
 

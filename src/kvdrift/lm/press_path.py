@@ -1,0 +1,276 @@
+"""The general path: any kvpress press object as an action, its cache as the press left it.
+
+Named actions (and spec strings) keep the shared prefill of :mod:`kvdrift.lm.prefill`, where
+kvdrift knows what each press keeps. Every other press object (a user's own ``ScorerPress``,
+``BasePress`` or ``DecodingPress`` subclass, compositions, kvpress classes whose cache is not a
+kept set of entries: ThinK, the merging presses, DMS, SimLayerKV, KVCompose, Compactor, ...)
+runs here, exactly as kvpress runs it::
+
+    with press(model):                      # its own hooks and attention patches
+        model(prompt, past_key_values=cache)
+    # (presses that compress on leaving the context, e.g. KVCompose, have done so now)
+
+Q's prompt cache is then whatever the press left stored, layer by layer: entries evicted
+(layers may differ), hidden per KV head (kvpress's ``masked_key_indices``, read and masked
+exactly as for head-adaptive named actions), merged, channel-pruned or re-valued. Its keys and
+values are Q's own tensors, distinct from P's (like a quantized cache), and Q's first
+next-token distribution is the logits of this prefill. P's cache stays the shared full
+prefill. A decoding-time press (kvpress's ``DecodingPress``, alone or as the decoding half of
+a ``PrefillDecodingPress``) compresses every Q row during generation with the machinery of
+:mod:`kvdrift.lm.decoding`.
+
+``kv_fraction`` of such a cache is what it stores: bytes of keys and values (hidden entries
+not counted, nor key or value channels that are zero in every entry a KV head keeps: a
+channel-pruned press such as ThinK stores them as zeros only because kvpress keeps the shape)
+over the bytes of the full cache. Records say so in ``kv_measure`` (``"stored bytes"``).
+
+A press that fails (raises, returns the wrong shapes, keeps nothing, leaves non-finite keys or
+values) raises :class:`PressFailed`: one line naming the action, the document and what was
+wrong. The model is left as it was found (the press's context removes its hooks; hidden
+entries are cleared), so the next unit or command runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import kvpress
+import torch
+from transformers import DynamicCache
+
+from kvdrift.lm.decoding import DecodingRule
+from kvdrift.lm.prefill import (
+    PromptCache,
+    as_prompt,
+    check_not_sliding,
+    clear_hidden_entries,
+    live_mask,
+    take_hidden_entries,
+    unwrap_model,
+)
+from kvdrift.lm.press_identity import check_press
+from kvdrift.lm.presses import fixed_press_randomness
+from kvdrift.lm.shared_attention import attention_implementation
+from kvdrift.run import UnitStopped
+
+STORED_BYTES = "stored bytes"
+"""``kv_measure`` of a general-path cache: bytes of keys and values as stored."""
+KEPT_ENTRIES = "kept entries"
+"""``kv_measure`` of a named action's cache: its kept entries at their bits (hidden ones
+counted: they stay stored)."""
+
+
+class PressFailed(UnitStopped):
+    """A press that failed on a document (one line: the action, the document, what was wrong)."""
+
+
+@dataclass(frozen=True)
+class PressCache:
+    """Q's prompt cache as a press left it, its decoding-time rule and what it stores."""
+
+    cache: PromptCache
+    rule: DecodingRule | None  # compressions during Q's generation (None: none)
+    kv_bytes: float
+    kv_fraction: float
+
+
+def decoding_rule(press: Any, name: str) -> DecodingRule | None:
+    """The decoding-time compression of ``press`` (None: it compresses at prefill only);
+    one-line ValueError for a decoding-time press kvdrift cannot step row by row."""
+    check_press(press, name)
+    decoding = press.decoding_press if isinstance(press, kvpress.PrefillDecodingPress) \
+        else press
+    if decoding is None or not _decodes(decoding):
+        return None
+    if _replays_as_decoding_press(decoding):
+        if not isinstance(decoding.base_press, kvpress.ScorerPress):
+            raise ValueError(f"action {name!r}: its DecodingPress scores with a "
+                             f"{type(decoding.base_press).__qualname__}; kvdrift replays "
+                             f"decoding-time compression with a ScorerPress as base_press")
+        return DecodingRule(decoding, name)
+    raise ValueError(
+        f"action {name!r}: {type(decoding).__qualname__} compresses during decoding in its own "
+        f"way, which kvdrift cannot replay per row; decoding-time presses measured: kvpress's "
+        f"DecodingPress (or a subclass that keeps its decoding methods) with a ScorerPress, "
+        f"alone or as PrefillDecodingPress's decoding_press")
+
+
+_DECODING_METHODS = ("forward_hook", "compress", "_find_target_compression_ratio",
+                     "_resolve_target_size")
+
+
+def _replays_as_decoding_press(press: Any) -> bool:
+    """Whether ``press`` compresses during decoding exactly as kvpress's ``DecodingPress``
+    (the class itself, or a subclass that overrides none of its decoding methods)."""
+    return isinstance(press, kvpress.DecodingPress) and all(
+        getattr(type(press), m, None) is getattr(kvpress.DecodingPress, m, None)
+        for m in _DECODING_METHODS)
+
+
+def _decodes(press: Any) -> bool:
+    """Whether a press acts on the cache during generation (kvpress's decoding presses, and
+    DMSPress with decoding=True)."""
+    if isinstance(press, (kvpress.DecodingPress, kvpress.PrefillDecodingPress)):
+        return True
+    return isinstance(press, kvpress.DMSPress) and bool(press.decoding)
+
+
+def _nested(press: Any) -> list[Any]:
+    """``press`` and every press inside it (wrappers, compositions)."""
+    found = [press]
+    if dataclasses.is_dataclass(press):
+        for f in dataclasses.fields(press):
+            value = getattr(press, f.name, None)
+            for item in value if isinstance(value, (list, tuple)) else [value]:
+                if isinstance(item, kvpress.BasePress):
+                    found += _nested(item)
+    return found
+
+
+def needs_eager(press: Any) -> bool:
+    """Whether a press reads eager attention weights (ObservedAttentionPress anywhere in it):
+    its prefill runs with eager attention, as kvdrift runs the named one."""
+    return any(isinstance(p, kvpress.ObservedAttentionPress) for p in _nested(press))
+
+
+def press_prompt_cache(model: Any, prompt_ids: torch.Tensor, press: Any, action: str,
+                       document: str) -> PressCache:
+    """Q's prompt cache: the prompt's prefill run inside ``press`` (module docstring).
+
+    ``action`` and ``document`` name the unit in a :class:`PressFailed`.
+    """
+    fail = _Failure(action, document)
+    rule = decoding_rule(press, action)
+    if rule is not None:  # a scorer failing during Q's steps names the unit too
+        rule = dataclasses.replace(rule, label="its DecodingPress", failure=fail)
+    model = unwrap_model(model)
+    ids = as_prompt(prompt_ids, model)
+    n = ids.shape[1]
+    cache = DynamicCache(config=model.config)
+    clear_hidden_entries(model)  # a stale mask (left by a generate) would be read as this one's
+    attention = model.config._attn_implementation  # a press may switch it (KVCompose: eager)
+    try:
+        with torch.no_grad(), attention_implementation(model, "eager" if needs_eager(press)
+                                                        else None), \
+                fixed_press_randomness(ids.device):
+            with press(model):
+                out = model(input_ids=ids, past_key_values=cache, use_cache=True,
+                            logits_to_keep=1)
+            hidden = take_hidden_entries(model, len(cache.layers))
+    except (MemoryError, torch.OutOfMemoryError):
+        raise
+    except Exception as exc:  # the press's own code: any error is its failure
+        raise fail(f"the press raised {_first_line(exc)}") from exc
+    finally:
+        clear_hidden_entries(model)
+        model.config._attn_implementation = attention  # as found, even if the press failed
+    check_not_sliding(cache)
+    keys = [layer.keys for layer in cache.layers]
+    values = [layer.values for layer in cache.layers]
+    live = _check_layers(keys, values, hidden, n, model.config, fail)
+    if rule is not None and live is not None:
+        raise ValueError(f"action {action!r}: its prefill hides entries per KV head and its "
+                         f"DecodingPress then compresses during decoding; kvdrift replays "
+                         f"decoding-time compression only over caches that hide nothing")
+    logits = out.logits[:, -1].float()  # [1, V]: the press's own prefill
+    if not bool(torch.isfinite(logits).all()):
+        raise fail("the prefill inside the press gave non-finite logits")
+    pc = PromptCache(keys=tuple(keys), values=tuple(values), logits=logits, n_prompt=n,
+                     live=live)
+    kv_bytes, kv_fraction = stored_memory(pc, model.config)
+    return PressCache(pc, rule, kv_bytes, kv_fraction)
+
+
+@dataclass(frozen=True)
+class _Failure:
+    action: str
+    document: str
+
+    def __call__(self, what: str) -> PressFailed:
+        return PressFailed(f"action {self.action!r} failed on document {self.document!r}: {what}")
+
+
+def _first_line(exc: BaseException) -> str:
+    hub = _hub_file(exc)
+    if hub is not None:
+        return (f"{type(exc).__name__}: it needs {hub} from the Hugging Face hub, which is not "
+                f"in the local cache (runs are offline: put the file there first)")
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0][:200]}" if text else type(exc).__name__
+
+
+def _hub_file(exc: BaseException) -> str | None:
+    """``repo_id[/filename]`` of a hub download that failed within ``exc``, or None."""
+    seen, found = set(), None
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if "huggingface_hub" in type(exc).__module__:
+            tb = exc.__traceback__
+            while tb is not None:
+                f_locals = tb.tb_frame.f_locals
+                repo, filename = f_locals.get("repo_id"), f_locals.get("filename")
+                if isinstance(repo, str):
+                    found = repo + (f"/{filename}" if isinstance(filename, str) else "")
+                tb = tb.tb_next
+            found = found or "a file"
+        exc = exc.__cause__ or exc.__context__
+    return found
+
+
+def _check_layers(keys: list[torch.Tensor], values: list[torch.Tensor], hidden: list[Any],
+                  n: int, config: Any, fail: _Failure) -> tuple[torch.Tensor | None, ...] | None:
+    """Each layer's per-head live mask, after checking what the press left stored."""
+    if len(keys) != config.num_hidden_layers:
+        raise fail(f"the cache holds {len(keys)} layers, the model has "
+                   f"{config.num_hidden_layers}")
+    heads = config.num_key_value_heads
+    head_dim = getattr(config, "head_dim", None) or \
+        config.hidden_size // config.num_attention_heads
+    lives = []
+    for i, (k, v, h) in enumerate(zip(keys, values, hidden, strict=True)):
+        if k is None or v is None or k.dim() != 4 or v.dim() != 4 or k.shape[:3] != \
+                v.shape[:3] or k.shape[0] != 1 or k.shape[1] != heads:
+            shapes = [tuple(t.shape) if t is not None else None for t in (k, v)]
+            raise fail(f"layer {i} holds keys and values of shapes {shapes[0]} and {shapes[1]};"
+                       f" expected [1, {heads}, entries, head_dim] alike")
+        if k.shape[3] != head_dim or v.shape[3] != head_dim:
+            raise fail(f"layer {i} holds keys and values of {k.shape[3]} and {v.shape[3]} "
+                       f"channels; the model's head_dim is {head_dim}")
+        if k.shape[2] > n:
+            raise fail(f"layer {i} holds {k.shape[2]} entries, more than the prompt's {n}")
+        try:
+            live = live_mask(k, h)
+        except (IndexError, RuntimeError, ValueError, TypeError) as exc:
+            raise fail(f"layer {i}: its hidden entries do not index its cache "
+                       f"({_first_line(exc)})") from None
+        counts = live[0].sum(-1) if live is not None else torch.full((heads,), k.shape[2])
+        if int(counts.min()) < 1:
+            raise fail(f"layer {i} keeps nothing in a KV head ({counts.tolist()} entries per "
+                       f"KV head)")
+        if not (bool(torch.isfinite(k).all()) and bool(torch.isfinite(v).all())):
+            raise fail(f"layer {i} holds non-finite keys or values")
+        lives.append(live)
+    return tuple(lives) if any(m is not None for m in lives) else None
+
+
+def stored_memory(pc: PromptCache, config: Any) -> tuple[float, float]:
+    """``(kv_bytes, kv_fraction)`` of a cache as stored (module docstring): per layer and KV
+    head, live entries times the key and value channels not zero in all of them."""
+    total = full = 0.0
+    for i, (k, v) in enumerate(zip(pc.keys, pc.values, strict=True)):
+        heads, width = k.shape[1], k.element_size()
+        live = pc.live[i] if pc.live is not None and pc.live[i] is not None else None
+        keep = torch.ones(k.shape[:3], dtype=torch.bool, device=k.device) if live is None \
+            else live
+        counts = keep[0].sum(-1)  # [kv_heads]
+        channels = sum(((t[0] * keep[0, :, :, None]) != 0).any(dim=1).sum(-1)
+                       for t in (k, v))  # [kv_heads]: stored key + value channels
+        total += float((counts * channels).sum()) * width
+        full += heads * pc.n_prompt * (k.shape[3] + v.shape[3]) * width
+    return total, total / full
+
+
+__all__ = ["KEPT_ENTRIES", "STORED_BYTES", "PressCache", "PressFailed", "decoding_rule",
+           "needs_eager", "press_prompt_cache", "stored_memory"]
