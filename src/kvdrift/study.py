@@ -90,9 +90,12 @@ def run_study(
     from kvdrift.lm.actions import describe_actions
     from kvdrift.lm.factory import LMPairSource, check_actions_fit, check_fits, driver_side
     from kvdrift.lm.loading import check_model_name
+    from kvdrift.user_presses import refuse_missing_presses
 
     out = check_output_dir(out)  # nothing is written outside it, nor into another folder
     StoreLock(out).refuse_if_busy()  # at once, not after the model loaded
+    refuse_missing_presses(out, config.run.actions, config.presses)
+    presses = config.presses.only(config.run.actions)  # the press objects this study runs
     for name in config.models:  # no network, no model code, no download without a network
         check_model_name(name, allow_download)
     fixed = fixed_documents(config) if fixed is None else fixed
@@ -108,12 +111,12 @@ def run_study(
             """The model's driver side and documents, checked against its context window and
             its layers."""
             source = LMPairSource(run.model, config.device, config.dtype,
-                                  config.chat_template, allow_download)
+                                  config.chat_template, allow_download, presses)
             side = driver_side(source, in_process,
                                functools.partial(load, run.model) if load else None)
             docs = model_documents(config, fixed, side.tokenizer)
             check_fits(docs, run.horizon, side, config.chat_template)
-            check_actions_fit(run.actions, side)
+            check_actions_fit(run.actions, side, presses)
             limits.batch_memory(min(run.batch or run.replicates, run.replicates),
                                 len(side.tokenizer), run.model)  # a batch holds <= K rows
             return side, docs
@@ -126,8 +129,11 @@ def run_study(
             prepared(run, in_process=False)
         lock = StoreLock(out).acquire()
         try:
+            described = describe_actions([a for a in config.run.actions if a not in presses])
+            described |= {a: {"press": identity} for a, identity in
+                          config.presses.identities(config.run.actions).items()}
             store = RunStore.open(out, recorded, recompute=recompute, notice=notice,
-                                  presses=describe_actions(config.run.actions))
+                                  presses=described)
             for i, run in enumerate(runs):
                 side, docs = first if i == 0 else prepared(run, executor.in_process)
                 first = None  # the first model is not held while the next one loads

@@ -14,7 +14,7 @@ computes units elsewhere (a Ray worker) can build its own factory from it.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,8 +46,10 @@ class LMPairFactory:
     """
 
     def __init__(self, loaded: LoadedModel, chat_template: bool = True,
-                 cache_fraction: float = SHARED_CACHE_FRACTION):
+                 cache_fraction: float = SHARED_CACHE_FRACTION,
+                 presses: Mapping[str, object] | None = None):
         self.loaded = loaded
+        self.presses = dict(presses or {})  # action name -> press object (the general path)
         self.chat_template = chat_template
         self.cache_fraction = cache_fraction
         self._doc_id: str | None = None
@@ -78,6 +80,15 @@ class LMPairFactory:
 
     def __call__(self, doc: Document, action: str) -> LMKernelPair:
         self._document(doc)
+        if action in self.presses:
+            from kvdrift.lm.press_path import press_pair
+
+            if self._reference is None:
+                self._prefill(None)
+            self._planned = [a for a in self._planned if a != action]
+            self.prefills += 1
+            return press_pair(self.loaded.model, self._ids, action, self.presses[action],
+                              reference=self._reference)
         parsed = parse_action(action)
         shared = own_prefill_reason(parsed) is None
         if self._reference is None or (shared and parsed.name not in self._waiting):
@@ -96,6 +107,8 @@ class LMPairFactory:
         group = [first] if first is not None else []
         held = _held_fraction(first, n) if first is not None else 0.0
         for name in self._planned:
+            if name in self.presses:
+                continue
             action = parse_action(name)
             if (action.name in self._waiting or any(a.name == action.name for a in group)
                     or own_prefill_reason(action) is not None):
@@ -132,13 +145,14 @@ class LMPairSource:
     dtype: str = "float32"
     chat_template: bool = True
     allow_download: bool = False  # fetch a hub id that is not in the local cache
+    presses: Mapping[str, object] | None = None  # action name -> press object
 
     def load(self) -> LoadedModel:
         return load_model(self.model, self.device, self.dtype,
                           allow_download=self.allow_download)
 
     def __call__(self) -> LMPairFactory:
-        return LMPairFactory(self.load(), self.chat_template)
+        return LMPairFactory(self.load(), self.chat_template, presses=self.presses)
 
 
 @dataclass(frozen=True)
@@ -170,17 +184,20 @@ def driver_side(
     loaded = load() if load else source.load()
     config = loaded.model.config.get_text_config()
     return DriverSide(source.model, loaded.tokenizer,
-                      functools.partial(LMPairFactory, loaded, source.chat_template),
+                      functools.partial(LMPairFactory, loaded, source.chat_template,
+                                        presses=source.presses),
                       window_of(config), layers_of(config))
 
 
-def check_actions_fit(actions: Sequence[str], side: DriverSide) -> None:
+def check_actions_fit(actions: Sequence[str], side: DriverSide,
+                      presses: Mapping[str, object] | None = None) -> None:
     """Raise a one-line ValueError if an action cannot run on the model (per-layer ratios
     for another number of layers); meant to run before anything is written."""
     if side.layers is None:
         return
     for name in actions:
-        parse_action(name).check_layers(side.layers)
+        if name not in (presses or {}):
+            parse_action(name).check_layers(side.layers)
 
 
 class ContextWindowExceeded(ValueError):

@@ -29,7 +29,7 @@ LABELS = {
     "horizon": "horizon H", "temperature": "temperature", "depths": "depths",
     "seed": "seed", "batch": "batch", "chat_template": "chat_template",
     "prompt_sha256": "the document's prompt text", "kvdrift": "kvdrift version",
-    "attribution": "attribution",
+    "attribution": "attribution", "press": "press",
 }
 #: Settings a fingerprint records only when not at this value (so earlier stores resume).
 UNRECORDED = {"attribution": False}
@@ -73,6 +73,11 @@ def first_difference(stored: Mapping[str, Any] | None, wanted: Mapping[str, Any]
             label = LABELS.get(key, key)
             if key == "prompt_sha256":
                 return "the document's prompt text has changed since it was stored"
+            if key == "press":
+                from kvdrift.lm.press_identity import identity_changes
+
+                return (f"its press has changed since it was stored "
+                        f"({identity_changes(was, now)})")
             return f"it was computed with {label} = {was!r}, this run has {label} = {now!r}"
     return None
 

@@ -50,6 +50,7 @@ class RunConfig:
     batch: int = 0  # most replicates per forward batch (0: all K at once); bounds memory
     attribution: bool = False  # record what Q's cache had lost at each divergence (lm only)
     extra: dict = field(default_factory=dict)  # e.g. device, dtype, chat template, doc source
+    presses: dict = field(default_factory=dict)  # action name -> identity, for press objects
 
     def __post_init__(self) -> None:
         check_replicates(self.replicates)
@@ -66,11 +67,13 @@ class RunConfig:
             raise ValueError(f"attribution must be false with estimator {self.estimator.name!r}; "
                              "it needs complete coupled rollouts (estimator = \"rollout\")")
 
-    def fingerprint(self, doc: Document) -> dict[str, Any]:
+    def fingerprint(self, doc: Document, action: str | None = None) -> dict[str, Any]:
         """The settings that shape the records of ``doc``'s units (JSON-ready; stored with
-        them, :mod:`kvdrift.run.fingerprint`)."""
+        them, :mod:`kvdrift.run.fingerprint`); a unit whose ``action`` is a press object also
+        records the press's identity (:mod:`kvdrift.lm.press_identity`)."""
         extra = self.extra or {}
-        return {
+        press = {"press": self.presses[action]} if action in self.presses else {}
+        return press | {
             "model": self.model, "dtype": extra.get("dtype"), "estimator": self.estimator.name,
             "replicates": self.replicates, "horizon": self.horizon,
             "temperature": float(self.temperature), "depths": list(self.depths),
@@ -84,6 +87,7 @@ class RunConfig:
         out = asdict(self)
         out["actions"], out["depths"] = list(self.actions), list(self.depths)
         out["estimator"] = self.estimator.name
+        del out["presses"]  # each unit holds its press's identity (a changed press: per unit)
         if not self.attribution:  # recorded only when on, so earlier stores still resume
             del out["attribution"]
         return out
@@ -237,10 +241,9 @@ def finished_units(
     """
     done = set()
     for doc in documents:
-        fingerprint = config.fingerprint(doc)
         for action in config.actions:
             key = unit_key(config, doc, action)
-            if store.unit_done(key, fingerprint):
+            if store.unit_done(key, config.fingerprint(doc, action)):
                 done.add(key)
     return done
 
@@ -249,7 +252,7 @@ def store_unit(store: RunStore, config: RunConfig, doc: Document, action: str,
                tables: tuple[pa.Table, pa.Table]) -> UnitKey:
     """Write one computed unit with its fingerprint; returns its key."""
     key = unit_key(config, doc, action)
-    fingerprint = config.fingerprint(doc)
+    fingerprint = config.fingerprint(doc, action)
     store.write_unit(key, *tables, fingerprint=fingerprint)
     return key
 
