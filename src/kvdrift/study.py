@@ -5,15 +5,17 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from kvdrift import limits
 from kvdrift.data.document import Document
 from kvdrift.run.executors import open_executor
 from kvdrift.run.lock import StoreLock
+from kvdrift.run.memory_store import MemoryStore
 from kvdrift.run.outdir import check_output_dir
 from kvdrift.run.records import UnitKey
+from kvdrift.run.runner import RunConfig
 from kvdrift.run.store import DOCUMENTS_HASH, RunStore
 from kvdrift.study_config import StudyConfig
 
@@ -60,6 +62,23 @@ def model_documents(config: StudyConfig, fixed: list[Document], tokenizer) -> li
     return _unique(docs)
 
 
+def _prepared(config: StudyConfig, run: RunConfig, fixed: list[Document], in_process: bool,
+              allow_download: bool, load: Callable[[], object] | None):
+    """A model's driver side and documents, checked against its context window and layers."""
+    from kvdrift.lm.factory import LMPairSource, check_actions_fit, check_fits, driver_side
+
+    presses = config.presses.only(run.actions)  # the press objects this study runs
+    source = LMPairSource(run.model, config.device, config.dtype, config.chat_template,
+                          allow_download, presses)
+    side = driver_side(source, in_process, load)
+    docs = model_documents(config, fixed, side.tokenizer)
+    check_fits(docs, run.horizon, side, config.chat_template)
+    check_actions_fit(run.actions, side, presses)
+    limits.batch_memory(min(run.batch or run.replicates, run.replicates),
+                        len(side.tokenizer), run.model)  # a batch holds <= K rows
+    return side, docs
+
+
 def run_study(
     config: StudyConfig,
     out: str | Path,
@@ -71,12 +90,15 @@ def run_study(
     allow_download: bool = False,
     notice: Callable[[str], None] | None = None,
     fixed: list[Document] | None = None,
+    models: Mapping[str, object] | None = None,
 ) -> RunStore:
     """Run every unit of the study into ``out`` (resumable) with its executor; returns the store.
 
     ``load(model_name)`` returns a :class:`~kvdrift.lm.model.LoadedModel` for the local
     executor (default: load it with the study's device and dtype; the Ray executor loads
-    models in its workers and only the tokenizer and config here); ``on_model(name, units)``,
+    models in its workers and only the tokenizer and config here); ``models`` are models
+    already loaded, by the name the study gives them (never looked up; they run in this
+    process); ``on_model(name, units)``,
     ``on_unit(key, skipped)`` and ``on_workers(live_workers)`` report progress, ``notice``
     hears which damaged units are recomputed; ``fixed`` are the study's
     :func:`fixed_documents` when the caller has read them already. ``out`` is checked first
@@ -88,16 +110,19 @@ def run_study(
     cache download.
     """
     from kvdrift.lm.actions import describe_actions
-    from kvdrift.lm.factory import LMPairSource, check_actions_fit, check_fits, driver_side
     from kvdrift.lm.loading import check_model_name
     from kvdrift.user_presses import refuse_missing_presses
 
+    models = dict(models or {})
     out = check_output_dir(out)  # nothing is written outside it, nor into another folder
     StoreLock(out).refuse_if_busy()  # at once, not after the model loaded
     refuse_missing_presses(out, config.run.actions, config.presses)
-    presses = config.presses.only(config.run.actions)  # the press objects this study runs
+    if models and config.executor.kind != "local":
+        raise ValueError(f"models given in memory run in this process; use the local executor, "
+                         f"not {config.executor.kind!r}")
     for name in config.models:  # no network, no model code, no download without a network
-        check_model_name(name, allow_download)
+        if name not in models:
+            check_model_name(name, allow_download)
     fixed = fixed_documents(config) if fixed is None else fixed
     if not fixed and not any(s.needs_tokenizer for s in config.documents):
         raise ValueError("the study's document sources produced no documents")
@@ -107,19 +132,12 @@ def run_study(
     settings = config.executor.for_device(config.device)
     with open_executor(settings, on_workers=on_workers) as executor:
 
-        def prepared(run, in_process: bool):
-            """The model's driver side and documents, checked against its context window and
-            its layers."""
-            source = LMPairSource(run.model, config.device, config.dtype,
-                                  config.chat_template, allow_download, presses)
-            side = driver_side(source, in_process,
-                               functools.partial(load, run.model) if load else None)
-            docs = model_documents(config, fixed, side.tokenizer)
-            check_fits(docs, run.horizon, side, config.chat_template)
-            check_actions_fit(run.actions, side, presses)
-            limits.batch_memory(min(run.batch or run.replicates, run.replicates),
-                                len(side.tokenizer), run.model)  # a batch holds <= K rows
-            return side, docs
+        def prepared(run: RunConfig, in_process: bool):
+            if run.model in models:
+                return _prepared(config, run, fixed, True, allow_download,
+                                 functools.partial(models.get, run.model))
+            return _prepared(config, run, fixed, in_process, allow_download,
+                             functools.partial(load, run.model) if load else None)
 
         # Validate, then write: every model's documents are checked (the first model as it
         # will run, the others from their tokenizer and config alone) before the store
@@ -129,9 +147,9 @@ def run_study(
             prepared(run, in_process=False)
         lock = StoreLock(out).acquire()
         try:
+            presses = config.presses.identities(config.run.actions)
             described = describe_actions([a for a in config.run.actions if a not in presses])
-            described |= {a: {"press": identity} for a, identity in
-                          config.presses.identities(config.run.actions).items()}
+            described |= {a: {"press": identity} for a, identity in presses.items()}
             store = RunStore.open(out, recorded, recompute=recompute, notice=notice,
                                   presses=described)
             for i, run in enumerate(runs):
@@ -142,4 +160,29 @@ def run_study(
                 executor.run(run, docs, side.build, store, on_unit=on_unit)
         finally:
             lock.release()
+    return store
+
+
+def run_in_memory(
+    config: StudyConfig,
+    models: Mapping[str, object],
+    on_unit: Callable[[UnitKey, bool], None] | None = None,
+) -> MemoryStore:
+    """Run every unit of the study on models already loaded (``models``, by the name the study
+    gives them) into a :class:`~kvdrift.run.memory_store.MemoryStore`: nothing is written.
+    The same checks as :func:`run_study`, in this process."""
+    from kvdrift.run.runner import run_units
+
+    missing = [name for name in config.models if name not in models]
+    if missing:
+        raise ValueError(f"model {missing[0]!r} is not loaded; give every model of the study")
+    fixed = fixed_documents(config)
+    if not fixed and not any(s.needs_tokenizer for s in config.documents):
+        raise ValueError("the study's document sources produced no documents")
+    store = MemoryStore()
+    for name in config.models:
+        run = config.for_model(name)
+        side, docs = _prepared(config, run, fixed, True, False,
+                               functools.partial(models.get, name))
+        run_units(run, docs, side.build(), store, on_unit=on_unit)
     return store
