@@ -87,6 +87,23 @@ def study_from_arguments(
         name=name, attribution=attribution, presses=presses)
 
 
+def _model_settings(model: object, study: dict) -> tuple[str, object]:
+    """The name of ``model`` and, for a :class:`Model`, the model as kvdrift holds one (else
+    None); a Model's device and dtype become the study's (``study`` is updated)."""
+    from kvdrift.lm.model import DTYPES
+    from kvdrift.lm.user_model import Model
+
+    if not isinstance(model, Model):
+        return checks.text(model, "model", rule="a model name or path, or a kvdrift.Model"), None
+    if "device" in study or "dtype" in study:
+        raise ValueError("a Model runs where it is, in its own dtype: give no device or dtype "
+                         "with it (move or cast the model first)")
+    loaded = model.loaded()
+    study |= {"device": str(loaded.device),
+              "dtype": next(k for k, v in DTYPES.items() if v == loaded.dtype)}
+    return model.name, loaded
+
+
 def measure(
     model: str | Model = "smollm2",
     actions: Actions = ("snapkv-half", "recent-half"),
@@ -116,7 +133,7 @@ def measure(
 
     from kvdrift.analysis.study import analyze as analyze_records
     from kvdrift.directory import Records, StudyDirectory
-    from kvdrift.lm.model import DTYPES, load_model
+    from kvdrift.lm.model import load_model
     from kvdrift.lm.user_model import Model, left_as_found
     from kvdrift.measurement import Measurement
     from kvdrift.run.store import package_versions
@@ -124,15 +141,7 @@ def measure(
     from kvdrift.study import run_study as run
 
     given = model if isinstance(model, Model) else None
-    if given is not None:
-        if "device" in study or "dtype" in study:
-            raise ValueError("a Model runs where it is, in its own dtype: give no device or "
-                             "dtype with it (move or cast it yourself first)")
-        loaded = given.loaded()
-        study |= {"device": str(loaded.device),
-                  "dtype": next(k for k, v in DTYPES.items() if v == loaded.dtype)}
-    name = given.name if given is not None else checks.text(
-        model, "model", rule="a model name or path, or a kvdrift.Model")
+    name, loaded = _model_settings(model, study)
     config = study_from_arguments(name, actions, docs, **study)  # type: ignore[arg-type]
     keep = left_as_found(given.model) if given is not None else contextlib.nullcontext()
     with keep:
@@ -234,7 +243,7 @@ def plan(dev: str | Path, target: str, halfwidth: float, alpha: float = 0.05,
 
 
 def frontier(
-    families: Sequence[str] = ("snapkv", "recent", "kivi"),
+    families: Sequence[str] | Mapping[str, object] = ("snapkv", "recent", "kivi"),
     measure: str = "R_tv <= 0.1",
     out: str | Path = "runs/frontier",
     *,
@@ -249,18 +258,38 @@ def frontier(
     ``cap`` states a bound on an unbounded measure's values (``kl``), without which it gets
     estimates only.
 
-    ``study`` takes :func:`study_from_arguments`' keywords (``model``, ``docs``, ``horizon``,
-    ``temperature``, ``seed``, ``device``, ...); its actions are the budgets searched.
+    ``families`` are names (``"snapkv"``, ``"kivi"``, ...) or a dict from family name to a
+    function of the ratio kept returning a kvpress press (a family of your own; built-in
+    families stand under their own name: ``{"snapkv": "snapkv"}``). ``study`` takes
+    :func:`study_from_arguments`' keywords (``model``, which may be a :class:`Model`,
+    ``docs``, ``horizon``, ``temperature``, ``seed``, ``device``, ...); its actions are the
+    budgets searched.
     """
+    import contextlib
+    from dataclasses import replace
+
     from kvdrift.frontier_search.search import SearchSettings
     from kvdrift.frontier_search.study import FrontierConfig, run_frontier
+    from kvdrift.lm.user_model import Model, left_as_found
     from kvdrift.study import run_study as run
+    from kvdrift.user_presses import FROM_PYTHON, checked
 
     if "actions" in study or "estimator" in study:
         raise ValueError("frontier takes no actions or estimator: it runs each family's "
                          "budgets with complete coupled rollouts")
+    own = {}
+    if isinstance(families, Mapping):
+        own = {name: f for name, f in families.items() if not isinstance(f, str)}
+        for name, f in families.items():
+            if isinstance(f, str) and f != name:
+                raise ValueError(f"families: a built-in family stands under its own name "
+                                 f"({{{f!r}: {f!r}}}); got {{{name!r}: {f!r}}}")
+    given = study.get("model") if isinstance(study.get("model"), Model) else None
+    if given is not None:
+        study["model"], loaded = _model_settings(given, study)
+    config = study_from_arguments(actions=("full",), name="frontier", **study)
     config = FrontierConfig.parse(
-        study_from_arguments(actions=("full",), name="frontier", **study), families, measure,
+        replace(config, presses=checked(None, own, FROM_PYTHON)), tuple(families), measure,
         SearchSettings(alpha=alpha, replicates=replicates, max_replicates=max_replicates),
         cap)
 
@@ -271,9 +300,11 @@ def frontier(
         return load_model(name, config.study.device, config.study.dtype)
 
     def run_stage(stage: StudyConfig, where: Path) -> None:
-        run(stage, where, load=load)
+        models = {given.name: loaded} if given is not None else None
+        run(stage, where, load=load, models=models)
 
-    return run_frontier(config, out, run_stage)
+    with left_as_found(given.model) if given is not None else contextlib.nullcontext():
+        return run_frontier(config, out, run_stage)
 
 
 def __getattr__(name: str) -> object:

@@ -145,7 +145,11 @@ def checked(presses: Mapping[Any, Any] | None, families: Mapping[Any, Any] | Non
                              f"); got a {type(table).__name__}")
     out = {}
     for name, press in (presses or {}).items():
-        out[check_action_name(name, source)] = check_press(press, name)
+        check_action_name(name, source)
+        try:
+            out[name] = check_press(press, name)
+        except ValueError as exc:
+            raise ValueError(f"PRESSES in {source}: {exc}") from None
     fams = {}
     for name, make in (families or {}).items():
         check_family_name(name, source)

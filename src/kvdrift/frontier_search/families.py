@@ -8,8 +8,10 @@ ratio of its eviction and keeps the rest. Budgets are ordered from the most cach
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Any
 
 from kvdrift import checks
 
@@ -61,13 +63,22 @@ class Family:
             raise ValueError(f"family {self.name!r} has no budgets")
 
 
+def _ratios() -> list[str]:
+    """The fine grid of ratios kept, most cache first, as the budgets' labels."""
+    return [f"{float(Fraction(k, RATIO_STEPS)):g}" for k in range(RATIO_STEPS - 1, 0, -1)]
+
+
 def _ratio_family(name: str, head: str, tail: str) -> Family:
-    budgets = []
-    for i, k in enumerate(range(RATIO_STEPS - 1, 0, -1)):
-        ratio = Fraction(k, RATIO_STEPS)
-        value = f"{float(ratio):g}"
-        budgets.append(Budget(name, i, value, f"{head}:ratio={value}{tail}"))
-    return Family(name, tuple(budgets))
+    return Family(name, tuple(Budget(name, i, value, f"{head}:ratio={value}{tail}")
+                              for i, value in enumerate(_ratios())))
+
+
+def user_family(name: str, make: Callable[[str, float], Any]) -> tuple[Family, dict[str, Any]]:
+    """A family of the user's own (``FAMILIES`` of a presses file, :mod:`kvdrift.user_presses`)
+    on the same grid of ratios kept as an eviction family, and each budget's press object by
+    its action name (``<name>:ratio=<kept>``): ``make(name, kept)`` builds and checks it."""
+    family = _ratio_family(name, name, "")
+    return family, {b.action: make(name, float(b.label)) for b in family.budgets}
 
 
 def _ladder_family(name: str, ladder: Ladder) -> Family:
