@@ -106,6 +106,18 @@ def test_press_identity_and_what_changed():
     assert identity_changes(a, press_identity(KnormPress(0.5))) == "nothing"
 
 
+def test_only_press_actions_record_an_identity_so_older_stores_resume():
+    from kvdrift.run.runner import RunConfig
+
+    doc = Document("d", "a prompt")
+    identity = {"class": "m.P", "fields": {"compression_ratio": 0.5}, "source": "ab"}
+    plain = RunConfig(actions=("snapkv-half", "mine"))
+    with_press = RunConfig(actions=("snapkv-half", "mine"), presses={"mine": identity})
+    assert with_press.fingerprint(doc, "snapkv-half") == plain.fingerprint(doc)
+    assert with_press.fingerprint(doc, "mine") == plain.fingerprint(doc) | {"press": identity}
+    assert with_press.as_dict() == plain.as_dict()  # run.json compares no press code
+
+
 # --- the command line: run, resume, refuse, recompute -------------------------------------------
 
 def test_run_measures_a_press_of_ones_own_and_its_identity_guards_the_store(

@@ -117,6 +117,9 @@ def run_study(
     out = check_output_dir(out)  # nothing is written outside it, nor into another folder
     StoreLock(out).refuse_if_busy()  # at once, not after the model loaded
     refuse_missing_presses(out, config.run.actions, config.presses)
+    if config.presses.only(config.run.actions) and config.executor.kind != "local":
+        raise ValueError(f"press objects of your own run in this process; use the local "
+                         f"executor for them, not {config.executor.kind!r}")
     if models and config.executor.kind != "local":
         raise ValueError(f"models given in memory run in this process; use the local executor, "
                          f"not {config.executor.kind!r}")

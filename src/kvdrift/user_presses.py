@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
-import json
 import re
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -238,11 +237,14 @@ def from_actions(actions: Mapping[str, Any] | Sequence[Any] | str
 def recorded_press_actions(out: str | Path) -> list[str]:
     """The press action names a store's ``run.json`` records (none if it has no run.json or
     records none); read as data only, nothing in the store is ever executed."""
-    path = Path(out) / "run.json"
+    from kvdrift.run.store import RUN_FILE, read_run_file
+
+    path = Path(out) / RUN_FILE
+    if path.is_symlink() or not path.is_file():  # none yet, or not one kvdrift reads
+        return []
     try:
-        config = json.loads(path.read_text(encoding="utf-8")).get("config", {})
-        names = config.get(RECORDED_KEY, [])
-    except (OSError, ValueError, AttributeError, RecursionError):
+        names = read_run_file(path)["config"].get(RECORDED_KEY, [])
+    except (OSError, ValueError):  # damaged: opening the store names it
         return []
     return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
 
