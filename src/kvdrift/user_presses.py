@@ -85,7 +85,8 @@ class UserPresses:
         except Exception as exc:  # noqa: BLE001 - the user's function: any failure is one line
             raise ValueError(f"family {family!r} ({self.source}) raised {type(exc).__name__} "
                              f"at kept ratio {kept:g}: {_first_line(exc)}") from None
-        return check_press(press, f"{family} at kept ratio {kept:g}")
+        check_press(press, f"{family} at kept ratio {kept:g}")
+        return press
 
 
 def _first_line(exc: BaseException) -> str:
@@ -146,9 +147,10 @@ def checked(presses: Mapping[Any, Any] | None, families: Mapping[Any, Any] | Non
     for name, press in (presses or {}).items():
         check_action_name(name, source)
         try:
-            out[name] = check_press(press, name)
+            check_press(press, name)
         except ValueError as exc:
             raise ValueError(f"PRESSES in {source}: {exc}") from None
+        out[name] = press
     fams = {}
     for name, make in (families or {}).items():
         check_family_name(name, source)

@@ -1,100 +1,150 @@
-"""A press object's identity: what a unit measured with it, so a store can refuse another.
+"""What a kvpress press object is, as JSON: its class, its field values and its source.
 
-A press's name (the action name a user gives it) does not say what it computes: the same name
-can stand for another class, other field values, or an edited class. :func:`press_identity`
-records the class (module and qualified name), its dataclass field values and a digest of the
-source of every class it inherits from outside kvpress, and :func:`identity_changes` says in
-a phrase what differs between two identities. :func:`check_press` refuses anything that is not
-a kvpress press.
+A press given as an action (a user's own class included) is part of a unit's identity: two
+runs measured the same thing only if the same class, with the same field values and the same
+code, made Q's cache. :func:`press_identity` says all three; :func:`identity_changes` says, in
+a short phrase, what differs between two identities (for the one line that refuses to resume
+a store made with another press).
+
+The source digest covers the press's class and its bases up to, not including, kvpress's own
+classes (a user's ``ScorerPress`` subclass: the user's code); a kvpress class itself is named
+by the installed kvpress version instead. Nested presses (a wrapper's ``press``, a
+composition's ``presses``) have an identity of their own inside their field.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.metadata
 import inspect
-import json
+import math
 from typing import Any
 
+import kvpress
+import torch
 
-def check_press(obj: Any, name: str) -> Any:
-    """``obj`` if it is a kvpress press instance (any subclass of ``kvpress.BasePress``); else
-    a one-line ValueError naming the action and what was given."""
-    from kvpress import BasePress
-
-    if isinstance(obj, type) and issubclass(obj, BasePress):
-        raise ValueError(f"action {name!r}: {obj.__name__} is a press class, not a press; "
-                         f"give an instance, e.g. {obj.__name__}(compression_ratio=0.5)")
-    if not isinstance(obj, BasePress):
-        raise ValueError(f"action {name!r}: a {type(obj).__name__} is not a kvpress press "
-                         f"(allowed: an instance of kvpress.BasePress or a subclass of it, "
-                         f"such as ScorerPress)")
-    return obj
+KVPRESS_MODULE = "kvpress"
 
 
-def _class_name(cls: type) -> str:
+def _is_kvpress_class(cls: type) -> bool:
+    return cls.__module__ == KVPRESS_MODULE or cls.__module__.startswith(KVPRESS_MODULE + ".")
+
+
+def check_press(obj: Any, name: str) -> None:
+    """One-line ValueError unless ``obj`` is a kvpress press instance (action ``name``)."""
+    if isinstance(obj, kvpress.BasePress):
+        return
+    allowed = ("allowed: an instance of a kvpress press class (a subclass of kvpress.BasePress, "
+               "e.g. kvpress.SnapKVPress(compression_ratio=0.5) or your own ScorerPress)")
+    if isinstance(obj, type) and issubclass(obj, kvpress.BasePress):
+        raise ValueError(f"action {name!r}: {obj.__qualname__} is a press class, not a press "
+                         f"object; call it, e.g. {obj.__qualname__}(...) ({allowed})")
+    raise ValueError(f"action {name!r}: a {type(obj).__module__}.{type(obj).__qualname__} is "
+                     f"not a kvpress press; {allowed}")
+
+
+def class_name(cls: type) -> str:
+    """``module.QualifiedName`` of a class."""
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def _source_digest(cls: type) -> str | None:
-    """SHA-256 of the source of ``cls`` and every class it inherits from outside kvpress and
-    the standard library (kvpress's own classes are pinned by its version); None where a
-    class's source cannot be read."""
+def press_identity(press: Any) -> dict[str, Any]:
+    """``{"class", "fields", "source"}`` of a press, JSON-serialisable (module docstring)."""
+    cls = type(press)
+    return {"class": class_name(cls), "fields": _fields(press), "source": source_digest(cls)}
+
+
+def source_digest(cls: type) -> str:
+    """SHA-256 of the source of ``cls`` and its bases before kvpress's classes, or
+    ``kvpress <version>`` for a class of kvpress itself."""
+    own = [c for c in cls.__mro__ if c is not object and not _is_kvpress_class(c)]
+    if not own:
+        return f"kvpress {importlib.metadata.version('kvpress')}"
     digest = hashlib.sha256()
-    for klass in cls.__mro__:
-        module = klass.__module__ or ""
-        if module == "builtins" or module.split(".")[0] in ("kvpress", "abc", "typing"):
-            continue
-        try:
-            digest.update(inspect.getsource(klass).encode("utf-8", "surrogatepass"))
-        except (OSError, TypeError):
-            return None
+    for c in own:
+        digest.update(class_name(c).encode())
+        digest.update(_class_text(c).encode())
     return digest.hexdigest()
 
 
-def _value(value: Any) -> Any:
-    """A field value as JSON: presses by their identity, tensors by shape and digest, others
-    as themselves where JSON holds them, else their ``repr``."""
-    from kvpress import BasePress
+def _class_text(cls: type) -> str:
+    """The class's source; where there is none (defined at a prompt), its methods' bytecode."""
+    try:
+        return inspect.getsource(cls)
+    except (OSError, TypeError):
+        codes = [getattr(v, "__code__", None) for _, v in sorted(vars(cls).items())]
+        return repr([(c.co_code.hex(), repr(c.co_consts)) for c in codes if c is not None])
 
-    if isinstance(value, BasePress):
+
+def _fields(press: Any) -> dict[str, Any]:
+    """Field values: a dataclass's init fields; a class not itself a dataclass adds its public
+    instance attributes (a plain subclass that sets its own in ``__init__``)."""
+    names = [f.name for f in dataclasses.fields(press) if f.init] \
+        if dataclasses.is_dataclass(press) else []
+    if "__dataclass_fields__" not in type(press).__dict__:
+        names += [k for k in vars(press) if not k.startswith("_") and k not in names]
+    return {name: _value(getattr(press, name, None)) for name in names}
+
+
+def _value(value: Any) -> Any:
+    """A field value as JSON: presses by their identity, containers item by item, tensors by
+    their shape and digest, anything else that is not JSON by its repr."""
+    if isinstance(value, kvpress.BasePress):
         return press_identity(value)
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else repr(value)
     if isinstance(value, (list, tuple)):
         return [_value(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _value(v) for k, v in value.items()}
-    if hasattr(value, "detach") and hasattr(value, "shape"):  # a tensor
-        data = value.detach().cpu().contiguous().numpy().tobytes()
-        return {"tensor": list(value.shape), "sha256": hashlib.sha256(data).hexdigest()}
-    try:
-        json.dumps(value, allow_nan=True)
-        return value
-    except (TypeError, ValueError):
-        return repr(value)
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        return {k: _value(v) for k, v in value.items()}
+    if isinstance(value, torch.Tensor):
+        data = value.detach().cpu().contiguous()
+        return {"tensor": list(data.shape), "dtype": str(data.dtype),
+                "sha256": hashlib.sha256(data.view(torch.uint8).numpy().tobytes()).hexdigest()}
+    return repr(value)
 
 
-def press_identity(press: Any) -> dict[str, Any]:
-    """The identity of a press object as JSON: ``class``, ``fields`` (its dataclass fields,
-    in order) and ``source`` (:func:`_source_digest`)."""
-    cls = type(press)
-    fields = {}
-    if dataclasses.is_dataclass(press):
-        fields = {f.name: _value(getattr(press, f.name, None))
-                  for f in dataclasses.fields(press)}
-    return {"class": _class_name(cls), "fields": fields, "source": _source_digest(cls)}
+def identity_changes(old: dict[str, Any], new: dict[str, Any]) -> str:
+    """A short phrase of what differs from ``old`` to ``new`` (``"nothing"`` if equal)."""
+    changes = _changes(old, new, "")
+    return "; ".join(changes) if changes else "nothing"
 
 
-def identity_changes(old: Any, new: Any) -> str:
-    """What differs between two identities, as a phrase (``"field compression_ratio was 0.5,
-    now 0.25"``); ``"nothing"`` where they are equal."""
-    if not isinstance(old, dict) or not isinstance(new, dict):
-        return "it was not a press before" if not isinstance(old, dict) else "it is no press now"
-    if old.get("class") != new.get("class"):
-        return f"its class was {old.get('class')}, now {new.get('class')}"
-    was, now = old.get("fields") or {}, new.get("fields") or {}
-    for key in list(was) + [k for k in now if k not in was]:
-        if was.get(key) != now.get(key):
-            return f"field {key} was {was.get(key)!r}, now {now.get(key)!r}"
-    if old.get("source") != new.get("source"):
-        return f"the source of {new.get('class')} has been edited"
-    return "nothing"
+def _changes(old: Any, new: Any, where: str) -> list[str]:
+    if _is_identity(old) and _is_identity(new):
+        if old["class"] != new["class"]:
+            return [f"class{_at(where)} {old['class']} -> {new['class']}"]
+        out = [f"source of {new['class']} changed"] if old["source"] != new["source"] else []
+        fields_old, fields_new = old.get("fields", {}), new.get("fields", {})
+        for key in sorted(set(fields_old) | set(fields_new)):
+            path = f"{where}.{key}" if where else key
+            if key not in fields_old or key not in fields_new:
+                state = "added" if key not in fields_old else "removed"
+                out.append(f"field {path} {state}")
+            else:
+                out += _changes(fields_old[key], fields_new[key], path)
+        return out
+    if (isinstance(old, list) and isinstance(new, list) and len(old) == len(new)):
+        return [c for i, (a, b) in enumerate(zip(old, new, strict=True))
+                for c in _changes(a, b, f"{where}[{i}]")]
+    return [] if old == new else [f"field {where} {_short(old)} -> {_short(new)}"]
+
+
+def _is_identity(value: Any) -> bool:
+    return isinstance(value, dict) and {"class", "fields", "source"} <= set(value)
+
+
+def _at(where: str) -> str:
+    return f" of {where}" if where else ""
+
+
+def _short(value: Any) -> str:
+    text = repr(value) if not isinstance(value, (int, float)) or isinstance(value, bool) \
+        else f"{value:g}" if isinstance(value, float) else str(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+__all__ = ["check_press", "class_name", "identity_changes", "press_identity", "source_digest"]
