@@ -219,8 +219,10 @@ def test_python_measures_press_objects_on_a_loaded_model_in_memory(
     mine = kvdrift.Model(model, tokenizer, "mine")
     actions = {"vnorm-half": module.ValueNormPress(compression_ratio=0.5),
                "snapkv-half": "snapkv-half"}
+    seen = []
     first = kvdrift.measure(mine, actions, docs=docs_file, replicates=2, horizon=4,
-                            bootstrap=0)
+                            bootstrap=0, on_unit=lambda key, skipped: seen.append(key.action))
+    assert sorted(seen) == ["snapkv-half", "snapkv-half", "vnorm-half", "vnorm-half"]
     assert _model_state(model) == before
     second = kvdrift.measure(mine, actions, docs=docs_file, replicates=2, horizon=4,
                              bootstrap=0)

@@ -113,6 +113,7 @@ def measure(
     bootstrap: int | None = None,
     alpha: float | None = None,
     recompute: bool = False,
+    on_unit: Callable[[UnitKey, bool], None] | None = None,
     **study: object,
 ) -> Measurement:
     """Measure ``actions`` on a model and return the records and their analysis.
@@ -123,7 +124,8 @@ def measure(
     implementation, cache settings; :mod:`kvdrift.lm.user_model`), so one object serves many
     calls. ``actions`` take press objects by name (:data:`Actions`). With ``out`` None,
     nothing is written anywhere: the records stay in memory; with a folder, they are stored
-    there as by ``kvdrift run`` (resumable; ``recompute`` as ``--recompute``). ``bootstrap``
+    there as by ``kvdrift run`` (resumable; ``recompute`` as ``--recompute``); ``on_unit(key,
+    skipped)`` hears each unit as it finishes (progress). ``bootstrap``
     and ``alpha`` set the analysis's intervals (``bootstrap=0``: point estimates, fast);
     ``study`` takes :func:`study_from_arguments`' other keywords (``replicates``,
     ``horizon``, ``temperature``, ``seed``, ...).
@@ -146,7 +148,7 @@ def measure(
     keep = left_as_found(given.model) if given is not None else contextlib.nullcontext()
     with keep:
         if out is not None:
-            run(config, out, recompute=recompute,
+            run(config, out, recompute=recompute, on_unit=on_unit,
                 models={name: loaded} if given is not None else None)
             directory = StudyDirectory(out)
             return Measurement(directory.records(), directory.analyze(bootstrap, alpha),
@@ -156,7 +158,7 @@ def measure(
 
             check_model_name(name)
             loaded = load_model(name, config.device, config.dtype)
-        store = run_in_memory(config, {name: loaded})
+        store = run_in_memory(config, {name: loaded}, on_unit=on_unit)
     steps, replicates = store.read("steps").to_pandas(), store.read("replicates").to_pandas()
     options = replace(config.analysis, **{k: v for k, v in (("bootstrap", bootstrap),
                                                             ("alpha", alpha)) if v is not None})
