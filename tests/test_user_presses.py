@@ -257,6 +257,14 @@ def test_python_actions_are_checked_in_one_line():
         from_actions({"mine": 3})
     names, presses = from_actions({"snapkv-half": "snapkv-half"})
     assert names == ("snapkv-half",) and not presses
+    import kvdrift
+
+    with pytest.raises(ValueError, match="stands under its own name"):
+        kvdrift.frontier({"snapkv": "recent"})
+    with pytest.raises(ValueError, match="must be a transformers causal LM"):
+        kvdrift.Model(object(), None, "mine")
+    with pytest.raises(ValueError, match="Model name"):
+        kvdrift.Model(object(), None, " ")
 
 
 # --- the frontier over a family of one's own -----------------------------------------------------
