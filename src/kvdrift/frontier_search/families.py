@@ -3,7 +3,9 @@
 An eviction family (``snapkv``, ``recent``, ``pyramidkv``, ``adakv-snapkv``, ...) varies the
 ratio kept on a fine grid of sixteenths; a quantization family (``kivi``, ``gguf``, ``fp8``)
 walks its ladder of bits, cache types or formats; a chain (``snapkv+kivi:bits=4``) varies the
-ratio of its eviction and keeps the rest. Budgets are ordered from the most cache to the least.
+ratio of its eviction and keeps the rest; a family of the user's own presses (a function of the
+ratio kept, :func:`user_family`) takes the eviction grid. Budgets are ordered from the most
+cache to the least.
 """
 
 from __future__ import annotations
@@ -63,14 +65,13 @@ class Family:
             raise ValueError(f"family {self.name!r} has no budgets")
 
 
-def _ratios() -> list[str]:
-    """The fine grid of ratios kept, most cache first, as the budgets' labels."""
-    return [f"{float(Fraction(k, RATIO_STEPS)):g}" for k in range(RATIO_STEPS - 1, 0, -1)]
-
-
 def _ratio_family(name: str, head: str, tail: str) -> Family:
-    return Family(name, tuple(Budget(name, i, value, f"{head}:ratio={value}{tail}")
-                              for i, value in enumerate(_ratios())))
+    budgets = []
+    for i, k in enumerate(range(RATIO_STEPS - 1, 0, -1)):
+        ratio = Fraction(k, RATIO_STEPS)
+        value = f"{float(ratio):g}"
+        budgets.append(Budget(name, i, value, f"{head}:ratio={value}{tail}"))
+    return Family(name, tuple(budgets))
 
 
 def user_family(name: str, make: Callable[[str, float], Any]) -> tuple[Family, dict[str, Any]]:
