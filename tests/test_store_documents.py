@@ -172,7 +172,7 @@ def test_the_models_identity_is_compared_only_where_both_record_it():
 
     doc = Document(id="d", prompt="p")
     mine = {"weights_sha256": "a" * 64, "tokenizer_sha256": "b" * 64}
-    plain, with_it = RunConfig().fingerprint(doc), RunConfig().fingerprint(doc, mine)
+    plain, with_it = RunConfig().fingerprint(doc), RunConfig().fingerprint(doc, identity=mine)
     assert first_difference(plain, with_it) is None  # a store before digests resumes
     assert first_difference(with_it, plain) is None  # a driver that loaded no weights
     other = with_it | {"tokenizer_sha256": "c" * 64}

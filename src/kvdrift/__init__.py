@@ -43,8 +43,8 @@ _fix_mmap_threshold()
 
 __version__ = "0.1.0"
 
-_API = ("analyze", "finite_state", "frontier", "load_records", "load_study", "plan", "predict",
-        "run_study", "shipped_config", "study_from_arguments", "trajectories")
+_API = ("Model", "analyze", "finite_state", "frontier", "load_records", "load_study", "measure",
+        "plan", "predict", "run_study", "shipped_config", "study_from_arguments", "trajectories")
 __all__ = [*_API, "__version__"]
 
 

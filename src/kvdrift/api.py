@@ -8,7 +8,7 @@ back as pandas DataFrames. See the README section "From Python".
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from kvdrift.directory import Records
     from kvdrift.finite.check import FiniteStudyResult
     from kvdrift.frontier_search.result import FrontierResult
+    from kvdrift.lm.user_model import Model
+    from kvdrift.measurement import Measurement
     from kvdrift.run.records import UnitKey
     from kvdrift.study_config import StudyConfig
 
@@ -46,9 +48,15 @@ def load_study(path: str | Path, **study: object) -> StudyConfig:
     return load(path, study)
 
 
+Actions = Sequence[str] | Mapping[str, object]
+"""Actions as the API takes them: spec strings, or a dict from action name to a spec string
+(under its own name) or a kvpress press object (``{"mine": MyPress(compression_ratio=0.5),
+"snapkv-half": "snapkv-half"}``)."""
+
+
 def study_from_arguments(
     model: str = "smollm2",
-    actions: Sequence[str] = ("snapkv-half", "recent-half"),
+    actions: Actions = ("snapkv-half", "recent-half"),
     docs: str | Path | None = None,
     *,
     replicates: int = 8,
@@ -65,15 +73,100 @@ def study_from_arguments(
     attribution: bool = False,
 ) -> StudyConfig:
     """The one-model study that ``kvdrift run`` runs: ``docs`` is a JSONL file, or None for
-    the six generated 512-token RULER-style tasks; ``attribution`` records what Q's cache had
-    lost at each divergence (``--attribution``)."""
+    the six generated 512-token RULER-style tasks; ``actions`` spec strings, or press objects
+    by name (:data:`Actions`); ``attribution`` records what Q's cache had lost at each
+    divergence (``--attribution``)."""
     from kvdrift.study_config import single_model_study
+    from kvdrift.user_presses import from_actions
 
+    names, presses = from_actions(actions)
     return single_model_study(
-        model=model, actions=tuple(actions), docs=docs, replicates=replicates,
+        model=model, actions=names, docs=docs, replicates=replicates,
         horizon=horizon, temperature=temperature, estimator=estimator, depths=tuple(depths),
         seed=seed, batch=batch, device=device, dtype=dtype, chat_template=chat_template,
-        name=name, attribution=attribution)
+        name=name, attribution=attribution, presses=presses)
+
+
+def _model_settings(model: object, study: dict) -> tuple[str, object]:
+    """The name of ``model`` and, for a :class:`Model`, the model as kvdrift holds one (else
+    None); a Model's device and dtype become the study's (``study`` is updated)."""
+    from kvdrift.lm.model import DTYPES
+    from kvdrift.lm.user_model import Model
+
+    if not isinstance(model, Model):
+        return checks.text(model, "model", rule="a model name or path, or a kvdrift.Model"), None
+    if "device" in study or "dtype" in study:
+        raise ValueError("a Model runs where it is, in its own dtype: give no device or dtype "
+                         "with it (move or cast the model first)")
+    loaded = model.loaded()
+    study |= {"device": str(loaded.device),
+              "dtype": next(k for k, v in DTYPES.items() if v == loaded.dtype)}
+    return model.name, loaded
+
+
+def measure(
+    model: str | Model = "smollm2",
+    actions: Actions = ("snapkv-half", "recent-half"),
+    docs: str | Path | None = None,
+    out: str | Path | None = None,
+    *,
+    bootstrap: int | None = None,
+    alpha: float | None = None,
+    recompute: bool = False,
+    on_unit: Callable[[UnitKey, bool], None] | None = None,
+    **study: object,
+) -> Measurement:
+    """Measure ``actions`` on a model and return the records and their analysis.
+
+    ``model`` is a name to load (``"smollm2"``, a Hugging Face id or path) or a model already
+    loaded, ``kvdrift.Model(hf_model, tokenizer, "name")``: it runs on its own device and in
+    its own dtype, and is given back as it was found (training mode, hooks, attention
+    implementation, cache settings; :mod:`kvdrift.lm.user_model`), so one object serves many
+    calls. ``actions`` take press objects by name (:data:`Actions`). With ``out`` None,
+    nothing is written anywhere: the records stay in memory; with a folder, they are stored
+    there as by ``kvdrift run`` (resumable; ``recompute`` as ``--recompute``); ``on_unit(key,
+    skipped)`` hears each unit as it finishes (progress). ``bootstrap``
+    and ``alpha`` set the analysis's intervals (``bootstrap=0``: point estimates, fast);
+    ``study`` takes :func:`study_from_arguments`' other keywords (``replicates``,
+    ``horizon``, ``temperature``, ``seed``, ...).
+    """
+    import contextlib
+    from dataclasses import replace
+
+    from kvdrift.analysis.study import analyze as analyze_records
+    from kvdrift.directory import Records, StudyDirectory
+    from kvdrift.lm.model import load_model
+    from kvdrift.lm.user_model import Model, left_as_found
+    from kvdrift.measurement import Measurement
+    from kvdrift.run.store import package_versions
+    from kvdrift.study import run_in_memory
+    from kvdrift.study import run_study as run
+
+    given = model if isinstance(model, Model) else None
+    name, loaded = _model_settings(model, study)
+    config = study_from_arguments(name, actions, docs, **study)  # type: ignore[arg-type]
+    keep = left_as_found(given.model) if given is not None else contextlib.nullcontext()
+    with keep:
+        if out is not None:
+            run(config, out, recompute=recompute, on_unit=on_unit,
+                models={name: loaded} if given is not None else None)
+            directory = StudyDirectory(out)
+            return Measurement(directory.records(), directory.analyze(bootstrap, alpha),
+                               directory.path)
+        if given is None:
+            from kvdrift.lm.loading import check_model_name
+
+            check_model_name(name)
+            loaded = load_model(name, config.device, config.dtype)
+        store = run_in_memory(config, {name: loaded}, on_unit=on_unit)
+    steps, replicates = store.read("steps").to_pandas(), store.read("replicates").to_pandas()
+    options = replace(config.analysis, **{k: v for k, v in (("bootstrap", bootstrap),
+                                                            ("alpha", alpha)) if v is not None})
+    recorded = config.as_dict()
+    versions = package_versions()
+    analysis = analyze_records(steps, replicates, options, meta={
+        "config": recorded, "versions": versions, "temperature": config.run.temperature})
+    return Measurement(Records(steps, replicates, recorded, versions), analysis, None)
 
 
 def run_study(
@@ -159,7 +252,7 @@ def plan(dev: str | Path, target: str, halfwidth: float, alpha: float = 0.05,
 
 
 def frontier(
-    families: Sequence[str] = ("snapkv", "recent", "kivi"),
+    families: Sequence[str] | Mapping[str, object] = ("snapkv", "recent", "kivi"),
     measure: str = "R_tv <= 0.1",
     out: str | Path = "runs/frontier",
     *,
@@ -174,18 +267,38 @@ def frontier(
     ``cap`` states a bound on an unbounded measure's values (``kl``), without which it gets
     estimates only.
 
-    ``study`` takes :func:`study_from_arguments`' keywords (``model``, ``docs``, ``horizon``,
-    ``temperature``, ``seed``, ``device``, ...); its actions are the budgets searched.
+    ``families`` are names (``"snapkv"``, ``"kivi"``, ...) or a dict from family name to a
+    function of the ratio kept returning a kvpress press (a family of your own; built-in
+    families stand under their own name: ``{"snapkv": "snapkv"}``). ``study`` takes
+    :func:`study_from_arguments`' keywords (``model``, which may be a :class:`Model`,
+    ``docs``, ``horizon``, ``temperature``, ``seed``, ``device``, ...); its actions are the
+    budgets searched.
     """
+    import contextlib
+    from dataclasses import replace
+
     from kvdrift.frontier_search.search import SearchSettings
     from kvdrift.frontier_search.study import FrontierConfig, run_frontier
+    from kvdrift.lm.user_model import Model, left_as_found
     from kvdrift.study import run_study as run
+    from kvdrift.user_presses import FROM_PYTHON, checked
 
     if "actions" in study or "estimator" in study:
         raise ValueError("frontier takes no actions or estimator: it runs each family's "
                          "budgets with complete coupled rollouts")
+    own = {}
+    if isinstance(families, Mapping):
+        own = {name: f for name, f in families.items() if not isinstance(f, str)}
+        for name, f in families.items():
+            if isinstance(f, str) and f != name:
+                raise ValueError(f"families: a built-in family stands under its own name "
+                                 f"({{{f!r}: {f!r}}}); got {{{name!r}: {f!r}}}")
+    given = study.get("model") if isinstance(study.get("model"), Model) else None
+    if given is not None:
+        study["model"], loaded = _model_settings(given, study)
+    config = study_from_arguments(actions=("full",), name="frontier", **study)
     config = FrontierConfig.parse(
-        study_from_arguments(actions=("full",), name="frontier", **study), families, measure,
+        replace(config, presses=checked(None, own, FROM_PYTHON)), tuple(families), measure,
         SearchSettings(alpha=alpha, replicates=replicates, max_replicates=max_replicates),
         cap)
 
@@ -196,10 +309,21 @@ def frontier(
         return load_model(name, config.study.device, config.study.dtype)
 
     def run_stage(stage: StudyConfig, where: Path) -> None:
-        run(stage, where, load=load)
+        models = {given.name: loaded} if given is not None else None
+        run(stage, where, load=load, models=models)
 
-    return run_frontier(config, out, run_stage)
+    with left_as_found(given.model) if given is not None else contextlib.nullcontext():
+        return run_frontier(config, out, run_stage)
 
 
-__all__ = ["analyze", "finite_state", "frontier", "load_records", "load_study", "plan", "predict",
-           "run_study", "shipped_config", "study_from_arguments", "trajectories"]
+def __getattr__(name: str) -> object:
+    if name == "Model":  # the class, imported on first use (it imports torch)
+        from kvdrift.lm.user_model import Model
+
+        return Model
+    raise AttributeError(f"module 'kvdrift.api' has no attribute {name!r}")
+
+
+__all__ = ["Model", "analyze", "finite_state", "frontier", "load_records", "load_study",
+           "measure", "plan", "predict", "run_study", "shipped_config", "study_from_arguments",
+           "trajectories"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from kvdrift import limits
@@ -13,8 +13,10 @@ from kvdrift.data.document import Document
 from kvdrift.output import OutputDir
 from kvdrift.run.executors import open_executor
 from kvdrift.run.lock import StoreLock
+from kvdrift.run.memory_store import MemoryStore
 from kvdrift.run.outdir import check_output_dir
 from kvdrift.run.records import UnitKey
+from kvdrift.run.runner import RunConfig
 from kvdrift.run.store import DOCUMENTS_HASH, RunStore
 from kvdrift.study_config import StudyConfig
 
@@ -61,6 +63,23 @@ def model_documents(config: StudyConfig, fixed: list[Document], tokenizer) -> li
     return _unique(docs)
 
 
+def _prepared(config: StudyConfig, run: RunConfig, fixed: list[Document], in_process: bool,
+              allow_download: bool, load: Callable[[], object] | None):
+    """A model's driver side and documents, checked against its context window and layers."""
+    from kvdrift.lm.factory import LMPairSource, check_actions_fit, check_fits, driver_side
+
+    presses = config.presses.only(run.actions)  # the press objects this study runs
+    source = LMPairSource(run.model, config.device, config.dtype, config.chat_template,
+                          allow_download, presses)
+    side = driver_side(source, in_process, load)
+    docs = model_documents(config, fixed, side.tokenizer)
+    check_fits(docs, run.horizon, side, config.chat_template)
+    check_actions_fit(run.actions, side, presses)
+    limits.batch_memory(min(run.batch or run.replicates, run.replicates),
+                        len(side.tokenizer), run.model)  # a batch holds <= K rows
+    return side, docs
+
+
 def run_study(
     config: StudyConfig,
     out: str | Path | OutputDir,
@@ -72,12 +91,15 @@ def run_study(
     allow_download: bool = False,
     notice: Callable[[str], None] | None = None,
     fixed: list[Document] | None = None,
+    models: Mapping[str, object] | None = None,
 ) -> RunStore:
     """Run every unit of the study into ``out`` (resumable) with its executor; returns the store.
 
     ``load(model_name)`` returns a :class:`~kvdrift.lm.model.LoadedModel` for the local
     executor (default: load it with the study's device and dtype; the Ray executor loads
-    models in its workers and only the tokenizer and config here); ``on_model(name, units)``,
+    models in its workers and only the tokenizer and config here); ``models`` are models
+    already loaded, by the name the study gives them (never looked up; they run in this
+    process); ``on_model(name, units)``,
     ``on_unit(key, skipped)`` and ``on_workers(live_workers)`` report progress, ``notice``
     hears which damaged units are recomputed; ``fixed`` are the study's
     :func:`fixed_documents` when the caller has read them already. ``out`` is checked first
@@ -90,9 +112,10 @@ def run_study(
     cache download.
     """
     from kvdrift.lm.actions import describe_actions
-    from kvdrift.lm.factory import LMPairSource, check_actions_fit, check_fits, driver_side
     from kvdrift.lm.loading import check_model_name
+    from kvdrift.user_presses import refuse_missing_presses
 
+    models = dict(models or {})
     if isinstance(out, OutputDir):  # a frontier's stage: held by the frontier, inside it
         check_output_dir(out.path, nested=True)
         folder = out
@@ -100,8 +123,16 @@ def run_study(
         folder = OutputDir(check_output_dir(out))
     folder.marker = "run"
     StoreLock(folder).refuse_if_busy()  # at once, not after the model loaded
+    refuse_missing_presses(folder.path, config.run.actions, config.presses)
+    if config.presses.only(config.run.actions) and config.executor.kind != "local":
+        raise ValueError(f"press objects of your own run in this process; use the local "
+                         f"executor for them, not {config.executor.kind!r}")
+    if models and config.executor.kind != "local":
+        raise ValueError(f"models given in memory run in this process; use the local executor, "
+                         f"not {config.executor.kind!r}")
     for name in config.models:  # no network, no model code, no download without a network
-        check_model_name(name, allow_download)
+        if name not in models:
+            check_model_name(name, allow_download)
     fixed = fixed_documents(config) if fixed is None else fixed
     if not fixed and not any(s.needs_tokenizer for s in config.documents):
         raise ValueError("the study's document sources produced no documents")
@@ -111,19 +142,12 @@ def run_study(
     settings = config.executor.for_device(config.device)
     with open_executor(settings, on_workers=on_workers) as executor:
 
-        def prepared(run, in_process: bool):
-            """The model's driver side and documents, checked against its context window and
-            its layers."""
-            source = LMPairSource(run.model, config.device, config.dtype,
-                                  config.chat_template, allow_download)
-            side = driver_side(source, in_process,
-                               functools.partial(load, run.model) if load else None)
-            docs = model_documents(config, fixed, side.tokenizer)
-            check_fits(docs, run.horizon, side, config.chat_template)
-            check_actions_fit(run.actions, side)
-            limits.batch_memory(min(run.batch or run.replicates, run.replicates),
-                                len(side.tokenizer), run.model)  # a batch holds <= K rows
-            return side, docs
+        def prepared(run: RunConfig, in_process: bool):
+            if run.model in models:
+                return _prepared(config, run, fixed, True, allow_download,
+                                 functools.partial(models.get, run.model))
+            return _prepared(config, run, fixed, in_process, allow_download,
+                             functools.partial(load, run.model) if load else None)
 
         # Validate, then write: every model's documents are checked (the first model as it
         # will run, the others from their tokenizer and config alone) before the store
@@ -133,8 +157,11 @@ def run_study(
             prepared(run, in_process=False)
         lock = StoreLock(folder).acquire()
         try:
+            presses = config.presses.identities(config.run.actions)
+            described = describe_actions([a for a in config.run.actions if a not in presses])
+            described |= {a: {"press": identity} for a, identity in presses.items()}
             store = RunStore.open(folder, recorded, recompute=recompute, notice=notice,
-                                  presses=describe_actions(config.run.actions))
+                                  presses=described)
             for i, run in enumerate(runs):
                 side, docs = first if i == 0 else prepared(run, executor.in_process)
                 first = None  # the first model is not held while the next one loads
@@ -143,4 +170,29 @@ def run_study(
                 executor.run(run, docs, side.build, store, on_unit=on_unit)
         finally:
             lock.release()
+    return store
+
+
+def run_in_memory(
+    config: StudyConfig,
+    models: Mapping[str, object],
+    on_unit: Callable[[UnitKey, bool], None] | None = None,
+) -> MemoryStore:
+    """Run every unit of the study on models already loaded (``models``, by the name the study
+    gives them) into a :class:`~kvdrift.run.memory_store.MemoryStore`: nothing is written.
+    The same checks as :func:`run_study`, in this process."""
+    from kvdrift.run.runner import run_units
+
+    missing = [name for name in config.models if name not in models]
+    if missing:
+        raise ValueError(f"model {missing[0]!r} is not loaded; give every model of the study")
+    fixed = fixed_documents(config)
+    if not fixed and not any(s.needs_tokenizer for s in config.documents):
+        raise ValueError("the study's document sources produced no documents")
+    store = MemoryStore()
+    for name in config.models:
+        run = config.for_model(name)
+        side, docs = _prepared(config, run, fixed, True, False,
+                               functools.partial(models.get, name))
+        run_units(run, docs, side.build(), store, on_unit=on_unit)
     return store

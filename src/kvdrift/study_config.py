@@ -8,7 +8,9 @@ See ``configs/`` for shipped examples. Layout::
                                  cohort ("development" | "evaluation", for kvdrift predict),
                                  attribution (record what Q's cache had lost at each
                                  divergence; rollouts only), executor, ray_address,
-                                 gpus_per_worker, cpus_per_worker
+                                 gpus_per_worker, cpus_per_worker, presses (a Python file
+                                 of press objects, relative to the TOML; read by
+                                 load_study only, :mod:`kvdrift.user_presses`)
     [[documents]]                one table per source: source = "ruler" | "jsonl" | "hf"
     [analysis]                   bootstrap, alpha, endpoints (prespecified), seed
 """
@@ -26,6 +28,7 @@ from kvdrift.analysis.study import AnalysisOptions
 from kvdrift.data.sources import DocumentSource, source_from_table
 from kvdrift.run.executors import ExecutorConfig
 from kvdrift.run.runner import RunConfig
+from kvdrift.user_presses import RECORDED_KEY, UserPresses
 
 STUDY_KEYS = {
     "name": str, "models": list, "actions": list, "replicates": int, "horizon": int,
@@ -33,6 +36,7 @@ STUDY_KEYS = {
     "device": str,
     "dtype": str, "chat_template": bool, "cohort": str, "attribution": bool,
     "executor": str, "ray_address": str, "gpus_per_worker": float, "cpus_per_worker": float,
+    "presses": str,
 }
 COHORTS = ("development", "evaluation")
 SOURCE_KEYS = {
@@ -68,11 +72,22 @@ class StudyConfig:
     cohort: str | None = None  # "development" or "evaluation" (kvdrift predict), or unnamed
     source: str | None = field(default=None, compare=False)
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)  # not part of as_dict
+    presses: UserPresses = field(default_factory=UserPresses, compare=False)  # press objects
+    press_names: frozenset[str] = field(default=frozenset(), compare=False)  # recorded only
+
+    @property
+    def press_actions(self) -> tuple[str, ...]:
+        """The actions that are press objects (by name; :mod:`kvdrift.user_presses`)."""
+        return tuple(a for a in self.run.actions
+                     if a in self.presses.presses or a in self.press_names)
 
     def for_model(self, model: str) -> RunConfig:
-        """The run settings of one model (with the dtype and prompt format its units record)."""
+        """The run settings of one model (with the dtype and prompt format its units record,
+        and the identity of each press object among its actions)."""
         extra = {"dtype": self.dtype, "chat_template": self.chat_template}
-        return RunConfig(**(asdict(self.run) | {"model": model, "extra": extra}))
+        return RunConfig(**(asdict(self.run) | {
+            "model": model, "extra": extra,
+            "presses": self.presses.identities(self.run.actions)}))
 
     def as_dict(self) -> dict:
         """The configuration that a study directory records and checks on resume.
@@ -89,6 +104,8 @@ class StudyConfig:
                "analysis": {**asdict(self.analysis), "endpoints": list(self.analysis.endpoints)}}
         if self.cohort is not None:  # only when named, so older study directories still resume
             out["cohort"] = self.cohort
+        if self.press_actions:  # names only: a store never holds the code that made a press
+            out[RECORDED_KEY] = list(self.press_actions)
         return out
 
 
@@ -140,13 +157,23 @@ def _check_source(i: int, source: dict) -> DocumentSource:
     return source_from_table(source)  # RULER's families, needle types, lengths, counts checked
 
 
-def parse_study(data: dict, source: str | None = None) -> StudyConfig:
-    """Validate a parsed TOML document and build the study configuration."""
+def parse_study(data: dict, source: str | None = None, presses: UserPresses | None = None,
+                press_names: frozenset[str] = frozenset()) -> StudyConfig:
+    """Validate a parsed TOML document and build the study configuration.
+
+    ``presses`` are the press objects some actions name (:mod:`kvdrift.user_presses`);
+    ``press_names`` are actions a store recorded as press objects, read back without them.
+    [study].presses names a file that only :func:`load_study` executes.
+    """
+    presses = presses or UserPresses()
     for key in data:
         checks.choice(key, "section", TOP_KEYS)
     if "study" not in data:
         raise ValueError("the config needs a [study] section")
     study = _check_table(data["study"], STUDY_KEYS, "[study]")
+    if "presses" in study:
+        raise ValueError("[study].presses names a Python file that only a study TOML read by "
+                         "load_study (kvdrift study) runs; give press objects here instead")
     for key in ("models", "actions"):
         if key not in study or not study[key]:
             raise ValueError(f"[study] is missing the key {key!r} (a non-empty list)")
@@ -173,7 +200,14 @@ def parse_study(data: dict, source: str | None = None) -> StudyConfig:
     from kvdrift.lm.actions import parse_action  # validates names without loading a model
 
     for a in actions:
-        parse_action(a)
+        if a not in presses.presses and a not in press_names:
+            try:
+                parse_action(a)
+            except ValueError as exc:
+                if presses.presses:
+                    raise
+                raise type(exc)(f"{exc}; a press of your own needs its presses file again "
+                                f"(--presses FILE, or presses = \"FILE\" in [study])") from None
     options = AnalysisOptions.from_table(analysis)
     from kvdrift.analysis.endpoints import parse_endpoint
 
@@ -195,6 +229,7 @@ def parse_study(data: dict, source: str | None = None) -> StudyConfig:
             kind=study.get("executor", "local"), ray_address=study.get("ray_address"),
             gpus_per_worker=study.get("gpus_per_worker"),
             cpus_per_worker=study.get("cpus_per_worker", 1.0)),
+        presses=presses, press_names=frozenset(press_names),
     )
 
 
@@ -203,14 +238,24 @@ def recorded_study(recorded: dict[str, Any]) -> StudyConfig | None:
     again; None for a store of units run without a study (it records no documents)."""
     if "documents" not in recorded:
         return None
-    return parse_study({"study": {k: v for k, v in recorded.items() if k in STUDY_KEYS},
+    names = recorded.get(RECORDED_KEY, [])
+    return parse_study({"study": {k: v for k, v in recorded.items()
+                                  if k in STUDY_KEYS and k != "presses"},
                         "documents": list(recorded["documents"]),
-                        "analysis": dict(recorded.get("analysis", {}))})
+                        "analysis": dict(recorded.get("analysis", {}))},
+                       press_names=frozenset(n for n in names if isinstance(n, str))
+                       if isinstance(names, list) else frozenset())
 
 
-def load_study(path: str | Path, overrides: dict[str, Any] | None = None) -> StudyConfig:
+def load_study(path: str | Path, overrides: dict[str, Any] | None = None,
+               presses: UserPresses | None = None) -> StudyConfig:
     """Read and validate a study TOML file; ``overrides`` replace keys of its [study] table
-    (e.g. ``{"replicates": 2, "horizon": 8}``) and are checked like the file's own keys."""
+    (e.g. ``{"replicates": 2, "horizon": 8}``) and are checked like the file's own keys.
+
+    [study].presses names a presses file relative to the TOML (one in ``overrides``: as
+    given), executed here (:func:`~kvdrift.user_presses.load_presses_file`); ``presses``
+    (``kvdrift study --presses``) joins it, an action name given two different presses being
+    refused."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"study config {path} does not exist")
@@ -234,7 +279,18 @@ def load_study(path: str | Path, overrides: dict[str, Any] | None = None) -> Stu
                          ) from None
     if overrides:
         data["study"] = dict(data.get("study", {})) | dict(overrides)
-    return parse_study(data, source=str(path))
+    study = data.get("study")
+    if isinstance(study, dict) and "presses" in study:
+        from kvdrift.user_presses import load_presses_file
+
+        file = study.pop("presses")
+        if not isinstance(file, str) or not file.strip():
+            raise ValueError(f"[study].presses must be a path to a Python file (relative to "
+                             f"{path.name}); got {file!r}")
+        relative = overrides is None or "presses" not in overrides
+        loaded = load_presses_file(path.parent / file if relative else Path(file))
+        presses = loaded.merged(presses) if presses else loaded
+    return parse_study(data, source=str(path), presses=presses)
 
 
 DEFAULT_DOCUMENTS = {"source": "ruler", "families": ["niah_single", "vt", "cwe"],
@@ -246,10 +302,11 @@ def single_model_study(
     model: str, actions: tuple[str, ...], docs: str | Path | None, *, replicates: int,
     horizon: int, temperature: float, estimator: str, depths: tuple[int, ...], seed: int,
     batch: int, device: str, dtype: str, chat_template: bool, name: str = "run",
-    attribution: bool = False,
+    attribution: bool = False, presses: UserPresses | None = None,
 ) -> StudyConfig:
     """The one-model study that ``kvdrift run`` builds from its arguments: the same checks
-    and the same pipeline as a study from a TOML file."""
+    and the same pipeline as a study from a TOML file (``presses``: press objects some
+    actions name)."""
     source = {"source": "jsonl", "path": str(docs)} if docs is not None else DEFAULT_DOCUMENTS
     return parse_study({
         "study": {"name": name, "models": [model], "actions": list(actions),
@@ -257,4 +314,4 @@ def single_model_study(
                   "estimator": estimator, "depths": list(depths), "seed": seed, "batch": batch,
                   "device": device, "dtype": dtype, "chat_template": chat_template,
                   "attribution": attribution},
-        "documents": [dict(source)]})
+        "documents": [dict(source)]}, presses=presses)

@@ -42,6 +42,7 @@ from kvdrift.analysis import registry
 from kvdrift.analysis.endpoints import parse_endpoint
 from kvdrift.analysis.features import SATURATION, single_value
 from kvdrift.divergence import diverged
+from kvdrift.notebook import HtmlTable
 from kvdrift.records.schema import recorded_estimator
 
 STEP_COLUMNS = ["model", "action", "doc_id", "replicate", "delta"]
@@ -140,7 +141,7 @@ class ModelPlan:
 
 
 @dataclass(frozen=True)
-class PlanResult:
+class PlanResult(HtmlTable):
     """What :func:`plan_study` returns: the target and one plan per model."""
 
     target: str

@@ -49,6 +49,7 @@ from kvdrift.analysis.interval import Interval
 from kvdrift.analysis.observations import Observation, document_observations, observation_types
 from kvdrift.analysis.results import interval_columns
 from kvdrift.analysis.ridge import fit_ridge
+from kvdrift.notebook import HtmlTable
 
 PREDICTORS = ("cell_mean", "flat", "ridge")
 FOLDS = 6
@@ -125,7 +126,7 @@ class ModelPrediction:
 
 
 @dataclass(frozen=True)
-class PredictionResult:
+class PredictionResult(HtmlTable):
     """What :func:`predict_study` returns: settings and one :class:`ModelPrediction` per model."""
 
     contrast: str

@@ -23,6 +23,7 @@ from kvdrift.analysis.endpoints import parse_endpoint
 from kvdrift.analysis.interval import Interval, numbers
 from kvdrift.analysis.lags import LagWindows
 from kvdrift.analysis.readings import SpeculativeResult, TeacherForcedResult
+from kvdrift.notebook import HtmlTable
 from kvdrift.records.schema import RecordedEstimator, recorded_estimator
 
 
@@ -535,7 +536,7 @@ class StudyMeta:
 
 
 @dataclass(frozen=True)
-class StudyAnalysis:
+class StudyAnalysis(HtmlTable):
     """The whole study analysis (:func:`kvdrift.analysis.study.analyze`).
 
     ``to_frame()`` is the headline table; ``contrasts_frame()``, ``strata_frame()``,

@@ -45,6 +45,11 @@ def frontier(
     chat_template: bool = typer.Option(True, help="Wrap prompts in the model's chat template."),
     executor: str | None = typer.Option(None, help="local (default: this process) or ray."),
     ray_address: str | None = typer.Option(None, help=RAY_ADDRESS_HELP),
+    presses: Path | None = typer.Option(None, metavar="FILE", help="A Python file defining "
+                                        "FAMILIES, a dict from family name to a function of "
+                                        "the ratio kept returning a kvpress press; its names "
+                                        "can then be given in --families (resuming needs the "
+                                        "file again)."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     recompute: bool = typer.Option(False, "--recompute", help=RECOMPUTE_HELP),
     allow_download: bool = typer.Option(False, "--allow-download", help=DOWNLOAD_HELP),
@@ -63,7 +68,9 @@ def frontier(
     names = check_family_names(split_list(families))
     parse_measure(measure, cap)
     check_model_name(model, allow_download)  # a local model: its config.json, as JSON
+    from kvdrift.user_presses import load_presses_file
 
+    user = load_presses_file(presses) if presses is not None else None
     from kvdrift.frontier_search.study import FrontierConfig, run_frontier
     from kvdrift.output import OutputDir
     from kvdrift.report.frontier import frontier_examples, frontier_table, write_frontier_report
@@ -73,7 +80,7 @@ def frontier(
     study = single_model_study(model, ("full",), docs, replicates=replicates, horizon=horizon,
                                temperature=temperature, estimator="rollout", depths=(),
                                seed=seed, batch=batch, device=device, dtype=dtype,
-                               chat_template=chat_template, name="frontier")
+                               chat_template=chat_template, name="frontier", presses=user)
     study = replace(study, executor=study.executor.overridden(executor, ray_address))
     config = FrontierConfig.parse(study, names, measure, settings, cap)
     cache: dict[str, object] = {}

@@ -23,6 +23,9 @@ from kvdrift.text import printable
 RECOMPUTE_HELP = "Recompute finished units stored under other settings instead of refusing them."
 DOWNLOAD_HELP = "Download a hub id that is not in the local Hugging Face cache."
 RAY_ADDRESS_HELP = "Join this Ray cluster ('auto' or HOST:PORT; implies --executor ray)."
+PRESSES_HELP = ("A Python file defining PRESSES, a dict from action name to a kvpress press "
+                "object (your own press included); its names can then be given as actions. "
+                "The only way kvdrift runs such a file: resuming needs it again.")
 ATTRIBUTION_HELP = ("Record what Q's cache had lost at each divergence: the prompt tokens P "
                     "attended to at tau that Q no longer holds (rollouts; costs one short "
                     "replay per divergent replicate; kvdrift show and the report show them).")
@@ -129,6 +132,7 @@ def run(
     executor: str | None = typer.Option(None, help="local (default: this process) or ray."),
     ray_address: str | None = typer.Option(None, help=RAY_ADDRESS_HELP),
     attribution: bool = typer.Option(False, "--attribution", help=ATTRIBUTION_HELP),
+    presses: Path | None = typer.Option(None, metavar="FILE", help=PRESSES_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the table as JSON."),
     recompute: bool = typer.Option(False, "--recompute", help=RECOMPUTE_HELP),
     allow_download: bool = typer.Option(False, "--allow-download", help=DOWNLOAD_HELP),
@@ -146,13 +150,18 @@ def run(
     out = check_output_dir(out)  # at once: reads only, before anything is imported or written
     check_model_name(model, allow_download)  # before torch and kvpress are imported
     from kvdrift.lm.spec_fields import split_actions
+    from kvdrift.user_presses import load_presses_file, refuse_missing_presses
+
+    names = split_actions(actions)
+    user = load_presses_file(presses) if presses is not None else None
+    refuse_missing_presses(out, names, user)  # a resumed store's presses: the file again
     from kvdrift.study_config import single_model_study  # torch, not yet kvpress
 
     config = single_model_study(
-        model, split_actions(actions), docs, replicates=replicates, horizon=horizon,
+        model, names, docs, replicates=replicates, horizon=horizon,
         temperature=temperature, estimator=estimator, depths=_depths(depths), seed=seed,
         batch=batch, device=device, dtype=dtype, chat_template=chat_template,
-        name=_run_name(out), attribution=attribution)
+        name=_run_name(out), attribution=attribution, presses=user)
     config = replace(config, executor=config.executor.overridden(executor, ray_address))
     from kvdrift.directory import StudyDirectory
     from kvdrift.lm.model import resolve_device
@@ -181,6 +190,8 @@ def study(
     ray_address: str | None = typer.Option(None, help=RAY_ADDRESS_HELP),
     attribution: bool = typer.Option(False, "--attribution", help=ATTRIBUTION_HELP + " The "
                                      "same as [study] attribution = true."),
+    presses: Path | None = typer.Option(None, metavar="FILE", help=PRESSES_HELP + " Joins "
+                                        "[study] presses = \"FILE\" of the TOML."),
     recompute: bool = typer.Option(False, "--recompute", help=RECOMPUTE_HELP),
     allow_download: bool = typer.Option(False, "--allow-download", help=DOWNLOAD_HELP),
 ) -> None:
@@ -188,8 +199,10 @@ def study(
     from kvdrift.cli.reports import write_and_summarize
     from kvdrift.lm.loading import check_model_name
     from kvdrift.study_config import load_study
+    from kvdrift.user_presses import load_presses_file
 
-    config = load_study(config_path, {"attribution": True} if attribution else None)
+    user = load_presses_file(presses) if presses is not None else None
+    config = load_study(config_path, {"attribution": True} if attribution else None, user)
     config = replace(config, executor=config.executor.overridden(executor, ray_address))
     from kvdrift.run.outdir import check_output_dir
 

@@ -3,13 +3,17 @@
 An eviction family (``snapkv``, ``recent``, ``pyramidkv``, ``adakv-snapkv``, ...) varies the
 ratio kept on a fine grid of sixteenths; a quantization family (``kivi``, ``gguf``, ``fp8``)
 walks its ladder of bits, cache types or formats; a chain (``snapkv+kivi:bits=4``) varies the
-ratio of its eviction and keeps the rest. Budgets are ordered from the most cache to the least.
+ratio of its eviction and keeps the rest; a family of the user's own presses (a function of the
+ratio kept, :func:`user_family`) takes the eviction grid. Budgets are ordered from the most
+cache to the least.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Any
 
 from kvdrift import checks
 
@@ -68,6 +72,14 @@ def _ratio_family(name: str, head: str, tail: str) -> Family:
         value = f"{float(ratio):g}"
         budgets.append(Budget(name, i, value, f"{head}:ratio={value}{tail}"))
     return Family(name, tuple(budgets))
+
+
+def user_family(name: str, make: Callable[[str, float], Any]) -> tuple[Family, dict[str, Any]]:
+    """A family of the user's own (``FAMILIES`` of a presses file, :mod:`kvdrift.user_presses`)
+    on the same grid of ratios kept as an eviction family, and each budget's press object by
+    its action name (``<name>:ratio=<kept>``): ``make(name, kept)`` builds and checks it."""
+    family = _ratio_family(name, name, "")
+    return family, {b.action: make(name, float(b.label)) for b in family.budgets}
 
 
 def _ladder_family(name: str, ladder: Ladder) -> Family:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from kvdrift.frontier_search.measure import Measure
+from kvdrift.notebook import HtmlTable
 
 #: How a budget's bounds are computed (reported with the result).
 BOUND_METHOD = ("betting confidence sequence for the mean over documents of bounded "
@@ -135,7 +136,7 @@ def _not_monotone(family: FamilyResult) -> list[str]:
 
 
 @dataclass(frozen=True)
-class FrontierResult:
+class FrontierResult(HtmlTable):
     """The answer: ``best`` (least cache certified within the tolerance, over all families;
     ``ties`` the other families certified at the same cache), each family's certified budget,
     the families dominated by ``best`` (assuming monotonicity), the frontier of certified

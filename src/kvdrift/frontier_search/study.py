@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from kvdrift.frontier_search.families import Budget, Family, parse_family
+from kvdrift.frontier_search.families import Budget, Family, parse_family, user_family
 from kvdrift.frontier_search.measure import Measure, parse_measure
 from kvdrift.frontier_search.result import FrontierResult
 from kvdrift.frontier_search.search import Sample, SearchSettings, frontier_search
@@ -41,8 +41,27 @@ class FrontierConfig:
     @classmethod
     def parse(cls, study: StudyConfig, families: Sequence[str], measure: str,
               settings: SearchSettings, cap: float | None = None) -> FrontierConfig:
-        return cls(study, tuple(parse_family(f) for f in families),
-                   parse_measure(measure, cap), settings)
+        """Families by name: built-in ones, or the user's own among ``study.presses.families``
+        (their budgets' press objects join the study's presses)."""
+        from kvdrift.user_presses import UserPresses
+
+        user, parsed, made = study.presses, [], {}
+        for name in families:
+            if name in user.families:
+                family, presses = user_family(name, user.family_press)
+                made |= presses
+            else:
+                try:
+                    family = parse_family(name)
+                except ValueError as exc:
+                    if user.families or ":" in name or "+" in name:
+                        raise
+                    raise ValueError(f"{exc}; a family of your own needs its presses file "
+                                     f"again (--presses FILE, with FAMILIES)") from None
+            parsed.append(family)
+        if made:
+            study = replace(study, presses=user.merged(UserPresses(made, source=user.source)))
+        return cls(study, tuple(parsed), parse_measure(measure, cap), settings)
 
     def as_dict(self) -> dict:
         study = self.study.as_dict()

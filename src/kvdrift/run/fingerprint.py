@@ -33,6 +33,7 @@ LABELS = {
     "seed": "seed", "batch": "batch", "chat_template": "chat_template",
     "prompt_sha256": "the document's prompt text", "kvdrift": "kvdrift version",
     "attribution": "attribution", "weights_sha256": "weights", "tokenizer_sha256": "tokenizer",
+    "press": "press",
 }
 #: Settings a fingerprint records only when not at this value (so earlier stores resume).
 UNRECORDED = {"attribution": False}
@@ -85,6 +86,11 @@ def first_difference(stored: Mapping[str, Any] | None, wanted: Mapping[str, Any]
                     continue
                 return (f"it was computed with {IDENTITY[key]} under the same model name "
                         f"({label} {short(str(was))}, this run has {short(str(now))})")
+            if key == "press":
+                from kvdrift.lm.press_identity import identity_changes
+
+                return (f"its press has changed since it was stored "
+                        f"({identity_changes(was, now)})")
             return f"it was computed with {label} = {was!r}, this run has {label} = {now!r}"
     return None
 

@@ -52,6 +52,7 @@ class RunConfig:
     batch: int = 0  # most replicates per forward batch (0: all K at once); bounds memory
     attribution: bool = False  # record what Q's cache had lost at each divergence (lm only)
     extra: dict = field(default_factory=dict)  # e.g. device, dtype, chat template, doc source
+    presses: dict = field(default_factory=dict)  # action name -> identity, for press objects
 
     def __post_init__(self) -> None:
         check_replicates(self.replicates)
@@ -68,13 +69,15 @@ class RunConfig:
             raise ValueError(f"attribution must be false with estimator {self.estimator.name!r}; "
                              "it needs complete coupled rollouts (estimator = \"rollout\")")
 
-    def fingerprint(self, doc: Document, identity: Mapping[str, str] | None = None
-                    ) -> dict[str, Any]:
+    def fingerprint(self, doc: Document, action: str | None = None,
+                    identity: Mapping[str, str] | None = None) -> dict[str, Any]:
         """The settings that shape the records of ``doc``'s units (JSON-ready; stored with
         them, :mod:`kvdrift.run.fingerprint`), with the model's ``identity`` where known
-        (:class:`RanOn`)."""
+        (:class:`RanOn`); a unit whose ``action`` is a press object also records the press's
+        identity (:mod:`kvdrift.lm.press_identity`)."""
         extra = self.extra or {}
-        return {
+        press = {"press": self.presses[action]} if action in self.presses else {}
+        return press | {
             "model": self.model, "dtype": extra.get("dtype"), "estimator": self.estimator.name,
             "replicates": self.replicates, "horizon": self.horizon,
             "temperature": float(self.temperature), "depths": list(self.depths),
@@ -88,6 +91,7 @@ class RunConfig:
         out = asdict(self)
         out["actions"], out["depths"] = list(self.actions), list(self.depths)
         out["estimator"] = self.estimator.name
+        del out["presses"]  # each unit holds its press's identity (a changed press: per unit)
         if not self.attribution:  # recorded only when on, so earlier stores still resume
             del out["attribution"]
         return out
@@ -275,10 +279,9 @@ def finished_units(
     """
     done = set()
     for doc in documents:
-        fingerprint = config.fingerprint(doc, identity)
         for action in config.actions:
             key = unit_key(config, doc, action)
-            if store.unit_done(key, fingerprint):
+            if store.unit_done(key, config.fingerprint(doc, action, identity)):
                 done.add(key)
     return done
 
@@ -288,9 +291,9 @@ def store_unit(store: RunStore, config: RunConfig, doc: Document, action: str,
     """Write one computed unit with its fingerprint, and its document as the model saw it
     (:mod:`kvdrift.run.documents`), both naming what it ``ran`` on; returns its key."""
     key = unit_key(config, doc, action)
-    fingerprint = config.fingerprint(doc, ran.identity)
-    store.write_unit(key, *tables, fingerprint=fingerprint,
-                     document=document_table(config.model, doc, ran.prompt_ids, fingerprint))
+    shared = config.fingerprint(doc, identity=ran.identity)  # the document's: no press
+    store.write_unit(key, *tables, fingerprint=config.fingerprint(doc, action, ran.identity),
+                     document=document_table(config.model, doc, ran.prompt_ids, shared))
     return key
 
 
