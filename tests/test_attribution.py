@@ -269,3 +269,20 @@ def test_the_nearest_entries_are_matched_in_bounded_chunks(monkeypatch):
     assert largest < 70 * 300 * 4  # never the whole [held, n] matrix
     with pytest.raises(ValueError, match="must have one dtype and width"):
         exact_positions(entries, held.double())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("action", ["snapkv-half", "adakv-snapkv:ratio=0.5"])
+def test_the_attribution_on_smollm2_equals_the_old_algorithm(action):
+    """On the embedded model: loss weights exactly, positions identical, masses within 1e-6."""
+    from kvdrift.lm.model import encode_prompt, load_model
+
+    loaded = load_model("smollm2")
+    text = ("The archive kept one ledger per harbour. The ledger of Ostend recorded the code "
+            "VERMILION-42 on the third page, between two cargo lists. ") * 8
+    ids = encode_prompt(loaded.tokenizer, text + "What code did the ledger of Ostend record?")
+    histories = [torch.tensor(loaded.tokenizer(answer, add_special_tokens=False).input_ids,
+                              dtype=torch.long) for answer in
+                 ("The code was", "It", "The ledger of Ostend recorded the code")]
+    histories.append(torch.empty(0, dtype=torch.long))  # divergence at the first token
+    _close_to_reference(loaded, ids[0], action, histories, rows=3)
