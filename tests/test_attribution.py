@@ -180,6 +180,18 @@ def test_the_attribution_equals_the_old_algorithm(tiny_llama, action):
     assert torch.allclose(logits, old_logits, atol=1e-4, rtol=0)
 
 
+def test_a_one_token_prompt_replays_the_history_alone(tiny_llama):
+    """No prompt entry precedes the replayed token (the fused kernel is not called on none)."""
+    ids = torch.tensor([17])
+    pair = LMKernelPair(tiny_llama, ids, "fp8:e4m3")  # quantizes the one entry: not P's cache
+    p, q = pair.prompt_cache("p"), pair.prompt_cache("q")
+    histories = [torch.tensor([5, 6]), torch.empty(0, dtype=torch.long)]
+    new = lost_contexts(tiny_llama, p, q, ids, histories)
+    old = reference.lost_contexts(tiny_llama, p, q, ids, histories)
+    assert [c.positions for c in new] == [c.positions for c in old] == [(0,), (0,)]
+    assert [c.lost_mass for c in new] == pytest.approx([c.lost_mass for c in old], abs=1e-6)
+
+
 def test_the_replay_takes_a_positive_number_of_rows(tiny_llama):
     ids = torch.randint(3, 128, (40,), generator=torch.Generator().manual_seed(2))
     pair = LMKernelPair(tiny_llama, ids, "snapkv-half")

@@ -137,8 +137,8 @@ def replay(model: Any, reference: PromptCache, prompt_ids: torch.Tensor,
     order of length (the least padding): a causal query never sees the padding after it, so
     each row's last real query is its own step. Each forward's rows (indices into
     ``histories``) get a sink from ``sink_for``, which receives every layer's last-query
-    weights ``[r, heads, n]`` (float32 at least) as the layer runs. Returns the steps' next-token logits
-    ``[R, V]`` float32 in the order given."""
+    weights ``[r, heads, n]`` (float32 at least) as the layer runs. Returns the steps'
+    next-token logits ``[R, V]`` float32 in the order given."""
     if rows < 1:
         raise ValueError(f"rows must be a positive number of histories per forward; got {rows}")
     model = unwrap_model(model)
@@ -203,14 +203,16 @@ def last_row_attention(
     prompt_keys = kvdrift_replay.reference.keys[layer][0, :, :n - 1]  # [kv, n-1, dim]
     prompt_values = kvdrift_replay.reference.values[layer][0, :, :n - 1]
     q = query.reshape(rows, kv_heads, g * t, dim) * scale  # head h = kv * g + its index in g
-    shared = q.permute(1, 0, 2, 3).reshape(kv_heads, rows * g * t, dim)
-    out_p, lse_p = _prompt_attention(shared, prompt_keys, prompt_values, None)
-    out_p = out_p.reshape(kv_heads, rows, g * t, dim).permute(1, 0, 2, 3)
-    lse_p = lse_p.reshape(kv_heads, rows, g * t).permute(1, 0, 2)  # [r, kv, g t]
     causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
     bias = hidden_bias(~causal.repeat(g, 1), q.dtype)[None, None]  # [1, 1, g t, t]
-    out_h, lse_h = _fused_attention(q, key, value, bias)  # [r, kv, g t, dim], [r, kv, g t]
-    out = _merge(out_p, lse_p, out_h, lse_h)  # [r, kv, g t, dim]
+    out, lse_h = _fused_attention(q, key, value, bias)  # [r, kv, g t, dim], [r, kv, g t]
+    lse_p = torch.full_like(lse_h, float("-inf"))  # a one-token prompt: no entry before
+    if n > 1:
+        shared = q.permute(1, 0, 2, 3).reshape(kv_heads, rows * g * t, dim)
+        out_p, lse_p = _prompt_attention(shared, prompt_keys, prompt_values, None)
+        out_p = out_p.reshape(kv_heads, rows, g * t, dim).permute(1, 0, 2, 3)
+        lse_p = lse_p.reshape(kv_heads, rows, g * t).permute(1, 0, 2)  # [r, kv, g t]
+        out = _merge(out_p, lse_p, out, lse_h)  # [r, kv, g t, dim]
     kvdrift_replay.sink(layer, _last_row(q, key, prompt_keys, lse_p, lse_h, kvdrift_replay.last))
     out = out.reshape(rows, kv_heads, g, t, dim).permute(0, 3, 1, 2, 4)
     return out.reshape(rows, t, heads, dim).to(query.dtype), None
