@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
+from kvdrift.lm import attribution
 from kvdrift.lm.attribution import TOP_POSITIONS, LostContext
 from kvdrift.lm.prefill import PromptCache, unwrap_model
 from kvdrift.lm.shared_attention import attention_implementation
@@ -25,25 +26,14 @@ REPLAY_ROWS = 8
 
 
 def loss_weights(reference: PromptCache, compressed: PromptCache) -> torch.Tensor:
-    """``[layers, kv_heads, n]`` float64: w_{l,g}(j) of every prompt entry (module docstring);
-    all zero where Q's cache is P's."""
-    n = reference.n_prompt
-    layers = []
-    for i, (kp, vp) in enumerate(zip(reference.keys, reference.values, strict=True)):
-        kq, vq = compressed.keys[i], compressed.values[i]
-        entry = torch.cat([kp[0], vp[0]], -1).float()  # [kv_heads, n, 2d]
-        held = torch.cat([kq[0], vq[0]], -1).float()  # [kv_heads, P_l, 2d]
-        nearest = torch.cdist(held, entry).argmin(-1)  # [kv_heads, P_l] position of each
-        entry, held = entry.double(), held.double()
-        at = entry.gather(1, nearest[..., None].expand(-1, -1, entry.shape[-1]))
-        distortion = ((held - at).norm(dim=-1) / at.norm(dim=-1).clamp_min(1e-30)).clamp(0, 1)
-        live = compressed.live[i] if compressed.live is not None else None
-        if live is not None:  # hidden entries count as lost
-            distortion = torch.where(live[0].to(distortion.device), distortion, 1.0)
-        w = torch.ones(entry.shape[0], n, dtype=torch.float64, device=entry.device)
-        w.scatter_reduce_(1, nearest, distortion, reduce="amin")
-        layers.append(w)
-    return torch.stack(layers)
+    """The loss weights with each held entry matched by the whole ``[kv_heads, kept, n]``
+    distance matrix (in float32) of each layer."""
+    return attribution.loss_weights(reference, compressed, match=distance_matrix_match)
+
+
+def distance_matrix_match(entries: torch.Tensor, held: torch.Tensor) -> torch.Tensor:
+    """``[kv_heads, m]``: the nearest of P's entries to each held one, all at once."""
+    return torch.cdist(held.float(), entries.float()).argmin(-1)
 
 
 def divergence_attention(model: Any, reference: PromptCache, prompt_ids: torch.Tensor,
@@ -72,11 +62,7 @@ def _replay(model: Any, reference: PromptCache, prompt_ids: torch.Tensor,
     """:func:`divergence_attention` of at most :data:`REPLAY_ROWS` histories in one forward."""
     n, rows = reference.n_prompt, len(histories)
     device = reference.keys[0].device
-    lengths = [int(h.numel()) for h in histories]
-    ids = torch.zeros(rows, 1 + max(lengths), dtype=torch.long, device=device)  # [R, L]
-    ids[:, 0] = prompt_ids.reshape(-1)[-1]
-    for r, h in enumerate(histories):
-        ids[r, 1:1 + lengths[r]] = h.reshape(-1).to(device)
+    ids, last = attribution.replay_ids(prompt_ids, histories, device)  # [R, L], [R]
     cache = DynamicCache(config=model.config)
     for i, (k, v) in enumerate(zip(reference.keys, reference.values, strict=True)):
         cache.update(k[:, :, :n - 1].expand(rows, -1, -1, -1).contiguous(),
@@ -86,7 +72,6 @@ def _replay(model: Any, reference: PromptCache, prompt_ids: torch.Tensor,
         out = model(input_ids=ids, past_key_values=cache, position_ids=positions.expand(rows, -1),
                     cache_position=positions, use_cache=True, output_attentions=True,
                     output_hidden_states=True, logits_to_keep=1)
-        last = torch.tensor(lengths, device=device)  # each row's own last query
         rows_at = torch.arange(rows, device=device)
         weights = torch.stack([a[rows_at, :, last, :n].double() for a in out.attentions], 1)
         logits = model.get_output_embeddings()(out.hidden_states[-1][rows_at, last]).float()
@@ -104,10 +89,4 @@ def lost_contexts(model: Any, reference: PromptCache, compressed: PromptCache,
     attention, _ = divergence_attention(model, reference, prompt_ids, histories)
     per_kv = attention.shape[2] // w.shape[1]
     masses = (attention * w.repeat_interleave(per_kv, dim=1)).mean(dim=(1, 2))  # [R, n]
-    out = []
-    for mass in masses:
-        order = torch.argsort(mass, descending=True, stable=True)[:top]
-        chosen = [int(j) for j in order if float(mass[j]) > 0]
-        out.append(LostContext(tuple(chosen), tuple(float(mass[j]) for j in chosen),
-                               float(mass.sum())))
-    return out
+    return attribution.ranked(masses, top)

@@ -72,16 +72,23 @@ class LostContext:
     lost_mass: float
 
 
-def loss_weights(reference: PromptCache, compressed: PromptCache) -> torch.Tensor:
+#: How Q's entries are matched to prompt positions: (P's ``[kv_heads, n, c]``, Q's
+#: ``[kv_heads, m, c]``, one dtype) -> ``[kv_heads, m]`` long.
+Match = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def loss_weights(reference: PromptCache, compressed: PromptCache,
+                 match: Match = held_positions) -> torch.Tensor:
     """``[layers, kv_heads, n]`` float64: w_{l,g}(j) of every prompt entry (module docstring);
-    all zero where Q's cache is P's."""
+    all zero where Q's cache is P's. ``match`` finds each held entry's position (another
+    matcher only to compare with, as the tests do)."""
     n = reference.n_prompt
     layers = []
     for i, (kp, vp) in enumerate(zip(reference.keys, reference.values, strict=True)):
         kq, vq = compressed.keys[i], compressed.values[i]
         entry = torch.cat([kp[0], vp[0]], -1)  # [kv_heads, n, 2d]
         held = torch.cat([kq[0], vq[0]], -1).to(entry.dtype)  # [kv_heads, P_l, 2d]
-        nearest = held_positions(entry, held)  # [kv_heads, P_l] position of each
+        nearest = match(entry, held)  # [kv_heads, P_l] position of each
         at = entry.gather(1, nearest[..., None].expand(-1, -1, entry.shape[-1])).double()
         held = held.double()
         distortion = ((held - at).norm(dim=-1) / at.norm(dim=-1).clamp_min(1e-30)).clamp(0, 1)
@@ -159,13 +166,8 @@ def _forward(model: Any, reference: PromptCache, prompt_ids: torch.Tensor,
     :data:`REPLAY_ATTENTION`; returns each row's next-token logits ``[r, V]``."""
     n, count = reference.n_prompt, len(histories)
     device = reference.keys[0].device
-    lengths = [int(h.numel()) for h in histories]
-    ids = torch.zeros(count, 1 + max(lengths), dtype=torch.long, device=device)  # [r, t]
-    ids[:, 0] = prompt_ids.reshape(-1)[-1]
-    for r, h in enumerate(histories):
-        ids[r, 1:1 + lengths[r]] = h.reshape(-1).to(device)
+    ids, last = replay_ids(prompt_ids, histories, device)
     positions = torch.arange(n - 1, n - 1 + ids.shape[1], device=device)
-    last = torch.tensor(lengths, device=device)  # each row's own last query
     keep = torch.unique(last)  # the sequence indices whose logits are computed
     state = _Replay(reference, last, sink)
     with torch.no_grad(), attention_implementation(model, REPLAY_ATTENTION):
@@ -173,6 +175,18 @@ def _forward(model: Any, reference: PromptCache, prompt_ids: torch.Tensor,
                     logits_to_keep=keep, kvdrift_replay=state)
     at = torch.searchsorted(keep, last)
     return out.logits[torch.arange(count, device=device), at].float()
+
+
+def replay_ids(prompt_ids: torch.Tensor, histories: Sequence[torch.Tensor],
+               device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The replay's tokens ``[r, t]`` (the last prompt token, then each history, right-padded
+    with 0) and each row's last query ``[r]`` long (its history's length)."""
+    lengths = [int(h.numel()) for h in histories]
+    ids = torch.zeros(len(histories), 1 + max(lengths), dtype=torch.long, device=device)
+    ids[:, 0] = prompt_ids.reshape(-1)[-1]
+    for r, h in enumerate(histories):
+        ids[r, 1:1 + lengths[r]] = h.reshape(-1).to(device)
+    return ids, torch.tensor(lengths, device=device)
 
 
 def last_row_attention(
@@ -259,7 +273,11 @@ def lost_contexts(model: Any, reference: PromptCache, compressed: PromptCache,
         return sink
 
     replay(model, reference, prompt_ids, histories, add, rows)
-    masses /= w.shape[0]  # and over layers
+    return ranked(masses / w.shape[0], top)  # and over layers
+
+
+def ranked(masses: torch.Tensor, top: int = TOP_POSITIONS) -> list[LostContext]:
+    """Each row of ``masses`` ``[R, n]`` (m(j) of a history) as its :class:`LostContext`."""
     out = []
     for mass in masses:
         order = torch.argsort(mass, descending=True, stable=True)[:top]
