@@ -4,9 +4,9 @@ a replicate's first divergence and that Q's cache no longer holds (docs/method.m
 
 At the first divergence tau the two branches share the history x_1..x_{tau-1}; P's
 next-token distribution there comes from the query of that history's last token (the last
-prompt token when tau = 1). The replay (:func:`divergence_attention`) runs that one step on P's
-full prompt cache (a forward of the tau tokens, not a prefill; :data:`REPLAY_ROWS` histories per
-forward) and reads, in every layer l, only the last query's attention weights a_{l,h}(j) on each
+prompt token when tau = 1). The replay (:func:`replay`) runs that one step on P's full prompt
+cache (a forward of the tau tokens, not a prefill; :data:`REPLAY_ROWS` histories per forward)
+and reads, in every layer l, only the last query's attention weights a_{l,h}(j) on each
 prompt position j, per query head h.
 
 Each prompt entry of layer l and KV head g has a loss weight w_{l,g}(j)
@@ -46,7 +46,7 @@ from transformers import AttentionInterface
 
 from kvdrift.lm.entry_positions import held_positions
 from kvdrift.lm.prefill import PromptCache, unwrap_model
-from kvdrift.lm.shared_attention import (
+from kvdrift.lm.shared_attention import (  # the shared-prompt attention's own kernels
     _fused_attention,
     _merge,
     _prompt_attention,
