@@ -18,7 +18,7 @@ both rank the same positions with masses within 1e-6, and each algorithm's domin
 projected to Llama-3.1-8B's shape in bfloat16 at 32K tokens with H = 128).
 
 Run: ``nice python benchmarks/attribution_memory.py`` (about 5 minutes on 2 CPU cores, about
-6 GiB at the peak: the old algorithm at 32K tokens; one process at a time).
+5 GiB at the peak: the old algorithm at 32K tokens; one process at a time).
 """
 
 from __future__ import annotations
