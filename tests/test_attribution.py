@@ -9,10 +9,19 @@ loses nothing.
 
 from __future__ import annotations
 
+import attribution_reference as reference
 import pytest
 import torch
+from messages import whole
 
-from kvdrift.lm.attribution import divergence_attention, loss_weights, lost_contexts
+from kvdrift.lm import entry_positions
+from kvdrift.lm.attribution import (
+    REPLAY_ROWS,
+    divergence_attention,
+    loss_weights,
+    lost_contexts,
+)
+from kvdrift.lm.entry_positions import exact_positions, held_positions
 from kvdrift.lm.pair import LMKernelPair
 
 MARK, N, SPOT = 7, 48, 10  # the marked token id, prompt length, MARK's position
@@ -131,3 +140,161 @@ def test_a_quantized_cache_loses_each_entry_by_its_distortion(tiny_llama):
         assert float(w[:, :, 64:].abs().max()) == 0.0 and float(w[:, :, :56].min()) > 0
         weights[bits] = w
     assert float(weights[2].mean()) > 4 * float(weights[8].mean())
+
+
+# --- the algorithm of issue 45 against the one before it ---------------------------------------
+
+
+def _close_to_reference(model, ids, action, histories, rows=REPLAY_ROWS):
+    """The attribution of ``action`` equals the old algorithm's (tests/attribution_reference.py):
+    loss weights exactly, positions identical, masses within 1e-6."""
+    pair = LMKernelPair(model, ids, action)
+    p, q = pair.prompt_cache("p"), pair.prompt_cache("q")
+    assert torch.equal(loss_weights(p, q), reference.loss_weights(p, q))
+    new = lost_contexts(model, p, q, ids, histories, rows=rows)
+    old = reference.lost_contexts(model, p, q, ids, histories)
+    assert [c.positions for c in new] == [c.positions for c in old]
+    assert any(c.positions for c in new)  # something was lost and ranked
+    for a, b in zip(new, old, strict=True):
+        assert a.shares == pytest.approx(b.shares, abs=1e-6, rel=0)
+        assert a.lost_mass == pytest.approx(b.lost_mass, abs=1e-6, rel=0)
+    return pair
+
+
+@pytest.mark.parametrize("action", ["snapkv-half", "adakv-snapkv:ratio=0.5",
+                                    "kivi:bits=2,group=16,residual=16",
+                                    "rerotate-snapkv:ratio=0.5", "pyramidkv:ratio=0.5"])
+def test_the_attribution_equals_the_old_algorithm(tiny_llama, action):
+    """Kept entries found by their bits (snapkv, pyramidkv's per-layer budgets, adakv's hidden
+    entries) and by distance (KIVI's quantized entries, rerotated keys): the same loss weights,
+    positions and masses as the [kept, n] distance matrix and the all-query eager replay."""
+    ids = torch.randint(3, 128, (160,), generator=torch.Generator().manual_seed(4))
+    histories = [torch.randint(3, 128, (k,), generator=torch.Generator().manual_seed(k))
+                 for k in (3, 0, 7, 1, 12, 5, 9, 2, 30)]
+    pair = _close_to_reference(tiny_llama, ids, action, histories, rows=4)
+    p = pair.prompt_cache("p")
+    weights, logits = divergence_attention(tiny_llama, p, ids, histories, rows=2)
+    old_weights, old_logits = reference.divergence_attention(tiny_llama, p, ids, histories)
+    assert weights.shape == old_weights.shape == (9, 2, 4, 160)
+    assert torch.allclose(weights, old_weights, atol=1e-5, rtol=0)
+    assert torch.allclose(logits, old_logits, atol=1e-4, rtol=0)
+
+
+def test_a_one_token_prompt_replays_the_history_alone(tiny_llama):
+    """No prompt entry precedes the replayed token (the fused kernel is not called on none)."""
+    ids = torch.tensor([17])
+    pair = LMKernelPair(tiny_llama, ids, "fp8:e4m3")  # quantizes the one entry: not P's cache
+    p, q = pair.prompt_cache("p"), pair.prompt_cache("q")
+    histories = [torch.tensor([5, 6]), torch.empty(0, dtype=torch.long)]
+    new = lost_contexts(tiny_llama, p, q, ids, histories)
+    old = reference.lost_contexts(tiny_llama, p, q, ids, histories)
+    assert [c.positions for c in new] == [c.positions for c in old] == [(0,), (0,)]
+    assert [c.lost_mass for c in new] == pytest.approx([c.lost_mass for c in old], abs=1e-6)
+
+
+def test_the_replay_takes_a_positive_number_of_rows(tiny_llama):
+    ids = torch.randint(3, 128, (40,), generator=torch.Generator().manual_seed(2))
+    pair = LMKernelPair(tiny_llama, ids, "snapkv-half")
+    with pytest.raises(ValueError, match=whole("rows must be a positive number of histories "
+                                               "per forward; got 0")):
+        lost_contexts(tiny_llama, pair.prompt_cache("p"), pair.prompt_cache("q"), ids,
+                      [torch.tensor([4])], rows=0)
+
+
+def _largest_tensor(run) -> int:
+    """Bytes of the largest tensor any operator returns while ``run()`` runs."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    largest = [0]
+
+    class Largest(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in tree_leaves(out):
+                if isinstance(t, torch.Tensor):
+                    largest[0] = max(largest[0], t.numel() * t.element_size())
+            return out
+
+    with Largest():
+        run()
+    return largest[0]
+
+
+def test_the_attributions_memory_grows_linearly_with_the_prompt(tiny_llama):
+    """Doubling the prompt at most doubles the largest tensor the attribution builds (+10%);
+    the old algorithm's [kept, n] distance matrix quadruples it (the check can fail)."""
+    histories = [torch.randint(3, 128, (k,)) for k in (2, 9, 20)]
+    largest = {}
+    for n in (300, 600):
+        ids = torch.randint(3, 128, (n,), generator=torch.Generator().manual_seed(n))
+        pair = LMKernelPair(tiny_llama, ids, "snapkv-half")
+        p, q = pair.prompt_cache("p"), pair.prompt_cache("q")
+        for name, attribute in (("new", lost_contexts), ("old", reference.lost_contexts)):
+            largest[name, n] = _largest_tensor(
+                lambda f=attribute, p=p, q=q, ids=ids: f(tiny_llama, p, q, ids, histories))
+    assert largest["new", 600] <= 2.2 * largest["new", 300]
+    assert largest["old", 600] >= 3.5 * largest["old", 300]
+
+
+# --- Q's entries among P's ---------------------------------------------------------------------
+
+
+def _entries(n=50, width=8, dtype=torch.float32, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(2, n, width, generator=gen).to(dtype)  # [kv_heads, n, width]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_kept_entries_are_found_by_their_bits(dtype):
+    entries = _entries(dtype=dtype)
+    kept = torch.stack([torch.randperm(50, generator=torch.Generator().manual_seed(g))[:20]
+                        for g in range(2)])  # [kv, 20], in no order, as a press stores them
+    held = entries.gather(1, kept[..., None].expand(-1, -1, 8))
+    positions, exact = exact_positions(entries, held)
+    assert bool(exact.all()) and torch.equal(positions, kept)
+    assert torch.equal(held_positions(entries, held), kept)
+
+
+def test_an_entry_held_twice_is_the_first_and_others_the_nearest(monkeypatch):
+    entries = _entries()
+    entries[:, 30] = entries[:, 10]  # P holds one entry at two positions: argmin's first
+    held = entries[:, [30, 5, 41]].clone()
+    held[:, 1] += 1e-3  # no longer bit for bit one of P's: the nearest
+    positions, exact = exact_positions(entries, held)
+    assert exact[:, 0].all() and not exact[:, 1].any() and exact[:, 2].all()
+    assert held_positions(entries, held).tolist() == [[10, 5, 41]] * 2
+    # every hash equal (a collision everywhere): confirmed bit for bit, so matched by distance
+    monkeypatch.setattr(entry_positions, "_multipliers",
+                        lambda width, device: torch.zeros(width, dtype=torch.long))
+    assert not exact_positions(entries, held)[1].any()
+    assert held_positions(entries, held).tolist() == [[10, 5, 41]] * 2
+
+
+def test_the_nearest_entries_are_matched_in_bounded_chunks(monkeypatch):
+    entries, held = _entries(n=300), _entries(n=70, seed=1)
+    whole_matrix = torch.cdist(held, entries).argmin(-1)  # [kv, 70]
+    monkeypatch.setattr(entry_positions, "MATCH_DISTANCES", 1000)  # 3 held entries per chunk
+    monkeypatch.setattr(entry_positions, "HASH_ENTRIES", 16)
+    largest = _largest_tensor(lambda: held_positions(entries, held))
+    assert torch.equal(held_positions(entries, held), whole_matrix)
+    assert largest < 70 * 300 * 4  # never the whole [held, n] matrix
+    with pytest.raises(ValueError, match="must have one dtype and width"):
+        exact_positions(entries, held.double())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("action", ["snapkv-half", "adakv-snapkv:ratio=0.5"])
+def test_the_attribution_on_smollm2_equals_the_old_algorithm(action):
+    """On the embedded model: loss weights exactly, positions identical, masses within 1e-6."""
+    from kvdrift.lm.model import encode_prompt, load_model
+
+    loaded = load_model("smollm2")
+    text = ("The archive kept one ledger per harbour. The ledger of Ostend recorded the code "
+            "VERMILION-42 on the third page, between two cargo lists. ") * 8
+    ids = encode_prompt(loaded.tokenizer, text + "What code did the ledger of Ostend record?")
+    histories = [torch.tensor(loaded.tokenizer(answer, add_special_tokens=False).input_ids,
+                              dtype=torch.long) for answer in
+                 ("The code was", "It", "The ledger of Ostend recorded the code")]
+    histories.append(torch.empty(0, dtype=torch.long))  # divergence at the first token
+    _close_to_reference(loaded, ids[0], action, histories, rows=3)

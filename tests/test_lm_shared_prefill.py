@@ -96,7 +96,7 @@ def test_one_action_alone_equals_it_among_others(tiny_llama):
 
 def _hooks(model) -> dict[str, list]:
     """Each module's forward hooks (transformers installs inert output-capturing hooks of its
-    own the first time a forward asks for attentions, e.g. the divergence attribution)."""
+    own the first time a forward asks for attentions, e.g. tests/attribution_reference.py)."""
     return {name: list(m._forward_hooks.values()) for name, m in model.named_modules()}
 
 
