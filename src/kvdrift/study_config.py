@@ -19,13 +19,17 @@ import sys
 import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvdrift import checks, limits
 from kvdrift.analysis.study import AnalysisOptions
 from kvdrift.data.sources import DocumentSource, source_from_table
-from kvdrift.run.executors import ExecutorConfig
-from kvdrift.run.runner import RunConfig
+from kvdrift.lm.action_names import check_action_names
+from kvdrift.run.executor_config import ExecutorConfig
+from kvdrift.run.settings import check_run_numbers
+
+if TYPE_CHECKING:  # the runner loads torch: imported once a study's settings are checked
+    from kvdrift.run.runner import RunConfig
 
 STUDY_KEYS = {
     "name": str, "models": list, "actions": list, "replicates": int, "horizon": int,
@@ -71,6 +75,8 @@ class StudyConfig:
 
     def for_model(self, model: str) -> RunConfig:
         """The run settings of one model (with the dtype and prompt format its units record)."""
+        from kvdrift.run.runner import RunConfig
+
         extra = {"dtype": self.dtype, "chat_template": self.chat_template}
         return RunConfig(**(asdict(self.run) | {"model": model, "extra": extra}))
 
@@ -162,6 +168,14 @@ def parse_study(data: dict, source: str | None = None) -> StudyConfig:
     sources = tuple(_check_source(i, s) for i, s in enumerate(docs))
     analysis = _check_table(data.get("analysis", {}), ANALYSIS_KEYS, "[analysis]")
     actions = tuple(str(a) for a in study["actions"])
+    check_run_numbers(  # before torch loads (the runner) and kvpress (the actions)
+        replicates=study.get("replicates", 8), horizon=study.get("horizon", 32),
+        depths=study.get("depths", ()), batch=study.get("batch", 0),
+        temperature=study.get("temperature", 1.0), seed=study.get("seed", 0))
+    for a in actions:
+        check_action_names(a)
+    from kvdrift.run.runner import RunConfig
+
     run = RunConfig(
         model="", actions=actions,
         replicates=study.get("replicates", 8), horizon=study.get("horizon", 32),

@@ -51,6 +51,8 @@ def frontier(
 ) -> None:
     """Find, per family, the least KV cache whose measure stays within the tolerance at the
     stated confidence; write the frontier's report."""
+    from kvdrift import limits
+    from kvdrift.frontier_search.families import family_budgets
     from kvdrift.frontier_search.measure import parse_measure
     from kvdrift.frontier_search.search import SearchSettings, check_family_names
     from kvdrift.lm.loading import check_model_name
@@ -58,15 +60,17 @@ def frontier(
 
     # What needs neither torch nor kvpress is checked before they are imported (seconds).
     out = check_frontier_dir(out)
+    limits.search_replicates(replicates, max_replicates, ("--replicates", "--max-replicates"))
+    limits.seed(seed, "--seed")
     settings = SearchSettings(alpha=alpha, replicates=replicates,
                               max_replicates=max_replicates)
     names = check_family_names(split_list(families))
+    for name in names:
+        family_budgets(name)
     parse_measure(measure, cap)
     check_model_name(model, allow_download)  # a local model: its config.json, as JSON
 
     from kvdrift.frontier_search.study import FrontierConfig, run_frontier
-    from kvdrift.report.frontier import frontier_examples, frontier_table, write_frontier_report
-    from kvdrift.report.terminal import print_whole
     from kvdrift.study_config import single_model_study
 
     study = single_model_study(model, ("full",), docs, replicates=replicates, horizon=horizon,
@@ -81,6 +85,9 @@ def frontier(
         run_with_progress(stage, where, recompute, allow_download, models=cache)
 
     result = run_frontier(config, out, run_stage)
+    from kvdrift.report.frontier import frontier_examples, frontier_table, write_frontier_report
+    from kvdrift.report.terminal import print_whole
+
     html = write_frontier_report(result, out / "report",
                                  examples=frontier_examples(result, out / "stages"))
     if as_json:

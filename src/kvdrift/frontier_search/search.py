@@ -22,7 +22,7 @@ from typing import Protocol
 
 import numpy as np
 
-from kvdrift import checks
+from kvdrift import checks, limits
 from kvdrift.frontier_search.betting import first_crossing, lower_path, rounds_of, upper_path
 from kvdrift.frontier_search.families import Budget, Family
 from kvdrift.frontier_search.measure import Measure
@@ -62,8 +62,7 @@ class SearchSettings:
 
     def __post_init__(self) -> None:
         checks.number(self.alpha, "alpha", 0, 1, open_lo=True, open_hi=True)
-        checks.integer(self.replicates, "replicates", 1)
-        checks.integer(self.max_replicates, "max_replicates", self.replicates)
+        limits.search_replicates(self.replicates, self.max_replicates)
         checks.integer(self.window, "window", 1)
 
 

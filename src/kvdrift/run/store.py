@@ -38,6 +38,7 @@ import pyarrow.parquet as pq
 
 from kvdrift import checks, limits, output
 from kvdrift.json_values import parse_json
+from kvdrift.records.finite import counts_text, nonfinite_counts
 from kvdrift.records.legacy import current_layout
 from kvdrift.run import fingerprint as fp
 from kvdrift.run.records import UnitKey
@@ -138,6 +139,20 @@ class UnitFiles:
     rows: dict[str, int] = field(default_factory=dict)
     metadata: Mapping[bytes, bytes] | None = None
     damage: str | None = None
+
+
+class NonFiniteRecords(ValueError):
+    """A store holding NaN or infinite values where numbers belong (an earlier kvdrift stored
+    them): named by unit and column, refused until ``--recompute`` recomputes those units."""
+
+
+def _nonfinite_in(kind: str, table: pa.Table, path: Path | None) -> dict[str, int]:
+    """:func:`~kvdrift.records.finite.nonfinite_counts` of a file's ``table``, reading its
+    estimator column from ``path`` where ``table`` was read without it."""
+    estimator = None
+    if path is not None and "estimator" not in table.column_names:
+        estimator = pq.read_table(path, columns=["estimator"]).column("estimator")
+    return nonfinite_counts(kind, table, estimator)
 
 
 class NotARunStore(ValueError):
@@ -303,8 +318,9 @@ class RunStore:
         """Whether ``key`` is finished under the settings ``fingerprint``.
 
         A damaged unit is named (``notice``), removed and reported not done, so it is
-        recomputed. A unit stored under other settings raises ``ValueError`` naming the
-        setting, or with ``recompute`` is removed and reported not done.
+        recomputed. A unit stored under other settings, or holding NaN or infinite values
+        where numbers belong (:mod:`kvdrift.records.finite`), raises ``ValueError`` naming the
+        setting or the columns, or with ``recompute`` is removed and reported not done.
         """
         if not self.is_done(key):
             return False
@@ -312,17 +328,28 @@ class RunStore:
         files = self._read_unit(key)
         found = fp.check(files.metadata, files.rows, fingerprint)
         damage = files.damage or found.incomplete
+        counts: dict[str, int] = {}
+        try:
+            for kind in KINDS if damage is None else ():
+                table = current_layout(kind, pq.read_table(self._path(key, kind)))
+                counts |= _nonfinite_in(kind, table, None)
+        except (OSError, pa.ArrowException) as exc:
+            damage = f"a file is unreadable ({str(exc).strip().splitlines()[0]})"
         if damage is not None:
             self.notice(f"unit {name} in {self.root} is damaged ({damage}); recomputing it")
             self._forget(key)
             return False
-        if found.difference is None:
-            return True
+        difference = found.difference
+        if difference is None:
+            if not counts:
+                return True
+            difference = (f"it holds NaN or infinite values where numbers belong "
+                          f"({counts_text(counts)}; written by an earlier kvdrift)")
         if self.recompute:
-            self.notice(f"unit {name}: {found.difference}; recomputing it (--recompute)")
+            self.notice(f"unit {name}: {difference}; recomputing it (--recompute)")
             self._forget(key)
             return False
-        raise ValueError(f"unit {name} in {self.root} is not mixed in: {found.difference}; rerun "
+        raise ValueError(f"unit {name} in {self.root} is not mixed in: {difference}; rerun "
                          "with the same settings, pass --recompute to recompute such units, or "
                          "use another output directory")
 
@@ -343,7 +370,7 @@ class RunStore:
         if not files:
             raise ValueError(f"{self.root} has no finished units yet")
         owned = done if kind == "replicates" else self._owned(kind, refused=set(done))
-        tables = []
+        tables, nonfinite = [], []
         for f in files:
             if f.name not in owned:
                 raise ValueError(f"{f} holds the records of another unit than "
@@ -351,9 +378,19 @@ class RunStore:
                                  "to recompute its unit")
             try:
                 tables.append(current_layout(kind, pq.read_table(f, columns=columns), columns))
+                counts = _nonfinite_in(kind, tables[-1], f)
             except (OSError, pa.ArrowException) as exc:
                 raise ValueError(f"{f} is unreadable ({str(exc).strip().splitlines()[0]}); "
                                  "rerun the run or study command to recompute its unit") from None
+            if counts:
+                nonfinite.append(f"{' · '.join(owned[f.name])} ({counts_text(counts)})")
+        if nonfinite:
+            raise NonFiniteRecords(
+                f"{self.root} holds NaN or infinite values where numbers belong (written by a "
+                f"kvdrift before such units were refused), in unit {nonfinite[0]}"
+                + (f" and {len(nonfinite) - 1} other units" if len(nonfinite) > 1 else "")
+                + "; nothing is computed from what is left around them: rerun the run or "
+                "study command with --recompute to recompute those units")
         return pa.concat_tables(tables, promote_options="default")
 
     def _owned(self, kind: str, refused: set[str] = frozenset()
