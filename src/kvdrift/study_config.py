@@ -225,13 +225,16 @@ def recorded_study(recorded: dict[str, Any]) -> StudyConfig | None:
 def load_study(path: str | Path, overrides: dict[str, Any] | None = None) -> StudyConfig:
     """Read and validate a study TOML file; ``overrides`` replace keys of its [study] table
     (e.g. ``{"replicates": 2, "horizon": 8}``) and are checked like the file's own keys."""
+    if "\0" in str(path):
+        raise ValueError(f"study config path {str(path)!r} holds a NUL character; name a TOML "
+                         "file")
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"study config {path} does not exist")
     if not path.is_file():  # a folder, /dev/zero, a pipe: never read whole
         raise ValueError(f"study config {path} must be a regular file (a TOML file)")
     try:
-        data = tomllib.loads(limits.read_bounded(path).decode("utf-8"))
+        data = tomllib.loads(limits.read_bounded(path).decode("utf-8-sig"))  # a BOM: as JSONL
     except UnicodeDecodeError as exc:
         raise ValueError(f"{path} is not UTF-8 text (byte {exc.start + 1}); TOML files must be "
                          "UTF-8") from None

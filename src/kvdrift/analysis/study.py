@@ -78,8 +78,15 @@ class AnalysisOptions:
                                else EXPLORATORY_DRAWS)
         object.__setattr__(self, "bootstrap", limits.bootstrap(self.bootstrap))
         checks.alpha(self.alpha)
-        for text in self.endpoints:
-            parse_endpoint(text)
+        limits.seed(self.seed)
+        seen: dict[tuple, str] = {}
+        for text in self.endpoints:  # each one counts in the family's adjustment: once
+            e = parse_endpoint(text)
+            key = (e.stat, e.action, e.minus)
+            if key in seen:
+                raise ValueError(f"endpoints must each be given once (each one divides alpha); "
+                                 f"got {e.text!r} and {seen[key]!r}")
+            seen[key] = e.text
 
     @classmethod
     def from_table(cls, table: Mapping[str, object]) -> AnalysisOptions:

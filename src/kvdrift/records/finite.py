@@ -21,7 +21,8 @@ from kvdrift.records.schema import CAPACITY, MEMORY_COLUMNS, OBSERVED, TERM_COLU
 
 #: Columns finite in every row, by record kind.
 ALWAYS = {"steps": ("scan_tv", "weight"),
-          "replicates": (*TERM_COLUMNS, OBSERVED.name, CAPACITY.name, *MEMORY_COLUMNS)}
+          "replicates": (*(c for c in TERM_COLUMNS if c != "fixed_risk"), OBSERVED.name,
+                         CAPACITY.name, *MEMORY_COLUMNS)}
 #: Columns finite in the rows of an estimator that follows both branches (rollouts).
 COMPLETE_BRANCHES = {"steps": ("delta", "f"), "replicates": ("risk_tv", "fixed_risk")}
 _NAN_ALLOWED_FOR = "swrb"  # the estimator whose rows hold NaN in COMPLETE_BRANCHES columns

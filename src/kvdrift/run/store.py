@@ -41,6 +41,7 @@ from kvdrift.json_values import parse_json
 from kvdrift.records.finite import counts_text, nonfinite_counts
 from kvdrift.records.legacy import current_layout
 from kvdrift.run import fingerprint as fp
+from kvdrift.run.outdir import FRONTIER_FILE
 from kvdrift.run.records import UnitKey
 
 RUN_FILE = "run.json"
@@ -139,6 +140,26 @@ class UnitFiles:
     rows: dict[str, int] = field(default_factory=dict)
     metadata: Mapping[bytes, bytes] | None = None
     damage: str | None = None
+
+
+def _no_units(root: Path) -> str:
+    """Why ``root`` has no records to read: what it is, as the user named it."""
+    return _not_a_store(root) or f"{root} has no finished units yet"
+
+
+def _not_a_store(root: Path) -> str | None:
+    """What ``root`` is if it is no run or study directory (one line), else None."""
+    if not root.exists():
+        return f"{root} does not exist; name a run or study directory"
+    if not root.is_dir():
+        return f"{root} is not a folder; name a run or study directory"
+    if (root / FRONTIER_FILE).exists():
+        return (f"{root} is a frontier directory, not a run or study: its report is "
+                f"{root / 'report'}; each of its stages is a run (e.g. "
+                f"{root / 'stages' / '01-look1'})")
+    if not (root / RUN_FILE).exists():
+        return f"{root} is not a kvdrift run or study directory (it has no {RUN_FILE})"
+    return None
 
 
 class NonFiniteRecords(ValueError):
@@ -277,7 +298,7 @@ class RunStore:
     def metadata(self) -> dict[str, Any]:
         path = self.root / RUN_FILE
         if not path.exists():
-            raise FileNotFoundError(f"{self.root} is not a kvdrift run directory (no {RUN_FILE})")
+            raise FileNotFoundError(_not_a_store(self.root) or f"{path} does not exist")
         return read_run_file(path)
 
     def _path(self, key: UnitKey, kind: str) -> Path:
@@ -368,7 +389,7 @@ class RunStore:
         done = self._owned("replicates")
         files = sorted(p for p in (self.root / kind).glob("*.parquet") if p.name in done)
         if not files:
-            raise ValueError(f"{self.root} has no finished units yet")
+            raise ValueError(_no_units(self.root))
         owned = done if kind == "replicates" else self._owned(kind, refused=set(done))
         tables, nonfinite = [], []
         for f in files:
