@@ -11,6 +11,8 @@ press class name is left to it (it says why one is not offered).
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from kvdrift import checks
 
 #: The named actions (:data:`kvdrift.lm.actions.NAMED_ACTIONS`).
@@ -82,11 +84,14 @@ def _check_part(part: str) -> None:
         _check_scorer(text)
 
 
-def check_action_names(spec: object) -> None:
+def check_action_names(spec: object, defined: Collection[str] = ()) -> None:
     """ValueError (the message :func:`kvdrift.lm.actions.parse_action` gives) if ``spec``
     names a press, scorer or family that no action has; silent otherwise, whatever else is
-    wrong with it (the full parser sees that)."""
+    wrong with it (the full parser sees that). ``defined``: names the user's own presses
+    define (a ``--presses`` file), left to the parser once that file is loaded."""
     if not isinstance(spec, str) or not spec.strip() or spec.strip() in NAMED_ACTIONS:
+        return
+    if spec.strip() in defined:
         return
     for part in spec.strip().split("+"):
         _check_part(part.strip())
