@@ -66,6 +66,8 @@ def test_the_python_analysis_names_the_unit_and_column_and_computes_nothing(lega
     with pytest.raises(NonFiniteRecords, match=r"in unit finite · doc0 · strong \(delta: 3 "
                                                r"values\);"):
         StudyDirectory(legacy).store.read("steps")
+    with pytest.raises(NonFiniteRecords, match=r"\(delta: 3 values\)"):  # as predict reads
+        StudyDirectory(legacy).store.read("steps", ["model", "doc_id", "t", "delta"])
 
 
 def test_kvdrift_report_refuses_in_one_line(legacy):

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvdrift import checks, limits
-from kvdrift.analysis.study import AnalysisOptions
+from kvdrift.analysis.options import AnalysisOptions
 from kvdrift.data.sources import DocumentSource, source_from_table
 from kvdrift.lm.action_names import check_action_names
 from kvdrift.run.executor_config import ExecutorConfig

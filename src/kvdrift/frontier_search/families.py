@@ -8,6 +8,7 @@ ratio of its eviction and keeps the rest. Budgets are ordered from the most cach
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -76,6 +77,11 @@ def _ladder_family(name: str, ladder: Ladder) -> Family:
                     for i, (lab, act) in enumerate(zip(ladder.labels, ladder.actions,
                                                        strict=True)))
     return Family(name, budgets)
+
+
+def check_family_names(names: Sequence[str]) -> tuple[str, ...]:
+    """``names`` if they are one or more distinct family names; else one clear error."""
+    return checks.distinct_items(names, "families", "one or more distinct family names")
 
 
 def family_budgets(text: str) -> Family:

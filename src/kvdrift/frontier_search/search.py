@@ -24,7 +24,7 @@ import numpy as np
 
 from kvdrift import checks, limits
 from kvdrift.frontier_search.betting import first_crossing, lower_path, rounds_of, upper_path
-from kvdrift.frontier_search.families import Budget, Family
+from kvdrift.frontier_search.families import Budget, Family, check_family_names
 from kvdrift.frontier_search.measure import Measure
 from kvdrift.frontier_search.result import BudgetResult, FamilyResult, FrontierResult, Scheme
 
@@ -193,11 +193,6 @@ def _status(outcome: str, intact: bool, certifiable: bool) -> str:
     if outcome == "within":
         return "certified" if intact else "blocked"
     return {"beyond": "fails", "undecided": "undecided"}[outcome]
-
-
-def check_family_names(names: Sequence[str]) -> tuple[str, ...]:
-    """``names`` if they are one or more distinct family names; else one clear error."""
-    return checks.distinct_items(names, "families", "one or more distinct family names")
 
 
 def frontier_search(families: Sequence[Family], measure: Measure, evaluator: Evaluator,

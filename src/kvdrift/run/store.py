@@ -38,7 +38,7 @@ import pyarrow.parquet as pq
 
 from kvdrift import checks, limits, output
 from kvdrift.json_values import parse_json
-from kvdrift.records.finite import counts_text, nonfinite_counts
+from kvdrift.records.finite import COMPLETE_BRANCHES, counts_text, nonfinite_counts
 from kvdrift.records.legacy import current_layout
 from kvdrift.run import fingerprint as fp
 from kvdrift.run.outdir import FRONTIER_FILE
@@ -171,7 +171,8 @@ def _nonfinite_in(kind: str, table: pa.Table, path: Path | None) -> dict[str, in
     """:func:`~kvdrift.records.finite.nonfinite_counts` of a file's ``table``, reading its
     estimator column from ``path`` where ``table`` was read without it."""
     estimator = None
-    if path is not None and "estimator" not in table.column_names:
+    if path is not None and "estimator" not in table.column_names and any(
+            c in table.column_names for c in COMPLETE_BRANCHES[kind]):
         estimator = pq.read_table(path, columns=["estimator"]).column("estimator")
     return nonfinite_counts(kind, table, estimator)
 
