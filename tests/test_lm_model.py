@@ -152,6 +152,7 @@ def test_load_smollm2():
     assert text.startswith("<|im_start|>system") and text.endswith("<|im_start|>assistant\n")
     assert loaded.tokenizer.eos_token == "<|im_end|>"
     assert is_complete_model_dir(lm_model.smollm2_cache_dir())
+    assert (lm_model.smollm2_cache_dir() / "kvdrift-manifest.json").is_file()  # verified
 
 
 @pytest.mark.slow
