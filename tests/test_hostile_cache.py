@@ -142,3 +142,28 @@ def test_a_cache_of_an_older_kvdrift_is_converted_again_beside_it(cache, tmp_pat
     folder = lm_model.smollm2_path()
     assert folder != old and len(cache) == 1
     assert (folder / converted_cache.MANIFEST).is_file()
+
+
+@pytest.mark.slow
+def test_the_real_cache_s_manifest_catches_a_changed_config(tmp_path, monkeypatch):
+    """The embedded model's own conversion: its manifest lists every file; a copy of its
+    folder with a changed config.json (weights left out: a placeholder) is refused."""
+    import shutil
+
+    real = lm_model.smollm2_path()  # converted (and verified) once per machine
+    monkeypatch.setenv("KVDRIFT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(converted_cache, "_verified", {})
+    folder = lm_model.smollm2_cache_dir()
+    folder.mkdir(parents=True, mode=0o700)
+    listed = json.loads((real / converted_cache.MANIFEST).read_text())["files"]
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(listed)
+    for name in [*listed, converted_cache.MANIFEST]:
+        if name != "model.safetensors":
+            shutil.copy(real / name, folder / name)
+    (folder / "model.safetensors").write_bytes(b"placeholder")
+    with pytest.raises(ValueError, match="'model.safetensors' does not match the SHA-256"):
+        lm_model.smollm2_path()
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(config | {"num_hidden_layers": 2}))
+    with pytest.raises(ValueError, match="'config.json' does not match the SHA-256"):
+        lm_model.load_model()
