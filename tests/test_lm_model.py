@@ -104,7 +104,8 @@ def test_smollm2_conversion_is_cached_once(monkeypatch, tmp_path):
     monkeypatch.setattr(lm_model, "_convert_smollm2", fake_convert)
     first = lm_model.smollm2_path()
     second = lm_model.smollm2_path()
-    assert first == second == tmp_path / lm_model.SMOLLM2_CACHE_NAME
+    assert first == second == lm_model.smollm2_cache_dir()
+    assert first.parent == tmp_path and first.name.startswith(lm_model.SMOLLM2_CACHE_NAME)
     assert len(calls) == 1
     with pytest.raises(FileNotFoundError):
         monkeypatch.setenv("KVDRIFT_CACHE", str(tmp_path / "empty"))
@@ -150,7 +151,8 @@ def test_load_smollm2():
     text = loaded.tokenizer.decode(ids[0])
     assert text.startswith("<|im_start|>system") and text.endswith("<|im_start|>assistant\n")
     assert loaded.tokenizer.eos_token == "<|im_end|>"
-    assert is_complete_model_dir(cache_root() / lm_model.SMOLLM2_CACHE_NAME)
+    assert is_complete_model_dir(lm_model.smollm2_cache_dir())
+    assert (lm_model.smollm2_cache_dir() / "kvdrift-manifest.json").is_file()  # verified
 
 
 @pytest.mark.slow

@@ -266,7 +266,13 @@ def test_store_metadata_names_and_errors(tmp_path):
     with pytest.raises(ValueError, match=whole(
             "record kind must be one of steps, replicates; got 'bogus'")):
         store.read("bogus")
-    with pytest.raises(FileNotFoundError, match="not a kvdrift run directory"):
+    with pytest.raises(FileNotFoundError, match=whole(
+            f"{tmp_path / 'empty'} does not exist; name a run or study directory")):
+        _ = RunStore(tmp_path / "empty").metadata
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match=whole(
+            f"{tmp_path / 'empty'} is not a kvdrift run or study directory (it has no "
+            "run.json)")):
         _ = RunStore(tmp_path / "empty").metadata
     with pytest.raises(ValueError, match=r"differs in: horizon, replicates\)"):
         RunStore.open(tmp_path / "r", RunConfig(model="f", actions=("a",), replicates=3,

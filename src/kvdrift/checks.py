@@ -133,6 +133,11 @@ def depth(L: Any, horizon: int) -> int:
     return within_horizon(L, "depth L", horizon)
 
 
+def depths(values: Iterable[Any], horizon: int) -> tuple[int, ...]:
+    """Observation depths, each within ``1..H``, sorted and without repeats."""
+    return tuple(sorted({depth(d, horizon) for d in values}))
+
+
 def alpha(value: Any) -> Any:
     """A significance level ``alpha`` within (0, 1), returned unchanged; else one clear error.
 

@@ -29,6 +29,17 @@ MAX_PROMPT_TOKENS = 2**18
 MAX_PER_STRATUM = 10_000
 #: Replicates K per document and action.
 MAX_REPLICATES = 1_000_000
+#: Replicates per document at one budget of a frontier search (``--max-replicates``): each
+#: look adds ``--replicates`` more, so this bounds the looks and stages a search may run.
+MAX_SEARCH_REPLICATES = 4096
+#: Seeds: what numpy and torch take (a 64-bit signed generator seed).
+MAX_SEED = 2**63 - 1
+#: Prespecified endpoints sharing one alpha (``plan --endpoints``): at 10^6 the Bonferroni
+#: level alpha / (2k) is still a float distinct from 0 at any alpha a study takes.
+MAX_ENDPOINTS = 1_000_000
+#: Integer fields of a press passed to kvpress (kernel_size, window_size, ...): what a C int
+#: holds; a larger value fails inside kvpress or torch after the run has started.
+MAX_PRESS_INT = 2**31 - 1
 #: Generated positions H.
 MAX_HORIZON = 65_536
 #: Step records of one unit (K x H rows, all held in memory before they are written).
@@ -52,6 +63,9 @@ MAX_EXACT_PATHS = 2**24
 MIN_PLAN_HALFWIDTH = 1e-6
 #: Systems of the finite-state check (each one an exact enumeration and two estimators).
 MAX_FINITE_SYSTEMS = 10_000
+#: Seeds of the finite-state check: each system's estimators take ``seed * 1_000_003 + 2c``
+#: and ``+ 1`` (``kvdrift.finite.check``), which must stay a 64-bit seed.
+MAX_FINITE_SEED = (MAX_SEED - 2 * MAX_FINITE_SYSTEMS - 1) // 1_000_003
 #: Bytes of a file kvdrift parses whole: a study's TOML file, a store's ``run.json``.
 MAX_CONFIG_BYTES = 64 * 2**20
 
@@ -86,6 +100,28 @@ def replicates(value: Any) -> int:
 
 def horizon(value: Any) -> int:
     return count(value, "horizon H", MAX_HORIZON)
+
+
+def seed(value: Any, what: str = "seed", most: int = MAX_SEED) -> int:
+    """A seed within ``0..most`` (numpy and torch refuse larger ones mid-run; ``most`` is
+    lower where seeds are derived from it, as the finite-state check's)."""
+    return checks.integer(value, what, 0, most)
+
+
+def endpoints(value: Any, what: str = "endpoints") -> int:
+    """A count of prespecified endpoints sharing alpha within ``1..MAX_ENDPOINTS``."""
+    return count(value, what, MAX_ENDPOINTS)
+
+
+def search_replicates(replicates_: Any, most: Any,
+                      names: tuple[str, str] = ("replicates", "max_replicates")) -> None:
+    """A frontier's replicates per look and most replicates per budget: each within
+    ``1..MAX_SEARCH_REPLICATES``, the most at least one look (``names``: as the user set them,
+    e.g. the command line's flags)."""
+    count(replicates_, names[0], MAX_SEARCH_REPLICATES)
+    count(most, names[1], MAX_SEARCH_REPLICATES)
+    if most < replicates_:
+        raise ValueError(f"{names[1]} must be at least {names[0]} ({replicates_}); got {most}")
 
 
 def bootstrap(value: Any, lo: int = 0) -> int:

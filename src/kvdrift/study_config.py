@@ -21,14 +21,18 @@ import sys
 import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvdrift import checks, limits
-from kvdrift.analysis.study import AnalysisOptions
+from kvdrift.analysis.options import AnalysisOptions
 from kvdrift.data.sources import DocumentSource, source_from_table
-from kvdrift.run.executors import ExecutorConfig
-from kvdrift.run.runner import RunConfig
+from kvdrift.lm.action_names import check_action_names
+from kvdrift.run.executor_config import ExecutorConfig
+from kvdrift.run.settings import check_run_numbers
 from kvdrift.user_presses import RECORDED_KEY, UserPresses
+
+if TYPE_CHECKING:  # the runner loads torch: imported once a study's settings are checked
+    from kvdrift.run.runner import RunConfig
 
 STUDY_KEYS = {
     "name": str, "models": list, "actions": list, "replicates": int, "horizon": int,
@@ -84,6 +88,8 @@ class StudyConfig:
     def for_model(self, model: str) -> RunConfig:
         """The run settings of one model (with the dtype and prompt format its units record,
         and the identity of each press object among its actions)."""
+        from kvdrift.run.runner import RunConfig
+
         extra = {"dtype": self.dtype, "chat_template": self.chat_template}
         return RunConfig(**(asdict(self.run) | {
             "model": model, "extra": extra,
@@ -189,6 +195,14 @@ def parse_study(data: dict, source: str | None = None, presses: UserPresses | No
     sources = tuple(_check_source(i, s) for i, s in enumerate(docs))
     analysis = _check_table(data.get("analysis", {}), ANALYSIS_KEYS, "[analysis]")
     actions = tuple(str(a) for a in study["actions"])
+    check_run_numbers(  # before torch loads (the runner) and kvpress (the actions)
+        replicates=study.get("replicates", 8), horizon=study.get("horizon", 32),
+        depths=study.get("depths", ()), batch=study.get("batch", 0),
+        temperature=study.get("temperature", 1.0), seed=study.get("seed", 0))
+    for a in actions:  # names the user's own presses define are parsed once they are loaded
+        check_action_names(a, defined=set(presses.presses) | press_names)
+    from kvdrift.run.runner import RunConfig
+
     run = RunConfig(
         model="", actions=actions,
         replicates=study.get("replicates", 8), horizon=study.get("horizon", 32),
@@ -204,7 +218,7 @@ def parse_study(data: dict, source: str | None = None, presses: UserPresses | No
             try:
                 parse_action(a)
             except ValueError as exc:
-                if presses.presses:
+                if presses.presses or ":" in a or "+" in a:  # a spec, not a press's name
                     raise
                 raise type(exc)(f"{exc}; a press of your own needs its presses file again "
                                 f"(--presses FILE, or presses = \"FILE\" in [study])") from None
@@ -256,13 +270,16 @@ def load_study(path: str | Path, overrides: dict[str, Any] | None = None,
     given), executed here (:func:`~kvdrift.user_presses.load_presses_file`); ``presses``
     (``kvdrift study --presses``) joins it, an action name given two different presses being
     refused."""
+    if "\0" in str(path):
+        raise ValueError(f"study config path {str(path)!r} holds a NUL character; name a TOML "
+                         "file")
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"study config {path} does not exist")
     if not path.is_file():  # a folder, /dev/zero, a pipe: never read whole
         raise ValueError(f"study config {path} must be a regular file (a TOML file)")
     try:
-        data = tomllib.loads(limits.read_bounded(path).decode("utf-8"))
+        data = tomllib.loads(limits.read_bounded(path).decode("utf-8-sig"))  # a BOM: as JSONL
     except UnicodeDecodeError as exc:
         raise ValueError(f"{path} is not UTF-8 text (byte {exc.start + 1}); TOML files must be "
                          "UTF-8") from None

@@ -53,9 +53,12 @@ class UserPresses:
 
     def identities(self, names: Iterable[str]) -> dict[str, dict]:
         """Each press action's identity (:func:`~kvdrift.lm.press_identity.press_identity`)."""
+        chosen = self.only(names)
+        if not chosen:  # no press object: kvpress is not imported
+            return {}
         from kvdrift.lm.press_identity import press_identity
 
-        return {n: press_identity(p) for n, p in self.only(names).items()}
+        return {n: press_identity(p) for n, p in chosen.items()}
 
     def merged(self, other: UserPresses) -> UserPresses:
         """Both sets of presses; an action name given two different presses is refused."""

@@ -276,8 +276,10 @@ def plan_study(replicates: pd.DataFrame, target: str, halfwidth_target: float,
     :data:`STEP_COLUMNS`), needed for ``S99`` targets.
     """
     checks.alpha(alpha)
-    checks.integer(endpoints, "endpoints", 1, rule="an integer >= 1 (the number of "
-                   "prespecified endpoints sharing alpha)")
+    limits.endpoints(endpoints)
+    if not 1 - alpha / (2 * endpoints) < 1:  # the level rounds to 1: no normal quantile
+        raise ValueError(f"alpha / (2 x endpoints) must be at least {2**-52:.3g} (a level a "
+                         f"float tells from 1); got {alpha!r} / (2 x {endpoints})")
     if steps is not None and needs_steps(target):
         replicates = with_saturation(replicates, steps)
     limits.plan_halfwidth(halfwidth_target)

@@ -11,13 +11,12 @@ which the report renders.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
-from kvdrift import checks, limits
+from kvdrift import checks
 from kvdrift.analysis.agreement import cohort_support, local_agreement_result
 from kvdrift.analysis.bootstrap import stratified_counts, stratum_weights, weighted_means
 from kvdrift.analysis.bounds import certified_order, hoeffding_enclosure, sharp_interval
@@ -28,6 +27,7 @@ from kvdrift.analysis.features import DocFeatures, action_features, single_value
 from kvdrift.analysis.interval import Interval
 from kvdrift.analysis.lags import LagWindows
 from kvdrift.analysis.memory import memory_means
+from kvdrift.analysis.options import CONFIRMATORY_DRAWS, EXPLORATORY_DRAWS, AnalysisOptions
 from kvdrift.analysis.quantities import (
     action_scalars,
     contrast_result,
@@ -49,43 +49,6 @@ from kvdrift.analysis.task import SWRB_REASON, task_outcomes
 from kvdrift.records.schema import recorded_estimator
 
 __all__ = ["CONFIRMATORY_DRAWS", "EXPLORATORY_DRAWS", "AnalysisOptions", "analyze"]
-
-
-EXPLORATORY_DRAWS = 2000
-CONFIRMATORY_DRAWS = 10000
-"""The paper's bootstrap draws: 2,000 exploratory, 10,000 confirmatory (a study with
-prespecified endpoints, and ``predict``)."""
-
-
-@dataclass(frozen=True)
-class AnalysisOptions:
-    """How to turn records into conclusions.
-
-    ``bootstrap`` left None takes the paper's default: :data:`CONFIRMATORY_DRAWS` when the
-    study prespecifies endpoints, else :data:`EXPLORATORY_DRAWS`. ``bootstrap = 0`` asks for
-    the point estimates only (``kvdrift run``'s table): no resample is drawn, and every
-    bootstrap interval's ends are NaN (the estimates are those of a full analysis).
-    """
-
-    bootstrap: int | None = None
-    alpha: float = 0.05
-    endpoints: tuple[str, ...] = ()
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.bootstrap is None:
-            object.__setattr__(self, "bootstrap", CONFIRMATORY_DRAWS if self.endpoints
-                               else EXPLORATORY_DRAWS)
-        object.__setattr__(self, "bootstrap", limits.bootstrap(self.bootstrap))
-        checks.alpha(self.alpha)
-        for text in self.endpoints:
-            parse_endpoint(text)
-
-    @classmethod
-    def from_table(cls, table: Mapping[str, object]) -> AnalysisOptions:
-        """The options of an ``[analysis]`` table (a study file's, or the one a study
-        directory recorded); its keys are checked by the caller."""
-        return cls(**(dict(table) | {"endpoints": tuple(table.get("endpoints", ()))}))
 
 
 def _common_documents(features: dict[str, DocFeatures]) -> dict[str, DocFeatures]:

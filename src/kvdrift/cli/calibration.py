@@ -31,8 +31,10 @@ def predict(
 ) -> None:
     """Predict a full-horizon contrast from short observations, calibrated on development
     documents and checked on evaluation documents."""
+    from kvdrift import limits
     from kvdrift.run.outdir import check_file_path
 
+    limits.seed(seed, "--seed")
     if report_path is not None:
         report_path = check_file_path(report_path, "--report")  # before any work
     from kvdrift.directory import StudyDirectory
@@ -71,6 +73,9 @@ def plan(
 ) -> None:
     """Recommend documents per stratum and K for a target half-width, from a development
     run's measured variance and cost, and say whether rollouts or SWRB is cheaper."""
+    from kvdrift import limits
+
+    limits.endpoints(endpoints, "--endpoints")
     from kvdrift.directory import StudyDirectory
     from kvdrift.report.terminal import plan_table, print_whole
 

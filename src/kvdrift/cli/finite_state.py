@@ -18,8 +18,10 @@ def finite_state(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
 ) -> None:
     """Reproduce the paper's finite-state check: naive rollouts vs SWRB against exact risk."""
+    from kvdrift import limits
     from kvdrift.run.outdir import check_file_path
 
+    limits.seed(seed, "--seed", limits.MAX_FINITE_SEED)
     figure = check_file_path(figure, "--figure")  # before anything runs or is written
     from kvdrift.finite.check import run_finite_study
     from kvdrift.report.figures import plot_finite_study

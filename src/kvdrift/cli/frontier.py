@@ -56,21 +56,32 @@ def frontier(
 ) -> None:
     """Find, per family, the least KV cache whose measure stays within the tolerance at the
     stated confidence; write the frontier's report."""
-    from kvdrift.frontier_search.measure import parse_measure
-    from kvdrift.frontier_search.search import SearchSettings, check_family_names
+    from kvdrift import limits
+    from kvdrift.frontier_search.families import check_family_names, family_budgets
     from kvdrift.lm.loading import check_model_name
     from kvdrift.run.outdir import check_frontier_dir
 
     # What needs neither torch nor kvpress is checked before they are imported (seconds).
     out = check_frontier_dir(out)
+    limits.search_replicates(replicates, max_replicates, ("--replicates", "--max-replicates"))
+    limits.seed(seed, "--seed", limits.MAX_SEED - limits.MAX_SEARCH_REPLICATES)  # + look - 1
+    names = check_family_names(split_list(families))
+    if presses is None:  # names a presses file defines are known only once it is loaded
+        for name in names:  # their press names, from a static table (no kvpress)
+            family_budgets(name)
+    from kvdrift.frontier_search.measure import parse_measure
+    from kvdrift.frontier_search.search import SearchSettings
+
     settings = SearchSettings(alpha=alpha, replicates=replicates,
                               max_replicates=max_replicates)
-    names = check_family_names(split_list(families))
     parse_measure(measure, cap)
     check_model_name(model, allow_download)  # a local model: its config.json, as JSON
     from kvdrift.user_presses import load_presses_file
 
     user = load_presses_file(presses) if presses is not None else None
+    for name in names if user is not None else ():
+        if name not in user.families:
+            family_budgets(name)
     from kvdrift.frontier_search.study import FrontierConfig, run_frontier
     from kvdrift.output import OutputDir
     from kvdrift.report.frontier import frontier_examples, frontier_table, write_frontier_report

@@ -57,7 +57,11 @@ def report(
 ) -> None:
     """Analyse a run or study directory and write an HTML report with figures."""
     from kvdrift.run.outdir import check_report_dir
+    from kvdrift.run.store import not_a_store
 
+    problem = not_a_store(directory)  # what DIR is comes first (a frontier: its report)
+    if problem is not None:
+        raise ValueError(problem)
     out = check_report_dir(directory / "report" if out is None else out)  # before the analysis
     if as_json:
         _, path = write_report(directory, out, bootstrap, alpha, wait)

@@ -198,15 +198,17 @@ def study(
     """Run a study from a TOML configuration (resumable), then write its report."""
     from kvdrift.cli.reports import write_and_summarize
     from kvdrift.lm.loading import check_model_name
+    from kvdrift.run.outdir import check_output_dir
     from kvdrift.study_config import load_study
     from kvdrift.user_presses import load_presses_file
 
+    if out is not None:  # before the file is read (its actions load kvpress)
+        out = check_output_dir(out)
     user = load_presses_file(presses) if presses is not None else None
     config = load_study(config_path, {"attribution": True} if attribution else None, user)
     config = replace(config, executor=config.executor.overridden(executor, ray_address))
-    from kvdrift.run.outdir import check_output_dir
-
-    out = check_output_dir(Path("runs") / config.name if out is None else out)
+    if out is None:
+        out = check_output_dir(Path("runs") / config.name)
     for name in config.models:  # before any document is read
         check_model_name(name, allow_download)
     run_with_progress(config, out, recompute, allow_download)

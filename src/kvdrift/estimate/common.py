@@ -22,7 +22,7 @@ def check_replicates(replicates: int) -> int:
 
 def check_depths(depths: tuple[int, ...] | list[int], horizon: int) -> tuple[int, ...]:
     """Return observation depths L as a sorted tuple, each an integer within 1..H."""
-    return tuple(sorted({checks.depth(d, horizon) for d in depths}))
+    return checks.depths(depths, horizon)
 
 
 def make_generator(

@@ -175,6 +175,7 @@ def run_finite_study(
     check_horizon(horizon)
     limits.exact_paths(2, horizon)  # binary systems, enumerated exactly
     limits.count(systems, "systems", limits.MAX_FINITE_SYSTEMS)
+    limits.seed(seed, most=limits.MAX_FINITE_SEED)  # the estimators' seeds derive from it
     checks.integer(replicates, "replicates", 2, rule="an integer >= 2 (to estimate a variance)")
     results = []
     for c in range(1, systems + 1):

@@ -10,12 +10,13 @@ cache to the least.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
 from kvdrift import checks
+from kvdrift.lm.action_names import check_action_names
 
 #: The fine grid of ratios kept that an eviction family may be tried at (sixteenths).
 RATIO_STEPS = 16
@@ -89,14 +90,14 @@ def _ladder_family(name: str, ladder: Ladder) -> Family:
     return Family(name, budgets)
 
 
-def parse_family(text: str) -> Family:
-    """``"snapkv"``, ``"kivi"``, ``"gguf"``, ``"fp8"``, ``"snapkv+kivi:bits=4"`` -> a family.
+def check_family_names(names: Sequence[str]) -> tuple[str, ...]:
+    """``names`` if they are one or more distinct family names; else one clear error."""
+    return checks.distinct_items(names, "families", "one or more distinct family names")
 
-    An eviction head is any press that takes ``ratio`` (see ``kvdrift actions``); what follows
-    its ``+`` is kept as written. The spec of every budget is checked by the action parser.
-    """
-    from kvdrift.lm.actions import parse_action  # kvpress: imported once arguments are checked
 
+def family_budgets(text: str) -> Family:
+    """A family's budgets, its press names checked without kvpress (a typo is refused
+    before the press library loads); :func:`parse_family` checks every budget's spec."""
     name = checks.text(text, "a family (a press or quantization name)", visible=True).strip()
     head, plus, rest = name.partition("+")
     tail = plus + rest
@@ -107,6 +108,23 @@ def parse_family(text: str) -> Family:
                          f"budget): 'snapkv', 'kivi', 'snapkv+kivi:bits=4'; got {name!r}")
     else:
         fam = _ratio_family(name, head, tail)
+    try:
+        check_action_names(fam.budgets[0].action)
+    except ValueError as exc:
+        raise ValueError(f"family {name!r}: {exc}") from None
+    return fam
+
+
+def parse_family(text: str) -> Family:
+    """``"snapkv"``, ``"kivi"``, ``"gguf"``, ``"fp8"``, ``"snapkv+kivi:bits=4"`` -> a family.
+
+    An eviction head is any press that takes ``ratio`` (see ``kvdrift actions``); what follows
+    its ``+`` is kept as written. The spec of every budget is checked by the action parser.
+    """
+    fam = family_budgets(text)
+    name = fam.name
+    from kvdrift.lm.actions import parse_action  # kvpress: imported once arguments are checked
+
     for budget in fam.budgets:  # a typo costs seconds, not a run
         try:
             parse_action(budget.action)

@@ -22,9 +22,9 @@ from typing import Protocol
 
 import numpy as np
 
-from kvdrift import checks
+from kvdrift import checks, limits
 from kvdrift.frontier_search.betting import first_crossing, lower_path, rounds_of, upper_path
-from kvdrift.frontier_search.families import Budget, Family
+from kvdrift.frontier_search.families import Budget, Family, check_family_names
 from kvdrift.frontier_search.measure import Measure
 from kvdrift.frontier_search.result import BudgetResult, FamilyResult, FrontierResult, Scheme
 
@@ -62,8 +62,7 @@ class SearchSettings:
 
     def __post_init__(self) -> None:
         checks.number(self.alpha, "alpha", 0, 1, open_lo=True, open_hi=True)
-        checks.integer(self.replicates, "replicates", 1)
-        checks.integer(self.max_replicates, "max_replicates", self.replicates)
+        limits.search_replicates(self.replicates, self.max_replicates)
         checks.integer(self.window, "window", 1)
 
 
@@ -194,11 +193,6 @@ def _status(outcome: str, intact: bool, certifiable: bool) -> str:
     if outcome == "within":
         return "certified" if intact else "blocked"
     return {"beyond": "fails", "undecided": "undecided"}[outcome]
-
-
-def check_family_names(names: Sequence[str]) -> tuple[str, ...]:
-    """``names`` if they are one or more distinct family names; else one clear error."""
-    return checks.distinct_items(names, "families", "one or more distinct family names")
 
 
 def frontier_search(families: Sequence[Family], measure: Measure, evaluator: Evaluator,

@@ -24,6 +24,8 @@ from typing import Any
 import torch
 
 from kvdrift import checks
+from kvdrift.lm import converted_cache
+from kvdrift.lm.digest import file_sha256, short
 from kvdrift.lm.loading import pretrained_options, unloadable_model_message
 
 DEFAULT_MODEL = "smollm2"
@@ -94,7 +96,8 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
 
 
 def cache_root() -> Path:
-    """Where converted models are cached: ``$KVDRIFT_CACHE`` or ``~/.cache/kvdrift``."""
+    """Where converted models are cached: ``$KVDRIFT_CACHE`` or ``~/.cache/kvdrift`` (a
+    private folder, never a link: :mod:`kvdrift.lm.converted_cache`)."""
     env = os.environ.get("KVDRIFT_CACHE")
     if env:
         return Path(env).expanduser()
@@ -117,6 +120,25 @@ def smollm2_gguf_dir() -> Path:
     return directory
 
 
+_gguf_digests: dict[tuple, str] = {}  # (path, inode, size, mtime) -> SHA-256
+
+
+def smollm2_gguf_digest() -> str:
+    """SHA-256 of the embedded GGUF file (0.1 s; computed once while the file is unchanged)."""
+    path = smollm2_gguf_dir() / SMOLLM2_GGUF
+    info = os.stat(path)
+    key = (str(path), info.st_ino, info.st_size, info.st_mtime_ns)
+    if key not in _gguf_digests:
+        _gguf_digests[key] = file_sha256(path)
+    return _gguf_digests[key]
+
+
+def smollm2_cache_dir() -> Path:
+    """The converted SmolLM2's folder: named after the GGUF it comes from, so another GGUF
+    (or a folder converted by a kvdrift without manifests) is never taken for it."""
+    return cache_root() / f"{SMOLLM2_CACHE_NAME}-{short(smollm2_gguf_digest())}"
+
+
 def is_complete_model_dir(path: Path) -> bool:
     """Whether ``path`` holds a finished conversion (config, weights, tokenizer)."""
     return (
@@ -132,7 +154,7 @@ def write_atomically(target: Path, write: Callable[[Path], None]) -> Path:
     An interrupted write leaves only a ``.tmp-*`` sibling, never a half-written ``target``.
     If another process finished first, its copy is kept and ours is discarded.
     """
-    target.parent.mkdir(parents=True, exist_ok=True)
+    converted_cache.private_folder(target.parent)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{target.name}-", dir=target.parent))
     try:
         write(tmp)
@@ -191,13 +213,23 @@ def _convert_smollm2(out_dir: Path) -> None:
 
 
 def smollm2_path(convert: bool = True) -> Path:
-    """Path of the converted SmolLM2 cache, converting it first if needed (once)."""
-    target = cache_root() / SMOLLM2_CACHE_NAME
-    if not is_complete_model_dir(target):
+    """Path of the converted SmolLM2 cache, converting it first if needed (once), each file
+    checked against the digest recorded when it was converted
+    (:func:`kvdrift.lm.converted_cache.verify`: a link, a foreign or a changed file is
+    refused in one line)."""
+    source = smollm2_gguf_digest()
+    target = smollm2_cache_dir()
+    converted_cache.refuse_link(cache_root(), "cache folder")
+    if converted_cache.refuse_link(target, "converted model") is None:
         if not convert:
             raise FileNotFoundError(f"no converted SmolLM2 at {target}")
-        write_atomically(target, _convert_smollm2)
-    return target
+
+        def convert_and_record(out_dir: Path) -> None:
+            _convert_smollm2(out_dir)
+            converted_cache.write_manifest(out_dir, source)
+
+        write_atomically(target, convert_and_record)
+    return converted_cache.verify(target, source)
 
 
 def _model_source(name_or_path: str) -> str | Path:
@@ -211,8 +243,7 @@ def load_tokenizer(name_or_path: str = DEFAULT_MODEL, allow_download: bool = Fal
     cache where that exists, else from the GGUF file alone, without converting the weights."""
     from transformers import AutoTokenizer
 
-    if name_or_path == DEFAULT_MODEL and not is_complete_model_dir(
-            cache_root() / SMOLLM2_CACHE_NAME):
+    if name_or_path == DEFAULT_MODEL and not is_complete_model_dir(smollm2_cache_dir()):
         return _smollm2_gguf_tokenizer()
     source = _model_source(name_or_path)
     options = pretrained_options(source, allow_download)

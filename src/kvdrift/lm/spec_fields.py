@@ -8,10 +8,12 @@ A bad spec raises :class:`ActionError` (a ``ValueError``) with one line in the s
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from kvdrift.checks import is_integer, is_number
+from kvdrift.limits import MAX_PRESS_INT, shown
 
 
 class ActionError(ValueError):
@@ -82,10 +84,19 @@ def check_field_name(label: str, key: str, budgets: Iterable[str], names: Iterab
 
 
 def check_field(label: str, key: str, value: Any) -> None:
-    """ActionError unless ``value`` is allowed for the press field ``key`` of ``label``."""
+    """ActionError unless ``value`` is allowed for the press field ``key`` of ``label``: its
+    rule (:data:`FIELD_RULES`), and for every field a number kvpress can take (an integer
+    within a C int, :data:`kvdrift.limits.MAX_PRESS_INT`; a finite float), so that a run
+    never starts with a value that fails inside kvpress or torch."""
     rule = FIELD_RULES.get(key)
     if rule is not None and not rule[1](value):
         raise ActionError(f"{label}: {key} must be {rule[0]}; got {value!r}")
+    if is_integer(value) and abs(value) > MAX_PRESS_INT:
+        raise ActionError(f"{label}: {key} must be at most {MAX_PRESS_INT:_} in size "
+                          f"(kvdrift's limit: what kvpress's C integers hold); got "
+                          f"{shown(value)}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ActionError(f"{label}: {key} must be a finite number; got {value!r}")
 
 
 def split_actions(text: str) -> tuple[str, ...]:

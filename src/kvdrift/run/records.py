@@ -10,15 +10,18 @@ estimator cannot fill hold NaN or -1. The teacher-forced columns
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 
 from kvdrift.divergence import diverged
-from kvdrift.estimate import RolloutResult, SWRBResult
 from kvdrift.records.depths import DepthTerms, depth_arrays
 from kvdrift.records.schema import FORCED_COLUMNS
 from kvdrift.records.terms import trajectory_terms, window_terms
+
+if TYPE_CHECKING:  # annotations only: reading a store needs no torch
+    from kvdrift.estimate import RolloutResult, SWRBResult
 
 
 def _forced_columns(result: RolloutResult | None, n: int) -> dict[str, pa.Array]:

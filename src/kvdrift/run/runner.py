@@ -18,12 +18,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from kvdrift import checks, limits
+from kvdrift import checks
 from kvdrift.data.document import Document
 from kvdrift.estimate.common import (
-    check_depths,
-    check_horizon,
-    check_replicates,
     concat_results,
     make_generator,
 )
@@ -34,6 +31,7 @@ from kvdrift.run.documents import document_table
 from kvdrift.run.estimators import Estimator, parse_estimator
 from kvdrift.run.fingerprint import kvdrift_version, prompt_sha256
 from kvdrift.run.records import UnitKey
+from kvdrift.run.settings import check_run_numbers
 from kvdrift.run.store import RunStore
 
 
@@ -55,16 +53,12 @@ class RunConfig:
     presses: dict = field(default_factory=dict)  # action name -> identity, for press objects
 
     def __post_init__(self) -> None:
-        check_replicates(self.replicates)
-        check_horizon(self.horizon)
-        limits.unit_steps(self.replicates, self.horizon)  # the records a unit holds
-        object.__setattr__(self, "depths", check_depths(self.depths, self.horizon))
+        object.__setattr__(self, "depths", check_run_numbers(
+            replicates=self.replicates, horizon=self.horizon, depths=self.depths,
+            batch=self.batch, temperature=self.temperature, seed=self.seed))
         object.__setattr__(self, "actions", checks.distinct_items(
             self.actions, "actions", "one or more distinct names (e.g. snapkv-half)"))
         object.__setattr__(self, "estimator", parse_estimator(self.estimator))
-        checks.integer(self.batch, "batch", 0,
-                       rule="an integer >= 0 (0 = all replicates at once)")
-        checks.number(self.temperature, "temperature", 0, rule="a finite number >= 0 (0 = greedy)")
         if self.attribution and not self.estimator.records.complete_branches:
             raise ValueError(f"attribution must be false with estimator {self.estimator.name!r}; "
                              "it needs complete coupled rollouts (estimator = \"rollout\")")

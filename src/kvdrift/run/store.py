@@ -25,6 +25,7 @@ and only regular files are read.
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import json
 import platform
@@ -42,9 +43,11 @@ import pyarrow.parquet as pq
 from kvdrift import checks, limits
 from kvdrift.json_values import parse_json
 from kvdrift.output import MARKER, OutputDir
+from kvdrift.records.finite import COMPLETE_BRANCHES, counts_text, nonfinite_counts
 from kvdrift.records.legacy import current_layout
 from kvdrift.run import documents as docs
 from kvdrift.run import fingerprint as fp
+from kvdrift.run.outdir import FRONTIER_FILE
 from kvdrift.run.records import UnitKey
 
 RUN_FILE = "run.json"
@@ -130,6 +133,44 @@ class UnitFiles:
     rows: dict[str, int] = field(default_factory=dict)
     metadata: Mapping[bytes, bytes] | None = None
     damage: str | None = None
+
+
+def _no_units(root: Path) -> str:
+    """Why ``root`` has no records to read: what it is, as the user named it."""
+    return not_a_store(root) or f"{root} has no finished units yet"
+
+
+def not_a_store(root: Path) -> str | None:
+    """What ``root`` is if it is no run or study directory (one line), else None."""
+    if not root.exists():
+        return f"{root} does not exist; name a run or study directory"
+    if not root.is_dir():
+        return f"{root} is not a folder; name a run or study directory"
+    if (root / FRONTIER_FILE).exists():
+        return (f"{root} is a frontier directory, not a run or study: its report is "
+                f"{root / 'report'}; each of its stages is a run (e.g. "
+                f"{root / 'stages' / '01-look1'})")
+    if not (root / RUN_FILE).exists():
+        deleted = " (its run.json was deleted)" if (root / MARKER).exists() else ""
+        return f"{root} is not a kvdrift run or study directory (it has no {RUN_FILE}){deleted}"
+    return None
+
+
+class NonFiniteRecords(ValueError):
+    """A store holding NaN or infinite values where numbers belong (an earlier kvdrift stored
+    them): named by unit and column, refused until ``--recompute`` recomputes those units."""
+
+
+def _nonfinite_in(kind: str, table: pa.Table, reopen: Callable[[], Any] | None
+                  ) -> dict[str, int]:
+    """:func:`~kvdrift.records.finite.nonfinite_counts` of a file's ``table``, reading its
+    estimator column from the file ``reopen()`` opens where ``table`` was read without it."""
+    estimator = None
+    if reopen is not None and "estimator" not in table.column_names and any(
+            c in table.column_names for c in COMPLETE_BRANCHES[kind]):
+        with reopen() as handle:
+            estimator = pq.read_table(handle, columns=["estimator"]).column("estimator")
+    return nonfinite_counts(kind, table, estimator)
 
 
 class NotARunStore(ValueError):
@@ -258,9 +299,7 @@ class RunStore:
     @property
     def metadata(self) -> dict[str, Any]:
         if not self.dir.exists(RUN_FILE):
-            kind = "" if not self.dir.exists(MARKER) else " (its run.json was deleted)"
-            raise FileNotFoundError(f"{self.root} is not a kvdrift run directory (no "
-                                    f"{RUN_FILE}){kind}")
+            raise FileNotFoundError(not_a_store(self.root) or f"{self.root} has no {RUN_FILE}")
         return read_run_file(self.root / RUN_FILE, self.dir)
 
     def _path(self, key: UnitKey, kind: str) -> Path:
@@ -314,8 +353,9 @@ class RunStore:
         """Whether ``key`` is finished under the settings ``fingerprint``.
 
         A damaged unit is named (``notice``), removed and reported not done, so it is
-        recomputed. A unit stored under other settings raises ``ValueError`` naming the
-        setting, or with ``recompute`` is removed and reported not done.
+        recomputed. A unit stored under other settings, or holding NaN or infinite values
+        where numbers belong (:mod:`kvdrift.records.finite`), raises ``ValueError`` naming the
+        setting or the columns, or with ``recompute`` is removed and reported not done.
         """
         if not self.is_done(key):
             return False
@@ -323,17 +363,28 @@ class RunStore:
         files = self._read_unit(key)
         found = fp.check(files.metadata, files.rows, fingerprint)
         damage = files.damage or found.incomplete
+        counts: dict[str, int] = {}
+        try:
+            for kind in KINDS if damage is None else ():
+                table = current_layout(kind, pq.read_table(self._path(key, kind)))
+                counts |= _nonfinite_in(kind, table, None)
+        except (OSError, pa.ArrowException) as exc:
+            damage = f"a file is unreadable ({str(exc).strip().splitlines()[0]})"
         if damage is not None:
             self.notice(f"unit {name} in {self.root} is damaged ({damage}); recomputing it")
             self._forget(key)
             return False
-        if found.difference is None:
-            return True
+        difference = found.difference
+        if difference is None:
+            if not counts:
+                return True
+            difference = (f"it holds NaN or infinite values where numbers belong "
+                          f"({counts_text(counts)}; written by an earlier kvdrift)")
         if self.recompute:
-            self.notice(f"unit {name}: {found.difference}; recomputing it (--recompute)")
+            self.notice(f"unit {name}: {difference}; recomputing it (--recompute)")
             self._forget(key)
             return False
-        raise ValueError(f"unit {name} in {self.root} is not mixed in: {found.difference}; rerun "
+        raise ValueError(f"unit {name} in {self.root} is not mixed in: {difference}; rerun "
                          "with the same settings, pass --recompute to recompute such units, or "
                          "use another output directory")
 
@@ -361,9 +412,9 @@ class RunStore:
         done = self._owned("replicates")
         files = [self.root / kind / n for n in self._parts(kind) if n in done]
         if not files:
-            raise ValueError(f"{self.root} has no finished units yet")
+            raise ValueError(_no_units(self.root))
         owned = done if kind == "replicates" else self._owned(kind, refused=set(done))
-        tables = []
+        tables, nonfinite = [], []
         for f in files:
             if f.name not in owned:
                 raise ValueError(f"{f} holds the records of another unit than "
@@ -373,9 +424,20 @@ class RunStore:
                 with self.open_part(kind, f.name) as handle:
                     table = pq.read_table(handle, columns=columns)
                 tables.append(current_layout(kind, table, columns))
+                counts = _nonfinite_in(kind, tables[-1],
+                                       functools.partial(self.open_part, kind, f.name))
             except (OSError, pa.ArrowException) as exc:
                 raise ValueError(f"{f} is unreadable ({str(exc).strip().splitlines()[0]}); "
                                  "rerun the run or study command to recompute its unit") from None
+            if counts:
+                nonfinite.append(f"{' · '.join(owned[f.name])} ({counts_text(counts)})")
+        if nonfinite:
+            raise NonFiniteRecords(
+                f"{self.root} holds NaN or infinite values where numbers belong (written by a "
+                f"kvdrift before such units were refused), in unit {nonfinite[0]}"
+                + (f" and {len(nonfinite) - 1} other units" if len(nonfinite) > 1 else "")
+                + "; nothing is computed from what is left around them: rerun the run or "
+                "study command with --recompute to recompute those units")
         return pa.concat_tables(tables, promote_options="default")
 
     def _owned(self, kind: str, refused: set[str] = frozenset()

@@ -1,0 +1,97 @@
+"""The names an action spec may use, known without importing kvpress, torch or transformers.
+
+A command refuses a misspelt action or frontier family in a fraction of a second, before the
+press library loads (which takes seconds): :func:`check_action_names` reads only the names
+below. They are a static copy of what :mod:`kvdrift.lm.actions` and :mod:`kvdrift.lm.presses`
+build from the installed kvpress; a test compares the two, so the copy cannot drift. Only the
+names are checked here; everything else about a spec (its fields, budget and values) is
+checked by :func:`kvdrift.lm.actions.parse_action` once kvpress is loaded, and any kvpress
+press class name is left to it (it says why one is not offered).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from kvdrift import checks
+
+#: The named actions (:data:`kvdrift.lm.actions.NAMED_ACTIONS`).
+NAMED_ACTIONS = ("full", "snapkv-half", "snapkv-90", "snapkv-512", "recent-half", "recent-90")
+#: Offered scorer presses by kvpress class name (:func:`kvdrift.lm.presses.scorer_classes`).
+SCORER_CLASSES = ("CURPress", "CapPress", "ExpectedAttentionPress", "KeyDiffPress",
+                  "KnormPress", "LagKVPress", "LeverageScorePress", "NonCausalAttnPress",
+                  "ObservedAttentionPress", "RandomPress", "SnapKVPress", "StreamingLLMPress",
+                  "TOVAPress")
+#: Their short names (:data:`kvdrift.lm.presses.SCORERS`, those offered), sorted.
+SCORER_NAMES = ("cap", "cur", "expected_attention", "keydiff", "knorm", "lagkv", "leverage",
+                "non_causal_attn", "observed_attention", "random", "recent", "snapkv",
+                "streaming_llm", "tova")
+#: The families in registry order (:data:`kvdrift.lm.presses.FAMILIES`); those written as
+#: ``<family>-<scorer>``, and those that are one press named alone (by name or class name).
+FAMILY_NAMES = ("adakv", "criticaladakv", "criticalkv", "block", "rerotate", "chunk", "chunkkv",
+                "pyramidkv", "perlayer", "decoding")
+PREFIX_FAMILIES = ("adakv", "criticaladakv", "criticalkv", "block", "rerotate", "chunk",
+                   "chunkkv", "perlayer", "decoding")
+OWN_SCORER_FAMILIES = {"pyramidkv": "PyramidKVPress"}
+#: Every press class the installed kvpress exports; such a name is left to the full parser.
+KVPRESS_PRESSES = (
+    "AdaKVPress", "BasePress", "BlockPress", "CAMPress", "CURPress", "CapPress", "ChunkKVPress",
+    "ChunkPress", "CompactorPress", "ComposedPress", "CompressionRatioDecodingPress",
+    "CriticalAdaKVPress", "CriticalKVPress", "DMSPress", "DecodingPress", "DuoAttentionPress",
+    "EntropyGatedChunkKVPress", "ExpectedAttentionPress", "ExpectedAttentionStatsPress",
+    "FastKVzipPress", "FinchPress", "KVComposePress", "KVgradPress", "KVzapPress", "KVzipPress",
+    "KeyDiffPress", "KeyRerotationPress", "KnormPress", "LUKVPress", "LagKVPress",
+    "LeverageScorePress", "MergingPress", "NonCausalAttnPress", "ObservedAttentionPress",
+    "PerLayerCompressionPress", "PrefillDecodingPress", "PyramidKVPress", "QFilterPress",
+    "RandomPress", "RestoreKVPress", "ScorerPress", "SimLayerKVPress", "SnapKVPress",
+    "StreamingLLMPress", "TOVAPress", "ThinKPress")
+#: Quantization kinds (:data:`kvdrift.lm.quantization.QUANTIZATIONS`): ``kivi:``, ...
+QUANTIZATIONS = ("kivi", "gguf", "fp8")
+
+
+def allowed_scorers() -> str:
+    """The scorers a message lists (as :func:`kvdrift.lm.presses.allowed_scorers`)."""
+    return f"{', '.join(SCORER_NAMES)} (or a kvpress class name: {', '.join(SCORER_CLASSES)})"
+
+
+def action_rule() -> str:
+    """What an action may be, as the refusal of an unknown one states it."""
+    return (f"one of {', '.join(NAMED_ACTIONS)}, or [<family>-]<scorer>:ratio=R (fraction "
+            f"kept) / :budget=B (entries kept) with scorer one of {allowed_scorers()} and "
+            f"family one of {', '.join(FAMILY_NAMES)} (see `kvdrift run --actions help`)")
+
+
+def _check_scorer(name: str) -> None:
+    if name in KVPRESS_PRESSES or name.strip().lower().replace("-", "_") in SCORER_NAMES:
+        return
+    raise checks.refuse("press", f"one of {allowed_scorers()}, or <family>-<scorer> with "
+                        f"family one of {', '.join(FAMILY_NAMES)}", name)
+
+
+def _check_part(part: str) -> None:
+    head, colon, _ = part.partition(":")
+    if head.strip().lower() in QUANTIZATIONS:
+        return
+    if not colon:
+        raise checks.refuse("action", action_rule(), part)
+    text = head.strip()
+    if text.lower() in OWN_SCORER_FAMILIES or text in OWN_SCORER_FAMILIES.values():
+        return
+    prefix, dash, rest = text.partition("-")
+    if dash and prefix.lower() in PREFIX_FAMILIES:
+        _check_scorer(rest)
+    elif text not in KVPRESS_PRESSES:
+        _check_scorer(text)
+
+
+def check_action_names(spec: object, defined: Collection[str] = ()) -> None:
+    """ValueError (the message :func:`kvdrift.lm.actions.parse_action` gives) if ``spec``
+    names a press, scorer or family that no action has; silent otherwise, whatever else is
+    wrong with it (the full parser sees that). ``defined``: names the user's own presses
+    define (a ``--presses`` file), left to the parser once that file is loaded."""
+    if not isinstance(spec, str) or not spec.strip() or spec.strip() in NAMED_ACTIONS:
+        return
+    if spec.strip() in defined:
+        return
+    for part in spec.strip().split("+"):
+        _check_part(part.strip())
