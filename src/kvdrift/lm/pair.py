@@ -271,8 +271,9 @@ class LMKernelPair:
         groups them by side (runs of consecutive states of one side read their prompt in one
         call) and each row attends its own generated entries. Logits equal separate
         ``advance`` calls to float noise (matrix products over a different number of rows).
-        When Q is P by construction (:attr:`q_is_p`, e.g. ``full``) the two sides are two
-        forwards, so rows of P and Q with equal inputs stay bit-identical whatever the BLAS.
+        When Q is P by construction (:attr:`q_is_p`, e.g. ``full``) every state is its own
+        forward, so a P state and a Q state with equal inputs go through equally shaped
+        calls and stay bit-identical whatever the BLAS (a forced Q state never joins Y's).
 
         ``checked=False`` skips the range check of the tokens (a host read of the device): the
         estimators pass tokens drawn from the pair's own ``[n, V]`` distributions, in range by
@@ -291,12 +292,13 @@ class LMKernelPair:
                       torch.ones_like(tok, dtype=torch.bool), live_after=s.lengths)
                 for s, tok in zip(states, toks, strict=True)]
         # When Q is P (nothing evicted), P and Q rows with equal inputs must get bit-identical
-        # logits, but a BLAS rounds a row differently depending on where it falls in a small
-        # batch (docs/engine.md): then each side is its own forward, with equal shapes.
-        calls = ([[i for i, s in enumerate(states) if s.side == side] for side in ("p", "q")]
-                 if self.q_is_p else [list(range(len(states)))])
+        # logits, but a BLAS rounds a row differently depending on the number of rows in the
+        # call (docs/engine.md): then each state is its own forward, so X's and Y's calls have
+        # equal shapes even when forced rows (Q along X) are stepped too.
+        calls = ([[i] for i in range(len(states))] if self.q_is_p
+                 else [list(range(len(states)))])
         steps: list[Any] = [None] * len(states)
-        for call in (c for c in calls if c):
+        for call in calls:
             for i, step in zip(call, self._step([rows[i] for i in call]), strict=True):
                 steps[i] = step
         return [self._advanced(s, tok, *step)
