@@ -227,12 +227,12 @@ def test_crash_between_the_two_files_of_a_unit_is_redone(tmp_path, monkeypatch):
     real = store_module._write_atomically
     writes = []
 
-    def crash_on_third_replicate_file(table, path):
-        if path.parent.name != "documents":  # a document is written with its first unit
-            writes.append(path)
-        if path.parent.name == "replicates" and len(writes) == 6:
+    def crash_on_third_replicate_file(table, folder, name):
+        if folder.path.name != "documents":  # a document is written with its first unit
+            writes.append(folder.path / name)
+        if folder.path.name == "replicates" and len(writes) == 6:
             raise KeyboardInterrupt  # killed after the steps file of unit 3 was written
-        real(table, path)
+        real(table, folder, name)
 
     monkeypatch.setattr(store_module, "_write_atomically", crash_on_third_replicate_file)
     store = RunStore.open(tmp_path / "crashed", cfg.as_dict())
