@@ -78,13 +78,25 @@ class BudgetResult:
     looks: int
     replicates: int  # drawn per document, over all looks (values left out included)
     calls: int  # coupled positions evaluated
+    #: undecided: about how many more replicates per document its values suggest (inf: none
+    #: suffices at its current estimate); None when decided
+    more_replicates: float | None = None
 
     def to_json(self) -> dict:
         return {"family": self.family, "budget": self.label, "action": self.action,
                 "kv_fraction": self.kv_fraction, "estimate": self.estimate, "lo": self.lo,
                 "hi": self.hi, "status": self.status, "status_text": STATUS_TEXT[self.status],
                 "rounds": self.rounds, "decided_at": self.decided_at, "looks": self.looks,
-                "replicates": self.replicates, "calls": self.calls}
+                "replicates": self.replicates, "calls": self.calls,
+                "more_replicates": self.more_replicates, "more_text": self.more_text()}
+
+    def more_text(self) -> str:
+        """What an undecided budget's values suggest, in words ("" when decided)."""
+        if self.more_replicates is None:
+            return ""
+        if math.isinf(self.more_replicates):
+            return "no number of replicates suffices at its current estimate"
+        return f"about {self.more_replicates:.0f} more replicates per document"
 
     def bound(self, op: str) -> float:
         """The certifying side: the upper bound for a measure kept ``<=``, else the lower."""
