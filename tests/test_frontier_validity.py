@@ -17,10 +17,10 @@ import pytest
 from frontier_worlds import SyntheticCase, SyntheticEvaluator, near, rare_large, zero_one
 
 from kvdrift.frontier_search.betting import (
+    bound,
+    bound_path,
     ever_beyond,
-    lower_path,
     rounds_of,
-    upper_path,
 )
 from kvdrift.frontier_search.families import parse_family
 from kvdrift.frontier_search.measure import parse_measure
@@ -83,8 +83,8 @@ def test_the_search_uses_the_same_bound_as_the_simulations():
     rng = np.random.default_rng(1)
     for mean in (0.03, 0.3):  # the upper side bets below the tolerance, the lower above it
         values = rare_large(rng.random((24, 5)), rng.random((24, 5)), mean)
-        hi = upper_path(values, 0.05, TOL, 0.0, 1.0)
-        lo = lower_path(values, 0.05, TOL, 0.0, 1.0)
+        hi = bound_path(values, 0.05, TOL, 0.0, 1.0)
+        lo = bound_path(values, 0.05, TOL, 0.0, 1.0, upper=False)
         assert np.all(np.diff(hi) <= 0) and np.all(np.diff(lo) >= 0)  # running intersections
         assert lo[-1] <= values.mean() <= hi[-1]
         upper = mean < TOL
@@ -101,8 +101,8 @@ def test_all_zero_values_never_claim_more_than_any_valid_bound_can(rounds, docum
     (1 - m)^N, so a valid upper bound at level alpha is at least 1 - alpha^(1/N) (48 zeros
     at alpha = 0.05/3: 0.081; today's interval said 0.008)."""
     alpha = 0.05 / 3
-    hi = upper_path(np.zeros((rounds, documents)), alpha, TOL, 0.0, 1.0)
-    assert hi[-1] >= 1 - alpha ** (1 / (rounds * documents))
+    hi = bound(np.zeros((rounds, documents)), alpha, TOL, 0.0, 1.0)
+    assert hi >= 1 - alpha ** (1 / (rounds * documents))
 
 
 def test_rounds_take_each_documents_finite_values_in_order_within_each_look():

@@ -98,14 +98,13 @@ class Bet:
         """:meth:`log_wealth` with the plug-in ``fractions`` already chosen."""
         if not self.hedge:
             return _log_wealth(values, m, fractions, high)
-        constant = np.broadcast_to(np.array(self.hedge_fractions)[(...,) + (None,) * fractions.ndim],
-                                   (len(self.hedge_fractions),) + fractions.shape)
-        stacked = np.concatenate([fractions[None], constant])  # [K, ..., rounds]
-        weights = np.array([1 - self.hedge] + [self.hedge / len(self.hedge_fractions)]
-                           * len(self.hedge_fractions))
-        parts = _log_wealth(values, m, stacked, high)  # [K, ..., rounds]
-        return np.logaddexp.reduce(parts + np.log(weights)[(...,) + (None,) * fractions.ndim],
-                                   axis=0)
+        k = len(self.hedge_fractions)
+        axes = (...,) + (None,) * fractions.ndim  # [K] -> [K, 1, ..., 1]
+        constant = np.broadcast_to(np.array(self.hedge_fractions)[axes], (k,) + fractions.shape)
+        stacked = np.concatenate([fractions[None], constant])  # [K + 1, ..., rounds]
+        weights = np.array([1 - self.hedge] + [self.hedge / k] * k)
+        parts = _log_wealth(values, m, stacked, high)  # [K + 1, ..., rounds]
+        return np.logaddexp.reduce(parts + np.log(weights)[axes], axis=0)
 
 
 #: The search's bet.

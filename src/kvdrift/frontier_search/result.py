@@ -19,7 +19,7 @@ BOUND_METHOD = ("betting confidence sequence for the mean over documents of boun
 STATUS_TEXT = {
     "certified": "certified within the tolerance",
     "blocked": "bound within, not certified (a budget with more cache is not)",
-    "fails": "certainly outside the tolerance",
+    "fails": "outside the tolerance at level 1 - alpha",
     "undecided": "undecided",
     "estimate within": "estimate within (not certified: unbounded measure)",
     "estimate beyond": "estimate outside (not certified: unbounded measure)",
@@ -142,7 +142,8 @@ def _not_monotone(family: FamilyResult) -> list[str]:
                                                                        "blocked")), None)
         if less is not None:
             out.append(f"{family.family}: not monotone in the budget: {more.label} (more "
-                       f"cache) certainly fails while {less.label} is within on its own bound")
+                       f"cache) fails (outside the tolerance at level 1 - alpha) while "
+                       f"{less.label} is within on its own bound")
     return out
 
 
@@ -195,7 +196,7 @@ class FrontierResult:
             warnings.extend(contradicted)
             if best is None or f.family == best.family:
                 continue
-            # a certain failure with at least best's cache, and nothing with less cache
+            # a failure (at level 1 - alpha) with at least best's cache, nothing with less cache
             # within: with a measure that gets no better as the cache shrinks, f cannot meet
             # the tolerance with best's cache or less
             fails = [b for b in f.budgets if b.status == "fails"
