@@ -18,14 +18,16 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
-
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from frontier_worlds import SyntheticCase, SyntheticEvaluator, rare_large  # noqa: E402
+from frontier_worlds import (  # noqa: E402
+    SyntheticCase,
+    SyntheticEvaluator,
+    TodaysBet,
+    rare_large,
+)
 
 from kvdrift.frontier_search.betting import Bet  # noqa: E402
 from kvdrift.frontier_search.families import parse_family  # noqa: E402
@@ -39,31 +41,6 @@ from kvdrift.frontier_search.search import (  # noqa: E402
 TOL, ALPHA, DOCS, REPLICATES = 0.1, 0.05, 6, 8
 FAMILIES = ("snapkv", "recent", "kivi")
 SHARES = (0.3, 0.4, 0.5, 0.6, 0.7)
-
-
-@dataclass(frozen=True)
-class TodaysBet(Bet):
-    """The bet before issue 44, for comparison: ``fractions`` are absolute stakes on the grid
-    0..0.9 / (high - low), chosen by the growth they would have had on the rounds seen with one
-    pseudo-value at the middle of the range; no hedge."""
-
-    hedge: float = 0.0
-
-    def fractions(self, values, target, low, high):
-        values = np.asarray(values, dtype=np.float64)
-        grid = np.linspace(0.0, 0.9, 91) / (high - low)
-        gains = np.array(np.broadcast_to(np.log1p(grid * (target - (low + high) / 2)),
-                                         values.shape[:-2] + grid.shape))
-        out = np.empty(values.shape[:-1])
-        for r in range(values.shape[-2]):
-            out[..., r] = grid[np.argmax(gains, axis=-1)]
-            gains += np.log1p(grid[:, None] * (target - values[..., r, None, :])).sum(axis=-1)
-        return out
-
-    def mixture(self, values, m, fractions, high):
-        m = np.asarray(m, dtype=np.float64)
-        factors = np.log1p(fractions[..., None] * (m[..., None] - values))
-        return np.cumsum(factors.sum(axis=-1), axis=-1)
 
 
 def certified_share(share: float, bet: Bet, cap: int, searches: int, seed: int = 0

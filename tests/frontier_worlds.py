@@ -12,6 +12,7 @@ import numpy as np
 from kvdrift.estimate.rollout import coupled_rollouts
 from kvdrift.finite.exact import exact
 from kvdrift.finite.systems import random_pair
+from kvdrift.frontier_search.betting import Bet
 from kvdrift.frontier_search.families import Budget, Family, parse_family
 from kvdrift.frontier_search.search import Sample
 
@@ -155,3 +156,28 @@ class SyntheticEvaluator:
                             1 - (b.index + 1) / (len(self.families[b.family].budgets) + 1),
                             values.size)
         return out
+
+
+@dataclass(frozen=True)
+class TodaysBet(Bet):
+    """The bet before issue 44, for comparison: ``fractions`` are absolute stakes on the grid
+    0..0.9 / (high - low), chosen by the growth they would have had on the rounds seen with one
+    pseudo-value at the middle of the range; no hedge."""
+
+    hedge: float = 0.0
+
+    def fractions(self, values, target, low, high):
+        values = np.asarray(values, dtype=np.float64)
+        grid = np.linspace(0.0, 0.9, 91) / (high - low)
+        gains = np.array(np.broadcast_to(np.log1p(grid * (target - (low + high) / 2)),
+                                         values.shape[:-2] + grid.shape))
+        out = np.empty(values.shape[:-1])
+        for r in range(values.shape[-2]):
+            out[..., r] = grid[np.argmax(gains, axis=-1)]
+            gains += np.log1p(grid[:, None] * (target - values[..., r, None, :])).sum(axis=-1)
+        return out
+
+    def mixture(self, values, m, fractions, high):
+        m = np.asarray(m, dtype=np.float64)
+        factors = np.log1p(fractions[..., None] * (m[..., None] - values))
+        return np.cumsum(factors.sum(axis=-1), axis=-1)

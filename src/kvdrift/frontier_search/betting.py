@@ -213,9 +213,16 @@ def rounds_to_certify(documents: int, alpha: float, target: float, low: float, h
                       limit: int, bet: Bet = BET) -> int | None:
     """The fewest rounds after which the upper bound reaches ``target`` when every value is
     ``low`` (the best any data can do), or None if more than ``limit`` are needed."""
-    values = np.full((limit, documents), float(low))
-    hit = bet.log_wealth(values, target, target, low, high) >= np.log(1 / alpha)
-    return int(hit.argmax()) + 1 if hit.any() else None
+    rounds = 64
+    while True:  # doubling: a few short computations, not one of ``limit`` rounds
+        rounds = min(rounds, limit)
+        values = np.full((rounds, documents), float(low))
+        hit = bet.log_wealth(values, target, target, low, high) >= np.log(1 / alpha)
+        if hit.any():
+            return int(hit.argmax()) + 1
+        if rounds == limit:
+            return None
+        rounds *= 4
 
 
 def rounds_suggested(values: np.ndarray, alpha: float, target: float, low: float, high: float,
