@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from kvdrift.frontier_search.betting import BET, bound, rounds_suggested
-from kvdrift.frontier_search.feasibility import check_feasible, fewest_replicates
 from kvdrift.frontier_search.families import parse_family
+from kvdrift.frontier_search.feasibility import check_feasible, fewest_replicates
 from kvdrift.frontier_search.measure import parse_measure
 from kvdrift.frontier_search.search import Sample, SearchSettings, frontier_search
 from kvdrift.frontier_search.study import look_seed
@@ -26,7 +26,8 @@ R_TV = parse_measure("R_tv <= 0.1")
 
 @pytest.mark.parametrize(("measure", "documents", "needed"), [
     ("R_tv <= 0.1", 1, 53), ("R_tv <= 0.05", 1, 100), ("R_tv <= 0.05", 2, 51),
-    ("R_tv <= 0.05", 3, 34), ("R_tv <= 0.02", 6, 40), ("R_tv <= 0.1", 6, 9), ("acceptance >= 0.9", 6, 9)])
+    ("R_tv <= 0.05", 3, 34), ("R_tv <= 0.02", 6, 40), ("R_tv <= 0.1", 6, 9),
+    ("acceptance >= 0.9", 6, 9)])
 def test_the_fewest_replicates_any_budget_needs(measure, documents, needed):
     """Every value at the best end of the range, three families at alpha 0.05: the bound
     reaches the tolerance after exactly this many rounds (the issue's numbers with the bet
