@@ -102,6 +102,15 @@ def near(u: np.ndarray, v: np.ndarray, mean: float) -> np.ndarray:
     return mean - 0.02 + 0.04 * v
 
 
+def near_rare_one(u: np.ndarray, v: np.ndarray, mean: float) -> np.ndarray:
+    """Values near the mean (spread over 0.04) with a rare 1 (2% of values): near the
+    tolerance, the tuned stake is small and one 1 costs it most."""
+    base = (mean - 0.02) / 0.98
+    if base < 0.02:
+        raise ValueError(f"near_rare_one cannot have mean {mean}")
+    return np.where(u < 0.02, 1.0, base - 0.02 + 0.04 * v)
+
+
 @dataclass(frozen=True)
 class SyntheticCase:
     """Per-document means and a value distribution; ``missing`` is each document's chance
