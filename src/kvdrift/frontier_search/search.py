@@ -56,7 +56,7 @@ class Evaluator(Protocol):
 
 #: The default most replicates per document at one budget: at the defaults (six documents,
 #: three families, alpha 0.05, R_tv <= 0.1) a budget whose mean is half the tolerance is
-#: certified in about 99% of searches and one at 0.7 of it in about 55%
+#: certified in about 100% of searches and one at 0.7 of it in about 73% (at 32: 55%, 9%)
 #: (benchmarks/frontier_power.py; tests/test_frontier_power.py).
 MAX_REPLICATES = 128
 
