@@ -271,7 +271,8 @@ def test_frontier_cli_runs_resumes_and_reports(tiny_model_dir_hd64, frontier_doc
     out = tmp_path / "fr"
     args = ["frontier", "--model", str(tiny_model_dir_hd64), "--docs", str(frontier_docs),
             "--families", "snapkv,kivi", "--measure", "R_tv <= 0.3", "--replicates", "2",
-            "--horizon", "4", "--out", str(out), "--device", "cpu", "--json"]
+            "--max-replicates", "32", "--horizon", "4", "--out", str(out), "--device", "cpu",
+            "--json"]
     first = CliRunner().invoke(app, args)
     assert first.exit_code == 0, first.output
     result = json.loads(first.stdout[first.stdout.index("{"):])
