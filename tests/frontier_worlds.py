@@ -12,6 +12,7 @@ import numpy as np
 from kvdrift.estimate.rollout import coupled_rollouts
 from kvdrift.finite.exact import exact
 from kvdrift.finite.systems import random_pair
+from kvdrift.frontier_search.betting import Bet
 from kvdrift.frontier_search.families import Budget, Family, parse_family
 from kvdrift.frontier_search.search import Sample
 
@@ -101,6 +102,15 @@ def near(u: np.ndarray, v: np.ndarray, mean: float) -> np.ndarray:
     return mean - 0.02 + 0.04 * v
 
 
+def near_rare_one(u: np.ndarray, v: np.ndarray, mean: float) -> np.ndarray:
+    """Values near the mean (spread over 0.04) with a rare 1 (2% of values): near the
+    tolerance, the tuned stake is small and one 1 costs it most."""
+    base = (mean - 0.02) / 0.98
+    if base < 0.02:
+        raise ValueError(f"near_rare_one cannot have mean {mean}")
+    return np.where(u < 0.02, 1.0, base - 0.02 + 0.04 * v)
+
+
 @dataclass(frozen=True)
 class SyntheticCase:
     """Per-document means and a value distribution; ``missing`` is each document's chance
@@ -155,3 +165,28 @@ class SyntheticEvaluator:
                             1 - (b.index + 1) / (len(self.families[b.family].budgets) + 1),
                             values.size)
         return out
+
+
+@dataclass(frozen=True)
+class TodaysBet(Bet):
+    """The bet before issue 44, for comparison: ``fractions`` are absolute stakes on the grid
+    0..0.9 / (high - low), chosen by the growth they would have had on the rounds seen with one
+    pseudo-value at the middle of the range; no hedge."""
+
+    hedge: float = 0.0
+
+    def fractions(self, values, target, low, high):
+        values = np.asarray(values, dtype=np.float64)
+        grid = np.linspace(0.0, 0.9, 91) / (high - low)
+        gains = np.array(np.broadcast_to(np.log1p(grid * (target - (low + high) / 2)),
+                                         values.shape[:-2] + grid.shape))
+        out = np.empty(values.shape[:-1])
+        for r in range(values.shape[-2]):
+            out[..., r] = grid[np.argmax(gains, axis=-1)]
+            gains += np.log1p(grid[:, None] * (target - values[..., r, None, :])).sum(axis=-1)
+        return out
+
+    def mixture(self, values, m, fractions, high):
+        m = np.asarray(m, dtype=np.float64)
+        factors = np.log1p(fractions[..., None] * (m[..., None] - values))
+        return np.cumsum(factors.sum(axis=-1), axis=-1)

@@ -1,5 +1,5 @@
-"""``kvdrift frontier``: the least KV cache per method family that keeps a measure within a
-tolerance, certified; a resumable search of study stages, then its report."""
+"""``kvdrift frontier``: per method family, the least KV cache certified to keep a measure
+within a tolerance; a resumable search of study stages, then its report."""
 
 from __future__ import annotations
 
@@ -8,8 +8,13 @@ from pathlib import Path
 
 import typer
 
+from kvdrift import limits
 from kvdrift.cli.common import console, say, split_list, strict_json, user_errors
 from kvdrift.cli.runs import DOWNLOAD_HELP, RAY_ADDRESS_HELP, RECOMPUTE_HELP, run_with_progress
+
+#: How many documents the default sources generate (``study_config.DEFAULT_DOCUMENTS``: three
+#: task families, one length, two each; not imported here, its module loads the executors).
+DEFAULT_DOCUMENT_COUNT = 6
 
 
 @user_errors
@@ -26,9 +31,11 @@ def frontier(
                                      "per-replicate values (kl): the certificate assumes it, "
                                      "and a value above it stops the search. Without it, kl "
                                      "gets estimates only, never 'certified'."),
-    max_replicates: int = typer.Option(32, help="Most replicates per document at one budget; "
-                                       "a budget still undecided then ends its family's "
-                                       "sequence."),
+    max_replicates: int = typer.Option(limits.DEFAULT_SEARCH_REPLICATES,
+                                       help="Most replicates per document at "
+                                       "one budget; a budget still undecided then ends its "
+                                       "family's sequence. A cap too small to certify anything "
+                                       "is refused before any model loads."),
     model: str = typer.Option("smollm2", help="'smollm2' (embedded) or a Hugging Face id/path."),
     docs: Path | None = typer.Option(None, help="JSONL file of {id, prompt, stratum?, answer?} "
                                      "(default: six generated 512-token RULER-style tasks)."),
@@ -36,7 +43,8 @@ def frontier(
                                    "are checked after every one)."),
     horizon: int = typer.Option(32, help="Generated positions H."),
     temperature: float = typer.Option(1.0, help="Sampling temperature (0 = greedy)."),
-    seed: int = typer.Option(0, help="Seed of the search (look L uses seed + L - 1)."),
+    seed: int = typer.Option(0, help="Seed of the search (each look's seed is a hash of it and "
+                             "the look: another seed shares no random stream)."),
     batch: int = typer.Option(0, help="Most replicates per forward batch (0 = all)."),
     out: str = typer.Option("runs/frontier", help="Output directory (resumable): new, empty, or "
                             "a kvdrift frontier to resume; not inside a run's directory."),
@@ -54,9 +62,8 @@ def frontier(
     recompute: bool = typer.Option(False, "--recompute", help=RECOMPUTE_HELP),
     allow_download: bool = typer.Option(False, "--allow-download", help=DOWNLOAD_HELP),
 ) -> None:
-    """Find, per family, the least KV cache whose measure stays within the tolerance at the
-    stated confidence; write the frontier's report."""
-    from kvdrift import limits
+    """Find, per family, the least KV cache certified within the tolerance at the stated
+    confidence; write the frontier's report."""
     from kvdrift.frontier_search.families import check_family_names, family_budgets
     from kvdrift.lm.loading import check_model_name
     from kvdrift.run.outdir import check_frontier_dir
@@ -69,12 +76,11 @@ def frontier(
     if presses is None:  # names a presses file defines are known only once it is loaded
         for name in names:  # their press names, from a static table (no kvpress)
             family_budgets(name)
-    from kvdrift.frontier_search.measure import parse_measure
     from kvdrift.frontier_search.search import SearchSettings
 
     settings = SearchSettings(alpha=alpha, replicates=replicates,
                               max_replicates=max_replicates)
-    parse_measure(measure, cap)
+    check_certifiable(measure, cap, docs, settings, len(names))
     check_model_name(model, allow_download)  # a local model: its config.json, as JSON
     from kvdrift.user_presses import load_presses_file
 
@@ -108,3 +114,26 @@ def frontier(
         return
     print_whole(console, frontier_table(result))
     say(f"report: {html}")
+
+
+def check_certifiable(measure: str, cap: float | None, docs: Path | None, settings,
+                      families: int) -> None:
+    """The measure parses, and the settings can certify something at all (pure arithmetic,
+    before any model loads): the documents are ``--docs``'s records (nonblank lines, at most
+    the documents it holds) or the six generated ones."""
+    from kvdrift.frontier_search.feasibility import check_feasible
+    from kvdrift.frontier_search.measure import parse_measure
+
+    parsed = parse_measure(measure, cap)
+    count = DEFAULT_DOCUMENT_COUNT
+    if docs is not None:
+        if not docs.is_file():  # a regular file only (never a pipe that could block)
+            return  # the document loader names the problem
+        try:
+            with open(docs, "rb") as f:
+                count = sum(1 for line in f if line.strip())
+        except OSError:
+            return
+    if count:
+        check_feasible(parsed, count, settings.alpha, families, settings.max_replicates,
+                       settings.bet)

@@ -1,2 +1,2 @@
-"""The compression frontier: per method family, the least KV cache whose measure stays within
-a tolerance, certified at a stated confidence (docs/method.md, "The compression frontier")."""
+"""The compression frontier: per method family, the least KV cache certified to keep a measure
+within a tolerance at a stated confidence (docs/method.md, "The compression frontier")."""

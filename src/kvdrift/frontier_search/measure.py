@@ -10,13 +10,16 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from kvdrift import checks
 from kvdrift.analysis import registry
 from kvdrift.analysis.speculative import acceptance_probs
+
+if TYPE_CHECKING:  # pandas is not imported for the checks that run before a model loads
+    import pandas as pd
 
 
 def _replicate_column(column: str) -> Callable[[pd.DataFrame, pd.DataFrame], pd.Series]:
@@ -127,15 +130,21 @@ class Measure:
         """Whether ``value`` (a number, or elementwise an array) is within the tolerance."""
         return value <= self.tolerance if self.op == "<=" else value >= self.tolerance
 
-    def check_values(self, values: np.ndarray) -> None:
-        """Refuse values outside the measure's range (a stated cap the data broke)."""
+    def check_sample(self, values: dict[str, np.ndarray], where: str) -> None:
+        """Refuse any value the bound cannot take: not a number other than NaN (NaN marks a
+        value absent by design and is left out), or outside the measure's range (a stated
+        cap the data broke); in one line naming ``where`` (the budget), the document and the
+        value. Every value of a look counts, those a look leaves out included."""
         low, high = self.range
-        bad = values[(values < low) | (values > high)]
-        if bad.size:
-            what = "the stated cap" if self.cap is not None else "the measure's range"
-            raise ValueError(f"{self.kind.name} value {float(bad[0]):g} lies outside "
-                             f"[{low:g}, {high:g}], {what}; a bound that assumes the range "
-                             "would not hold (state a larger cap)")
+        for doc, v in values.items():
+            v = np.asarray(v, dtype=np.float64)
+            bad = v[~np.isnan(v) & ((v < low) | (v > high) | ~np.isfinite(v))]
+            if bad.size:
+                what = "the stated cap" if self.cap is not None else "the measure's range"
+                raise ValueError(f"{self.kind.name} value {float(bad[0]):g} at {where}, "
+                                 f"document {doc}, lies outside [{low:g}, {high:g}], {what}; "
+                                 "a bound that assumes the range would not hold"
+                                 + (" (state a larger cap)" if self.cap is not None else ""))
 
 
 def parse_cap(kind: MeasureKind, cap: float | None) -> float | None:

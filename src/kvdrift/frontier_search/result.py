@@ -20,7 +20,7 @@ BOUND_METHOD = ("betting confidence sequence for the mean over documents of boun
 STATUS_TEXT = {
     "certified": "certified within the tolerance",
     "blocked": "bound within, not certified (a budget with more cache is not)",
-    "fails": "certainly outside the tolerance",
+    "fails": "outside the tolerance at level 1 - alpha",
     "undecided": "undecided",
     "estimate within": "estimate within (not certified: unbounded measure)",
     "estimate beyond": "estimate outside (not certified: unbounded measure)",
@@ -79,13 +79,25 @@ class BudgetResult:
     looks: int
     replicates: int  # drawn per document, over all looks (values left out included)
     calls: int  # coupled positions evaluated
+    #: undecided: about how many more replicates per document its values suggest (inf: none
+    #: suffices at its current estimate); None when decided
+    more_replicates: float | None = None
 
     def to_json(self) -> dict:
         return {"family": self.family, "budget": self.label, "action": self.action,
                 "kv_fraction": self.kv_fraction, "estimate": self.estimate, "lo": self.lo,
                 "hi": self.hi, "status": self.status, "status_text": STATUS_TEXT[self.status],
                 "rounds": self.rounds, "decided_at": self.decided_at, "looks": self.looks,
-                "replicates": self.replicates, "calls": self.calls}
+                "replicates": self.replicates, "calls": self.calls,
+                "more_replicates": self.more_replicates, "more_text": self.more_text()}
+
+    def more_text(self) -> str:
+        """What an undecided budget's values suggest, in words ("" when decided)."""
+        if self.more_replicates is None:
+            return ""
+        if math.isinf(self.more_replicates):
+            return "no number of replicates suffices at its current estimate"
+        return f"about {self.more_replicates:.0f} more replicates per document"
 
     def bound(self, op: str) -> float:
         """The certifying side: the upper bound for a measure kept ``<=``, else the lower."""
@@ -131,7 +143,8 @@ def _not_monotone(family: FamilyResult) -> list[str]:
                                                                        "blocked")), None)
         if less is not None:
             out.append(f"{family.family}: not monotone in the budget: {more.label} (more "
-                       f"cache) certainly fails while {less.label} is within on its own bound")
+                       f"cache) fails (outside the tolerance at level 1 - alpha) while "
+                       f"{less.label} is within on its own bound")
     return out
 
 
@@ -184,7 +197,7 @@ class FrontierResult(HtmlTable):
             warnings.extend(contradicted)
             if best is None or f.family == best.family:
                 continue
-            # a certain failure with at least best's cache, and nothing with less cache
+            # a failure (at level 1 - alpha) with at least best's cache, nothing with less cache
             # within: with a measure that gets no better as the cache shrinks, f cannot meet
             # the tolerance with best's cache or less
             fails = [b for b in f.budgets if b.status == "fails"

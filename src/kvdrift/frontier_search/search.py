@@ -23,7 +23,14 @@ from typing import Protocol
 import numpy as np
 
 from kvdrift import checks, limits
-from kvdrift.frontier_search.betting import first_crossing, lower_path, rounds_of, upper_path
+from kvdrift.frontier_search.betting import (
+    BET,
+    Bet,
+    bound,
+    first_round_beyond,
+    rounds_of,
+    rounds_suggested,
+)
 from kvdrift.frontier_search.families import Budget, Family, check_family_names
 from kvdrift.frontier_search.measure import Measure
 from kvdrift.frontier_search.result import BudgetResult, FamilyResult, FrontierResult, Scheme
@@ -47,6 +54,11 @@ class Evaluator(Protocol):
     def evaluate(self, budgets: Sequence[Budget], look: int) -> dict[Budget, Sample]: ...
 
 
+#: The default most replicates per document at one budget
+#: (:data:`kvdrift.limits.DEFAULT_SEARCH_REPLICATES`).
+MAX_REPLICATES = limits.DEFAULT_SEARCH_REPLICATES
+
+
 @dataclass(frozen=True)
 class SearchSettings:
     """How sure and how thorough: level ``1 - alpha`` over the whole search; each look runs
@@ -56,9 +68,10 @@ class SearchSettings:
 
     alpha: float = 0.05
     replicates: int = 8
-    max_replicates: int = 32
+    max_replicates: int = MAX_REPLICATES
     window: int = 3
     exhaustive: bool = False  # every budget until decided (the full grid, for comparison)
+    bet: Bet = BET  # how the confidence sequences stake (betting.py)
 
     def __post_init__(self) -> None:
         checks.number(self.alpha, "alpha", 0, 1, open_lo=True, open_hi=True)
@@ -77,10 +90,14 @@ class Judgement:
     outcome: str
     rounds: int  # complete rounds: values per document that the bounds use
     decided_at: int | None  # the round at which the outcome was reached
+    more_rounds: float = math.nan  # undecided: rounds its values suggest it still needs
 
 
-def judge(samples: Sequence[Sample], measure: Measure, scheme: Scheme) -> Judgement:
-    """The budget's bounds and outcome from all its looks (see the module docstring)."""
+def judge(samples: Sequence[Sample], measure: Measure, scheme: Scheme, bet: Bet = BET,
+          bounds: bool = False) -> Judgement:
+    """The budget's outcome from all its looks (see the module docstring), and with
+    ``bounds`` its bounds and, if undecided, the rounds its values suggest it still needs
+    (the search needs only the outcome; the bounds are computed once, for the result)."""
     values = rounds_of([s.values for s in samples])
     rounds = values.shape[0]
     if not measure.certifiable:  # estimates only: one look decides, by the point estimate
@@ -90,23 +107,31 @@ def judge(samples: Sequence[Sample], measure: Measure, scheme: Scheme) -> Judgem
         outcome = "within" if measure.meets(estimate) else "beyond"
         return Judgement(estimate, math.nan, math.nan, outcome, rounds, 1)
     low, high = measure.range
-    measure.check_values(values)
     if rounds == 0:
-        return Judgement(math.nan, low, high, "undecided", 0, None)
+        return Judgement(math.nan, low, high, "undecided", 0, None, math.nan)
     tol = measure.tolerance
     upper = measure.op == "<="  # the certifying side is the upper bound for a risk
     certify, fail = scheme.certify_level, scheme.fail_level
-    hi = upper_path(values, certify if upper else fail, tol, low, high)
-    lo = lower_path(values, fail if upper else certify, tol, low, high)
-    within = first_crossing(hi if upper else lo, measure.meets)
-    beyond = first_crossing(lo if upper else hi, lambda b: ~measure.meets(b))
+    within = int(first_round_beyond(values, tol, certify, tol, low, high, upper, bet)) or None
+    beyond = int(first_round_beyond(values, tol, fail, tol, low, high, not upper, bet)) or None
     if within is not None and (beyond is None or within < beyond):
         outcome, at = "within", within
     elif beyond is not None:
         outcome, at = "beyond", beyond
     else:
         outcome, at = "undecided", None
-    return Judgement(float(values.mean()), float(lo[-1]), float(hi[-1]), outcome, rounds, at)
+    lo, hi, more = math.nan, math.nan, math.nan
+    if bounds:
+        hi = bound(values, certify if upper else fail, tol, low, high, True, bet)
+        lo = bound(values, fail if upper else certify, tol, low, high, False, bet)
+        # a decided side excludes tol itself: its bound is at tol or past it
+        if (outcome, upper) in (("within", True), ("beyond", False)):
+            hi = min(hi, tol)
+        if (outcome, upper) in (("within", False), ("beyond", True)):
+            lo = max(lo, tol)
+        if outcome == "undecided":
+            more = rounds_suggested(values, certify, tol, low, high, upper, bet)
+    return Judgement(float(values.mean()), float(lo), float(hi), outcome, rounds, at, more)
 
 
 @dataclass
@@ -133,8 +158,10 @@ class _FamilySearch:
 
     def record(self, index: int, sample: Sample) -> None:
         t = self.tried[index]
+        if self.measure.certifiable:
+            self.measure.check_sample(sample.values, f"{self.family.name} {t.budget.label}")
         t.samples.append(sample)
-        t.judgement = judge(t.samples, self.measure, self.scheme)
+        t.judgement = judge(t.samples, self.measure, self.scheme, self.settings.bet)
 
     def _open(self, t: _Tried) -> bool:
         """Whether another look at ``t`` could still decide it."""
@@ -167,7 +194,7 @@ class _FamilySearch:
             if t.judgement is None:
                 intact = False
                 continue
-            j = t.judgement
+            j = judge(t.samples, self.measure, self.scheme, self.settings.bet, bounds=True)
             intact = intact and j.outcome == "within"
             rows.append(BudgetResult(
                 family=self.family.name, label=t.budget.label, action=t.budget.action,
@@ -175,10 +202,19 @@ class _FamilySearch:
                 estimate=j.estimate, lo=j.lo, hi=j.hi,
                 status=_status(j.outcome, intact, self.measure.certifiable),
                 rounds=j.rounds, decided_at=j.decided_at, looks=len(t.samples),
-                replicates=t.drawn, calls=sum(s.calls for s in t.samples)))
+                replicates=t.drawn, calls=sum(s.calls for s in t.samples),
+                more_replicates=_more(j.more_rounds)))
         certified = [r for r in rows if r.status == "certified"]
         return FamilyResult(self.family.name, tuple(rows),
                             certified[-1] if certified else None)
+
+
+def _more(rounds: float) -> float | None:
+    """Replicates per document an undecided budget's values suggest it still needs (inf: no
+    number suffices at its current estimate); None for a decided budget."""
+    if math.isnan(rounds):
+        return None
+    return math.inf if math.isinf(rounds) else float(math.ceil(rounds))
 
 
 def _kv_fraction(samples: Sequence[Sample]) -> float:

@@ -2,15 +2,17 @@
 under the frontier's output directory, run and resumed like any study.
 
 Stage ``NN-lookL`` holds the budgets the search asked for at look ``L``, with ``replicates`` per
-document; look ``L`` uses the seed ``seed + L - 1``, so every budget of one look shares each
-document's random stream (common random numbers) and every look draws fresh replicates, which
-the search's bounds need (docs/method.md section 12).
+document; look ``L`` uses the seed :func:`look_seed` derives from the search's seed and ``L``
+by a hash, so every budget of one look shares each document's random stream (common random
+numbers), every look draws fresh replicates, which the search's bounds need, and searches with
+different seeds share no stream (docs/method.md section 12).
 Re-running the same command replays the search's decisions from the stored stages and
 computes only what is missing.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -74,6 +76,14 @@ class FrontierConfig:
                 "window": self.settings.window}
 
 
+def look_seed(seed: int, look: int) -> int:
+    """The seed of look ``look`` of a search with seed ``seed``: a hash of both (56 bits), so
+    no two looks of any two searches share a random stream (``seed + look - 1`` made look 2
+    of seed s look 1 of seed s + 1)."""
+    digest = hashlib.sha256(f"kvdrift frontier look {seed} {look}".encode()).digest()
+    return int.from_bytes(digest[:7], "little")
+
+
 @dataclass
 class StudyEvaluator:
     """Runs each batch of budgets as a stage study under ``out`` (held: each stage's folder
@@ -87,7 +97,8 @@ class StudyEvaluator:
     def stage_config(self, budgets: Sequence[Budget], look: int, name: str) -> StudyConfig:
         study = self.config.study
         run = replace(study.run, actions=tuple(b.action for b in budgets),
-                      replicates=self.config.settings.replicates, seed=study.run.seed + look - 1)
+                      replicates=self.config.settings.replicates,
+                      seed=look_seed(study.run.seed, look))
         return replace(study, name=name, run=run)
 
     def evaluate(self, budgets: Sequence[Budget], look: int) -> dict[Budget, Sample]:

@@ -53,6 +53,12 @@ def plot_frontier(result: FrontierResult, path: str | Path) -> Path:
     return save_figure(fig, path)
 
 
+def status_text(b: BudgetResult) -> str:
+    """A budget's status in words; for an undecided one, what its values suggest."""
+    more = b.more_text()
+    return STATUS_TEXT[b.status] + (f" ({more})" if more else "")
+
+
 def _row(b: BudgetResult, on_frontier: bool, best: BudgetResult | None) -> list[str]:
     mark = " &#9733;" if best is not None and b is best else ""
     bounds = ("&mdash;" if np.isnan(b.lo) and np.isnan(b.hi) else
@@ -61,7 +67,7 @@ def _row(b: BudgetResult, on_frontier: bool, best: BudgetResult | None) -> list[
     return [escape(b.family), escape(b.label) + mark, f"<code>{escape(b.action)}</code>",
             number_text(b.kv_fraction, 100, 1) + "%",
             f"{number_text(b.estimate, 1, 4)}<br><span class=\"ci\">{bounds}</span>",
-            escape(STATUS_TEXT[b.status]), str(b.rounds), decided, str(b.replicates),
+            escape(status_text(b)), str(b.rounds), decided, str(b.replicates),
             "yes" if on_frontier else ""]
 
 
@@ -94,8 +100,8 @@ def headline(result: FrontierResult) -> list[str]:
         what = word if c is None else (
             f"<code>{escape(c.action)}</code> at {number_text(c.kv_fraction, 100, 1)}%"
             + ("" if result.certifiable else " (estimate within, not certified)"))
-        dom = (" &mdash; dominated (it certainly fails with at least the best's cache; "
-               "assumes its measure gets no better with less cache)"
+        dom = (" &mdash; dominated (outside the tolerance at level 1 &minus; alpha with at "
+               "least the best's cache; assumes its measure gets no better with less cache)"
                if fam.family in result.dominated else "")
         items.append(f"<li>{escape(fam.family)}: {what}{dom}</li>")
     lines.append(f"<ul>{''.join(items)}</ul>")
@@ -202,7 +208,7 @@ def frontier_table(result: FrontierResult):
                       f"[{number_text(b.lo, 1, 4)}, {number_text(b.hi, 1, 4)}]")
             table.add_row(user_text(fam.family), user_text(b.label + mark),
                           f"{100 * b.kv_fraction:.1f}%", number_text(b.estimate, 1, 4),
-                          bounds, Text(STATUS_TEXT[b.status]), str(b.rounds))
+                          bounds, Text(status_text(b)), str(b.rounds))
     best = "none" if result.best is None else (
         f"{printable(result.best.action)} at {100 * result.best.kv_fraction:.1f}% of the cache")
     dominated = printable(", ".join(result.dominated)) or "none"
