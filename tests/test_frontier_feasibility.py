@@ -148,11 +148,21 @@ def test_the_command_line_counts_the_default_documents_as_the_study_makes_them()
     """The frontier's feasibility check counts the default documents without loading the study
     module; the count it assumes must be what the default sources generate."""
     from kvdrift.cli.frontier import DEFAULT_DOCUMENT_COUNT
+    from kvdrift.data.ruler import document_count
     from kvdrift.study_config import DEFAULT_DOCUMENTS, parse_study
 
     config = parse_study({"study": {"models": ["m"], "actions": ["full"]},
                           "documents": [DEFAULT_DOCUMENTS]})
     (ruler,) = config.documents
-    made = ruler.config
-    assert len(made.families) * len(made.target_lengths) * made.documents_per_stratum == \
-        DEFAULT_DOCUMENT_COUNT
+    assert document_count(ruler.config) == DEFAULT_DOCUMENT_COUNT
+    made = ruler.documents(lambda text: len(text.split()))  # as many as it says it makes
+    assert len(made) == DEFAULT_DOCUMENT_COUNT
+
+
+def test_the_python_frontier_refuses_what_cannot_be_certified_before_any_work(tmp_path):
+    import kvdrift
+
+    out = tmp_path / "fr"
+    with pytest.raises(ValueError, match="needs 40 replicates per document"):
+        kvdrift.frontier(measure="R_tv <= 0.02", max_replicates=32, out=out)
+    assert not out.exists()

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kvdrift import checks
+from kvdrift import checks, limits
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -258,12 +258,14 @@ def frontier(
     *,
     alpha: float = 0.05,
     replicates: int = 8,
-    max_replicates: int = 32,
+    max_replicates: int = limits.DEFAULT_SEARCH_REPLICATES,
     cap: float | None = None,
     **study: object,
 ) -> FrontierResult:
-    """The least KV cache per family whose ``measure`` stays within its tolerance, certified
-    at level ``1 - alpha`` over the whole search (``kvdrift frontier``); resumable in ``out``.
+    """The least KV cache per family certified within the tolerance of ``measure``, at level
+    ``1 - alpha`` over the whole search (``kvdrift frontier``); resumable in ``out``. Settings
+    that could certify nothing even if every value were at the best end of the measure's range
+    are refused before any model loads.
     ``cap`` states a bound on an unbounded measure's values (``kl``), without which it gets
     estimates only.
 
@@ -277,6 +279,7 @@ def frontier(
     import contextlib
     from dataclasses import replace
 
+    from kvdrift.frontier_search.feasibility import check_feasible
     from kvdrift.frontier_search.search import SearchSettings
     from kvdrift.frontier_search.study import FrontierConfig, run_frontier
     from kvdrift.lm.user_model import Model, left_as_found
@@ -301,6 +304,8 @@ def frontier(
         replace(config, presses=checked(None, own, FROM_PYTHON)), tuple(families), measure,
         SearchSettings(alpha=alpha, replicates=replicates, max_replicates=max_replicates),
         cap)
+    check_feasible(config.measure, _document_count(config.study), alpha, len(config.families),
+                   max_replicates)
 
     @functools.cache
     def load(name: str) -> object:  # every stage runs on the study's device and dtype
@@ -314,6 +319,16 @@ def frontier(
 
     with left_as_found(given.model) if given is not None else contextlib.nullcontext():
         return run_frontier(config, out, run_stage)
+
+
+def _document_count(config: StudyConfig) -> int:
+    """How many documents a study's sources give, without a model (generated tasks counted
+    from their settings)."""
+    from kvdrift.data.ruler import document_count
+    from kvdrift.data.sources import RulerSource
+
+    return sum(document_count(source.config) if isinstance(source, RulerSource)
+               else len(source.documents()) for source in config.documents)
 
 
 def __getattr__(name: str) -> object:

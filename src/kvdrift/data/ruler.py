@@ -164,6 +164,11 @@ def make_document(
     )
 
 
+def document_count(config: RulerConfig) -> int:
+    """How many documents :func:`generate` makes of ``config`` (no tokenizer needed)."""
+    return len(config.target_lengths) * len(config.families) * config.documents_per_stratum
+
+
 def generate(config: RulerConfig, count_tokens: Callable[[str], int] | Any) -> list[Document]:
     """All documents of ``config``: target lengths outermost, then families, then index.
 
