@@ -299,7 +299,7 @@ def test_python_api_frontier_returns_a_typed_result(tiny_model_dir, frontier_doc
     import kvdrift
     from kvdrift.frontier_search.result import FrontierResult
 
-    r = kvdrift.frontier(["recent"], "R <= 0.5", tmp_path / "fr", replicates=2,
+    r = kvdrift.frontier(["recent"], "R <= 0.5", tmp_path / "fr", replicates=2, max_replicates=16,
                          model=str(tiny_model_dir), docs=frontier_docs, horizon=3,
                          device="cpu")
     assert isinstance(r, FrontierResult)

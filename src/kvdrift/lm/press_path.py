@@ -53,7 +53,7 @@ from kvdrift.lm.prefill import (
 from kvdrift.lm.press_identity import check_press
 from kvdrift.lm.presses import fixed_press_randomness
 from kvdrift.lm.shared_attention import attention_implementation
-from kvdrift.run import UnitStopped
+from kvdrift.unit_errors import UnitStopped
 
 STORED_BYTES = "stored bytes"
 """``kv_measure`` of a general-path cache: bytes of keys and values as stored."""
