@@ -70,7 +70,7 @@ def test_run_refuses_bad_input_in_one_line(tiny_model_dir, docs_file, tmp_path):
     cases = [
         (["--actions", "snapkv-halfish"], "snapkv-halfish"),
         (["--actions", "knorm:ratio=1.5"], "ratio"),
-        (["--replicates", "0"], "replicates K must be an integer >= 1"),
+        (["--replicates", "0"], "--replicates must be an integer >= 1"),
         (["--estimator", "magic"], "error: estimator must be one of rollout, swrb; got 'magic'"),
         (["--docs", str(tmp_path / "missing.jsonl")], "missing.jsonl"),
     ]

@@ -56,6 +56,19 @@ def test_frontier_flags_are_named(tmp_path):
     assert not (tmp_path / "f").exists()
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["--horizon", "-1"], "--horizon must be an integer >= 1; got -1"),
+    (["--replicates", "0"], "--replicates must be an integer >= 1; got 0"),
+    (["--temperature", "-1"], "--temperature must be a finite number >= 0 (0 = greedy); got -1.0"),
+    (["--seed", str(10**20)], f"--seed must be an integer within 0..{2**63 - 1}; got {10**20}"),
+    (["--replicates", "100000", "--horizon", "100000"],
+     "--horizon must be at most 65_536 (kvdrift's limit); got 100_000"),
+])
+def test_run_flags_are_named(tmp_path, flags, message):
+    assert one_error(["run", *flags, "--out", str(tmp_path / "r")]) == message
+    assert not (tmp_path / "r").exists()
+
+
 def test_press_fields_are_bounded_by_what_kvpress_takes():
     with pytest.raises(ActionError, match=whole(
             "SnapKVPress: kernel_size must be at most 2_147_483_647 in size (kvdrift's limit: "

@@ -46,8 +46,8 @@ def fresh_cli(*args: str, cwd) -> tuple[int, list[str], str, float]:
     (("frontier", "--max-replicates", str(10**11)),
      "error: --max-replicates must be at most 4_096 (kvdrift's limit); got 100_000_000_000"),
     (("run", "--actions", "nope"), "error: action must be one of full, snapkv-half,"),
-    (("run", "--horizon", "-1"), "error: horizon H must be an integer >= 1; got -1"),
-    (("run", "--seed", str(10**29)), "error: seed must be an integer within 0.."),
+    (("run", "--horizon", "-1"), "error: --horizon must be an integer >= 1; got -1"),
+    (("run", "--seed", str(10**29)), "error: --seed must be an integer within 0.."),
     (("study", "CONFIG", "--out", "/"), "error: output directory '/' is the file-system root"),
 ])
 def test_refusals_come_before_torch_transformers_and_kvpress(args, message, tmp_path):

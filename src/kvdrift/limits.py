@@ -99,12 +99,12 @@ def count(value: Any, what: str, limit: int, lo: int = 1) -> int:
     return value
 
 
-def replicates(value: Any) -> int:
-    return count(value, "replicates K", MAX_REPLICATES)
+def replicates(value: Any, what: str = "replicates K") -> int:
+    return count(value, what, MAX_REPLICATES)
 
 
-def horizon(value: Any) -> int:
-    return count(value, "horizon H", MAX_HORIZON)
+def horizon(value: Any, what: str = "horizon H") -> int:
+    return count(value, what, MAX_HORIZON)
 
 
 def seed(value: Any, what: str = "seed", most: int = MAX_SEED) -> int:
@@ -150,10 +150,11 @@ def bootstrap_matrix(draws: int, documents_: int) -> None:
                          f"{shown(draws)}")
 
 
-def unit_steps(replicates_: int, horizon_: int) -> None:
+def unit_steps(replicates_: int, horizon_: int,
+               names: tuple[str, str] = ("replicates K", "horizon H")) -> None:
     """K x H step records of one unit within :data:`MAX_UNIT_STEPS`."""
     if replicates_ * horizon_ > MAX_UNIT_STEPS:
-        raise ValueError(f"replicates K x horizon H must be at most {MAX_UNIT_STEPS:_} step "
+        raise ValueError(f"{names[0]} x {names[1]} must be at most {MAX_UNIT_STEPS:_} step "
                          f"records per unit (kvdrift's limit); got {shown(replicates_)} x "
                          f"{shown(horizon_)} = {shown(replicates_ * horizon_)}")
 

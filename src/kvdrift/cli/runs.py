@@ -148,6 +148,10 @@ def run(
     from kvdrift.run.outdir import check_output_dir
 
     out = check_output_dir(out)  # at once: reads only, before anything is imported or written
+    from kvdrift.run.settings import FLAGS, check_run_numbers
+
+    check_run_numbers(replicates=replicates, horizon=horizon, depths=_depths(depths),
+                      batch=batch, temperature=temperature, seed=seed, names=FLAGS)
     check_model_name(model, allow_download)  # before torch and kvpress are imported
     from kvdrift.lm.spec_fields import split_actions
     from kvdrift.user_presses import load_presses_file, refuse_missing_presses

@@ -4,21 +4,30 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from kvdrift import checks, limits
 
+#: How the command line names each setting (``kvdrift run``), for its messages.
+FLAGS = {"replicates": "--replicates", "horizon": "--horizon", "batch": "--batch",
+         "temperature": "--temperature", "seed": "--seed"}
+
 
 def check_run_numbers(*, replicates: Any, horizon: Any, depths: Iterable[Any], batch: Any,
-                      temperature: Any, seed: Any) -> tuple[int, ...]:
+                      temperature: Any, seed: Any, names: Mapping[str, str] | None = None
+                      ) -> tuple[int, ...]:
     """Raise ValueError (one line) for a number outside its rule or limit; return the
-    observation depths sorted and without repeats."""
-    limits.replicates(replicates)
-    limits.horizon(horizon)
-    limits.unit_steps(replicates, horizon)  # the records a unit holds
+    observation depths sorted and without repeats. ``names``: how the user named each
+    setting (e.g. :data:`FLAGS`), where not by its key."""
+    named = {"replicates": "replicates K", "horizon": "horizon H", "batch": "batch",
+             "temperature": "temperature", "seed": "seed"} | dict(names or {})
+    limits.replicates(replicates, named["replicates"])
+    limits.horizon(horizon, named["horizon"])
+    limits.unit_steps(replicates, horizon, (named["replicates"], named["horizon"]))
     depths = checks.depths(depths, horizon)
-    checks.integer(batch, "batch", 0, rule="an integer >= 0 (0 = all replicates at once)")
-    checks.number(temperature, "temperature", 0, rule="a finite number >= 0 (0 = greedy)")
-    limits.seed(seed)
+    checks.integer(batch, named["batch"], 0, rule="an integer >= 0 (0 = all replicates at once)")
+    checks.number(temperature, named["temperature"], 0,
+                  rule="a finite number >= 0 (0 = greedy)")
+    limits.seed(seed, named["seed"])
     return depths
