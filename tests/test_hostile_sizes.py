@@ -145,7 +145,7 @@ def test_cli_refuses_oversized_settings_before_writing_anything(tmp_path, monkey
     write_lines(tmp_path / "docs.jsonl", json.dumps({"id": "a", "prompt": PROMPT}))
     cases = [
         (["run", "--docs", "docs.jsonl", "--replicates", "5000000", "--out", "o1"],
-         "replicates K must be at most 1_000_000"),
+         "--replicates must be at most 1_000_000"),
         (["study", str(study_toml(tmp_path / "s1.toml", study="replicates = "
                                   "100000000000000000000")), "--out", "o2"],
          "replicates K must be at most 1_000_000"),

@@ -75,7 +75,7 @@ def frontier(
     names = check_family_names(split_list(families))
     if presses is None:  # names a presses file defines are known only once it is loaded
         for name in names:  # their press names, from a static table (no kvpress)
-            family_budgets(name)
+            _builtin_family(name)
     from kvdrift.frontier_search.search import SearchSettings
 
     settings = SearchSettings(alpha=alpha, replicates=replicates,
@@ -114,6 +114,20 @@ def frontier(
         return
     print_whole(console, frontier_table(result))
     say(f"report: {html}")
+
+
+def _builtin_family(name: str) -> None:
+    """Refuse a family kvdrift does not name (no kvpress imported); a bare name may be a
+    family of the user's own whose presses file was not given."""
+    from kvdrift.frontier_search.families import family_budgets
+
+    try:
+        family_budgets(name)
+    except ValueError as exc:
+        if ":" in name or "+" in name:
+            raise
+        raise ValueError(f"{exc}; a family of your own needs its presses file again "
+                         f"(--presses FILE, with FAMILIES)") from None
 
 
 def check_certifiable(measure: str, cap: float | None, docs: Path | None, settings,
