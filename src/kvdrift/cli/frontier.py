@@ -141,13 +141,13 @@ def check_certifiable(measure: str, cap: float | None, docs: Path | None, settin
     parsed = parse_measure(measure, cap)
     count = DEFAULT_DOCUMENT_COUNT
     if docs is not None:
-        if not docs.is_file():  # a regular file only (never a pipe that could block)
-            return  # the document loader names the problem
-        try:
-            with open(docs, "rb") as f:
+        from kvdrift.output import open_regular
+
+        try:  # a regular file only, opened once (never a pipe that could block)
+            with open_regular(docs, "--docs") as f:
                 count = sum(1 for line in f if line.strip())
-        except OSError:
-            return
+        except (OSError, ValueError):
+            return  # the document loader names the problem
     if count:
         check_feasible(parsed, count, settings.alpha, families, settings.max_replicates,
                        settings.bet)

@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 from kvdrift.data.document import Document
 from kvdrift.json_values import parse_json
 from kvdrift.output import OutputDir
-from kvdrift.records.schema import Column
+from kvdrift.records.schema import KEY, Column
 from kvdrift.run import fingerprint as fp
 
 FOLDER = "documents"
@@ -36,9 +36,7 @@ FOLDER = "documents"
 DIGEST_KEY = b"kvdrift.document"
 
 COLUMNS = (
-    Column("model", pa.string(), "model name or path"),
-    Column("doc_id", pa.string(), "document id"),
-    Column("stratum", pa.string(), "document stratum"),
+    *KEY[:3],  # model, doc_id, stratum: as the records name them
     Column("prompt", pa.string(), "the prompt's text (before any chat template)"),
     Column("answer", pa.string(), "the expected answer, null for a free-form prompt"),
     Column("metric", pa.string(), "how outputs are scored against the answer, or null"),
