@@ -25,7 +25,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the kvdrift command se
 import pyarrow.parquet as pq  # noqa: E402
 
 from kvdrift.api import shipped_config  # noqa: E402
-from kvdrift.lm.model import load_model  # noqa: E402
+from kvdrift.lm.loading.model import load_model  # noqa: E402
 from kvdrift.run import lost_context  # noqa: E402
 from kvdrift.study import run_study  # noqa: E402
 from kvdrift.study_config import parse_study  # noqa: E402

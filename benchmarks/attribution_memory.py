@@ -125,7 +125,7 @@ def child(n: int, algorithm: str, shape: Shape) -> dict:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from kvdrift.lm import attribution
-    from kvdrift.lm.pair import LMKernelPair
+    from kvdrift.lm.engine.pair import LMKernelPair
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     import attribution_reference

@@ -52,11 +52,11 @@ from transformers import DynamicCache, StoppingCriteria, StoppingCriteriaList  #
 
 from kvdrift.data.document import Document  # noqa: E402
 from kvdrift.estimate import coupled_rollouts, swrb  # noqa: E402
-from kvdrift.lm import shared_attention  # noqa: E402
+from kvdrift.lm.engine import shared_attention  # noqa: E402
+from kvdrift.lm.engine.pair import LMKernelPair  # noqa: E402
+from kvdrift.lm.engine.prefill import prefill  # noqa: E402
 from kvdrift.lm.factory import LMPairFactory  # noqa: E402
-from kvdrift.lm.model import LoadedModel, encode_prompt, load_model  # noqa: E402
-from kvdrift.lm.pair import LMKernelPair  # noqa: E402
-from kvdrift.lm.prefill import prefill  # noqa: E402
+from kvdrift.lm.loading.model import LoadedModel, encode_prompt, load_model  # noqa: E402
 
 SETUP_ACTIONS = ("snapkv-half", "recent-half", "snapkv-512")
 

@@ -27,9 +27,9 @@ import kvpress  # noqa: E402
 import torch  # noqa: E402
 
 from kvdrift.data.document import Document  # noqa: E402
-from kvdrift.lm.actions import parse_action  # noqa: E402
+from kvdrift.lm.actions.spec import parse_action  # noqa: E402
 from kvdrift.lm.factory import LMPairFactory  # noqa: E402
-from kvdrift.lm.model import LoadedModel, load_model, load_tokenizer  # noqa: E402
+from kvdrift.lm.loading.model import LoadedModel, load_model, load_tokenizer  # noqa: E402
 
 ACTIONS = ("snapkv-half", "recent-half", "snapkv-90", "recent-90", "knorm:ratio=0.5",
            "adakv-snapkv:ratio=0.5", "pyramidkv:ratio=0.5")

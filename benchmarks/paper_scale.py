@@ -32,7 +32,7 @@ from dispatch_count import RowCounter, coupled_and_plain
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from kvdrift.estimate import coupled_rollouts, swrb
-from kvdrift.lm.pair import LMKernelPair
+from kvdrift.lm.engine.pair import LMKernelPair
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 QUICK = dict(device="cpu", dtype="float32", layers=8, hidden=512, intermediate=1536, heads=8,

@@ -32,9 +32,9 @@ declare -A MODULES=(
   [analysis]="src/kvdrift/analysis/*|tests/test_analysis_helpers.py tests/test_analysis.py tests/test_analysis_exact.py tests/test_predict.py tests/test_plan.py tests/test_study_analysis.py tests/test_study_breakdowns.py tests/test_results.py tests/test_divergence.py tests/test_checks.py tests/test_task_outcomes.py tests/test_readings.py"
   [divergence]="src/kvdrift/divergence.py|tests/test_divergence.py tests/test_analysis_helpers.py tests/test_estimate_exact.py"
   [checks]="src/kvdrift/checks.py|tests/test_checks.py tests/test_analysis_helpers.py tests/test_finite_inputs.py"
-  [cache]="src/kvdrift/lm/cache.py|tests/test_lm_cache.py tests/test_lm_pair.py tests/test_shared_attention.py"
-  [attention]="src/kvdrift/lm/shared_attention.py|tests/test_shared_attention.py tests/test_joint_step.py tests/test_lm_presses.py tests/test_lm_quantize.py"
-  [pair]="src/kvdrift/lm/pair.py src/kvdrift/lm/prefill.py|tests/test_lm_pair.py tests/test_lm_pair_inputs.py tests/test_lm_presses.py tests/test_shared_attention.py tests/test_lm_actions.py tests/test_lm_estimators.py"
+  [cache]="src/kvdrift/lm/engine/cache.py|tests/test_lm_cache.py tests/test_lm_pair.py tests/test_shared_attention.py"
+  [attention]="src/kvdrift/lm/engine/shared_attention.py|tests/test_shared_attention.py tests/test_joint_step.py tests/test_lm_presses.py tests/test_lm_quantize.py"
+  [pair]="src/kvdrift/lm/engine/pair.py src/kvdrift/lm/engine/prefill.py|tests/test_lm_pair.py tests/test_lm_pair_inputs.py tests/test_lm_presses.py tests/test_shared_attention.py tests/test_lm_actions.py tests/test_lm_estimators.py"
 )
 # analysis.<file>: one file of analysis/ at a time, against the same tests (a shorter run)
 for f in src/kvdrift/analysis/*.py; do

@@ -18,8 +18,8 @@ from transformers import DynamicCache
 
 from kvdrift.lm import attribution
 from kvdrift.lm.attribution import TOP_POSITIONS, LostContext
-from kvdrift.lm.prefill import PromptCache, unwrap_model
-from kvdrift.lm.shared_attention import attention_implementation
+from kvdrift.lm.engine.prefill import PromptCache, unwrap_model
+from kvdrift.lm.engine.shared_attention import attention_implementation
 
 #: Histories replayed in one forward.
 REPLAY_ROWS = 8

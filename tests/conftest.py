@@ -38,7 +38,7 @@ def _save_tiny_model(out, **extra):
 
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from kvdrift.lm.model import smollm2_path
+    from kvdrift.lm.loading.model import smollm2_path
 
     source = smollm2_path()
     for name in TOKENIZER_FILES:

@@ -14,15 +14,15 @@ import pytest
 import torch
 from messages import whole
 
-from kvdrift.lm import entry_positions
 from kvdrift.lm.attribution import (
     REPLAY_ROWS,
     divergence_attention,
     loss_weights,
     lost_contexts,
 )
-from kvdrift.lm.entry_positions import exact_positions, held_positions
-from kvdrift.lm.pair import LMKernelPair
+from kvdrift.lm.engine import entry_positions
+from kvdrift.lm.engine.entry_positions import exact_positions, held_positions
+from kvdrift.lm.engine.pair import LMKernelPair
 
 MARK, N, SPOT = 7, 48, 10  # the marked token id, prompt length, MARK's position
 
@@ -287,7 +287,7 @@ def test_the_nearest_entries_are_matched_in_bounded_chunks(monkeypatch):
 @pytest.mark.parametrize("action", ["snapkv-half", "adakv-snapkv:ratio=0.5"])
 def test_the_attribution_on_smollm2_equals_the_old_algorithm(action):
     """On the embedded model: loss weights exactly, positions identical, masses within 1e-6."""
-    from kvdrift.lm.model import encode_prompt, load_model
+    from kvdrift.lm.loading.model import encode_prompt, load_model
 
     loaded = load_model("smollm2")
     text = ("The archive kept one ledger per harbour. The ledger of Ostend recorded the code "

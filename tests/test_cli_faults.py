@@ -99,7 +99,7 @@ def test_an_unknown_model_is_refused_at_once_without_the_network(tmp_path, monke
 
 
 def test_downloading_is_an_explicit_opt_in(tmp_path, monkeypatch):
-    from kvdrift.lm.loading import downloads_allowed, pretrained_options
+    from kvdrift.lm.loading.pretrained import downloads_allowed, pretrained_options
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     assert not downloads_allowed()

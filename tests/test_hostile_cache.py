@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from kvdrift.lm import converted_cache
-from kvdrift.lm import model as lm_model
+from kvdrift.lm.loading import converted_cache
+from kvdrift.lm.loading import model as lm_model
 from tests.messages import whole
 
 

@@ -248,7 +248,7 @@ def test_allow_download_without_a_network_is_one_quick_line(tmp_path, monkeypatc
     assert line.startswith("error: cannot download model 'org/not-cached': the hub "
                            "https://huggingface.co cannot be reached (Name or service not known)")
     assert "--allow-download" not in line and not (tmp_path / "r").exists()
-    from kvdrift.lm.loading import HubUnreachable
+    from kvdrift.lm.loading.pretrained import HubUnreachable
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")  # how the Python API opts in to downloads
     config = kvdrift.study_from_arguments(model="org/not-cached", actions=["full"])

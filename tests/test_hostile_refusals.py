@@ -13,7 +13,7 @@ import time
 import pytest
 
 import kvdrift
-from kvdrift.lm import action_names
+from kvdrift.lm.grammar import names as action_names
 
 HEAVY = ("torch", "transformers", "kvpress")
 _PROBE = """
@@ -61,7 +61,9 @@ def test_refusals_come_before_torch_transformers_and_kvpress(args, message, tmp_
 
 
 def test_the_static_names_are_the_press_library_s():
-    from kvdrift.lm import actions, presses, quantization
+    from kvdrift.lm.actions import presses
+    from kvdrift.lm.actions import spec as actions
+    from kvdrift.lm.quantized import transform as quantization
 
     assert action_names.NAMED_ACTIONS == tuple(actions.NAMED_ACTIONS)
     assert action_names.SCORER_CLASSES == tuple(presses.scorer_classes())
@@ -82,7 +84,7 @@ def test_the_static_names_are_the_press_library_s():
     "nope", "nope:ratio=0.5", "adakv-nope:ratio=0.5", "snapkv:ratio=0.5+nope:ratio=0.5",
     "Nope-snapkv:ratio=0.5", "snapkv-halfx"])
 def test_an_unknown_name_is_refused_early_as_the_full_parser_refuses_it(spec):
-    from kvdrift.lm.actions import parse_action
+    from kvdrift.lm.actions.spec import parse_action
 
     with pytest.raises(ValueError) as full:
         parse_action(spec)

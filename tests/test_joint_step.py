@@ -15,7 +15,7 @@ import torch
 
 from kvdrift.estimate import coupled_rollouts, swrb
 from kvdrift.finite import random_pair
-from kvdrift.lm.pair import LMKernelPair
+from kvdrift.lm.engine.pair import LMKernelPair
 from tests.test_shared_attention import MODEL_KINDS, _model, _prompt, _tokens, walk
 
 TOL = 1e-4

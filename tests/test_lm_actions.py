@@ -11,15 +11,7 @@ from kvpress.utils import compute_n_kept
 from typer.testing import CliRunner
 
 from kvdrift.cli import app
-from kvdrift.lm.actions import (
-    NAMED_ACTIONS,
-    Action,
-    ActionError,
-    actions_help,
-    parse_action,
-    split_actions,
-)
-from kvdrift.lm.presses import (
+from kvdrift.lm.actions.presses import (
     FAMILIES,
     GENERAL_PATH,
     NOT_OFFERED,
@@ -28,6 +20,14 @@ from kvdrift.lm.presses import (
     Stage,
     family_table,
     mid_ratio,
+)
+from kvdrift.lm.actions.spec import (
+    NAMED_ACTIONS,
+    Action,
+    ActionError,
+    actions_help,
+    parse_action,
+    split_actions,
 )
 from tests.messages import whole
 

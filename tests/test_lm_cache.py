@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvdrift.lm.cache import MIN_SPARE, SharedPromptCache, SharedPromptLayer, spare_slots
+from kvdrift.lm.engine.cache import MIN_SPARE, SharedPromptCache, SharedPromptLayer, spare_slots
 
 HEADS, DIM, PROMPT = 2, 3, 5
 

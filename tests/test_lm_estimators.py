@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from kvdrift.estimate import coupled_rollouts, swrb
-from kvdrift.lm.pair import LMKernelPair
+from kvdrift.lm.engine.pair import LMKernelPair
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvdrift.lm import model as lm_model
-from kvdrift.lm.model import (
+from kvdrift.lm.loading import model as lm_model
+from kvdrift.lm.loading.model import (
     cache_root,
     encode_prompt,
     is_complete_model_dir,
@@ -162,7 +162,7 @@ def test_smollm2_tokenizer_without_a_conversion_is_the_converted_one(tmp_path, m
     documents sized or prompts encoded by either are the same."""
     import random
 
-    from kvdrift.lm.model import load_tokenizer
+    from kvdrift.lm.loading.model import load_tokenizer
 
     converted = load_model().tokenizer
     monkeypatch.setenv("KVDRIFT_CACHE", str(tmp_path / "empty-cache"))

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from kvdrift.kernel import KernelPair
-from kvdrift.lm.actions import parse_action
-from kvdrift.lm.pair import LMKernelPair
-from kvdrift.lm.prefill import prefill
-from kvdrift.lm.presses import scorer_classes
+from kvdrift.lm.actions.presses import scorer_classes
+from kvdrift.lm.actions.spec import parse_action
+from kvdrift.lm.engine.pair import LMKernelPair
+from kvdrift.lm.engine.prefill import prefill
 
 TOL = 5e-5  # float32 forward passes in different batch layouts (logits are O(10))
 
@@ -325,14 +325,14 @@ def test_bad_inputs(tiny_llama):
 
 @pytest.fixture(scope="module")
 def smollm2():
-    from kvdrift.lm.model import load_model
+    from kvdrift.lm.loading.model import load_model
 
     return load_model("smollm2")
 
 
 @pytest.fixture(scope="module")
 def smollm2_prompt(smollm2):
-    from kvdrift.lm.model import encode_prompt
+    from kvdrift.lm.loading.model import encode_prompt
 
     text = ("The printing press spread across Europe within decades. Printers moved from city "
             "to city, carrying type, presses and skills; books became cheaper and more "

@@ -7,8 +7,8 @@ import pytest
 import torch
 from messages import whole
 
-from kvdrift.lm.pair import LMKernelPair
-from kvdrift.lm.prefill import PromptCache
+from kvdrift.lm.engine.pair import LMKernelPair
+from kvdrift.lm.engine.prefill import PromptCache
 
 
 def kv(entries: int, heads: int = 2) -> torch.Tensor:
@@ -154,7 +154,7 @@ def test_sliding_window_models_are_refused():
 
 
 def test_a_loaded_model_is_unwrapped(tiny_llama):
-    from kvdrift.lm.model import LoadedModel
+    from kvdrift.lm.loading.model import LoadedModel
 
     loaded = LoadedModel(model=tiny_llama, tokenizer=None, name="tiny", device=torch.device("cpu"),
                          dtype=torch.float32)
@@ -177,7 +177,7 @@ def test_a_model_without_a_context_limit_takes_any_prompt(tiny_llama):
 def test_eos_of_a_model_without_generation_config_attribute():
     from types import SimpleNamespace
 
-    from kvdrift.lm.pair import _primary_eos
+    from kvdrift.lm.engine.pair import _primary_eos
 
     assert _primary_eos(SimpleNamespace(config=SimpleNamespace(eos_token_id=[4, 5]))) == 4
     assert _primary_eos(SimpleNamespace(config=SimpleNamespace())) is None

@@ -1,4 +1,4 @@
-"""The general path: any kvpress press object as an action (lm/press_path.py, issue 43).
+"""The general path: any kvpress press object as an action (lm/engine/press_path.py, issue 43).
 
 Q's cache is the prompt's prefill run inside the press object, used as the press left it. It is
 checked against kvpress's own ``generate`` inside the same press (a press written here, not a
@@ -23,18 +23,18 @@ from typer.testing import CliRunner
 
 from kvdrift.cli import app
 from kvdrift.data.document import Document
-from kvdrift.lm.actions import NAMED_ACTIONS, Action, parse_action
-from kvdrift.lm.factory import LMPairFactory
-from kvdrift.lm.model import load_model
-from kvdrift.lm.pair import LMKernelPair
-from kvdrift.lm.press_identity import check_press, identity_changes, press_identity
-from kvdrift.lm.press_path import (
+from kvdrift.lm.actions.identity import check_press, identity_changes, press_identity
+from kvdrift.lm.actions.spec import NAMED_ACTIONS, Action, parse_action
+from kvdrift.lm.engine.pair import LMKernelPair
+from kvdrift.lm.engine.press_path import (
     KEPT_ENTRIES,
     STORED_BYTES,
     PressFailed,
     decoding_rule,
     press_prompt_cache,
 )
+from kvdrift.lm.factory import LMPairFactory
+from kvdrift.lm.loading.model import load_model
 from kvdrift.run.runner import RunConfig, run_units, unit_records
 from kvdrift.run.store import RunStore
 from tests.test_lm_presses import prompt
@@ -406,7 +406,7 @@ def test_kvdrift_actions_says_how_each_class_is_measured():
     lambda: kvpress.MergingPress(press=kvpress.SnapKVPress(compression_ratio=0.5)),
 ], ids=["users-scorer", "think", "merging"])
 def test_presses_on_smollm2_equal_generate_inside_them(make):
-    from kvdrift.lm.model import encode_prompt
+    from kvdrift.lm.loading.model import encode_prompt
 
     loaded = load_model("smollm2")
     text = ("Rivers carve valleys over millennia; glaciers widen them, and the sea floods "

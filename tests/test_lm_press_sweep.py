@@ -21,9 +21,9 @@ import kvpress
 import pytest
 import torch
 
-from kvdrift.lm.actions import parse_action
-from kvdrift.lm.pair import LMKernelPair
-from kvdrift.lm.presses import PRESS_SEED
+from kvdrift.lm.actions.presses import PRESS_SEED
+from kvdrift.lm.actions.spec import parse_action
+from kvdrift.lm.engine.pair import LMKernelPair
 from tests.test_lm_presses import greedy_generate, greedy_pair, prompt
 
 LOGPROB_TOL = 1e-4
@@ -188,7 +188,7 @@ SMOLLM2_FAMILIES = ("snapkv", "recent", "adakv", "chunk", "chunkkv", "pyramidkv"
 
 @pytest.fixture(scope="module")
 def smollm2_long():
-    from kvdrift.lm.model import encode_prompt, load_model, load_tokenizer
+    from kvdrift.lm.loading.model import encode_prompt, load_model, load_tokenizer
 
     text = " ".join(f"Section {i}: rivers carve valleys over millennia; glaciers widen them, "
                     f"and the sea floods their mouths when the ice melts." for i in range(120))
@@ -217,7 +217,7 @@ def test_run_keeps_kvpress_pyramid_and_records_it_per_layer(tiny_model_dir, tmp_
 
     from kvdrift.cli import app
     from kvdrift.data import Document, write_jsonl
-    from kvdrift.lm.model import encode_prompt, load_tokenizer
+    from kvdrift.lm.loading.model import encode_prompt, load_tokenizer
 
     tokenizer = load_tokenizer(str(tiny_model_dir))
     text = next(t for t in ("Rivers carve valleys. " * k for k in range(40, 80))

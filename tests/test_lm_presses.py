@@ -21,10 +21,10 @@ import kvpress
 import pytest
 import torch
 
-from kvdrift.lm.actions import parse_action
-from kvdrift.lm.decoding import NEVER
-from kvdrift.lm.pair import LMKernelPair
-from kvdrift.lm.presses import PRESS_SEED, SCORERS
+from kvdrift.lm.actions.presses import PRESS_SEED, SCORERS
+from kvdrift.lm.actions.spec import parse_action
+from kvdrift.lm.engine.decoding import NEVER
+from kvdrift.lm.engine.pair import LMKernelPair
 
 N_TINY = 90
 STEPS = 16
@@ -273,14 +273,14 @@ def test_decoding_window_larger_than_snapkv_window_is_required(tiny_llama):
 
 @pytest.fixture(scope="module")
 def smollm2():
-    from kvdrift.lm.model import load_model
+    from kvdrift.lm.loading.model import load_model
 
     return load_model("smollm2").model
 
 
 @pytest.fixture(scope="module")
 def smollm2_ids(smollm2):
-    from kvdrift.lm.model import encode_prompt, load_tokenizer
+    from kvdrift.lm.loading.model import encode_prompt, load_tokenizer
 
     text = ("Rivers carve valleys over millennia; glaciers widen them, and the sea floods "
             "their mouths when the ice melts. ") * 6 + "Explain how a fjord forms."
@@ -349,7 +349,7 @@ def test_join_and_select_keep_each_rows_compressions(tiny_llama):
 def test_random_presses_are_reproducible_and_leave_callers_randomness(tiny_llama):
     # LeverageScorePress sketches keys with torch.randn: kvdrift fixes its seed, so two prefills
     # keep the same entries whatever the caller's random state, which it leaves as it was
-    from kvdrift.lm.prefill import prefill
+    from kvdrift.lm.engine.prefill import prefill
 
     ids = prompt(N_TINY)
     action = parse_action("leverage:ratio=0.5")

@@ -11,11 +11,16 @@ import pytest
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
-from kvdrift.lm.actions import parse_action
-from kvdrift.lm.pair import LMKernelPair
-from kvdrift.lm.prefill import prefill, prefill_shared
-from kvdrift.lm.quantization import KIVIQuantization
-from kvdrift.lm.quantize import GGUF_TYPES, fp8_roundtrip, gguf_roundtrip, minmax_roundtrip
+from kvdrift.lm.actions.spec import parse_action
+from kvdrift.lm.engine.pair import LMKernelPair
+from kvdrift.lm.engine.prefill import prefill, prefill_shared
+from kvdrift.lm.quantized.numerics import (
+    GGUF_TYPES,
+    fp8_roundtrip,
+    gguf_roundtrip,
+    minmax_roundtrip,
+)
+from kvdrift.lm.quantized.transform import KIVIQuantization
 from tests.test_lm_pair import greedy
 
 TOL = 5e-5

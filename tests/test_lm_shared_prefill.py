@@ -17,11 +17,11 @@ import pytest
 import torch
 
 from kvdrift.data.document import Document
-from kvdrift.lm.actions import parse_action
+from kvdrift.lm.actions.presses import PRESS_SEED
+from kvdrift.lm.actions.spec import parse_action
+from kvdrift.lm.engine.pair import LMKernelPair
+from kvdrift.lm.engine.prefill import PromptCache, own_prefill_reason, prefill, prefill_shared
 from kvdrift.lm.factory import LMPairFactory
-from kvdrift.lm.pair import LMKernelPair
-from kvdrift.lm.prefill import PromptCache, own_prefill_reason, prefill, prefill_shared
-from kvdrift.lm.presses import PRESS_SEED
 from tests.test_lm_presses import (
     DECODING,
     FAMILIES_TINY,

@@ -145,7 +145,7 @@ def test_a_ray_resume_with_other_weights_under_the_same_name_is_refused(ray_clus
     from transformers import LlamaForCausalLM
 
     from kvdrift.directory import StudyDirectory
-    from kvdrift.lm.digest import short, weights_digest
+    from kvdrift.lm.loading.digest import short, weights_digest
 
     model = tmp_path / "model"
     shutil.copytree(tiny_model_dir, model)

@@ -327,7 +327,7 @@ def test_greedy_kl_is_infinite_where_choices_differ():
 def test_lm_per_step_numbers_match_transformers_and_kvpress(tiny_llama):
     from transformers import DynamicCache
 
-    from kvdrift.lm.pair import LMKernelPair
+    from kvdrift.lm.engine.pair import LMKernelPair
 
     gen = torch.Generator().manual_seed(3)
     ids = torch.randint(3, 128, (1, 90), generator=gen)
@@ -453,8 +453,8 @@ SPEC_Z = 3.89  # two-sided false alarm 1e-4 per comparison, three comparisons
 
 @pytest.mark.slow
 def test_smollm2_speculative_sampler_agrees_with_predictions():
-    from kvdrift.lm.model import encode_prompt, load_model
-    from kvdrift.lm.pair import LMKernelPair
+    from kvdrift.lm.engine.pair import LMKernelPair
+    from kvdrift.lm.loading.model import encode_prompt, load_model
 
     lm = load_model("smollm2")
     text = ("The printing press spread across Europe within decades. Printers moved from city "

@@ -38,7 +38,7 @@ def test_the_presses_file_defines_what_the_commands_name(tmp_path):
     from kvpress import ScorerPress
 
     from kvdrift.frontier_search.families import parse_family
-    from kvdrift.lm.actions import parse_action
+    from kvdrift.lm.actions.spec import parse_action
     from kvdrift.user_presses import load_presses_file
 
     presses_file, example = blocks("python")

@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from kvdrift.lm.pair import LMKernelPair
+from kvdrift.lm.engine.pair import LMKernelPair
 
 TOL = 1e-4
 MODEL_KINDS = [
@@ -176,7 +176,7 @@ def test_prompt_beyond_the_context_window_is_refused(tiny_llama):
 
 
 def test_the_attention_refuses_to_run_without_its_cache(tiny_llama):
-    from kvdrift.lm.shared_attention import ATTENTION_NAME, attention_implementation
+    from kvdrift.lm.engine.shared_attention import ATTENTION_NAME, attention_implementation
 
     ids = _prompt(8)
     with attention_implementation(tiny_llama, ATTENTION_NAME), torch.no_grad():
@@ -212,7 +212,7 @@ def test_truncate_defers_its_forward_until_logits_are_asked_for(tiny_llama):
 def prompt_path(request, monkeypatch):
     """Both prompt-attention paths: PyTorch's fused CPU kernel and the matrix-product one
     (what other devices run)."""
-    from kvdrift.lm import shared_attention
+    from kvdrift.lm.engine import shared_attention
 
     if request.param == "matmul":
         monkeypatch.setattr(shared_attention, "_FLASH_CPU", None)
@@ -222,7 +222,7 @@ def prompt_path(request, monkeypatch):
 
 
 def test_prompt_part_and_merge_equal_one_softmax_over_all_entries(prompt_path):
-    from kvdrift.lm.shared_attention import _merge, _prompt_attention
+    from kvdrift.lm.engine.shared_attention import _merge, _prompt_attention
 
     g = torch.Generator().manual_seed(10)
     kv, rows, n_prompt, n_own, dim = 3, 5, 40, 6, 8
@@ -258,7 +258,7 @@ def test_prompt_part_and_merge_equal_one_softmax_over_all_entries(prompt_path):
 
 
 def test_both_prompt_paths_match_per_row_copies(prompt_path, monkeypatch):
-    from kvdrift.lm import shared_attention
+    from kvdrift.lm.engine import shared_attention
 
     fused_calls = []
     if prompt_path == "fused":  # on CPU the fused kernel is the one that runs
@@ -279,7 +279,7 @@ def test_both_prompt_paths_match_per_row_copies(prompt_path, monkeypatch):
 @pytest.mark.parametrize("action", ["adakv-snapkv:ratio=0.5",  # a prompt mask per KV head
                                     "decoding-knorm:interval=3,target=50"])  # per-row masks
 def test_fused_and_matmul_prompt_paths_agree_under_masks(action, monkeypatch):
-    from kvdrift.lm import shared_attention
+    from kvdrift.lm.engine import shared_attention
 
     if shared_attention._FLASH_CPU is None:
         pytest.skip("this PyTorch has no fused CPU attention kernel")
@@ -309,12 +309,12 @@ def test_importing_the_attention_first_leaves_it_unwrapped_by_kvpress():
     import subprocess
     import sys
 
-    code = ("import torch, kvdrift.lm.shared_attention as sa, kvpress\n"
+    code = ("import torch, kvdrift.lm.engine.shared_attention as sa, kvpress\n"
             "from transformers import AttentionInterface\n"
             "assert AttentionInterface._global_mapping[sa.ATTENTION_NAME] is "
             "sa.shared_prompt_attention\n"
             "from transformers import LlamaConfig, AutoModelForCausalLM\n"
-            "from kvdrift.lm.pair import LMKernelPair\n"
+            "from kvdrift.lm.engine.pair import LMKernelPair\n"
             "torch.manual_seed(0)\n"
             "m = AutoModelForCausalLM.from_config(LlamaConfig(vocab_size=64, hidden_size=32, "
             "intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, "
@@ -360,7 +360,7 @@ def test_attend_applies_every_mask_like_one_softmax(prompt_path, with_live):
     parts, against a hand-masked float64 softmax per row and head."""
     from types import SimpleNamespace
 
-    from kvdrift.lm.shared_attention import _attend_groups
+    from kvdrift.lm.engine.shared_attention import _attend_groups
 
     g = torch.Generator().manual_seed(20)
     kv, groups, dim, n_prompt = 2, 3, 8, 12
@@ -393,7 +393,7 @@ def test_attend_applies_every_mask_like_one_softmax(prompt_path, with_live):
 def test_a_model_that_refuses_registered_attention_gets_one_clear_error():
     from types import SimpleNamespace
 
-    from kvdrift.lm.shared_attention import ATTENTION_NAME, attention_implementation
+    from kvdrift.lm.engine.shared_attention import ATTENTION_NAME, attention_implementation
 
     class Refusing:  # keeps its attention whatever it is asked
         def __init__(self):
@@ -421,7 +421,7 @@ def test_a_model_that_refuses_registered_attention_gets_one_clear_error():
 
 
 def test_the_attention_names_what_is_missing_or_wrong(tiny_llama):
-    from kvdrift.lm.shared_attention import shared_prompt_attention
+    from kvdrift.lm.engine.shared_attention import shared_prompt_attention
 
     pair = LMKernelPair(tiny_llama, _prompt(20), "snapkv-half")
     state = pair.start("q", 2)
@@ -440,7 +440,7 @@ def test_the_attention_names_what_is_missing_or_wrong(tiny_llama):
 def test_a_joint_step_reads_each_sides_prompt_once_per_layer(tiny_llama, monkeypatch):
     """P rows, then Q-along-Y and forced rows: two prompt passes per layer (one per side),
     with the rows of both Q states in one."""
-    from kvdrift.lm import shared_attention
+    from kvdrift.lm.engine import shared_attention
 
     rows_seen = []
     inner = shared_attention._prompt_attention
@@ -455,7 +455,7 @@ def test_a_joint_step_reads_each_sides_prompt_once_per_layer(tiny_llama, monkeyp
 
 
 def test_scaling_defaults_to_the_inverse_square_root_of_head_dim(tiny_llama):
-    from kvdrift.lm.shared_attention import shared_prompt_attention
+    from kvdrift.lm.engine.shared_attention import shared_prompt_attention
 
     pair = LMKernelPair(tiny_llama, _prompt(20), "snapkv-half")
     cache = pair.start("q", 2).cache
@@ -484,7 +484,7 @@ def test_cuda_kernel_calls_mirror_the_cpu_path(monkeypatch):
     that checks what they are handed: the same scaled queries and additive mask as on CPU,
     the mask's last axis 16-aligned in memory, the efficient kernel's padded log-sum-exp
     sliced back. Its results must equal the CPU path's."""
-    from kvdrift.lm import shared_attention
+    from kvdrift.lm.engine import shared_attention
 
     calls = []
 

@@ -175,7 +175,7 @@ def test_ruler_source_yields_the_generated_documents():
 
 
 def test_ruler_source_sized_with_the_embedded_tokenizer():
-    from kvdrift.lm.model import load_tokenizer
+    from kvdrift.lm.loading.model import load_tokenizer
 
     tokenizer = load_tokenizer("smollm2")
     config = study({"source": "ruler", "families": ["niah_single"], "lengths": [512],

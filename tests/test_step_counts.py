@@ -15,7 +15,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from benchmarks.dispatch_count import DispatchCounter, coupled_and_plain
 from kvdrift.estimate import coupled_rollouts, swrb
-from kvdrift.lm.pair import LMKernelPair
+from kvdrift.lm.engine.pair import LMKernelPair
 
 
 def _deep_model(layers: int = 8) -> LlamaForCausalLM:

@@ -58,7 +58,7 @@ def store(tiny_model_dir, tmp_path_factory):
 
 def test_the_store_records_each_document_as_the_model_saw_it(store, tiny_model_dir):
     from kvdrift.directory import StudyDirectory
-    from kvdrift.lm.model import encode_prompt, load_model
+    from kvdrift.lm.loading.model import encode_prompt, load_model
 
     out, docs = store
     loaded = load_model(str(tiny_model_dir))
@@ -135,7 +135,7 @@ def test_a_resume_with_other_weights_under_the_same_name_is_refused_naming_both(
     from transformers import LlamaForCausalLM
 
     from kvdrift.directory import StudyDirectory
-    from kvdrift.lm.digest import short, weights_digest
+    from kvdrift.lm.loading.digest import short, weights_digest
 
     model = tmp_path / "model"
     shutil.copytree(tiny_model_dir, model)
@@ -183,7 +183,7 @@ def test_the_models_identity_is_compared_only_where_both_record_it():
 
 def test_a_tokenizer_other_than_the_recorded_one_is_named(tiny_model_dir):
     from kvdrift.examples.decoding import _loaded_digest, tokenizer_mismatch
-    from kvdrift.lm.digest import short
+    from kvdrift.lm.loading.digest import short
 
     model = str(tiny_model_dir)
     loaded = _loaded_digest(model)

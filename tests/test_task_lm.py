@@ -20,7 +20,7 @@ H = 16
 
 @pytest.fixture(scope="module")
 def smollm2():
-    from kvdrift.lm.model import load_model
+    from kvdrift.lm.loading.model import load_model
 
     return load_model("smollm2")
 

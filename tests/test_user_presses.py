@@ -180,7 +180,7 @@ def test_a_study_toml_names_its_presses_file_relative_to_itself(
 # --- from Python: press objects, a model already loaded, nothing written -------------------------
 
 def _model_state(model):
-    from kvdrift.lm.digest import weights_digest
+    from kvdrift.lm.loading.digest import weights_digest
 
     return {
         "weights": weights_digest(model),

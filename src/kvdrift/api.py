@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from kvdrift.directory import Records
     from kvdrift.finite.check import FiniteStudyResult
     from kvdrift.frontier_search.result import FrontierResult
-    from kvdrift.lm.user_model import Model
+    from kvdrift.lm.loading.user_model import Model
     from kvdrift.measurement import Measurement
     from kvdrift.run.records import UnitKey
     from kvdrift.study_config import StudyConfig
@@ -90,8 +90,8 @@ def study_from_arguments(
 def _model_settings(model: object, study: dict) -> tuple[str, object]:
     """The name of ``model`` and, for a :class:`Model`, the model as kvdrift holds one (else
     None); a Model's device and dtype become the study's (``study`` is updated)."""
-    from kvdrift.lm.model import DTYPES
-    from kvdrift.lm.user_model import Model
+    from kvdrift.lm.loading.model import DTYPES
+    from kvdrift.lm.loading.user_model import Model
 
     if not isinstance(model, Model):
         return checks.text(model, "model", rule="a model name or path, or a kvdrift.Model"), None
@@ -121,7 +121,7 @@ def measure(
     ``model`` is a name to load (``"smollm2"``, a Hugging Face id or path) or a model already
     loaded, ``kvdrift.Model(hf_model, tokenizer, "name")``: it runs on its own device and in
     its own dtype, and is given back as it was found (training mode, hooks, attention
-    implementation, cache settings; :mod:`kvdrift.lm.user_model`), so one object serves many
+    implementation, cache settings; :mod:`kvdrift.lm.loading.user_model`), so one object serves many
     calls. ``actions`` take press objects by name (:data:`Actions`). With ``out`` None,
     nothing is written anywhere: the records stay in memory; with a folder, they are stored
     there as by ``kvdrift run`` (resumable; ``recompute`` as ``--recompute``); ``on_unit(key,
@@ -135,8 +135,8 @@ def measure(
 
     from kvdrift.analysis.study import analyze as analyze_records
     from kvdrift.directory import Records, StudyDirectory
-    from kvdrift.lm.model import load_model
-    from kvdrift.lm.user_model import Model, left_as_found
+    from kvdrift.lm.loading.model import load_model
+    from kvdrift.lm.loading.user_model import Model, left_as_found
     from kvdrift.measurement import Measurement
     from kvdrift.run.store import package_versions
     from kvdrift.study import run_in_memory
@@ -154,7 +154,7 @@ def measure(
             return Measurement(directory.records(), directory.analyze(bootstrap, alpha),
                                directory.path)
         if given is None:
-            from kvdrift.lm.loading import check_model_name
+            from kvdrift.lm.loading.pretrained import check_model_name
 
             check_model_name(name)
             loaded = load_model(name, config.device, config.dtype)
@@ -282,7 +282,7 @@ def frontier(
     from kvdrift.frontier_search.feasibility import check_feasible
     from kvdrift.frontier_search.search import SearchSettings
     from kvdrift.frontier_search.study import FrontierConfig, run_frontier
-    from kvdrift.lm.user_model import Model, left_as_found
+    from kvdrift.lm.loading.user_model import Model, left_as_found
     from kvdrift.study import run_study as run
     from kvdrift.user_presses import FROM_PYTHON, checked
 
@@ -309,7 +309,7 @@ def frontier(
 
     @functools.cache
     def load(name: str) -> object:  # every stage runs on the study's device and dtype
-        from kvdrift.lm.model import load_model
+        from kvdrift.lm.loading.model import load_model
 
         return load_model(name, config.study.device, config.study.dtype)
 
@@ -333,7 +333,7 @@ def _document_count(config: StudyConfig) -> int:
 
 def __getattr__(name: str) -> object:
     if name == "Model":  # the class, imported on first use (it imports torch)
-        from kvdrift.lm.user_model import Model
+        from kvdrift.lm.loading.user_model import Model
 
         return Model
     raise AttributeError(f"module 'kvdrift.api' has no attribute {name!r}")

@@ -6,7 +6,7 @@ the reference ``P`` (side ``"p"``, e.g. the full-cache model) and the interventi
 stepped on a batch of generated histories held in an opaque *path state*.
 
 Two worlds implement it: explicit finite tables (:mod:`kvdrift.finite`) and
-language models (:mod:`kvdrift.lm.pair`). Estimators never know which one runs.
+language models (:mod:`kvdrift.lm.engine.pair`). Estimators never know which one runs.
 """
 
 from __future__ import annotations

@@ -95,7 +95,7 @@ def run_study(
 ) -> RunStore:
     """Run every unit of the study into ``out`` (resumable) with its executor; returns the store.
 
-    ``load(model_name)`` returns a :class:`~kvdrift.lm.model.LoadedModel` for the local
+    ``load(model_name)`` returns a :class:`~kvdrift.lm.loading.model.LoadedModel` for the local
     executor (default: load it with the study's device and dtype; the Ray executor loads
     models in its workers and only the tokenizer and config here); ``models`` are models
     already loaded, by the name the study gives them (never looked up; they run in this
@@ -111,8 +111,8 @@ def run_study(
     settings instead of refusing them; ``allow_download`` lets a hub id missing from the local
     cache download.
     """
-    from kvdrift.lm.actions import describe_actions
-    from kvdrift.lm.loading import check_model_name
+    from kvdrift.lm.actions.spec import describe_actions
+    from kvdrift.lm.loading.pretrained import check_model_name
     from kvdrift.user_presses import refuse_missing_presses
 
     models = dict(models or {})

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from kvdrift import checks, limits
 from kvdrift.analysis.options import AnalysisOptions
 from kvdrift.data.sources import DocumentSource, source_from_table
-from kvdrift.lm.action_names import check_action_names
+from kvdrift.lm.grammar.names import check_action_names
 from kvdrift.run.executor_config import ExecutorConfig
 from kvdrift.run.settings import check_run_numbers
 from kvdrift.user_presses import RECORDED_KEY, UserPresses
@@ -211,7 +211,7 @@ def parse_study(data: dict, source: str | None = None, presses: UserPresses | No
         seed=study.get("seed", 0), batch=study.get("batch", 0),
         attribution=study.get("attribution", False),
     )  # checked before kvpress is imported for the actions
-    from kvdrift.lm.actions import parse_action  # validates names without loading a model
+    from kvdrift.lm.actions.spec import parse_action  # validates names without loading a model
 
     for a in actions:
         if a not in presses.presses and a not in press_names:
@@ -231,7 +231,7 @@ def parse_study(data: dict, source: str | None = None, presses: UserPresses | No
     cohort = study.get("cohort")
     if cohort is not None:
         checks.choice(cohort, "[study].cohort", COHORTS)
-    from kvdrift.lm.model import resolve_dtype
+    from kvdrift.lm.loading.model import resolve_dtype
 
     resolve_dtype(study.get("dtype", "float32"))
     return StudyConfig(

@@ -52,17 +52,17 @@ class UserPresses:
         return {n: self.presses[n] for n in names if n in self.presses}
 
     def identities(self, names: Iterable[str]) -> dict[str, dict]:
-        """Each press action's identity (:func:`~kvdrift.lm.press_identity.press_identity`)."""
+        """Each press action's identity (:func:`~kvdrift.lm.actions.identity.press_identity`)."""
         chosen = self.only(names)
         if not chosen:  # no press object: kvpress is not imported
             return {}
-        from kvdrift.lm.press_identity import press_identity
+        from kvdrift.lm.actions.identity import press_identity
 
         return {n: press_identity(p) for n, p in chosen.items()}
 
     def merged(self, other: UserPresses) -> UserPresses:
         """Both sets of presses; an action name given two different presses is refused."""
-        from kvdrift.lm.press_identity import identity_changes, press_identity
+        from kvdrift.lm.actions.identity import identity_changes, press_identity
 
         for name in set(self.presses) & set(other.presses):
             a, b = press_identity(self.presses[name]), press_identity(other.presses[name])
@@ -81,7 +81,7 @@ class UserPresses:
 
     def family_press(self, family: str, kept: float) -> Any:
         """The press of user family ``family`` keeping the fraction ``kept``, checked."""
-        from kvdrift.lm.press_identity import check_press
+        from kvdrift.lm.actions.identity import check_press
 
         try:
             press = self.families[family](kept)
@@ -101,7 +101,7 @@ def check_action_name(name: Any, source: str) -> str:
     """A press's action name: visible text without commas (``--actions`` splits on them)
     that is not already an action kvdrift names or parses (``snapkv-half``, ``knorm:ratio=
     0.5``)."""
-    from kvdrift.lm.actions import parse_action
+    from kvdrift.lm.actions.spec import parse_action
 
     where = f"PRESSES in {source}"
     if not isinstance(name, str):
@@ -139,7 +139,7 @@ def check_family_name(name: Any, source: str) -> str:
 def checked(presses: Mapping[Any, Any] | None, families: Mapping[Any, Any] | None,
             source: str) -> UserPresses:
     """Check names and values: every press a kvpress press, every family callable."""
-    from kvdrift.lm.press_identity import check_press
+    from kvdrift.lm.actions.identity import check_press
 
     for what, table in (("PRESSES", presses), ("FAMILIES", families)):
         if table is not None and not isinstance(table, Mapping):
@@ -218,7 +218,7 @@ def from_actions(actions: Mapping[str, Any] | Sequence[Any] | str
     to a spec string (the same name: ``{"snapkv-half": "snapkv-half"}``) or a press object.
     Returns the action names, in order, and the press objects among them."""
     if isinstance(actions, str):
-        from kvdrift.lm.spec_fields import split_actions
+        from kvdrift.lm.grammar.fields import split_actions
 
         return tuple(split_actions(actions)), UserPresses()
     if not isinstance(actions, Mapping):

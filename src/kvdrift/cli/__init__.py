@@ -28,7 +28,7 @@ def root() -> None:
 
 def actions_list() -> None:
     """List every action: named ones, kvpress press families, scorers, presses not offered."""
-    from kvdrift.lm.actions import actions_help
+    from kvdrift.lm.actions.spec import actions_help
 
     print(actions_help())
 

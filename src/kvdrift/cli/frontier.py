@@ -65,7 +65,7 @@ def frontier(
     """Find, per family, the least KV cache certified within the tolerance at the stated
     confidence; write the frontier's report."""
     from kvdrift.frontier_search.families import check_family_names, family_budgets
-    from kvdrift.lm.loading import check_model_name
+    from kvdrift.lm.loading.pretrained import check_model_name
     from kvdrift.run.outdir import check_frontier_dir
 
     # What needs neither torch nor kvpress is checked before they are imported (seconds).

@@ -71,7 +71,7 @@ def run_with_progress(config, out: Path, recompute: bool, allow_download: bool,
                 show()
 
             def load(name):
-                from kvdrift.lm.model import load_model
+                from kvdrift.lm.loading.model import load_model
 
                 if models is not None and name in models:
                     return models[name]
@@ -138,10 +138,10 @@ def run(
     allow_download: bool = typer.Option(False, "--allow-download", help=DOWNLOAD_HELP),
 ) -> None:
     """Measure the given actions on one model over a set of documents (a one-model study)."""
-    from kvdrift.lm.loading import check_model_name
+    from kvdrift.lm.loading.pretrained import check_model_name
 
     if actions.strip() == "help":
-        from kvdrift.lm.actions import actions_help
+        from kvdrift.lm.actions.spec import actions_help
 
         print(actions_help())
         return
@@ -153,7 +153,7 @@ def run(
     check_run_numbers(replicates=replicates, horizon=horizon, depths=_depths(depths),
                       batch=batch, temperature=temperature, seed=seed, names=FLAGS)
     check_model_name(model, allow_download)  # before torch and kvpress are imported
-    from kvdrift.lm.spec_fields import split_actions
+    from kvdrift.lm.grammar.fields import split_actions
     from kvdrift.user_presses import load_presses_file, refuse_missing_presses
 
     names = split_actions(actions)
@@ -168,7 +168,7 @@ def run(
         name=_run_name(out), attribution=attribution, presses=user)
     config = replace(config, executor=config.executor.overridden(executor, ray_address))
     from kvdrift.directory import StudyDirectory
-    from kvdrift.lm.model import resolve_device
+    from kvdrift.lm.loading.model import resolve_device
     from kvdrift.report.terminal import print_whole, run_rows, run_table
 
     if config.executor.kind == "local":  # Ray workers check the device where the model goes
@@ -201,7 +201,7 @@ def study(
 ) -> None:
     """Run a study from a TOML configuration (resumable), then write its report."""
     from kvdrift.cli.reports import write_and_summarize
-    from kvdrift.lm.loading import check_model_name
+    from kvdrift.lm.loading.pretrained import check_model_name
     from kvdrift.run.outdir import check_output_dir
     from kvdrift.study_config import load_study
     from kvdrift.user_presses import load_presses_file

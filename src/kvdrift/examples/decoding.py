@@ -2,8 +2,8 @@
 
 A run records the model it ran (``model`` column) and its tokenizer's digest (each unit's
 fingerprint, :mod:`kvdrift.run.documents`); the tokenizer is loaded by name without the
-weights (:func:`kvdrift.lm.model.load_tokenizer`) and its digest checked against the recorded
-one (:func:`tokenizer_mismatch` says so in one line where it differs). Where it cannot be
+weights (:func:`kvdrift.lm.loading.model.load_tokenizer`) and its digest checked against the
+recorded one (:func:`tokenizer_mismatch` says so in one line where it differs). Where it cannot be
 loaded (a model directory moved, a hub id not in the local cache), :class:`TokenText` says so
 in one line (``note``) and writes token ids instead of text.
 """
@@ -50,7 +50,7 @@ class TokenText:
 @functools.cache
 def token_text(model: str) -> TokenText:
     """The run's model's :class:`TokenText`, its tokenizer loaded offline, once per process."""
-    from kvdrift.lm.model import load_tokenizer
+    from kvdrift.lm.loading.model import load_tokenizer
 
     try:
         return TokenText(model, load_tokenizer(model))
@@ -63,7 +63,7 @@ def token_text(model: str) -> TokenText:
 
 @functools.cache
 def _loaded_digest(model: str) -> str | None:
-    from kvdrift.lm.digest import tokenizer_digest
+    from kvdrift.lm.loading.digest import tokenizer_digest
 
     tokenizer = token_text(model).tokenizer
     return None if tokenizer is None else tokenizer_digest(tokenizer)
@@ -72,7 +72,7 @@ def _loaded_digest(model: str) -> str | None:
 def tokenizer_mismatch(model: str, recorded: Set[str]) -> str | None:
     """One line where the tokenizer loaded for ``model`` is not one the run recorded (its
     digests ``recorded``; none recorded: stores before digests, nothing to check), else None."""
-    from kvdrift.lm.digest import short
+    from kvdrift.lm.loading.digest import short
 
     loaded = _loaded_digest(model)
     if loaded is None or not recorded or loaded in recorded:

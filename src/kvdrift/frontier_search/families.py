@@ -16,7 +16,7 @@ from fractions import Fraction
 from typing import Any
 
 from kvdrift import checks
-from kvdrift.lm.action_names import check_action_names
+from kvdrift.lm.grammar.names import check_action_names
 
 #: The fine grid of ratios kept that an eviction family may be tried at (sixteenths).
 RATIO_STEPS = 16
@@ -123,7 +123,7 @@ def parse_family(text: str) -> Family:
     """
     fam = family_budgets(text)
     name = fam.name
-    from kvdrift.lm.actions import parse_action  # kvpress: imported once arguments are checked
+    from kvdrift.lm.actions.spec import parse_action  # kvpress: imported once arguments are checked
 
     for budget in fam.budgets:  # a typo costs seconds, not a run
         try:

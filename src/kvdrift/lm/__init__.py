@@ -1,17 +1,15 @@
-"""The language-model world behind the KernelPair protocol.
+"""The language-model world behind the KernelPair protocol, in five rooms, lowest first.
 
-- :mod:`kvdrift.lm.model`: ``load_model`` (embedded SmolLM2 by default, cached once) and
-  ``encode_prompt``;
-- :mod:`kvdrift.lm.actions`: ``Action`` / ``parse_action`` (chained kvpress presses, named);
-- :mod:`kvdrift.lm.presses`: the offered kvpress presses as stages with exact kept counts;
-- :mod:`kvdrift.lm.prefill`: ``prefill`` into a ``PromptCache`` (full, or compressed by an action);
-- :mod:`kvdrift.lm.pair`: ``LMKernelPair`` (full versus evicted prompt cache, batched states);
-- :mod:`kvdrift.lm.cache`: the shared-prompt KV cache used by path states;
-- :mod:`kvdrift.lm.shared_attention`: exact attention over shared prompt + own entries, masks;
-- :mod:`kvdrift.lm.decoding`: decode-time eviction (``DecodingPress``) per row.
-- :mod:`kvdrift.lm.press_path`: the general path, any kvpress press object as an action
-  (Q's cache as the press left it; ``PressFailed``);
-- :mod:`kvdrift.lm.press_identity`: a press's class, fields and source digest.
+- :mod:`kvdrift.lm.grammar`: what an action spec may say, checked without torch or kvpress;
+- :mod:`kvdrift.lm.loading`: loading a model and its tokenizer, and digests of what was loaded;
+- :mod:`kvdrift.lm.quantized`: quantized caches (KIVI, llama.cpp's cache types) as transforms;
+- :mod:`kvdrift.lm.actions`: actions (chained spec strings, the named kvpress presses, the
+  identity of a press object);
+- :mod:`kvdrift.lm.engine`: the decoding engine (prefill, the shared prompt cache, shared
+  attention, decoding-time compression, ``LMKernelPair``, the general path for press objects).
 
-Import the submodules directly; this package does not import kvpress or transformers itself.
+Above them, :mod:`kvdrift.lm.factory` hands out kernel pairs for (document, action) units on one
+loaded model and :mod:`kvdrift.lm.attribution` says what Q's cache had lost at a divergence.
+A room imports only from rooms listed before it. Import the submodules directly; this package does
+not import kvpress or transformers itself.
 """

@@ -14,8 +14,8 @@ Each prompt entry of layer l and KV head g has a loss weight w_{l,g}(j)
 head-adaptive press); for an entry it holds, the relative distance of Q's stored key and value
 from P's, ``||(k', v') - (k, v)|| / ||(k, v)||`` capped at 1 (0 for an entry kept as it is;
 the quantization error for a quantized cache). Q's entries are matched to prompt positions by
-:mod:`kvdrift.lm.entry_positions` (bit for bit where a press kept P's entry as it is, else the
-nearest of P's entries of the same layer and KV head). The lost mass on position j is the
+:mod:`kvdrift.lm.engine.entry_positions` (bit for bit where a press kept P's entry as it is,
+else the nearest of P's entries of the same layer and KV head). The lost mass on position j is the
 uniform mean over layers and query heads
 
     m(j) = (1 / (L * H_q)) sum_l sum_h a_{l,h}(j) * w_{l,g(h)}(j),
@@ -31,7 +31,7 @@ time (``O(kv_heads * n * head_dim)``), and per replay forward of r <= ``rows`` h
 most t tokens: the forward's activations (``O(r * t * (hidden + intermediate))``) and one
 layer's last-query weights (``[r, heads, n]`` float32, with a float64 product of the same shape).
 No attention matrix over all queries is built: the replay's attention is one fused call over the
-prompt (the kernel of :mod:`kvdrift.lm.shared_attention`) and one over the history, merged by
+prompt (the kernel of :mod:`kvdrift.lm.engine.shared_attention`) and one over the history, merged by
 their log-sum-exps, and the last query's row is computed from its scores and that log-sum-exp.
 """
 
@@ -44,9 +44,9 @@ from typing import Any
 import torch
 from transformers import AttentionInterface
 
-from kvdrift.lm.entry_positions import held_positions
-from kvdrift.lm.prefill import PromptCache, unwrap_model
-from kvdrift.lm.shared_attention import (  # the shared-prompt attention's own kernels
+from kvdrift.lm.engine.entry_positions import held_positions
+from kvdrift.lm.engine.prefill import PromptCache, unwrap_model
+from kvdrift.lm.engine.shared_attention import (  # the shared-prompt attention's own kernels
     _fused_attention,
     _merge,
     _prompt_attention,

@@ -2,13 +2,13 @@
 
 A document's actions share one prefill forward: told the actions about to be asked for
 (:meth:`LMPairFactory.prepare`), the factory computes P's cache and every such action's
-compressed cache in one forward (:func:`~kvdrift.lm.prefill.prefill_shared`) and hands each
+compressed cache in one forward (:func:`~kvdrift.lm.engine.prefill.prefill_shared`) and hands each
 out when its pair is asked for. Actions that change the prefill computation (eager attention
 weights) run their own prefill. Only the last document is kept, so a stale cache is never
 reused, and an interrupted document recomputes its prefill once.
 
 Actions named in ``presses`` (action name -> kvpress press object) take the general path of
-:mod:`kvdrift.lm.press_path` instead: P's cache is the same shared full prefill, Q's is the
+:mod:`kvdrift.lm.engine.press_path` instead: P's cache is the same shared full prefill, Q's is the
 prompt's prefill run inside the press object, as the press left it.
 
 An :class:`LMPairSource` names a model instead of holding one, so that a process that
@@ -23,8 +23,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvdrift.data.document import Document
-from kvdrift.lm.actions import Action, parse_action
-from kvdrift.lm.model import (
+from kvdrift.lm.actions.identity import check_press
+from kvdrift.lm.actions.spec import Action, parse_action
+from kvdrift.lm.engine.pair import LMKernelPair
+from kvdrift.lm.engine.prefill import PromptCache, own_prefill_reason, prefill_shared
+from kvdrift.lm.engine.press_path import press_prompt_cache
+from kvdrift.lm.loading.model import (
     LoadedModel,
     encode_prompt,
     layers_of,
@@ -33,10 +37,6 @@ from kvdrift.lm.model import (
     text_config,
     window_of,
 )
-from kvdrift.lm.pair import LMKernelPair
-from kvdrift.lm.prefill import PromptCache, own_prefill_reason, prefill_shared
-from kvdrift.lm.press_identity import check_press
-from kvdrift.lm.press_path import press_prompt_cache
 
 SHARED_CACHE_FRACTION = 2.0
 """Most kept entries one shared prefill holds for actions not yet served, as a multiple of P's

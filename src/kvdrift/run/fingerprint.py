@@ -22,7 +22,7 @@ from importlib import metadata
 from typing import Any
 
 from kvdrift.json_values import parse_json
-from kvdrift.lm.digest import short
+from kvdrift.lm.loading.digest import short
 
 METADATA_KEY = b"kvdrift.fingerprint"
 
@@ -87,7 +87,7 @@ def first_difference(stored: Mapping[str, Any] | None, wanted: Mapping[str, Any]
                 return (f"it was computed with {IDENTITY[key]} under the same model name "
                         f"({label} {short(str(was))}, this run has {short(str(now))})")
             if key == "press":
-                from kvdrift.lm.press_identity import identity_changes
+                from kvdrift.lm.actions.identity import identity_changes
 
                 return (f"its press has changed since it was stored "
                         f"({identity_changes(was, now)})")

@@ -68,7 +68,7 @@ class RunConfig:
         """The settings that shape the records of ``doc``'s units (JSON-ready; stored with
         them, :mod:`kvdrift.run.fingerprint`), with the model's ``identity`` where known
         (:class:`RanOn`); a unit whose ``action`` is a press object also records the press's
-        identity (:mod:`kvdrift.lm.press_identity`)."""
+        identity (:mod:`kvdrift.lm.actions.identity`)."""
         extra = self.extra or {}
         press = {"press": self.presses[action]} if action in self.presses else {}
         return press | {

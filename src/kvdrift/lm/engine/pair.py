@@ -1,18 +1,18 @@
 """The language-model kernel pair: full prompt cache (P) versus an evicted one (Q).
 
-One document, one action. :func:`~kvdrift.lm.prefill.prefill` gives the full prompt cache
+One document, one action. :func:`~kvdrift.lm.engine.prefill.prefill` gives the full prompt cache
 (side ``"p"``) and, inside the action's kvpress press context, the compressed one (side
 ``"q"``); this module steps path states over them. The first generated position is computed
 before eviction, so both sides start from the full-cache prefill logits (``delta_1 = 0``).
 Generated entries are kept, except under a ``decoding-*`` action, whose per-row compressions
-during generation are in :mod:`kvdrift.lm.decoding` (``evictions`` of a Q state).
+during generation are in :mod:`kvdrift.lm.engine.decoding` (``evictions`` of a Q state).
 
 Path states
 -----------
 A state holds ``n`` rows, each a generated history on one side. The side's prompt cache is
-stored once and shared by every row of every path on that side (:mod:`kvdrift.lm.cache`);
+stored once and shared by every row of every path on that side (:mod:`kvdrift.lm.engine.cache`);
 only generated entries are per row, and decoding attends to both with the shared-prompt
-attention of :mod:`kvdrift.lm.shared_attention`::
+attention of :mod:`kvdrift.lm.engine.shared_attention`::
 
     cache      SharedPromptCache: per layer the shared prompt [1, kv_heads, kept, head_dim]
                and generated slots [n, kv_heads, G, head_dim]
@@ -47,15 +47,15 @@ import torch
 
 from kvdrift import checks
 from kvdrift.kernel import Side, check_side
-from kvdrift.lm.actions import Action, parse_action
-from kvdrift.lm.cache import GroupedCache, SharedPromptCache
-from kvdrift.lm.decoding import (
+from kvdrift.lm.actions.spec import Action, parse_action
+from kvdrift.lm.engine.cache import GroupedCache, SharedPromptCache
+from kvdrift.lm.engine.decoding import (
     DecodeEvictions,
     DecodingRule,
     capture_attention_inputs,
     compress_rows,
 )
-from kvdrift.lm.prefill import (
+from kvdrift.lm.engine.prefill import (
     PromptCache,
     as_prompt,
     attention_modules,
@@ -64,9 +64,9 @@ from kvdrift.lm.prefill import (
     prefill_shared,
     unwrap_model,
 )
-from kvdrift.lm.press_path import KEPT_ENTRIES, STORED_BYTES, PressCache
-from kvdrift.lm.quantization import GeneratedView, kv_memory
-from kvdrift.lm.shared_attention import ATTENTION_NAME, attention_implementation, hidden_bias
+from kvdrift.lm.engine.press_path import KEPT_ENTRIES, STORED_BYTES, PressCache
+from kvdrift.lm.engine.shared_attention import ATTENTION_NAME, attention_implementation, hidden_bias
+from kvdrift.lm.quantized.transform import GeneratedView, kv_memory
 
 HOLE_STEP = torch.iinfo(torch.long).max  # slot_step of a slot that never holds a generated token
 
@@ -98,15 +98,15 @@ class LMKernelPair:
 
     Parameters
     ----------
-    model : transformers causal LM or :class:`~kvdrift.lm.model.LoadedModel`
+    model : transformers causal LM or :class:`~kvdrift.lm.loading.model.LoadedModel`
     prompt_ids : LongTensor ``[n]`` or ``[1, n]``
-    action : :class:`~kvdrift.lm.actions.Action` or its spec string (e.g. ``"snapkv-half"``)
+    action : :class:`~kvdrift.lm.actions.spec.Action` or its spec string (e.g. ``"snapkv-half"``)
     reference : optional full-cache :class:`PromptCache` of the same prompt, to share one
         reference prefill across several actions of a document.
     compressed : optional prompt cache of ``action`` on the same prompt (from
-        :func:`~kvdrift.lm.prefill.prefill_shared`), instead of running its own prefill.
+        :func:`~kvdrift.lm.engine.prefill.prefill_shared`), instead of running its own prefill.
     general : optional Q cache made by a press object (the general path,
-        :func:`~kvdrift.lm.press_path.press_prompt_cache`): used as the press left it, with
+        :func:`~kvdrift.lm.engine.press_path.press_prompt_cache`): used as the press left it, with
         its logits and decoding-time rule; ``action`` then only names it.
     eos_token_id : overrides the model's EOS. By default the primary (first) id of
         ``generation_config.eos_token_id`` (falling back to ``config.eos_token_id``).
@@ -138,7 +138,7 @@ class LMKernelPair:
         elif (reference is None and compressed is None and own_prefill_reason(self.action) is
                 None and not self.action.prefill_is_noop(self.n_prompt)):
             # set-up close to one prefill: P's cache and Q's from one forward, entry for entry
-            # what a prefill inside the press keeps (lm/prefill.py)
+            # what a prefill inside the press keeps (lm/engine/prefill.py)
             shared = prefill_shared(self.model, ids, [self.action])
             reference = shared.reference
             compressed = shared.compressed[self.action.name]
@@ -198,9 +198,9 @@ class LMKernelPair:
         return self._prompt["q"] is self._prompt["p"] and self._rule is None
 
     def kv_memory(self) -> tuple[float, float]:
-        """``(kv_bytes, kv_fraction)`` of Q's prompt cache (:func:`~kvdrift.lm.quantization.
+        """``(kv_bytes, kv_fraction)`` of Q's prompt cache (:func:`~kvdrift.lm.quantized.transform.
         kv_memory`): bytes held, and their fraction of P's full cache in the model's dtype
-        (the general path: bytes as stored, :func:`~kvdrift.lm.press_path.stored_memory`)."""
+        (the general path: bytes as stored, :func:`~kvdrift.lm.engine.press_path.stored_memory`)."""
         if self.general is not None:
             return self.general.kv_bytes, self.general.kv_fraction
         pc = self._prompt["q"]

@@ -2,7 +2,7 @@
 
 An action may end with one quantization (alone, or after eviction presses joined with ``+``:
 ``snapkv:ratio=0.5+kivi:bits=4`` evicts, then quantizes what is kept). Attention reads the
-dequantized values (the numerics of :mod:`kvdrift.lm.quantize`), which is what a quantized
+dequantized values (the numerics of :mod:`kvdrift.lm.quantized.numerics`), which is what a quantized
 cache's attention sees.
 
 ``gguf:k=TYPE,v=TYPE`` -- llama.cpp's ``-ctk/-ctv`` cache types (f16, q8_0, q5_1, q5_0, q4_1,
@@ -29,8 +29,8 @@ entries and length, so truncation (SWRB) and other rows never change it.
 
 ``fp8:e4m3|e5m2[,scale=S]`` -- the fp8 caches of vLLM and SGLang (``--kv-cache-dtype
 fp8``, ``fp8_e4m3``, ``fp8_e5m2``): every key and value entry divided by a per-tensor scale,
-stored as fp8 and multiplied back (:func:`~kvdrift.lm.quantize.fp8_roundtrip`). The scale is
-one number for every layer, keys and values alike: 1 by default, what the engines use when
+stored as fp8 and multiplied back (:func:`~kvdrift.lm.quantized.numerics.fp8_roundtrip`). The
+scale is one number for every layer, keys and values alike: 1 by default, what the engines use when
 the checkpoint carries no calibrated scales (kvdrift does not calibrate per-layer scales from
 the prompt). As in vLLM's FlashAttention backend, whose prefill attention reads K and V
 from the cache it has just written, entries are quantized as they enter, before the
@@ -56,7 +56,8 @@ import torch
 from transformers import DynamicCache
 
 from kvdrift import checks
-from kvdrift.lm.quantize import (
+from kvdrift.lm.grammar.fields import split_fields
+from kvdrift.lm.quantized.numerics import (
     FP8_FORMATS,
     GGUF_BLOCK,
     GGUF_TYPES,
@@ -65,7 +66,6 @@ from kvdrift.lm.quantize import (
     minmax_dequantized,
     minmax_roundtrip,
 )
-from kvdrift.lm.spec_fields import split_fields
 
 KIVI_BITS = (2, 4, 8)
 SCALE_BITS = 16  # KIVI's and llama.cpp's scales and minima are float16

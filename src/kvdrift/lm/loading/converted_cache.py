@@ -1,7 +1,7 @@
 """Trust in the converted-weights cache: every file checked against the digest recorded with it.
 
 The embedded model is converted once from its GGUF file into a cache folder
-(:func:`kvdrift.lm.model.smollm2_path`). Whatever later sits in that folder is loaded as
+(:func:`kvdrift.lm.loading.model.smollm2_path`). Whatever later sits in that folder is loaded as
 ``smollm2``, so the folder records what it holds: a manifest written by the conversion with
 each file's SHA-256 and the SHA-256 of the GGUF it came from. Before the folder is used, it must
 be a private folder of this user (no link, not writable by others), hold exactly the files the
@@ -18,7 +18,7 @@ import os
 import stat
 from pathlib import Path
 
-from kvdrift.lm.digest import file_sha256, short
+from kvdrift.lm.loading.digest import file_sha256, short
 
 #: The manifest's file name inside a converted folder.
 MANIFEST = "kvdrift-manifest.json"

@@ -8,7 +8,7 @@ decoding step writes in place and a fork (``select``) copies only generated entr
 
 transformers sees an ordinary ``DynamicCache``: ``update`` appends the new entries and returns
 the rows' generated keys/values ``[n, kv_heads, G, head_dim]``. The prompt part reaches the
-attention through the registered attention function of :mod:`kvdrift.lm.shared_attention`,
+attention through the registered attention function of :mod:`kvdrift.lm.engine.shared_attention`,
 which the cache is handed to as a keyword argument of the model's forward.
 """
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvdrift import checks
-from kvdrift.lm.model import DTYPES, LoadedModel
+from kvdrift.lm.loading.model import DTYPES, LoadedModel
 
 #: A module's dicts that hooks live in (torch keeps each kind of hook in its own).
 HOOK_DICTS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called",

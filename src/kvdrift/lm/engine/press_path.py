@@ -1,6 +1,6 @@
 """The general path: any kvpress press object as an action, its cache as the press left it.
 
-Named actions (and spec strings) keep the shared prefill of :mod:`kvdrift.lm.prefill`, where
+Named actions (and spec strings) keep the shared prefill of :mod:`kvdrift.lm.engine.prefill`, where
 kvdrift knows what each press keeps. Every other press object (a user's own ``ScorerPress``,
 ``BasePress`` or ``DecodingPress`` subclass, compositions, kvpress classes whose cache is not a
 kept set of entries: ThinK, the merging presses, DMS, SimLayerKV, KVCompose, Compactor, ...)
@@ -17,7 +17,7 @@ values are Q's own tensors, distinct from P's (like a quantized cache), and Q's 
 next-token distribution is the logits of this prefill. P's cache stays the shared full
 prefill. A decoding-time press (kvpress's ``DecodingPress``, alone or as the decoding half of
 a ``PrefillDecodingPress``) compresses every Q row during generation with the machinery of
-:mod:`kvdrift.lm.decoding`.
+:mod:`kvdrift.lm.engine.decoding`.
 
 ``kv_fraction`` of such a cache is what it stores: bytes of keys and values (hidden entries
 not counted, nor key or value channels that are zero in every entry a KV head keeps: a
@@ -40,8 +40,10 @@ import kvpress
 import torch
 from transformers import DynamicCache
 
-from kvdrift.lm.decoding import DecodingRule
-from kvdrift.lm.prefill import (
+from kvdrift.lm.actions.identity import check_press
+from kvdrift.lm.actions.presses import fixed_press_randomness
+from kvdrift.lm.engine.decoding import DecodingRule
+from kvdrift.lm.engine.prefill import (
     PromptCache,
     as_prompt,
     check_not_sliding,
@@ -50,9 +52,7 @@ from kvdrift.lm.prefill import (
     take_hidden_entries,
     unwrap_model,
 )
-from kvdrift.lm.press_identity import check_press
-from kvdrift.lm.presses import fixed_press_randomness
-from kvdrift.lm.shared_attention import attention_implementation
+from kvdrift.lm.engine.shared_attention import attention_implementation
 from kvdrift.unit_errors import UnitStopped
 
 STORED_BYTES = "stored bytes"

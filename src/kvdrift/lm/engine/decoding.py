@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from kvpress.utils import compute_n_kept
 
-from kvdrift.lm.presses import Stage, clamp_to_length, fixed_press_randomness
+from kvdrift.lm.actions.presses import Stage, clamp_to_length, fixed_press_randomness
 
 NEVER = torch.iinfo(torch.int32).max  # eviction step of an entry that was never evicted
 

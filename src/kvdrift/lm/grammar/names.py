@@ -2,11 +2,11 @@
 
 A command refuses a misspelt action or frontier family in a fraction of a second, before the
 press library loads (which takes seconds): :func:`check_action_names` reads only the names
-below. They are a static copy of what :mod:`kvdrift.lm.actions` and :mod:`kvdrift.lm.presses`
-build from the installed kvpress; a test compares the two, so the copy cannot drift. Only the
-names are checked here; everything else about a spec (its fields, budget and values) is
-checked by :func:`kvdrift.lm.actions.parse_action` once kvpress is loaded, and any kvpress
-press class name is left to it (it says why one is not offered).
+below. They are a static copy of what :mod:`kvdrift.lm.actions.spec` and
+:mod:`kvdrift.lm.actions.presses` build from the installed kvpress; a test compares the two, so
+the copy cannot drift. Only the names are checked here; everything else about a spec (its
+fields, budget and values) is checked by :func:`kvdrift.lm.actions.spec.parse_action` once
+kvpress is loaded, and any kvpress press class name is left to it (it says why one is not offered).
 """
 
 from __future__ import annotations
@@ -15,18 +15,18 @@ from collections.abc import Collection
 
 from kvdrift import checks
 
-#: The named actions (:data:`kvdrift.lm.actions.NAMED_ACTIONS`).
+#: The named actions (:data:`kvdrift.lm.actions.spec.NAMED_ACTIONS`).
 NAMED_ACTIONS = ("full", "snapkv-half", "snapkv-90", "snapkv-512", "recent-half", "recent-90")
-#: Offered scorer presses by kvpress class name (:func:`kvdrift.lm.presses.scorer_classes`).
+#: Offered scorer presses by kvpress class name (:func:`kvdrift.lm.actions.presses.scorer_classes`).
 SCORER_CLASSES = ("CURPress", "CapPress", "ExpectedAttentionPress", "KeyDiffPress",
                   "KnormPress", "LagKVPress", "LeverageScorePress", "NonCausalAttnPress",
                   "ObservedAttentionPress", "RandomPress", "SnapKVPress", "StreamingLLMPress",
                   "TOVAPress")
-#: Their short names (:data:`kvdrift.lm.presses.SCORERS`, those offered), sorted.
+#: Their short names (:data:`kvdrift.lm.actions.presses.SCORERS`, those offered), sorted.
 SCORER_NAMES = ("cap", "cur", "expected_attention", "keydiff", "knorm", "lagkv", "leverage",
                 "non_causal_attn", "observed_attention", "random", "recent", "snapkv",
                 "streaming_llm", "tova")
-#: The families in registry order (:data:`kvdrift.lm.presses.FAMILIES`); those written as
+#: The families in registry order (:data:`kvdrift.lm.actions.presses.FAMILIES`); those written as
 #: ``<family>-<scorer>``, and those that are one press named alone (by name or class name).
 FAMILY_NAMES = ("adakv", "criticaladakv", "criticalkv", "block", "rerotate", "chunk", "chunkkv",
                 "pyramidkv", "perlayer", "decoding")
@@ -45,12 +45,12 @@ KVPRESS_PRESSES = (
     "PerLayerCompressionPress", "PrefillDecodingPress", "PyramidKVPress", "QFilterPress",
     "RandomPress", "RestoreKVPress", "ScorerPress", "SimLayerKVPress", "SnapKVPress",
     "StreamingLLMPress", "TOVAPress", "ThinKPress")
-#: Quantization kinds (:data:`kvdrift.lm.quantization.QUANTIZATIONS`): ``kivi:``, ...
+#: Quantization kinds (:data:`kvdrift.lm.quantized.transform.QUANTIZATIONS`): ``kivi:``, ...
 QUANTIZATIONS = ("kivi", "gguf", "fp8")
 
 
 def allowed_scorers() -> str:
-    """The scorers a message lists (as :func:`kvdrift.lm.presses.allowed_scorers`)."""
+    """The scorers a message lists (as :func:`kvdrift.lm.actions.presses.allowed_scorers`)."""
     return f"{', '.join(SCORER_NAMES)} (or a kvpress class name: {', '.join(SCORER_CLASSES)})"
 
 
@@ -85,7 +85,7 @@ def _check_part(part: str) -> None:
 
 
 def check_action_names(spec: object, defined: Collection[str] = ()) -> None:
-    """ValueError (the message :func:`kvdrift.lm.actions.parse_action` gives) if ``spec``
+    """ValueError (the message :func:`kvdrift.lm.actions.spec.parse_action` gives) if ``spec``
     names a press, scorer or family that no action has; silent otherwise, whatever else is
     wrong with it (the full parser sees that). ``defined``: names the user's own presses
     define (a ``--presses`` file), left to the parser once that file is loaded."""

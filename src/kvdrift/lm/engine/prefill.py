@@ -1,12 +1,12 @@
 """Prefill: one prompt through the model, into a full or a compressed prompt cache.
 
-Prefill gives the full prompt cache (side ``"p"`` of :class:`~kvdrift.lm.pair.LMKernelPair`);
+Prefill gives the full prompt cache (side ``"p"`` of :class:`~kvdrift.lm.engine.pair.LMKernelPair`);
 the same prefill run inside an action's kvpress press context gives the compressed cache (side
 ``"q"``; kvpress compresses only in the prefill forward). The kept entries of every layer and KV
 head are checked against the action's promise; layers may keep different numbers. Entries that
 a head-adaptive press hides per KV head (kvpress's ``masked_key_indices``) stay stored: prefill
 reads them into :attr:`PromptCache.live` and clears them from the model, and the attention of
-:mod:`kvdrift.lm.shared_attention` masks them exactly.
+:mod:`kvdrift.lm.engine.shared_attention` masks them exactly.
 
 One prefill serves many actions (:func:`prefill_shared`). kvpress compresses a layer's cache in
 a hook that runs after the layer's attention, and later layers never read an earlier layer's
@@ -32,11 +32,11 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from kvdrift.lm.actions import Action
-from kvdrift.lm.model import LoadedModel
-from kvdrift.lm.presses import PRESS_SEED, fixed_press_randomness
-from kvdrift.lm.quantization import QuantizingCache
-from kvdrift.lm.shared_attention import attention_implementation
+from kvdrift.lm.actions.presses import PRESS_SEED, fixed_press_randomness
+from kvdrift.lm.actions.spec import Action
+from kvdrift.lm.engine.shared_attention import attention_implementation
+from kvdrift.lm.loading.model import LoadedModel
+from kvdrift.lm.quantized.transform import QuantizingCache
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,8 @@ class PromptCache:
 
 
 def unwrap_model(model: Any) -> Any:
-    """The transformers model inside a :class:`~kvdrift.lm.model.LoadedModel` (else ``model``)."""
+    """The transformers model inside a :class:`~kvdrift.lm.loading.model.LoadedModel`
+    (else ``model``)."""
     return model.model if isinstance(model, LoadedModel) else model
 
 

@@ -5,7 +5,7 @@ A stage is one kvpress press and kvdrift's budget rule for it. Scorer presses (S
 family is one :class:`Family` object in the registry :data:`FAMILIES` (its name, its kvpress
 wrapper class, its fields, what it keeps, how its counts are checked, how its press is built,
 its departures); a :class:`Stage` holds its family object and asks it. Names are strings only
-where a user's spec is parsed (:mod:`kvdrift.lm.actions`):
+where a user's spec is parsed (:mod:`kvdrift.lm.actions.spec`):
 
 ==============  ==========================  =====================================================
 family          kvpress press               what it keeps (n prompt entries, r = ratio kept)
@@ -46,7 +46,7 @@ import kvpress
 import torch
 
 from kvdrift import checks
-from kvdrift.lm.spec_fields import check_field, check_field_name
+from kvdrift.lm.grammar.fields import check_field, check_field_name
 
 # Short names of kvpress scorer presses: same count in every layer and KV head, no download.
 SCORERS: dict[str, str] = {
@@ -89,7 +89,7 @@ _HUB = ("hub-trained: runs when its files are in the local Hugging Face cache (a
         "is named)")
 _TOKENIZER = "reads the model's tokenizer from model.config.name_or_path (a model folder or hub id)"
 
-# kvpress presses measured as press objects through the general path (lm/press_path.py): what
+# kvpress presses measured as press objects through the general path (lm/engine/press_path.py): what
 # each does to Q's cache, and an object to start from (give it in a presses file or presses=).
 GENERAL_PATH: dict[str, str] = {
     "ThinKPress": "prunes key channels (stored as zeros; kv_fraction counts the channels kept): "
@@ -385,7 +385,7 @@ class PerLayer(Varying):
 
 class Decoding(Family):
     """Prefill untouched; every ``interval`` generated tokens the cache is cut to ``target``
-    (the rule itself is :mod:`kvdrift.lm.decoding`)."""
+    (the rule itself is :mod:`kvdrift.lm.engine.decoding`)."""
 
     budgets = ()
     uniform = False
@@ -426,7 +426,7 @@ _EXACT = ("keeps floor(r n) (at least 1) where kvpress's float int(n (1 - c)) la
 PLAIN = Plain("", None, "floor(r n) (or min(B, n)) entries in every layer and KV head",
               departs=_EXACT)
 
-# The registry of families, by spec prefix: the action parser (lm/actions.py) reads it.
+# The registry of families, by spec prefix: the action parser (lm/actions/spec.py) reads it.
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     PLAIN,
     HeadAdaptive("adakv", kvpress.AdaKVPress,

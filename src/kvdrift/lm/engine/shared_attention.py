@@ -8,14 +8,14 @@ part is per row. The two partial results are merged by their log-sum-exps, so th
 exact attention over prompt + generated entries (the technique of Hydragen, arXiv 2402.05099,
 and FlashInfer's cascade attention).
 
-The function reads the prompt from the :class:`~kvdrift.lm.cache.SharedPromptCache` passed to
+The function reads the prompt from the :class:`~kvdrift.lm.engine.cache.SharedPromptCache` passed to
 the model's forward as ``kvdrift_cache=`` and which generated slots each row may attend from
 ``kvdrift_slots=`` (``[n, G]`` bool, the new slot included); transformers hands extra forward
 keyword arguments down to the attention function. No mask is built by the model: the name is
 not registered as a mask function, so transformers passes ``attention_mask=None``.
 
-A joint step (:meth:`~kvdrift.lm.pair.LMKernelPair.advance_many`) passes a
-:class:`~kvdrift.lm.cache.GroupedCache` instead: rows of several path states in one batch,
+A joint step (:meth:`~kvdrift.lm.engine.pair.LMKernelPair.advance_many`) passes a
+:class:`~kvdrift.lm.engine.cache.GroupedCache` instead: rows of several path states in one batch,
 grouped by side; each run of states of one side reads its prompt in one call, and
 each state's rows attend their own generated entries (``kvdrift_slots`` and ``kvdrift_live``
 then hold one entry per state).
@@ -38,7 +38,7 @@ import kvpress  # noqa: F401  (imported before the registration below: see there
 import torch
 from transformers import AttentionInterface
 
-from kvdrift.lm.cache import GroupedCache, SharedPromptCache
+from kvdrift.lm.engine.cache import GroupedCache, SharedPromptCache
 
 ATTENTION_NAME = "kvdrift_shared_prompt"
 
@@ -60,7 +60,7 @@ def shared_prompt_attention(
 ) -> tuple[torch.Tensor, None]:
     """Exact attention of one new query per row over shared prompt + own generated entries.
 
-    With a :class:`~kvdrift.lm.cache.GroupedCache` (a joint step of several path states),
+    With a :class:`~kvdrift.lm.engine.cache.GroupedCache` (a joint step of several path states),
     ``kvdrift_slots`` and ``kvdrift_live`` hold one entry per part (state); each run of parts
     of one group reads its prompt in one call, and each part its own generated entries.
     ``kvdrift_slot_bias`` (optional) is ``kvdrift_slots`` as an additive mask
