@@ -155,3 +155,12 @@ def test_the_tutorial_is_committed_run_top_to_bottom_with_its_outputs():
     assert any("image/png" in o.get("data", {}) for o in outputs)  # the P(tau <= t) figure
     assert all(c["outputs"] for c in code if not c["source"].lstrip().startswith(
         ("from dataclasses", "import kvdrift")) or "print(" in c["source"])
+
+
+def test_the_readmes_links_and_images_resolve():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", readme)
+    local = [t for t in targets if not re.match(r"[a-z]+://", t)]
+    assert len(local) >= 15  # the site's pages, the changelog and the figure
+    for target in local:
+        assert (ROOT / target).is_file(), target
