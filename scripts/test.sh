@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up .venv if needed, lint, then run the tests.
+# Set up .venv if needed, lint, build the documentation site (strict), then run the tests.
 #   bash scripts/test.sh          the fast lane: every test not marked slow (minutes)
 #   bash scripts/test.sh --slow   the slow lane: only the tests marked slow (embedded SmolLM2)
 #   bash scripts/test.sh --all    every test, both lanes (what .ci/run runs)
@@ -19,4 +19,6 @@ done
 bash scripts/setup.sh
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 .venv/bin/ruff check src tests benchmarks
+# A broken link, a missing page or a docstring reference that does not resolve fails here.
+NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet
 .venv/bin/python -m pytest -q ${lane[@]+"${lane[@]}"} ${args[@]+"${args[@]}"}

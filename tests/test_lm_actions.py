@@ -317,7 +317,7 @@ def test_actions_command_lists_quantizations_with_bits_per_element():
 
 def test_actions_help_and_readme_list_every_action():
     text = actions_help()
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "actions.md").read_text()
     for name in NAMED_ACTIONS:
         assert name in text and f"`{name}`" in readme
     for form, press, *_ in family_table():

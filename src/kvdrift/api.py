@@ -2,7 +2,7 @@
 
 Each function here is also a top-level name of :mod:`kvdrift` (``kvdrift.analyze(...)``).
 Results are frozen dataclasses with ``to_json()`` and ``to_frame()`` (pandas); records come
-back as pandas DataFrames. See the README section "From Python".
+back as pandas DataFrames. See docs/python.md (the Python API guide).
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ A user's number (replicates, horizon, bootstrap draws, a generated length, a lin
 is checked against its limit before anything is allocated for it, so a typo such as
 ``replicates = 10**20`` is one line naming the value and the limit, never a minute of work
 followed by an allocator's traceback or the kernel's out-of-memory killer. The limits are
-far above any study these machines (or a GPU node) can run; README.md "Hostile input" lists
-them. Each check raises ``ValueError`` in the shape of :mod:`kvdrift.checks`.
+far above any study these machines (or a GPU node) can run; docs/reliability.md ("Sizes
+have limits") lists them. Each check raises ``ValueError`` in the shape of :mod:`kvdrift.checks`.
 """
 
 from __future__ import annotations

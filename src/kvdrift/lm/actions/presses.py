@@ -147,7 +147,7 @@ class Family:
 
     name: str  # spec prefix ("adakv" in "adakv-snapkv"); "" for a plain scorer
     press: type | None  # kvpress class wrapping the scorer (None: the scorer itself)
-    keeps: str  # what it keeps, for the README table and ``--actions help``
+    keeps: str  # what it keeps, for the table in docs/actions.md and ``--actions help``
     fields: tuple[tuple[str, str], ...] = ()  # spec field -> kvpress field of the wrapper
     departs: str = ""  # where kvdrift departs from the kvpress press on purpose (one line)
 
