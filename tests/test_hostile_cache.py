@@ -259,3 +259,27 @@ def test_the_embedded_gguf_s_conversion_is_pinned_in_every_dtype():
     assert sorted(pinned) == sorted(lm_model.DTYPES)
     assert all(len(d) == 64 and int(d, 16) >= 0 for d in pinned.values())
     assert len(set(pinned.values())) == 3
+
+
+def test_weights_are_viewed_in_the_checked_bytes_as_safetensors_reads_them(tmp_path):
+    import torch
+    from safetensors.torch import load, save
+
+    from kvdrift.lm.loading.from_cache import tensors
+
+    torch.manual_seed(0)
+    state = {"w": torch.randn(3, 5), "h": torch.randn(4).to(torch.bfloat16),
+             "i": torch.arange(6, dtype=torch.int64).reshape(2, 3), "e": torch.zeros(0, 2),
+             "b": torch.tensor([True, False])}
+    data = bytearray(save(state, metadata={"format": "pt"}))
+    viewed = tensors(data, "model.safetensors")
+    expected = load(bytes(data))
+    assert sorted(viewed) == sorted(expected)
+    for name, tensor in expected.items():
+        assert viewed[name].dtype == tensor.dtype and torch.equal(viewed[name], tensor)
+    viewed["w"][0, 0] = 7.0  # a view of the buffer, not a copy
+    assert load(bytes(data))["w"][0, 0] == 7.0
+    header = int.from_bytes(data[:8], "little")
+    broken = data[:8 + header] + data[8 + header:-4]  # the last tensor's bytes cut short
+    with pytest.raises(ValueError, match="^x: not a safetensors file kvdrift can read"):
+        tensors(broken, "x")

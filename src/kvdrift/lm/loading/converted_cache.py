@@ -102,16 +102,23 @@ def check_root(root: Path) -> None:
                 f"to a private folder")
 
 
-def _read_at(dir_fd: int | None, path: Path | str, limit: int | None = None) -> bytes:
+def _read_at(dir_fd: int | None, path: Path | str, limit: int | None = None) -> bytearray:
     """A regular file's bytes (at most ``limit`` + 1, to tell a file too long), opened without
-    following a link;
+    following a link, in one writable buffer (weights are viewed in place, not copied);
     ``OSError`` for anything else (a FIFO is never blocked on)."""
     fd = os.open(path, _READ, dir_fd=dir_fd)
-    with os.fdopen(fd, "rb") as handle:
+    with os.fdopen(fd, "rb", buffering=0) as handle:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise OSError(f"{path}: not a regular file")
-        return handle.read() if limit is None else handle.read(limit + 1)
+        size = info.st_size + 1 if limit is None else min(info.st_size, limit) + 1
+        data = bytearray(size)
+        view, done = memoryview(data), 0
+        while done < size and (got := handle.readinto(view[done:])):
+            done += got
+        view.release()
+        del data[done:]
+        return data
 
 
 def user_key(root: Path) -> bytes:
@@ -172,7 +179,7 @@ class Opened:
     def __init__(self, folder: Path, fd: int, files: dict[str, str]) -> None:
         self.folder, self.fd, self.files = folder, fd, files
 
-    def read(self, name: str) -> bytes:
+    def read(self, name: str) -> bytearray:
         """The bytes of the listed file ``name``, read once through the held folder."""
         try:
             data = _read_at(self.fd, name)
