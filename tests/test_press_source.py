@@ -158,3 +158,40 @@ def test_an_error_in_a_module_beside_the_file_names_that_module(tmp_path):
     with pytest.raises(ValueError, match="^[^\n]*$") as info:
         load_presses_file(path)
     assert f"presses file {path} raised KeyError (scale.py line 2)" in str(info.value)
+
+
+def test_a_helper_edited_between_run_and_resume_is_refused(tiny_model_dir, tmp_path):
+    """The store's records are never mixed: a run with a press from a module beside the
+    presses file, then a resume after only that module's helper changed, is refused in one
+    line naming the module; nothing is written."""
+    from typer.testing import CliRunner
+
+    from kvdrift.cli import app
+    from kvdrift.data import Document, write_jsonl
+
+    docs = tmp_path / "docs.jsonl"
+    write_jsonl([Document(id="d0", prompt="Note. " + "The cat sat on the mat. " * 12)], docs)
+    path = _helper_folder(tmp_path / "p", "one")
+    out = tmp_path / "run"
+    args = ["run", "--model", str(tiny_model_dir), "--docs", str(docs), "--actions", "tagged",
+            "--replicates", "2", "--horizon", "3", "--out", str(out), "--presses", str(path)]
+    first = CliRunner().invoke(app, args)
+    assert first.exit_code == 0, first.output
+    recorded = (out / "run.json").read_text()
+    assert _sha(path.parent / "helpers.py") in recorded  # the module's digest, in the identity
+    def written():  # every file of the store but its lock (taken by every command)
+        return {f: f.stat().st_mtime_ns for f in out.rglob("*") if f.is_file()
+                and f.name != ".lock"}
+
+    files = written()
+
+    helpers = path.parent / "helpers.py"
+    helpers.write_text(helpers.read_text().replace("return values.norm(dim=-1)",
+                                                   "return -values.norm(dim=-1)"))
+    again = CliRunner().invoke(app, args)
+    assert again.exit_code == 2, again.output
+    assert "Traceback" not in again.output
+    assert "source of helpers.TagPress changed (modules: helpers changed)" in " ".join(
+        again.output.split())
+    assert written() == files and len(files) > 2
+    assert not list(path.parent.rglob("__pycache__"))
