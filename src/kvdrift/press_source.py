@@ -18,6 +18,7 @@ The source shown in tracebacks and by :func:`inspect.getsource` is those bytes t
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib.abc
 import importlib.machinery
@@ -51,10 +52,11 @@ def read_source(path: Path, what: str = "--presses") -> bytes:
     return data
 
 
-def run_source(module: types.ModuleType, data: bytes, path: Path,
+def run_source(module: types.ModuleType, data: bytes, path: Path, folder: Path,
                modules: dict[str, str]) -> None:
     """Compile ``data`` (the bytes of ``path``) and run it as ``module``, recording its digest
-    in ``modules`` and in the module's globals (module docstring)."""
+    in ``modules`` and in the module's globals (module docstring); ``folder`` is the presses
+    file's, where the modules beside it lie."""
     digest = hashlib.sha256(data).hexdigest()
     modules[module.__name__] = digest
     module.__file__ = str(path)
@@ -62,22 +64,48 @@ def run_source(module: types.ModuleType, data: bytes, path: Path,
     setattr(module, MODULES_KEY, modules)  # one dict, shared: complete once the file has run
     text = importlib.util.decode_source(data)
     linecache.cache[str(path)] = (len(data), None, text.splitlines(keepends=True), str(path))
-    code = compile(data, str(path), "exec", dont_inherit=True)
+    tree = ast.parse(data, str(path))  # the bytes, parsed once: checked, then compiled
+    _refuse_shadowed(tree, path, folder)
+    code = compile(tree, str(path), "exec", dont_inherit=True)
     exec(code, module.__dict__)  # noqa: S102 - the user's presses file, named by the user
+
+
+def _refuse_shadowed(tree: ast.Module, path: Path, folder: Path) -> None:
+    """Refuse an import of a name that is both a module beside the presses file and a module
+    already loaded from elsewhere: Python would give the loaded one, silently, and the code
+    beside the file would neither run nor be in the identity."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names = [node.module]
+        else:
+            continue
+        for name in names:
+            top = name.split(".")[0]
+            loaded = sys.modules.get(top)
+            beside = [p for p in (folder / f"{top}.py", folder / top / "__init__.py")
+                      if p.is_file()]
+            if beside and loaded is not None and SOURCE_KEY not in vars(loaded):
+                where = getattr(loaded, "__file__", None) or "built in"
+                raise ImportError(f"{path.name} line {node.lineno} imports {top!r}, which is "
+                                  f"both {beside[0].name} "
+                                  f"beside the presses file and a module already loaded "
+                                  f"({where}); rename {beside[0].name}")
 
 
 class _BytesLoader(importlib.abc.Loader):
     """Runs a module beside a presses file from the bytes read once (no bytecode cache)."""
 
-    def __init__(self, path: Path, modules: dict[str, str]) -> None:
-        self.path, self.modules = path, modules
+    def __init__(self, path: Path, folder: Path, modules: dict[str, str]) -> None:
+        self.path, self.folder, self.modules = path, folder, modules
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> None:
         return None  # the default module
 
     def exec_module(self, module: types.ModuleType) -> None:
         run_source(module, read_source(self.path, "a module beside the presses file"),
-                   self.path, self.modules)
+                   self.path, self.folder, self.modules)
 
 
 class LocalModules(importlib.abc.MetaPathFinder):
@@ -102,7 +130,7 @@ class LocalModules(importlib.abc.MetaPathFinder):
             for candidate, is_package in ((folder / f"{last}.py", False), (package, True)):
                 if candidate.is_file():
                     spec = importlib.util.spec_from_loader(
-                        fullname, _BytesLoader(candidate, self.modules),
+                        fullname, _BytesLoader(candidate, self.folder, self.modules),
                         origin=str(candidate), is_package=is_package)
                     if is_package and spec is not None:
                         spec.submodule_search_locations = [str(candidate.parent)]
@@ -126,7 +154,7 @@ def load(path: Path, name: str, data: bytes) -> types.ModuleType:
     finder = LocalModules(path.parent, modules)
     sys.meta_path.insert(0, finder)
     try:
-        run_source(module, data, path, modules)
+        run_source(module, data, path, path.parent, modules)
     except BaseException:
         sys.modules.pop(name, None)
         raise
