@@ -283,3 +283,16 @@ def test_weights_are_viewed_in_the_checked_bytes_as_safetensors_reads_them(tmp_p
     broken = data[:8 + header] + data[8 + header:-4]  # the last tensor's bytes cut short
     with pytest.raises(ValueError, match="^x: not a safetensors file kvdrift can read"):
         tensors(broken, "x")
+
+
+def test_a_loose_folder_above_the_root_behind_a_link_is_refused(cache, tmp_path, monkeypatch):
+    """The folders checked are the real ones above the root, not the path as typed."""
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    os.chmod(real, 0o777)
+    (tmp_path / "typed").symlink_to(real)
+    monkeypatch.setenv("KVDRIFT_CACHE", str(tmp_path / "typed" / "cache"))
+    with pytest.raises(ValueError, match=f"^cache folder {tmp_path}/typed/cache: {real} is "
+                                         f"writable by others \\(mode 0777, no sticky bit\\)"):
+        lm_model.smollm2_path()
+    assert cache == [] and list(real.iterdir()) == []

@@ -86,7 +86,7 @@ def check_root(root: Path) -> None:
     """Refuse a cache root that others could change under kvdrift: the root itself writable
     by its group or others, or any folder above it writable by others, without the sticky bit
     (module docstring); a folder not yet made is checked from its first existing parent."""
-    path = Path(os.path.abspath(root))
+    path = Path(os.path.realpath(Path(root).parent)) / Path(root).name  # the real folders above
     for level, folder in enumerate([path, *path.parents]):
         try:
             info = os.stat(folder)
