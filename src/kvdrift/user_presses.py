@@ -10,7 +10,9 @@ dict from family name to a function of the ratio kept (a float in (0, 1)) return
     FAMILIES = {"myknorm": lambda kept: KnormPress(compression_ratio=1 - kept)}
 
 :func:`load_presses_file` is the only place such a file is executed: never from a run
-directory, its ``run.json``, a study's recorded configuration or a model folder. A store
+directory, its ``run.json``, a study's recorded configuration or a model folder. It runs from
+the bytes read once, never from a bytecode cache, and may import modules beside it
+(:mod:`kvdrift.press_source`); a press's identity digests those bytes. A store
 made with presses records their action names (``press_actions`` in ``run.json``), so resuming
 it without the file is refused in one line saying what is missing
 (:func:`refuse_missing_presses`). From Python, press objects are given directly
@@ -19,16 +21,14 @@ it without the file is refused in one line saying what is missing
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import re
-import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvdrift import checks
+from kvdrift import checks, press_source
+from kvdrift.output import NotARegularFile
 
 #: Where press names and objects came from, when not from a file.
 FROM_PYTHON = "the Python call"
@@ -173,7 +173,8 @@ def _module_name(path: Path) -> str:
 def load_presses_file(path: str | Path) -> UserPresses:
     """Execute the user's presses file and return its checked ``PRESSES`` and ``FAMILIES``.
 
-    The only place a presses file runs (module docstring). A missing file, one that raises,
+    The only place a presses file runs, from the bytes read once (module docstring). A
+    missing file, an unreadable one (a FIFO or device), one that raises,
     one without ``PRESSES`` or ``FAMILIES``, a value that is not a press, a name that clashes
     with an action or family kvdrift names, or a family that is not callable: one line each.
     """
@@ -182,19 +183,15 @@ def load_presses_file(path: str | Path) -> UserPresses:
         raise FileNotFoundError(f"presses file {path} does not exist")
     if not path.is_file():
         raise ValueError(f"presses file {path} must be a regular file (a Python file)")
-    name = _module_name(path)
-    loader = importlib.machinery.SourceFileLoader(name, str(path))
-    spec = importlib.util.spec_from_file_location(name, path, loader=loader)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # classes in it keep a module (their source, pickling)
     try:
-        loader.exec_module(module)
+        data = press_source.read_source(path)
+    except (NotARegularFile, OSError) as exc:
+        raise ValueError(f"presses file {path} cannot be read: {_first_line(exc)}") from None
+    try:
+        module = press_source.load(path, _module_name(path), data)
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - the user's file: one line
-        sys.modules.pop(name, None)
-        line = getattr(exc, "lineno", None) or _traceback_line(exc, str(path))
-        at = f" (line {line})" if line else ""
-        raise ValueError(f"presses file {path} raised {type(exc).__name__}{at}: "
-                         f"{_first_line(exc)}") from None
+        raise ValueError(f"presses file {path} raised {type(exc).__name__}"
+                         f"{_where(exc, path)}: {_first_line(exc)}") from None
     presses, families = getattr(module, "PRESSES", None), getattr(module, "FAMILIES", None)
     if presses is None and families is None:
         raise ValueError(f"presses file {path} defines no PRESSES (a dict from action name to a "
@@ -202,14 +199,22 @@ def load_presses_file(path: str | Path) -> UserPresses:
     return checked(presses, families, str(path))
 
 
-def _traceback_line(exc: BaseException, filename: str) -> int | None:
-    """The line of ``filename`` where ``exc`` was raised (its last frame in that file)."""
-    tb, line = exc.__traceback__, None
-    while tb is not None:
-        if tb.tb_frame.f_code.co_filename == filename:
-            line = tb.tb_lineno
+def _where(exc: BaseException, path: Path) -> str:
+    """`` (line N)`` of the presses file where ``exc`` was raised (its last frame there), or
+    `` (helpers.py line N)`` for a module beside it (a syntax error in it, or the last frame
+    in the file's folder)."""
+    filename = getattr(exc, "filename", None) if isinstance(exc, SyntaxError) else None
+    line = getattr(exc, "lineno", None) if filename else None
+    tb = exc.__traceback__ if not filename else None
+    while tb is not None:  # the last frame in the presses file's folder
+        if Path(tb.tb_frame.f_code.co_filename).is_relative_to(path.parent):
+            filename, line = tb.tb_frame.f_code.co_filename, tb.tb_lineno
         tb = tb.tb_next
-    return line
+    if not line:
+        return ""
+    if filename == str(path):
+        return f" (line {line})"
+    return f" ({Path(filename).name} line {line})"  # a module beside it
 
 
 def from_actions(actions: Mapping[str, Any] | Sequence[Any] | str

@@ -8,7 +8,10 @@ a store made with another press).
 
 The source digest covers the press's class and its bases up to, not including, kvpress's own
 classes (a user's ``ScorerPress`` subclass: the user's code); a kvpress class itself is named
-by the installed kvpress version instead. Nested presses (a wrapper's ``press``, a
+by the installed kvpress version instead. A class from a presses file is digested by the whole
+file's bytes, the very bytes that ran (:mod:`kvdrift.press_source`), and its identity lists
+every module of that file by the SHA-256 of its bytes (``modules``: the file and the modules
+beside it that it imported). Nested presses (a wrapper's ``press``, a
 composition's ``presses``) have an identity of their own inside their field.
 """
 
@@ -23,6 +26,8 @@ from typing import Any
 
 import kvpress
 import torch
+
+from kvdrift.press_source import MODULES_KEY, SOURCE_KEY, module_globals
 
 KVPRESS_MODULE = "kvpress"
 
@@ -52,13 +57,30 @@ def class_name(cls: type) -> str:
 def press_identity(press: Any) -> dict[str, Any]:
     """``{"class", "fields", "source"}`` of a press, JSON-serialisable (module docstring)."""
     cls = type(press)
-    return {"class": class_name(cls), "fields": _fields(press), "source": source_digest(cls)}
+    identity = {"class": class_name(cls), "fields": _fields(press), "source": source_digest(cls)}
+    modules = local_modules(cls)
+    if modules:
+        identity["modules"] = modules
+    return identity
+
+
+def local_modules(cls: type) -> dict[str, str]:
+    """Module name -> SHA-256 of its bytes, for every module of the presses files that
+    defined ``cls`` and its own bases (empty for classes not from a presses file)."""
+    found: dict[str, str] = {}
+    for c in _own_classes(cls):
+        found.update(module_globals(c).get(MODULES_KEY) or {})
+    return dict(sorted(found.items()))
+
+
+def _own_classes(cls: type) -> list[type]:
+    return [c for c in cls.__mro__ if c is not object and not _is_kvpress_class(c)]
 
 
 def source_digest(cls: type) -> str:
     """SHA-256 of the source of ``cls`` and its bases before kvpress's classes, or
     ``kvpress <version>`` for a class of kvpress itself."""
-    own = [c for c in cls.__mro__ if c is not object and not _is_kvpress_class(c)]
+    own = _own_classes(cls)
     if not own:
         return f"kvpress {importlib.metadata.version('kvpress')}"
     digest = hashlib.sha256()
@@ -69,7 +91,12 @@ def source_digest(cls: type) -> str:
 
 
 def _class_text(cls: type) -> str:
-    """The class's source; where there is none (defined at a prompt), its methods' bytecode."""
+    """The SHA-256 of the presses file (or module beside it) whose bytes defined the class;
+    else the class's source; where there is none (defined at a prompt), its methods'
+    bytecode."""
+    ran = module_globals(cls).get(SOURCE_KEY)
+    if isinstance(ran, str):
+        return f"file sha256 {ran}"
     try:
         return inspect.getsource(cls)
     except (OSError, TypeError):
@@ -117,7 +144,9 @@ def _changes(old: Any, new: Any, where: str) -> list[str]:
     if _is_identity(old) and _is_identity(new):
         if old["class"] != new["class"]:
             return [f"class{_at(where)} {old['class']} -> {new['class']}"]
-        out = [f"source of {new['class']} changed"] if old["source"] != new["source"] else []
+        modules = _module_changes(old.get("modules", {}), new.get("modules", {}))
+        out = [f"source of {new['class']} changed" + (f" (modules: {modules})" if modules else "")
+               ] if old["source"] != new["source"] or modules else []
         fields_old, fields_new = old.get("fields", {}), new.get("fields", {})
         for key in sorted(set(fields_old) | set(fields_new)):
             path = f"{where}.{key}" if where else key
@@ -131,6 +160,14 @@ def _changes(old: Any, new: Any, where: str) -> list[str]:
         return [c for i, (a, b) in enumerate(zip(old, new, strict=True))
                 for c in _changes(a, b, f"{where}[{i}]")]
     return [] if old == new else [f"field {where} {_short(old)} -> {_short(new)}"]
+
+
+def _module_changes(old: dict, new: dict) -> str:
+    def state(name: str) -> str:
+        return "added" if name not in old else "removed" if name not in new else "changed"
+
+    return ", ".join(f"{name} {state(name)}" for name in sorted(set(old) | set(new))
+                     if old.get(name) != new.get(name))
 
 
 def _is_identity(value: Any) -> bool:
@@ -147,4 +184,5 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-__all__ = ["check_press", "class_name", "identity_changes", "press_identity", "source_digest"]
+__all__ = ["check_press", "class_name", "identity_changes", "local_modules", "press_identity",
+           "source_digest"]

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from kvdrift import checks
-from kvdrift.lm.loading import converted_cache
+from kvdrift.lm.loading import converted_cache, from_cache, pins
 from kvdrift.lm.loading.digest import file_sha256, short
 from kvdrift.lm.loading.pretrained import pretrained_options, unloadable_model_message
 
@@ -134,9 +134,10 @@ def smollm2_gguf_digest() -> str:
 
 
 def smollm2_cache_dir() -> Path:
-    """The converted SmolLM2's folder: named after the GGUF it comes from, so another GGUF
-    (or a folder converted by a kvdrift without manifests) is never taken for it."""
-    return cache_root() / f"{SMOLLM2_CACHE_NAME}-{short(smollm2_gguf_digest())}"
+    """The converted SmolLM2's folder: named after the GGUF it comes from and the manifest's
+    version, so another GGUF (or a folder of an older kvdrift) is never taken for it."""
+    return cache_root() / (f"{SMOLLM2_CACHE_NAME}-{short(smollm2_gguf_digest())}"
+                           f"-v{converted_cache.MANIFEST_FORMAT}")
 
 
 def is_complete_model_dir(path: Path) -> bool:
@@ -212,29 +213,46 @@ def _convert_smollm2(out_dir: Path) -> None:
     tokenizer.save_pretrained(out_dir)
 
 
-def smollm2_path(convert: bool = True) -> Path:
-    """Path of the converted SmolLM2 cache, converting it first if needed (once), each file
-    checked against the digest recorded when it was converted
-    (:func:`kvdrift.lm.loading.converted_cache.verify`: a link, a foreign or a changed file is
-    refused in one line)."""
+def _converted(convert: bool = True) -> tuple[Path, str, bytes]:
+    """The converted SmolLM2's folder (converting it first if needed, once), the GGUF's
+    SHA-256 and this user's manifest key; a cache root others can write, or a link, is
+    refused first (:mod:`kvdrift.lm.loading.converted_cache`)."""
     source = smollm2_gguf_digest()
-    target = smollm2_cache_dir()
-    converted_cache.refuse_link(cache_root(), "cache folder")
+    root, target = cache_root(), smollm2_cache_dir()
+    converted_cache.refuse_link(root, "cache folder")
+    converted_cache.check_root(root)
     if converted_cache.refuse_link(target, "converted model") is None:
         if not convert:
             raise FileNotFoundError(f"no converted SmolLM2 at {target}")
+        key = converted_cache.user_key(converted_cache.private_folder(root))
 
         def convert_and_record(out_dir: Path) -> None:
             _convert_smollm2(out_dir)
-            converted_cache.write_manifest(out_dir, source)
+            converted_cache.write_manifest(out_dir, source, key)
 
         write_atomically(target, convert_and_record)
-    return converted_cache.verify(target, source)
+    return target, source, converted_cache.user_key(root)
 
 
-def _model_source(name_or_path: str) -> str | Path:
+def smollm2_path(convert: bool = True) -> Path:
+    """Path of the converted SmolLM2 cache, converting it first if needed (once), every file
+    checked against the sealed digest recorded when it was converted
+    (:func:`kvdrift.lm.loading.converted_cache.verify`: a link, a foreign or a changed file is
+    refused in one line). Loading never goes by this path: see :func:`_embedded`."""
+    return converted_cache.verify(*_converted(convert))
+
+
+@contextlib.contextmanager
+def _embedded() -> Iterator[converted_cache.Opened]:
+    """The converted SmolLM2 held open, its files handed out only as checked bytes
+    (:mod:`kvdrift.lm.loading.from_cache` loads from them)."""
+    with converted_cache.opened(*_converted()) as cache:
+        yield cache
+
+
+def _model_source(name_or_path: str) -> str:
     checks.text(name_or_path, "model name ('smollm2': the embedded model)")
-    return smollm2_path() if name_or_path == DEFAULT_MODEL else name_or_path
+    return name_or_path
 
 
 def load_tokenizer(name_or_path: str = DEFAULT_MODEL, allow_download: bool = False) -> Any:
@@ -243,15 +261,16 @@ def load_tokenizer(name_or_path: str = DEFAULT_MODEL, allow_download: bool = Fal
     cache where that exists, else from the GGUF file alone, without converting the weights."""
     from transformers import AutoTokenizer
 
-    if name_or_path == DEFAULT_MODEL and not is_complete_model_dir(smollm2_cache_dir()):
-        return _smollm2_gguf_tokenizer()
+    if name_or_path == DEFAULT_MODEL:
+        if not is_complete_model_dir(smollm2_cache_dir()):
+            return _smollm2_gguf_tokenizer()
+        with _embedded() as cache:
+            return from_cache.tokenizer(cache)
     source = _model_source(name_or_path)
     options = pretrained_options(source, allow_download)
     try:
         return AutoTokenizer.from_pretrained(source, **options)
     except (OSError, ValueError) as exc:
-        if name_or_path == DEFAULT_MODEL:
-            raise
         raise ValueError(unloadable_model_message(name_or_path, exc, allow_download)) from exc
 
 
@@ -277,13 +296,14 @@ def text_config(name_or_path: str = DEFAULT_MODEL, allow_download: bool = False)
     """The model's (text) config alone, without its weights."""
     from transformers import AutoConfig
 
+    if name_or_path == DEFAULT_MODEL:
+        with _embedded() as cache:
+            return from_cache.config(cache).get_text_config()
     source = _model_source(name_or_path)
     options = pretrained_options(source, allow_download)
     try:
         config = AutoConfig.from_pretrained(source, **options)
     except (OSError, ValueError) as exc:
-        if name_or_path == DEFAULT_MODEL:
-            raise
         raise ValueError(unloadable_model_message(name_or_path, exc, allow_download)) from exc
     return config.get_text_config()
 
@@ -310,18 +330,24 @@ def load_model(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     source = _model_source(name_or_path)
+    if name_or_path == DEFAULT_MODEL:
+        with _embedded() as cache, _quiet_progress():
+            model, tokenizer = from_cache.model_and_tokenizer(cache, torch_dtype,
+                                                              attn_implementation)
+        model.to(torch_device).eval()
+        loaded = LoadedModel(model=model, tokenizer=tokenizer, name=name_or_path,
+                             device=torch_device, dtype=torch_dtype)
+        pins.check_embedded(loaded.identity["weights_sha256"], torch_dtype,
+                            smollm2_gguf_digest(), smollm2_cache_dir())
+        return loaded
     options = pretrained_options(source, allow_download)
-    quiet = _quiet_progress() if name_or_path == DEFAULT_MODEL else contextlib.nullcontext()
-    with quiet:
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(source, **options)
-            model = AutoModelForCausalLM.from_pretrained(
-                source, dtype=torch_dtype, attn_implementation=attn_implementation, **options
-            )
-        except (OSError, ValueError) as exc:
-            if name_or_path == DEFAULT_MODEL:
-                raise
-            raise ValueError(unloadable_model_message(name_or_path, exc, allow_download)) from exc
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, **options)
+        model = AutoModelForCausalLM.from_pretrained(
+            source, dtype=torch_dtype, attn_implementation=attn_implementation, **options
+        )
+    except (OSError, ValueError) as exc:
+        raise ValueError(unloadable_model_message(name_or_path, exc, allow_download)) from exc
     model.to(torch_device).eval()
     return LoadedModel(model=model, tokenizer=tokenizer, name=name_or_path, device=torch_device,
                        dtype=torch_dtype)
