@@ -36,7 +36,7 @@ def documents_sha256(docs: list[Document]) -> str:
     digest = hashlib.sha256()
     for d in docs:
         record = {"id": d.id, "prompt": d.prompt, "stratum": d.stratum, "answer": d.answer,
-                  "meta": d.meta}
+                  "meta": d.meta} | ({} if d.question is None else {"question": d.question})
         digest.update(json.dumps(record, sort_keys=True, ensure_ascii=False, default=str)
                       .encode("utf-8", "surrogatepass") + b"\n")
     return digest.hexdigest()
