@@ -106,7 +106,7 @@ class Document:
 
     @property
     def protocol(self) -> str:
-        """Which part an action compresses: :data:`WHOLE_PROMPT` or :data:`CONTEXT_THEN_QUESTION`."""
+        """What an action compresses: :data:`WHOLE_PROMPT` or :data:`CONTEXT_THEN_QUESTION`."""
         return WHOLE_PROMPT if self.question is None else CONTEXT_THEN_QUESTION
 
 

@@ -89,3 +89,16 @@ def append_question(model: Any, context: PromptCache, question_ids: torch.Tensor
             [m, m.new_ones(*m.shape[:2], ids.shape[1])], dim=-1) for m in context.live)
     return PromptCache(keys=keys, values=values, logits=out.logits[:, -1].float(),
                        n_prompt=n_context + ids.shape[1], live=live)
+
+
+def after_context_refusal(action: Any) -> str | None:
+    """Why ``action`` (an :class:`~kvdrift.lm.actions.spec.Action`) cannot be measured with the
+    question after the compressed context yet, or None."""
+    if action.decoding is not None:
+        return (f"action {action.name!r} compresses during decoding; kvdrift measures "
+                f"decoding-time presses on whole-prompt documents only (give 'prompt', not "
+                f"'context' and 'question')")
+    if action.quantization is not None:
+        return (f"action {action.name!r} quantizes the cache; kvdrift measures quantization "
+                f"on whole-prompt documents only (give 'prompt', not 'context' and 'question')")
+    return None
