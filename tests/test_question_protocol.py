@@ -66,6 +66,26 @@ def test_jsonl_split_mistakes_are_named(tmp_path, record, message):
     assert message in str(info.value) and f"{path}:1" in str(info.value)
 
 
+@pytest.mark.parametrize("family", ["niah_single", "niah_multiquery", "vt", "cwe", "fwe"])
+def test_generated_tasks_split_at_their_question(family):
+    """A generated task's natural split: the same text, cut where its question starts."""
+    from kvdrift.data.ruler import make_document
+    from kvdrift.data.sources import RulerSource, source_from_table
+
+    def count(text):
+        return len(text.split())
+
+    whole = make_document(family, 600, count, seed=3)
+    split = make_document(family, 600, count, seed=3, question_after=True)
+    assert whole.question is None and split.question.startswith("\n\n")
+    assert split.prompt + split.question == whole.prompt
+    assert "?" in split.question or "answer" in split.question.lower()
+    assert (split.id, split.answer, split.meta) == (whole.id, whole.answer, whole.meta)
+    source = source_from_table({"source": "ruler", "question_after": True})
+    assert isinstance(source, RulerSource) and source.protocol == CONTEXT_THEN_QUESTION
+    assert source_from_table({"source": "ruler"}).protocol == WHOLE_PROMPT
+
+
 def test_question_changes_the_fingerprint_only_where_given():
     from kvdrift.run.runner import RunConfig
 
@@ -194,3 +214,37 @@ def test_q_keeps_its_own_first_distribution(loaded):
     assert q.kept == context.shape[1] // 2 + question.shape[1]
     assert p.kept == context.shape[1] + question.shape[1]
     assert not torch.equal(p.logits, q.logits)
+
+
+def test_a_run_measures_and_names_the_protocol(tiny_model_dir, loaded, tmp_path):
+    """End to end: a JSONL with two questions over one context, stored; Y at temperature 0 is
+    kvpress's answer, run.json and the report name the protocol, the store records the
+    question and the ids as the model saw them (context, then question)."""
+    import kvdrift
+    from kvdrift.lm.actions.spec import parse_action
+    from kvdrift.lm.factory import LMPairFactory
+    from kvdrift.report.sections.run import what_was_run
+    from kvdrift.run.documents import read_documents
+
+    docs = _write(tmp_path / "d.jsonl", {"id": "d", "context": CONTEXT,
+                                         "questions": list(QUESTIONS)})
+    out = tmp_path / "run"
+    result = kvdrift.measure(str(tiny_model_dir), ("snapkv-half",), docs, out, bootstrap=0,
+                             replicates=1, horizon=HORIZON, temperature=0)
+    factory = LMPairFactory(loaded)
+    first = Document("d:q1", CONTEXT, question=QUESTIONS[0],
+                     meta={"context_id": "d", "question_index": 1})
+    n_context = int(factory._split(first)[0].shape[1])
+    wanted = _pipeline_tokens(loaded, parse_action("snapkv-half").make_press(n_context),
+                              QUESTIONS)
+    steps = result.records.steps.sort_values("t")
+    for i, tokens in enumerate(wanted, 1):
+        y = steps[steps.doc_id == f"d:q{i}"].y_token.tolist()
+        assert y[:len(tokens)] == tokens
+    run = json.loads((out / "run.json").read_text())
+    assert run["config"]["protocol"] == [CONTEXT_THEN_QUESTION]
+    assert "appended uncompressed" in str(what_was_run(result.analysis))
+    recorded = read_documents(out)
+    found = recorded[(str(tiny_model_dir), "d:q1")]
+    assert found.document == first
+    assert list(found.prompt_ids) == torch.cat(factory._split(first), 1)[0].tolist()

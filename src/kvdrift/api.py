@@ -139,7 +139,7 @@ def measure(
     from kvdrift.lm.loading.user_model import Model, left_as_found
     from kvdrift.measurement import Measurement
     from kvdrift.run.store import package_versions
-    from kvdrift.study import run_in_memory
+    from kvdrift.study import fixed_documents, protocol_record, run_in_memory
     from kvdrift.study import run_study as run
 
     given = model if isinstance(model, Model) else None
@@ -162,7 +162,7 @@ def measure(
     steps, replicates = store.read("steps").to_pandas(), store.read("replicates").to_pandas()
     options = replace(config.analysis, **{k: v for k, v in (("bootstrap", bootstrap),
                                                             ("alpha", alpha)) if v is not None})
-    recorded = config.as_dict()
+    recorded = config.as_dict() | protocol_record(config, fixed_documents(config))
     versions = package_versions()
     analysis = analyze_records(steps, replicates, options, meta={
         "config": recorded, "versions": versions, "temperature": config.run.temperature})

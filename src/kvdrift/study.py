@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from kvdrift import limits
-from kvdrift.data.document import Document
+from kvdrift.data.document import WHOLE_PROMPT, Document
 from kvdrift.output import OutputDir
 from kvdrift.run.executors import open_executor
 from kvdrift.run.lock import StoreLock
@@ -40,6 +40,20 @@ def documents_sha256(docs: list[Document]) -> str:
         digest.update(json.dumps(record, sort_keys=True, ensure_ascii=False, default=str)
                       .encode("utf-8", "surrogatepass") + b"\n")
     return digest.hexdigest()
+
+
+def protocol_record(config: StudyConfig, fixed: list[Document]) -> dict[str, list[str]]:
+    """What ``run.json`` records of the study's protocol: ``{"protocol": [...]}``, the
+    protocols its documents use (:attr:`~kvdrift.data.document.Document.protocol`), where any
+    asks a question after the compressed context; empty (nothing recorded, so earlier stores
+    resume) where every document is compressed whole."""
+    found = {d.protocol for d in fixed}
+    for src in config.documents:
+        if src.needs_tokenizer:
+            found.add(src.protocol)
+    if found <= {WHOLE_PROMPT}:
+        return {}
+    return {"protocol": sorted(found)}
 
 
 def fixed_documents(config: StudyConfig) -> list[Document]:
@@ -138,7 +152,7 @@ def run_study(
         raise ValueError("the study's document sources produced no documents")
     fixed_sha256 = documents_sha256(fixed)  # what the store compares on resume
     runs = [config.for_model(name) for name in config.models]  # each model's run settings
-    recorded = config.as_dict() | {DOCUMENTS_HASH: fixed_sha256}
+    recorded = config.as_dict() | {DOCUMENTS_HASH: fixed_sha256} | protocol_record(config, fixed)
     settings = config.executor.for_device(config.device)
     with open_executor(settings, on_workers=on_workers) as executor:
 

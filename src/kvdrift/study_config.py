@@ -45,7 +45,7 @@ STUDY_KEYS = {
 COHORTS = ("development", "evaluation")
 SOURCE_KEYS = {
     "ruler": {"source": str, "families": list, "needle_types": list, "lengths": list,
-              "per_stratum": int, "seed": int},
+              "per_stratum": int, "seed": int, "question_after": bool},
     "jsonl": {"source": str, "path": str},
     "hf": {"source": str, "name": str, "split": str, "prompt_field": str, "id_field": str,
            "stratum_field": str, "stratum": str, "answer_field": str, "limit": int},

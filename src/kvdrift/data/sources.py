@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from kvdrift import checks
-from kvdrift.data.document import Document
+from kvdrift.data.document import CONTEXT_THEN_QUESTION, WHOLE_PROMPT, Document
 from kvdrift.data.loaders import load_hf_dataset, load_jsonl
 from kvdrift.data.ruler import RulerConfig, generate
 from kvdrift.data.sizing import token_counter
@@ -68,6 +68,11 @@ class DocumentSource(ABC):
     def _defaults(self) -> dict[str, Any]:
         """The keys a table may leave out while holding a value, with their defaults."""
         return {}
+
+    @property
+    def protocol(self) -> str:
+        """The protocol of the documents a generator makes (fixed ones say per document)."""
+        return WHOLE_PROMPT
 
     def as_dict(self) -> dict[str, Any]:
         """The config table of this source, as a study directory records it."""
@@ -127,7 +132,7 @@ class HFSource(DocumentSource):
 #: Table key -> RulerConfig field of a ``source = "ruler"`` table, in the table's order.
 RULER_TABLE_FIELDS = {"families": "families", "needle_types": "needle_types",
                       "lengths": "target_lengths", "per_stratum": "documents_per_stratum",
-                      "seed": "seed"}
+                      "seed": "seed", "question_after": "question_after"}
 
 
 def _ruler_values(config: RulerConfig) -> dict[str, Any]:
@@ -157,6 +162,11 @@ class RulerSource(DocumentSource):
 
     def _values(self) -> dict[str, Any]:
         return _ruler_values(self.config)
+
+    @property
+    def protocol(self) -> str:
+        return CONTEXT_THEN_QUESTION if self.config.question_after else WHOLE_PROMPT
+
 
     def _defaults(self) -> dict[str, Any]:
         return _ruler_values(RulerConfig())
