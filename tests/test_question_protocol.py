@@ -107,7 +107,7 @@ def loaded(tiny_model_dir):
     return load_model(str(tiny_model_dir))
 
 
-def _pipeline_tokens(loaded, press, questions):
+def _pipeline_tokens(loaded, press, questions, context=CONTEXT):
     """kvpress's pipeline answers, as token ids (its decoded text encoded back is not
     unique, so the pipeline's own generated ids are captured). A press that reads attention
     weights runs on the model switched to eager attention, as kvpress asks of its users."""
@@ -125,7 +125,7 @@ def _pipeline_tokens(loaded, press, questions):
     loaded.tokenizer.decode = capture
     try:
         with attention_implementation(loaded.model, "eager" if needs_eager(press) else None):
-            pipe(CONTEXT, questions=list(questions), press=press,
+            pipe(context, questions=list(questions), press=press,
                  max_new_tokens=HORIZON)
     finally:
         del loaded.tokenizer.decode
@@ -248,3 +248,41 @@ def test_a_run_measures_and_names_the_protocol(tiny_model_dir, loaded, tmp_path)
     found = recorded[(str(tiny_model_dir), "d:q1")]
     assert found.document == first
     assert list(found.prompt_ids) == torch.cat(factory._split(first), 1)[0].tolist()
+
+
+# --- SmolLM2 (slow lane) -------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def smollm2_loaded():
+    from kvdrift.lm.loading.model import load_model
+
+    return load_model("smollm2")
+
+
+SMOLLM2_CONTEXT = ("Rivers carve valleys over millennia; glaciers widen them, and the sea floods "
+                   "their mouths when the ice melts. ") * 8
+SMOLLM2_QUESTIONS = ("Explain how a fjord forms.", "What widens a valley?")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("action", ["snapkv-half", "recent-half", "adakv-snapkv:ratio=0.5",
+                                    "expected_attention:ratio=0.5", "mine"])
+def test_smollm2_answers_as_kvpress_pipeline(smollm2_loaded, action):
+    """On SmolLM2, Q's greedy answer to each of two questions over one compressed context
+    is kvpress's pipeline's, token for token: named actions (head-adaptive included) and a
+    press object; P's is the pipeline's without a press."""
+    from kvdrift.lm.actions.spec import parse_action
+    from kvdrift.lm.factory import LMPairFactory
+
+    mine = kvpress.KnormPress(compression_ratio=0.6)
+    factory = LMPairFactory(smollm2_loaded, presses={"mine": mine})
+    docs = [Document(f"s:q{i}", SMOLLM2_CONTEXT, question=q)
+            for i, q in enumerate(SMOLLM2_QUESTIONS)]
+    n_context = int(factory._split(docs[0])[0].shape[1])
+    press = mine if action == "mine" else parse_action(action).make_press(n_context)
+    wanted = _pipeline_tokens(smollm2_loaded, press, SMOLLM2_QUESTIONS, SMOLLM2_CONTEXT)
+    reference = _pipeline_tokens(smollm2_loaded, None, SMOLLM2_QUESTIONS, SMOLLM2_CONTEXT)
+    for doc, q_tokens, p_tokens in zip(docs, wanted, reference, strict=True):
+        pair = factory(doc, action)
+        assert _greedy(pair, "q") == q_tokens
+        assert _greedy(pair, "p") == p_tokens
