@@ -111,7 +111,7 @@ def _pipeline_tokens(loaded, press, questions, context=CONTEXT):
     """kvpress's pipeline answers, as token ids (its decoded text encoded back is not
     unique, so the pipeline's own generated ids are captured). A press that reads attention
     weights runs on the model switched to eager attention, as kvpress asks of its users."""
-    from kvdrift.lm.engine.press_path import needs_eager
+    from kvdrift.lm.actions.attention_use import needs_eager
     from kvdrift.lm.engine.shared_attention import attention_implementation
 
     pipe = kvpress.KVPressTextGenerationPipeline(model=loaded.model, tokenizer=loaded.tokenizer)

@@ -84,7 +84,7 @@ def _prepared(config: StudyConfig, run: RunConfig, fixed: list[Document], in_pro
 
     presses = config.presses.only(run.actions)  # the press objects this study runs
     source = LMPairSource(run.model, config.device, config.dtype, config.chat_template,
-                          allow_download, presses)
+                          allow_download, presses, eager=frozenset(run.extra.get("eager", ())))
     side = driver_side(source, in_process, load)
     docs = model_documents(config, fixed, side.tokenizer)
     check_fits(docs, run.horizon, side, config.chat_template)

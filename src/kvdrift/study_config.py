@@ -40,7 +40,7 @@ STUDY_KEYS = {
     "device": str,
     "dtype": str, "chat_template": bool, "cohort": str, "attribution": bool,
     "executor": str, "ray_address": str, "gpus_per_worker": float, "cpus_per_worker": float,
-    "presses": str,
+    "presses": str, "attention": str,
 }
 COHORTS = ("development", "evaluation")
 SOURCE_KEYS = {
@@ -78,6 +78,7 @@ class StudyConfig:
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)  # not part of as_dict
     presses: UserPresses = field(default_factory=UserPresses, compare=False)  # press objects
     press_names: frozenset[str] = field(default=frozenset(), compare=False)  # recorded only
+    attention: str = "auto"  # press objects' prefill: eager where they read weights, or all
 
     @property
     def press_actions(self) -> tuple[str, ...]:
@@ -90,7 +91,8 @@ class StudyConfig:
         and the identity of each press object among its actions)."""
         from kvdrift.run.runner import RunConfig
 
-        extra = {"dtype": self.dtype, "chat_template": self.chat_template}
+        extra = {"dtype": self.dtype, "chat_template": self.chat_template,
+                 "eager": self.presses.eager(self.run.actions, self.attention)}
         return RunConfig(**(asdict(self.run) | {
             "model": model, "extra": extra,
             "presses": self.presses.identities(self.run.actions)}))
@@ -112,6 +114,11 @@ class StudyConfig:
             out["cohort"] = self.cohort
         if self.press_actions:  # names only: a store never holds the code that made a press
             out[RECORDED_KEY] = list(self.press_actions)
+        if self.attention != "auto":  # only when asked, so older stores still resume
+            out["attention"] = self.attention
+        eager = self.presses.eager(self.run.actions, self.attention)
+        if eager:  # the press objects whose prefill ran with eager attention
+            out["eager_prefill"] = eager
         return out
 
 
@@ -244,6 +251,8 @@ def parse_study(data: dict, source: str | None = None, presses: UserPresses | No
             gpus_per_worker=study.get("gpus_per_worker"),
             cpus_per_worker=study.get("cpus_per_worker", 1.0)),
         presses=presses, press_names=frozenset(press_names),
+        attention=checks.choice(study.get("attention", "auto"), "[study].attention",
+                                ("auto", "eager")),
     )
 
 
@@ -319,7 +328,7 @@ def single_model_study(
     model: str, actions: tuple[str, ...], docs: str | Path | None, *, replicates: int,
     horizon: int, temperature: float, estimator: str, depths: tuple[int, ...], seed: int,
     batch: int, device: str, dtype: str, chat_template: bool, name: str = "run",
-    attribution: bool = False, presses: UserPresses | None = None,
+    attribution: bool = False, presses: UserPresses | None = None, attention: str = "auto",
 ) -> StudyConfig:
     """The one-model study that ``kvdrift run`` builds from its arguments: the same checks
     and the same pipeline as a study from a TOML file (``presses``: press objects some
@@ -330,5 +339,6 @@ def single_model_study(
                   "replicates": replicates, "horizon": horizon, "temperature": temperature,
                   "estimator": estimator, "depths": list(depths), "seed": seed, "batch": batch,
                   "device": device, "dtype": dtype, "chat_template": chat_template,
-                  "attribution": attribution},
+                  "attribution": attribution}
+        | ({"attention": attention} if attention != "auto" else {}),
         "documents": [dict(source)]}, presses=presses)

@@ -60,6 +60,17 @@ class UserPresses:
 
         return {n: press_identity(p) for n, p in chosen.items()}
 
+    def eager(self, names: Iterable[str], attention: str = "auto") -> list[str]:
+        """The press actions among ``names`` whose prefill runs with eager attention: every one
+        with ``attention = "eager"``, else those that read attention weights
+        (:func:`~kvdrift.lm.actions.attention_use.needs_eager`)."""
+        chosen = self.only(names)
+        if not chosen or attention == "eager":
+            return sorted(chosen)
+        from kvdrift.lm.actions.attention_use import needs_eager
+
+        return sorted(n for n, p in chosen.items() if needs_eager(p))
+
     def merged(self, other: UserPresses) -> UserPresses:
         """Both sets of presses; an action name given two different presses is refused."""
         from kvdrift.lm.actions.identity import identity_changes, press_identity

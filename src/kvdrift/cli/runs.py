@@ -133,11 +133,17 @@ def run(
     ray_address: str | None = typer.Option(None, help=RAY_ADDRESS_HELP),
     attribution: bool = typer.Option(False, "--attribution", help=ATTRIBUTION_HELP),
     presses: Path | None = typer.Option(None, metavar="FILE", help=PRESSES_HELP),
+    attention: str = typer.Option("auto", help="Prefill attention of the presses file's "
+                                  "presses: auto (eager where a press reads attention "
+                                  "weights) or eager (every one)."),
     as_json: bool = typer.Option(False, "--json", help="Print the table as JSON."),
     recompute: bool = typer.Option(False, "--recompute", help=RECOMPUTE_HELP),
     allow_download: bool = typer.Option(False, "--allow-download", help=DOWNLOAD_HELP),
 ) -> None:
     """Measure the given actions on one model over a set of documents (a one-model study)."""
+    from kvdrift import checks
+
+    checks.choice(attention, "--attention", ("auto", "eager"))
     from kvdrift.lm.loading.pretrained import check_model_name
 
     if actions.strip() == "help":
@@ -165,7 +171,7 @@ def run(
         model, names, docs, replicates=replicates, horizon=horizon,
         temperature=temperature, estimator=estimator, depths=_depths(depths), seed=seed,
         batch=batch, device=device, dtype=dtype, chat_template=chat_template,
-        name=_run_name(out), attribution=attribution, presses=user)
+        name=_run_name(out), attribution=attribution, presses=user, attention=attention)
     config = replace(config, executor=config.executor.overridden(executor, ray_address))
     from kvdrift.directory import StudyDirectory
     from kvdrift.lm.loading.model import resolve_device

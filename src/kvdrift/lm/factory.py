@@ -58,13 +58,16 @@ class LMPairFactory:
     ``prepare(document, actions)`` announces the actions of a document about to be asked for,
     in order, so that one prefill forward serves them all (module docstring); without it each
     pair still gets P's and its own cache from one forward. ``presses`` maps action names to
-    kvpress press objects, which take the general path (module docstring).
+    kvpress press objects, which take the general path (module docstring); those named in
+    ``eager`` prefill with eager attention (as do presses that read attention weights).
     """
 
     def __init__(self, loaded: LoadedModel, chat_template: bool = True,
                  cache_fraction: float = SHARED_CACHE_FRACTION,
-                 presses: Mapping[str, object] | None = None):
+                 presses: Mapping[str, object] | None = None,
+                 eager: Sequence[str] = ()):
         self.loaded = loaded
+        self.eager = frozenset(eager)  # press actions whose prefill runs eager attention
         self.chat_template = chat_template
         self.cache_fraction = cache_fraction
         self.presses = dict(presses or {})
@@ -182,7 +185,8 @@ class LMPairFactory:
         general = self._general_caches.get(name)
         if general is None:
             general = press_prompt_cache(self.loaded.model, self._compressed_ids,
-                                         self.presses[name], name, doc.id)
+                                         self.presses[name], name, doc.id,
+                                         eager=name in self.eager)
             self.prefills += 1
         if self._question_ids is None:
             return LMKernelPair(self.loaded.model, self._ids, Action(name=name),
@@ -243,13 +247,15 @@ class LMPairSource:
     chat_template: bool = True
     allow_download: bool = False  # fetch a hub id that is not in the local cache
     presses: Mapping[str, object] | None = None  # action name -> press object (general path)
+    eager: frozenset[str] = frozenset()  # press actions whose prefill runs eager attention
 
     def load(self) -> LoadedModel:
         return load_model(self.model, self.device, self.dtype,
                           allow_download=self.allow_download)
 
     def __call__(self) -> LMPairFactory:
-        return LMPairFactory(self.load(), self.chat_template, presses=self.presses)
+        return LMPairFactory(self.load(), self.chat_template, presses=self.presses,
+                             eager=self.eager)
 
 
 @dataclass(frozen=True)
@@ -282,7 +288,7 @@ def driver_side(
     config = loaded.model.config.get_text_config()
     return DriverSide(source.model, loaded.tokenizer,
                       functools.partial(LMPairFactory, loaded, source.chat_template,
-                                        presses=source.presses),
+                                        presses=source.presses, eager=source.eager),
                       window_of(config), layers_of(config))
 
 

@@ -80,7 +80,9 @@ class RunConfig:
             "prompt_sha256": prompt_sha256(doc.prompt, doc.question),
             "kvdrift": kvdrift_version(),
         } | ({"attribution": True} if self.attribution else {}) | (
-            {"protocol": doc.protocol} if doc.question is not None else {}) | dict(identity or {})
+            {"protocol": doc.protocol} if doc.question is not None else {}) | (
+            {"attention": "eager"} if action in extra.get("eager", ()) else {}) | dict(
+            identity or {})
 
     def as_dict(self) -> dict:
         out = asdict(self)

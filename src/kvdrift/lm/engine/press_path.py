@@ -40,6 +40,7 @@ import kvpress
 import torch
 from transformers import DynamicCache
 
+from kvdrift.lm.actions.attention_use import needs_eager
 from kvdrift.lm.actions.identity import check_press
 from kvdrift.lm.actions.presses import fixed_press_randomness
 from kvdrift.lm.engine.decoding import DecodingRule
@@ -117,29 +118,13 @@ def _decodes(press: Any) -> bool:
     return isinstance(press, kvpress.DMSPress) and bool(press.decoding)
 
 
-def _nested(press: Any) -> list[Any]:
-    """``press`` and every press inside it (wrappers, compositions)."""
-    found = [press]
-    if dataclasses.is_dataclass(press):
-        for f in dataclasses.fields(press):
-            value = getattr(press, f.name, None)
-            for item in value if isinstance(value, (list, tuple)) else [value]:
-                if isinstance(item, kvpress.BasePress):
-                    found += _nested(item)
-    return found
-
-
-def needs_eager(press: Any) -> bool:
-    """Whether a press reads eager attention weights (ObservedAttentionPress anywhere in it):
-    its prefill runs with eager attention, as kvdrift runs the named one."""
-    return any(isinstance(p, kvpress.ObservedAttentionPress) for p in _nested(press))
-
-
 def press_prompt_cache(model: Any, prompt_ids: torch.Tensor, press: Any, action: str,
-                       document: str) -> PressCache:
+                       document: str, eager: bool = False) -> PressCache:
     """Q's prompt cache: the prompt's prefill run inside ``press`` (module docstring).
 
-    ``action`` and ``document`` name the unit in a :class:`PressFailed`.
+    ``action`` and ``document`` name the unit in a :class:`PressFailed`. The prefill runs
+    with eager attention where the press reads attention weights
+    (:func:`~kvdrift.lm.actions.attention_use.needs_eager`), or wherever ``eager``.
     """
     fail = _Failure(action, document)
     rule = decoding_rule(press, action)
@@ -152,8 +137,8 @@ def press_prompt_cache(model: Any, prompt_ids: torch.Tensor, press: Any, action:
     clear_hidden_entries(model)  # a stale mask (left by a generate) would be read as this one's
     attention = model.config._attn_implementation  # a press may switch it (KVCompose: eager)
     try:
-        with torch.no_grad(), attention_implementation(model, "eager" if needs_eager(press)
-                                                        else None), \
+        with torch.no_grad(), attention_implementation(model, "eager" if eager or
+                                                        needs_eager(press) else None), \
                 fixed_press_randomness(ids.device):
             with press(model):
                 out = model(input_ids=ids, past_key_values=cache, use_cache=True,
