@@ -43,6 +43,7 @@ from kvdrift.lm.loading.model import (
     layers_of,
     load_model,
     load_tokenizer,
+    sliding_window_refusal,
     text_config,
     window_of,
 )
@@ -282,14 +283,22 @@ def driver_side(
     """
     if not in_process:
         config = text_config(source.model, source.allow_download)
+        _refuse_sliding(config, source.model)
         return DriverSide(source.model, load_tokenizer(source.model, source.allow_download),
                           source, window_of(config), layers_of(config))
     loaded = load() if load else source.load()
     config = loaded.model.config.get_text_config()
+    _refuse_sliding(config, source.model)
     return DriverSide(source.model, loaded.tokenizer,
                       functools.partial(LMPairFactory, loaded, source.chat_template,
                                         presses=source.presses, eager=source.eager),
                       window_of(config), layers_of(config))
+
+
+def _refuse_sliding(config: Any, name: str) -> None:
+    refusal = sliding_window_refusal(config, name)
+    if refusal is not None:
+        raise ValueError(refusal)
 
 
 def check_actions_fit(actions: Sequence[str], side: DriverSide,

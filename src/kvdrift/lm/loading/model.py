@@ -273,6 +273,27 @@ def layers_of(config: Any) -> int | None:
     return int(layers) if layers else None
 
 
+def sliding_window_refusal(config: Any, name: str = "the model") -> str | None:
+    """Why a (text) config with sliding-window attention layers cannot be measured, or None.
+
+    kvdrift's decoding engine (the shared-prompt attention, the question's forward) attends
+    every layer to every stored prompt entry; a sliding-window layer attends only to the last
+    ``sliding_window`` positions, so measuring it would measure another model. kvpress itself
+    compresses only the full-attention layers of such models (Gemma 3).
+    """
+    types = list(getattr(config, "layer_types", None) or ())
+    sliding = [i for i, kind in enumerate(types) if kind == "sliding_attention"]
+    if not sliding:
+        return None
+    return (f"{name} ({getattr(config, 'model_type', 'unknown type')}) has "
+            f"{len(sliding)} of {len(types)} layers with sliding-window attention (window "
+            f"{getattr(config, 'sliding_window', None)}); kvdrift attends every layer to the "
+            f"whole prompt cache and has no per-layer window mask, so it refuses such models "
+            f"(kvpress compresses only their full-attention layers). What would make them work: "
+            f"a window mask per sliding layer in kvdrift's shared-prompt attention. Use a "
+            f"model whose layers all attend fully (e.g. Llama, Qwen2, SmolLM2)")
+
+
 def text_config(name_or_path: str = DEFAULT_MODEL, allow_download: bool = False) -> Any:
     """The model's (text) config alone, without its weights."""
     from transformers import AutoConfig
