@@ -275,10 +275,12 @@ def load_study(path: str | Path, overrides: dict[str, Any] | None = None,
     """Read and validate a study TOML file; ``overrides`` replace keys of its [study] table
     (e.g. ``{"replicates": 2, "horizon": 8}``) and are checked like the file's own keys.
 
-    [study].presses names a presses file relative to the TOML (one in ``overrides``: as
-    given), executed here (:func:`~kvdrift.user_presses.load_presses_file`); ``presses``
-    (``kvdrift study --presses``) joins it, an action name given two different presses being
-    refused."""
+    Every relative path the file names resolves against the TOML's folder, not the working
+    directory (:func:`_relative_to`): [study].presses (one in ``overrides``: as given), a
+    JSONL source's ``path``, and an HF source's ``name`` where it names a folder there (a
+    dataset saved to disk; otherwise it is a hub id). The presses file is executed here
+    (:func:`~kvdrift.user_presses.load_presses_file`); ``presses`` (``kvdrift study
+    --presses``) joins it, an action name given two different presses being refused."""
     if "\0" in str(path):
         raise ValueError(f"study config path {str(path)!r} holds a NUL character; name a TOML "
                          "file")
@@ -316,7 +318,28 @@ def load_study(path: str | Path, overrides: dict[str, Any] | None = None,
         relative = overrides is None or "presses" not in overrides
         loaded = load_presses_file(path.parent / file if relative else Path(file))
         presses = loaded.merged(presses) if presses else loaded
-    return parse_study(data, source=str(path), presses=presses)
+    return parse_study(_relative_to(data, path.parent), source=str(path), presses=presses)
+
+
+def _relative_to(data: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """``data`` with its [[documents]] tables' relative paths joined to ``folder`` (the
+    TOML's): a JSONL source's ``path``, and an HF source's ``name`` where ``folder / name``
+    exists (a saved dataset; a hub id stays as written). Values of the wrong type are left
+    for the checks that name them."""
+    docs = data.get("documents")
+    tables = docs if isinstance(docs, list) else [docs] if isinstance(docs, dict) else []
+    for table in tables:
+        if not isinstance(table, dict):
+            continue
+        key = {"jsonl": "path", "hf": "name"}.get(table.get("source"))
+        value = table.get(key) if key else None
+        if not isinstance(value, str) or not value or "\0" in value or \
+                Path(value).is_absolute():
+            continue
+        joined = folder / value
+        if key == "path" or joined.exists():
+            table[key] = str(joined)
+    return data
 
 
 DEFAULT_DOCUMENTS = {"source": "ruler", "families": ["niah_single", "vt", "cwe"],
