@@ -84,7 +84,7 @@ class StudyConfig:
     def press_actions(self) -> tuple[str, ...]:
         """The actions that are press objects (by name; :mod:`kvdrift.user_presses`)."""
         return tuple(a for a in self.run.actions
-                     if a in self.presses.presses or a in self.press_names)
+                     if self.presses.only([a]) or a in self.press_names)
 
     def for_model(self, model: str) -> RunConfig:
         """The run settings of one model (with the dtype and prompt format its units record,
@@ -221,7 +221,7 @@ def parse_study(data: dict, source: str | None = None, presses: UserPresses | No
     from kvdrift.lm.actions.spec import parse_action  # validates names without loading a model
 
     for a in actions:
-        if a not in presses.presses and a not in press_names:
+        if not presses.only([a]) and a not in press_names:
             try:
                 parse_action(a)
             except ValueError as exc:

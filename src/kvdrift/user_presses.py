@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from kvdrift import checks
+from kvdrift.lm.grammar.names import press_chain
 
 #: Where press names and objects came from, when not from a file.
 FROM_PYTHON = "the Python call"
@@ -48,8 +49,14 @@ class UserPresses:
         return bool(self.presses or self.families)
 
     def only(self, names: Iterable[str]) -> dict[str, Any]:
-        """The presses of ``names`` that are press actions (spec strings are left out)."""
-        return {n: self.presses[n] for n in names if n in self.presses}
+        """The presses of ``names`` that are press actions (spec strings are left out); a
+        press chained with a quantizer (``mine+kivi:bits=4``) maps to its press."""
+        out = {}
+        for n in names:
+            base = n if n in self.presses else press_chain(n, self.presses)
+            if base is not None:
+                out[n] = self.presses[base]
+        return out
 
     def identities(self, names: Iterable[str]) -> dict[str, dict]:
         """Each press action's identity (:func:`~kvdrift.lm.actions.identity.press_identity`)."""
@@ -269,7 +276,7 @@ def refuse_missing_presses(out: str | Path, actions: Iterable[str],
                            presses: UserPresses | None) -> None:
     """Refuse, in one line, to resume a store whose action was a press object without that
     press given again: kvdrift keeps press names, never the code that made them."""
-    given = presses.presses if presses else {}
+    given = presses.only(actions) if presses else {}
     recorded = recorded_press_actions(out)
     missing = [a for a in actions if a in recorded and a not in given]
     if missing:

@@ -47,6 +47,7 @@ from kvdrift.lm.loading.model import (
     text_config,
     window_of,
 )
+from kvdrift.lm.quantized.transform import Quantization, is_quantization, parse_quantization
 
 SHARED_CACHE_FRACTION = 2.0
 """Most kept entries one shared prefill holds for actions not yet served, as a multiple of P's
@@ -180,18 +181,23 @@ class LMPairFactory:
         return self._answered
 
     def _general(self, doc: Document, name: str) -> LMKernelPair:
-        """The general path: P's shared full cache, Q's from a prefill inside the press."""
+        """The general path: P's shared full cache, Q's from a prefill inside the press (and
+        the quantizer chained after it, ``mine+kivi:bits=4``)."""
         if self._reference is None:
             self._prefill(None)
+        quantization = chained_quantizer(name)
         general = self._general_caches.get(name)
         if general is None:
             general = press_prompt_cache(self.loaded.model, self._compressed_ids,
                                          self.presses[name], name, doc.id,
-                                         eager=name in self.eager)
+                                         eager=name in self.eager, quantization=quantization)
             self.prefills += 1
+        action = Action(name=name, quantization=quantization)
         if self._question_ids is None:
-            return LMKernelPair(self.loaded.model, self._ids, Action(name=name),
+            return LMKernelPair(self.loaded.model, self._ids, action,
                                 reference=self._reference, general=general)
+        if quantization is not None:
+            raise ValueError(after_context_refusal(action))
         if general.rule is not None:
             raise ValueError(f"action {name!r} compresses during decoding; kvdrift measures "
                              f"decoding-time presses on whole-prompt documents only (give "
@@ -199,7 +205,7 @@ class LMPairFactory:
         self._general_caches[name] = general  # the next question over this context reuses it
         answered = append_question(self.loaded.model, general.cache, self._question_ids)
         kv_bytes, kv_fraction = stored_memory(answered, self.loaded.model.config)
-        return LMKernelPair(self.loaded.model, self._ids, Action(name=name),
+        return LMKernelPair(self.loaded.model, self._ids, action,
                             reference=self._answered_reference(),
                             general=PressCache(answered, None, kv_bytes, kv_fraction),
                             question_after=True)
@@ -226,6 +232,13 @@ class LMPairFactory:
             self._reference = result.reference
         for name, cache in result.compressed.items():
             self._waiting[name] = cache
+
+
+def chained_quantizer(name: str) -> Quantization | None:
+    """The quantizer chained after a press object's name (``mine+kivi:bits=4``), or None."""
+    head, plus, tail = name.rpartition("+")
+    return parse_quantization(tail.strip(), name) if plus and is_quantization(tail.strip()) \
+        else None
 
 
 def _held_fraction(action: Action, n: int) -> float:

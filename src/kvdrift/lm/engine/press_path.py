@@ -43,6 +43,7 @@ from transformers import DynamicCache
 from kvdrift.lm.actions.attention_use import needs_eager
 from kvdrift.lm.actions.identity import check_press
 from kvdrift.lm.actions.presses import fixed_press_randomness
+from kvdrift.lm.actions.spec import Action
 from kvdrift.lm.engine.decoding import DecodingRule
 from kvdrift.lm.engine.prefill import (
     PromptCache,
@@ -50,10 +51,12 @@ from kvdrift.lm.engine.prefill import (
     check_not_sliding,
     clear_hidden_entries,
     live_mask,
+    quantized,
     take_hidden_entries,
     unwrap_model,
 )
 from kvdrift.lm.engine.shared_attention import attention_implementation
+from kvdrift.lm.quantized.transform import Quantization, QuantizingCache, kv_memory
 from kvdrift.unit_errors import UnitStopped
 
 STORED_BYTES = "stored bytes"
@@ -119,12 +122,16 @@ def _decodes(press: Any) -> bool:
 
 
 def press_prompt_cache(model: Any, prompt_ids: torch.Tensor, press: Any, action: str,
-                       document: str, eager: bool = False) -> PressCache:
+                       document: str, eager: bool = False,
+                       quantization: Quantization | None = None) -> PressCache:
     """Q's prompt cache: the prompt's prefill run inside ``press`` (module docstring).
 
     ``action`` and ``document`` name the unit in a :class:`PressFailed`. The prefill runs
     with eager attention where the press reads attention weights
     (:func:`~kvdrift.lm.actions.attention_use.needs_eager`), or wherever ``eager``.
+    ``quantization`` (a press chained with a quantizer, ``mine+kivi:bits=4``) quantizes what
+    the press keeps as the same chain after a named action does: llama.cpp's kinds as entries
+    enter the prefill's cache, KIVI after the prefill (:func:`chained_quantization`).
     """
     fail = _Failure(action, document)
     rule = decoding_rule(press, action)
@@ -133,7 +140,11 @@ def press_prompt_cache(model: Any, prompt_ids: torch.Tensor, press: Any, action:
     model = unwrap_model(model)
     ids = as_prompt(prompt_ids, model)
     n = ids.shape[1]
-    cache = DynamicCache(config=model.config)
+    if quantization is not None:
+        quantization.check(model.config.head_dim if getattr(model.config, "head_dim", None)
+                           else model.config.hidden_size // model.config.num_attention_heads)
+    cache = QuantizingCache(quantization, config=model.config) if quantization is not None \
+        and quantization.before_attention else DynamicCache(config=model.config)
     clear_hidden_entries(model)  # a stale mask (left by a generate) would be read as this one's
     attention = model.config._attn_implementation  # a press may switch it (KVCompose: eager)
     try:
@@ -164,8 +175,24 @@ def press_prompt_cache(model: Any, prompt_ids: torch.Tensor, press: Any, action:
         raise fail("the prefill inside the press gave non-finite logits")
     pc = PromptCache(keys=tuple(keys), values=tuple(values), logits=logits, n_prompt=n,
                      live=live)
+    if quantization is not None:
+        return chained_quantization(pc, rule, quantization, action)
     kv_bytes, kv_fraction = stored_memory(pc, model.config)
     return PressCache(pc, rule, kv_bytes, kv_fraction)
+
+
+def chained_quantization(pc: PromptCache, rule: DecodingRule | None,
+                         quantization: Quantization, action: str) -> PressCache:
+    """A press's cache with a quantizer chained after it: what it keeps, quantized as a named
+    chain's (:func:`~kvdrift.lm.engine.prefill.quantized`), its bytes at the quantizer's bits.
+    Only a press that keeps one set of entries per KV head and compresses at prefill only."""
+    if rule is not None or pc.live is not None:
+        what = "compresses during decoding" if rule is not None else "hides entries per KV head"
+        raise ValueError(f"action {action!r}: its press {what}; a quantization can follow a "
+                         f"press that keeps one set of entries per KV head at prefill only")
+    chained = quantized(pc, Action(name=action, quantization=quantization))
+    kv_bytes, kv_fraction = kv_memory(chained.keys, None, chained.n_prompt, quantization)
+    return PressCache(chained, None, kv_bytes, kv_fraction)
 
 
 @dataclass(frozen=True)
