@@ -41,6 +41,7 @@ import torch
 from transformers import DynamicCache
 
 from kvdrift.lm.actions.attention_use import needs_eager
+from kvdrift.lm.actions.hub_files import missing_files_message
 from kvdrift.lm.actions.identity import check_press
 from kvdrift.lm.actions.presses import fixed_press_randomness
 from kvdrift.lm.actions.spec import Action
@@ -158,7 +159,7 @@ def press_prompt_cache(model: Any, prompt_ids: torch.Tensor, press: Any, action:
     except (MemoryError, torch.OutOfMemoryError):
         raise
     except Exception as exc:  # the press's own code: any error is its failure
-        raise fail(f"the press raised {_first_line(exc)}") from exc
+        raise fail(f"the press raised {_first_line(exc, press, model)}") from exc
     finally:
         clear_hidden_entries(model)
         model.config._attn_implementation = attention  # as found, even if the press failed
@@ -204,11 +205,11 @@ class _Failure:
         return PressFailed(f"action {self.action!r} failed on document {self.document!r}: {what}")
 
 
-def _first_line(exc: BaseException) -> str:
+def _first_line(exc: BaseException, press: Any = None, model: Any = None) -> str:
     hub = _hub_file(exc)
     if hub is not None:
-        return (f"{type(exc).__name__}: it needs {hub} from the Hugging Face hub, which is not "
-                f"in the local cache (runs are offline: put the file there first)")
+        name = str(getattr(getattr(model, "config", None), "name_or_path", "") or "")
+        return f"{type(exc).__name__}: {missing_files_message(hub, press, name)}"
     text = str(exc).strip()
     return f"{type(exc).__name__}: {text.splitlines()[0][:200]}" if text else type(exc).__name__
 
