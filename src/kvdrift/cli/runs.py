@@ -114,7 +114,8 @@ def run(
     actions: str = typer.Option("snapkv-half,recent-half",
                                 help="Comma list of actions, e.g. snapkv-half,knorm:ratio=0.5,"
                                 "adakv-snapkv:ratio=0.5; 'help' lists every action."),
-    docs: Path | None = typer.Option(None, help="JSONL file of {id, prompt, stratum?} objects "
+    docs: Path | None = typer.Option(None, help="JSONL file of {id, prompt, stratum?} objects, "
+                                     "or {id, context, question(s)} (kvpress's protocol) "
                                      "(default: six generated 512-token RULER-style tasks)."),
     replicates: int = typer.Option(8, help="Replicates K per document and action."),
     horizon: int = typer.Option(32, help="Generated positions H."),
