@@ -286,3 +286,26 @@ def test_smollm2_answers_as_kvpress_pipeline(smollm2_loaded, action):
         pair = factory(doc, action)
         assert _greedy(pair, "q") == q_tokens
         assert _greedy(pair, "p") == p_tokens
+
+
+def test_run_json_names_the_protocols_a_study_uses(tmp_path):
+    """``protocol`` is recorded where a document (or a generator) asks its question after the
+    context, both protocols where a study mixes them, nothing where all are whole."""
+    from kvdrift.study import fixed_documents, protocol_record
+    from kvdrift.study_config import parse_study
+
+    split = _write(tmp_path / "split.jsonl", {"id": "a", "context": "c", "question": "q"})
+    whole = _write(tmp_path / "whole.jsonl", {"id": "b", "prompt": "p"})
+
+    def record(*tables):
+        config = parse_study({"study": {"models": ["smollm2"], "actions": ["full"]},
+                              "documents": list(tables)})
+        return protocol_record(config, fixed_documents(config))
+
+    jsonl = {"source": "jsonl", "path": str(whole)}
+    assert record(jsonl) == {}
+    assert record({"source": "ruler"}) == {}
+    assert record({"source": "ruler", "question_after": True}) == {
+        "protocol": [CONTEXT_THEN_QUESTION]}
+    assert record(jsonl, {"source": "jsonl", "path": str(split)}) == {
+        "protocol": [CONTEXT_THEN_QUESTION, WHOLE_PROMPT]}
