@@ -309,3 +309,26 @@ def test_run_json_names_the_protocols_a_study_uses(tmp_path):
         "protocol": [CONTEXT_THEN_QUESTION]}
     assert record(jsonl, {"source": "jsonl", "path": str(split)}) == {
         "protocol": [CONTEXT_THEN_QUESTION, WHOLE_PROMPT]}
+
+
+def test_kvdrift_run_names_the_protocol(tiny_model_dir, tmp_path):
+    from typer.testing import CliRunner
+
+    from kvdrift.cli import app
+
+    docs = _write(tmp_path / "d.jsonl", {"id": "a", "context": CONTEXT, "question": "Who?"})
+    result = CliRunner().invoke(app, ["run", "--model", str(tiny_model_dir), "--docs",
+                                      str(docs), "--actions", "snapkv-half,decoding-knorm:"
+                                      "interval=4,target=64", "--replicates", "2",
+                                      "--horizon", "3", "--out", str(tmp_path / "run")])
+    assert result.exit_code != 0  # a decode-time press on a question: refused in one line,
+    assert not (tmp_path / "run" / "run.json").exists()  # before anything is written
+    assert "action 'decoding-knorm:interval=4,target=64' compresses during decoding; kvdrift " \
+        "measures decoding-time presses on whole-prompt documents only" in result.output
+    result = CliRunner().invoke(app, ["run", "--model", str(tiny_model_dir), "--docs",
+                                      str(docs), "--actions", "snapkv-half", "--replicates",
+                                      "2", "--horizon", "3", "--out", str(tmp_path / "run2")])
+    assert result.exit_code == 0, result.output
+    assert "protocol: context compressed, then the question and the chat template's tail " \
+        "appended uncompressed for P and Q (kvpress's pipeline)" in " ".join(
+            result.output.split())

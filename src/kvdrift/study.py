@@ -80,7 +80,13 @@ def model_documents(config: StudyConfig, fixed: list[Document], tokenizer) -> li
 def _prepared(config: StudyConfig, run: RunConfig, fixed: list[Document], in_process: bool,
               allow_download: bool, load: Callable[[], object] | None):
     """A model's driver side and documents, checked against its context window and layers."""
-    from kvdrift.lm.factory import LMPairSource, check_actions_fit, check_fits, driver_side
+    from kvdrift.lm.factory import (
+        LMPairSource,
+        check_actions_fit,
+        check_fits,
+        check_questions_fit,
+        driver_side,
+    )
 
     presses = config.presses.only(run.actions)  # the press objects this study runs
     source = LMPairSource(run.model, config.device, config.dtype, config.chat_template,
@@ -89,6 +95,7 @@ def _prepared(config: StudyConfig, run: RunConfig, fixed: list[Document], in_pro
     docs = model_documents(config, fixed, side.tokenizer)
     check_fits(docs, run.horizon, side, config.chat_template)
     check_actions_fit(run.actions, side, presses)
+    check_questions_fit(docs, run.actions, presses)
     limits.batch_memory(min(run.batch or run.replicates, run.replicates),
                         len(side.tokenizer), run.model)  # a batch holds <= K rows
     return side, docs

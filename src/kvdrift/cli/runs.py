@@ -181,11 +181,16 @@ def run(
     if config.executor.kind == "local":  # Ray workers check the device where the model goes
         resolve_device(device)
     run_with_progress(config, out, recompute, allow_download)
-    analysis = StudyDirectory(out).analyze(bootstrap=0)  # point estimates: fast, no intervals
+    directory = StudyDirectory(out)
+    analysis = directory.analyze(bootstrap=0)  # point estimates: fast, no intervals
     if as_json:
         print(strict_json(run_rows(analysis)))
         return
     print_whole(console, run_table(analysis))
+    if directory.config.get("protocol"):  # a question asked after the compressed context
+        from kvdrift.report.sections.run import protocol_text
+
+        say(f"protocol: {protocol_text(directory.config)}")
     say(f"records: {out}/steps, {out}/replicates (Parquet)")
 
 

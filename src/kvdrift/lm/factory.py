@@ -326,6 +326,22 @@ def check_actions_fit(actions: Sequence[str], side: DriverSide,
             parse_action(name).check_layers(side.layers)
 
 
+def check_questions_fit(documents: Sequence[Document], actions: Sequence[str],
+                        presses: Mapping[str, object] | None = None) -> None:
+    """Raise a one-line ValueError, before anything is written, if a document asks a question
+    after its context and a named action cannot be measured so (decode-time compression,
+    quantization: :func:`~kvdrift.lm.engine.question.after_context_refusal`). Press objects
+    are checked when their prefill runs."""
+    if not any(doc.question is not None for doc in documents):
+        return
+    for name in actions:
+        if name in (presses or {}):
+            continue
+        refusal = after_context_refusal(parse_action(name))
+        if refusal is not None:
+            raise ValueError(refusal)
+
+
 class ContextWindowExceeded(ValueError):
     """A prompt plus the horizon does not fit in the model's context window (one line)."""
 
