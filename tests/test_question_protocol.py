@@ -332,3 +332,26 @@ def test_kvdrift_run_names_the_protocol(tiny_model_dir, tmp_path):
     assert "protocol: context compressed, then the question and the chat template's tail " \
         "appended uncompressed for P and Q (kvpress's pipeline)" in " ".join(
             result.output.split())
+
+
+def test_a_dataset_with_context_and_question_columns(tmp_path):
+    """kvpress's benchmark datasets hold ``context`` and ``question`` columns: with
+    ``question_field`` the prompt field is the context and the question follows it."""
+    datasets = pytest.importorskip("datasets")
+    from kvdrift.data.sources import source_from_table
+
+    saved = tmp_path / "saved"
+    datasets.DatasetDict({"test": datasets.Dataset.from_list([
+        {"context": "A long text.", "question": "What?", "answers": ["x"]},
+        {"context": "Another text.", "question": None, "answers": ["y"]}])}).save_to_disk(
+        str(saved))
+    source = source_from_table({"source": "hf", "name": str(saved), "split": "test",
+                                "prompt_field": "context", "question_field": "question",
+                                "answer_field": "answers"})
+    docs = source.documents()
+    assert [(d.prompt, d.question, d.answer) for d in docs] == [
+        ("A long text.", "What?", "x"), ("Another text.", "", "y")]
+    assert source.as_dict()["question_field"] == "question"
+    whole = source_from_table({"source": "hf", "name": str(saved), "split": "test",
+                               "prompt_field": "context"})
+    assert [d.question for d in whole.documents()] == [None, None]

@@ -109,7 +109,7 @@ def test_sources_built_in_code_record_every_key_they_hold():
          "limit": 3})
     assert JsonlSource("d.jsonl").as_dict() == {"source": "jsonl", "path": "d.jsonl"}
     # The canonical order of a source is the order of the table kind's allowed keys.
-    full_hf = HFSource("n", "s", "p", "i", "sf", "st", "a", 1)
+    full_hf = HFSource("n", "s", "p", "i", "sf", "st", "a", 1, "q")
     assert list(full_hf.as_dict()) == list(SOURCE_KEYS["hf"])
     assert list(JsonlSource("d").as_dict()) == list(SOURCE_KEYS["jsonl"])
 

@@ -48,7 +48,8 @@ SOURCE_KEYS = {
               "per_stratum": int, "seed": int, "question_after": bool},
     "jsonl": {"source": str, "path": str},
     "hf": {"source": str, "name": str, "split": str, "prompt_field": str, "id_field": str,
-           "stratum_field": str, "stratum": str, "answer_field": str, "limit": int},
+           "stratum_field": str, "stratum": str, "answer_field": str, "limit": int,
+           "question_field": str},
 }
 REQUIRED_SOURCE_KEYS = {"ruler": (), "jsonl": ("path",), "hf": ("name", "split", "prompt_field")}
 ANALYSIS_KEYS = {"bootstrap": int, "alpha": float, "endpoints": list, "seed": int}

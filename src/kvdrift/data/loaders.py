@@ -217,6 +217,7 @@ def load_hf_dataset(
     stratum: str | None = None,
     limit: int | None = None,
     answer_field: str | None = None,
+    question_field: str | None = None,
     **load_kwargs: Any,
 ) -> list[Document]:
     """Documents from a Hugging Face dataset (hub id, builder name, or local path).
@@ -225,7 +226,9 @@ def load_hf_dataset(
     ``data_files=...`` for local files); a directory written by ``save_to_disk`` is read with
     ``datasets.load_from_disk``. Without ``id_field`` ids are ``"{name}-{split}-{row}"``. The
     stratum comes from ``stratum_field`` per row, else the fixed ``stratum``, else
-    ``"default"``. ``limit`` keeps the first rows only.
+    ``"default"``. ``limit`` keeps the first rows only. ``question_field`` (kvpress's
+    benchmarks: ``context`` and ``question`` columns) makes ``prompt_field`` the context and
+    asks that column's question after it (kvpress's protocol; a null question is ``""``).
     """
     import datasets  # lazy: heavy import, needed only here
 
@@ -244,6 +247,7 @@ def load_hf_dataset(
     for label, column in (
         ("prompt_field", prompt_field), ("id_field", id_field),
         ("stratum_field", stratum_field), ("answer_field", answer_field),
+        ("question_field", question_field),
     ):
         if column is not None:
             checks.choice(column, f"{label} column", columns, where=name)
@@ -278,6 +282,7 @@ def load_hf_dataset(
                 stratum=doc_stratum,
                 answer=answer,
                 meta=meta,
+                question=None if question_field is None else str(row[question_field] or ""),
             )
         )
     if not docs:

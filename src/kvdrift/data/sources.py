@@ -111,22 +111,25 @@ class HFSource(DocumentSource):
     stratum: str | None = None
     answer_field: str | None = None
     limit: int | None = None
+    question_field: str | None = None  # prompt_field is then the context (kvpress's protocol)
 
     def documents(self, tokenizer: Any = None) -> list[Document]:
         """The dataset's documents (loaded on every call; ``tokenizer`` is ignored)."""
         return load_hf_dataset(
             self.name, self.split, self.prompt_field, id_field=self.id_field,
             stratum_field=self.stratum_field, stratum=self.stratum, limit=self.limit,
-            answer_field=self.answer_field)
+            answer_field=self.answer_field, question_field=self.question_field)
 
     def _values(self) -> dict[str, Any]:
         return {"source": self.kind, "name": self.name, "split": self.split,
                 "prompt_field": self.prompt_field, "id_field": self.id_field,
                 "stratum_field": self.stratum_field, "stratum": self.stratum,
-                "answer_field": self.answer_field, "limit": self.limit}
+                "answer_field": self.answer_field, "limit": self.limit,
+                "question_field": self.question_field}
 
     def _defaults(self) -> dict[str, Any]:
-        return dict.fromkeys(("id_field", "stratum_field", "stratum", "answer_field", "limit"))
+        return dict.fromkeys(("id_field", "stratum_field", "stratum", "answer_field", "limit",
+                              "question_field"))
 
 
 #: Table key -> RulerConfig field of a ``source = "ruler"`` table, in the table's order.
