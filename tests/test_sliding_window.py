@@ -41,3 +41,34 @@ def test_fully_attending_configs_pass():
 
     assert sliding_window_refusal(LlamaConfig()) is None
     assert sliding_window_refusal(Qwen2Config()) is None
+
+
+def test_a_window_on_every_layer_bounds_the_prompt(tmp_path):
+    """Mistral v0.1 applies one sliding window on every layer: kvdrift measures it exactly
+    while prompt plus H fit in the window, and refuses a longer document, naming it."""
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config
+
+    from kvdrift.data.document import Document
+    from kvdrift.lm.factory import (
+        ContextWindowExceeded,
+        DriverSide,
+        _uniform_window,
+        check_fits,
+    )
+    from kvdrift.lm.loading.model import encode_prompt, load_tokenizer
+
+    assert _uniform_window(MistralConfig()) == 4096
+    assert _uniform_window(MistralConfig(sliding_window=None)) is None
+    assert _uniform_window(Qwen2Config()) is None and _uniform_window(LlamaConfig()) is None
+    tokenizer = load_tokenizer("smollm2")
+    doc = Document("long", "The cat sat on the mat. " * 8)
+    n = int(encode_prompt(tokenizer, doc.prompt).shape[-1])
+    side = DriverSide("m", tokenizer, None, 8192, 2, attention_window=n + 4)
+    check_fits([doc], 4, side)  # fits exactly
+    with pytest.raises(ContextWindowExceeded) as info:
+        check_fits([doc], 5, side)
+    assert str(info.value) == (
+        f"document 'long' has {n} prompt tokens; with H = 5 generated positions that exceeds "
+        f"m's sliding attention window of {n + 4} tokens: its layers attend only to their last "
+        f"{n + 4} positions, which kvdrift does not model (allowed: prompt tokens <= "
+        f"{n - 1})")

@@ -282,6 +282,7 @@ class DriverSide:
     build: Callable[[], LMPairFactory]
     context_window: int | None
     layers: int | None = None  # the model's layers (per-layer actions are checked against it)
+    attention_window: int | None = None  # every layer's sliding window (Mistral v0.1), if any
 
 
 def driver_side(
@@ -298,14 +299,24 @@ def driver_side(
         config = text_config(source.model, source.allow_download)
         _refuse_sliding(config, source.model)
         return DriverSide(source.model, load_tokenizer(source.model, source.allow_download),
-                          source, window_of(config), layers_of(config))
+                          source, window_of(config), layers_of(config), _uniform_window(config))
     loaded = load() if load else source.load()
     config = loaded.model.config.get_text_config()
     _refuse_sliding(config, source.model)
     return DriverSide(source.model, loaded.tokenizer,
                       functools.partial(LMPairFactory, loaded, source.chat_template,
                                         presses=source.presses, eager=source.eager),
-                      window_of(config), layers_of(config))
+                      window_of(config), layers_of(config), _uniform_window(config))
+
+
+def _uniform_window(config: Any) -> int | None:
+    """The sliding window every layer applies where a config names one without per-layer
+    types (Mistral v0.1: ``sliding_window`` 4096), else None."""
+    window = getattr(config, "sliding_window", None)
+    if getattr(config, "layer_types", None) or getattr(config, "use_sliding_window",
+                                                       None) is False:
+        return None
+    return int(window) if isinstance(window, int) and window > 0 else None
 
 
 def _refuse_sliding(config: Any, name: str) -> None:
@@ -370,3 +381,10 @@ def check_fits(
                 f"document {doc.id!r} has {n} prompt tokens; with H = {horizon} generated "
                 f"positions that exceeds {side.name}'s context window of {window} tokens "
                 f"(allowed: prompt tokens <= {window - horizon})")
+        sliding = side.attention_window
+        if sliding is not None and n + horizon > sliding:
+            raise ContextWindowExceeded(
+                f"document {doc.id!r} has {n} prompt tokens; with H = {horizon} generated "
+                f"positions that exceeds {side.name}'s sliding attention window of {sliding} "
+                f"tokens: its layers attend only to their last {sliding} positions, which "
+                f"kvdrift does not model (allowed: prompt tokens <= {sliding - horizon})")
