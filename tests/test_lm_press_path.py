@@ -315,20 +315,36 @@ def test_a_broken_press_stops_its_unit_in_one_line(tiny_loaded, tmp_path, press,
                                                                           "broken"}
 
 
-def test_a_hub_trained_press_without_its_files_names_them(tiny_loaded):
+def test_a_hub_trained_press_without_its_files_names_them(tiny_loaded, tiny_model_dir):
+    """On a model loaded from a local folder, a hub-trained press cannot find its files by
+    construction (its hub id comes from the folder's name): the refusal says so, and how to
+    supply them; on a model named by a hub id, the missing file is named."""
     ids = LMPairFactory(tiny_loaded).prompt_ids(DOC)
-    with pytest.raises(PressFailed, match=r"it needs nthngdy/\S+_qfilt\S* from the Hugging "
-                                          r"Face hub, which is not in the local cache") as info:
+    with pytest.raises(PressFailed) as info:
         press_prompt_cache(tiny_loaded, ids, kvpress.QFilterPress(compression_ratio=0.5), "q",
                            "d0")
-    assert "\n" not in str(info.value)
+    message = str(info.value)
+    assert "\n" not in message
+    assert (f"it looks for nthngdy/{tiny_model_dir.name}_qfilt" in message
+            and f"from the model's folder name ({tiny_model_dir.name!r}); a model loaded from a "
+                "local folder has no hub id, so it cannot find its files by construction"
+            in message and "set its q_filters (QFilters.from_pretrained(" in message)
+    stats = kvpress.ExpectedAttentionStatsPress()
+    tiny_loaded.model.config.name_or_path = "someorg/some-model"
+    try:
+        with pytest.raises(PressFailed) as info:
+            press_prompt_cache(tiny_loaded, ids, stats, "s", "d0")
+    finally:
+        tiny_loaded.model.config.name_or_path = str(tiny_model_dir)
+    assert "from the Hugging Face hub, which is not in the local cache (give " \
+        "ExpectedAttentionStatsPress stats_folder=" in str(info.value)
 
 
 def test_decoding_presses_kvdrift_cannot_replay_are_refused(tiny_llama):
     cam = kvpress.CAMPress(base_press=kvpress.KnormPress(), compression_interval=4,
                            target_size=40)
-    with pytest.raises(ValueError, match=r"^action 'cam': CAMPress compresses during decoding "
-                                         r"in its own way.*DecodingPress"):
+    with pytest.raises(ValueError, match=r"^action 'cam': kvpress's CAMPress is not offered: it "
+                                         r"merges values during decoding"):
         decoding_rule(cam, "cam")
     dms = kvpress.DMSPress(press=kvpress.KnormPress(), threshold=0.0, decoding=True)
     with pytest.raises(ValueError, match="DMSPress compresses during decoding"):

@@ -103,13 +103,13 @@ def test_sources_built_in_code_record_every_key_they_hold():
     assert list(RulerSource().as_dict()) == list(SOURCE_KEYS["ruler"])
     assert RulerSource(RulerConfig(families=("vt",), target_lengths=(512,))).as_dict() == {
         "source": "ruler", "families": ["vt"], "needle_types": ["word", "number", "uuid"],
-        "lengths": [512], "per_stratum": 8, "seed": 0}
+        "lengths": [512], "per_stratum": 8, "seed": 0, "question_after": False}
     assert dumped(HFSource("n", "s", "p", limit=3, id_field="i").as_dict()) == dumped(
         {"source": "hf", "name": "n", "split": "s", "prompt_field": "p", "id_field": "i",
          "limit": 3})
     assert JsonlSource("d.jsonl").as_dict() == {"source": "jsonl", "path": "d.jsonl"}
     # The canonical order of a source is the order of the table kind's allowed keys.
-    full_hf = HFSource("n", "s", "p", "i", "sf", "st", "a", 1)
+    full_hf = HFSource("n", "s", "p", "i", "sf", "st", "a", 1, "q")
     assert list(full_hf.as_dict()) == list(SOURCE_KEYS["hf"])
     assert list(JsonlSource("d").as_dict()) == list(SOURCE_KEYS["jsonl"])
 

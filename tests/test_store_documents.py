@@ -74,7 +74,8 @@ def test_the_store_records_each_document_as_the_model_saw_it(store, tiny_model_d
         assert unit["tokenizer_sha256"] == loaded.identity["tokenizer_sha256"]
     files = sorted((out / "documents").glob("*.parquet"))
     assert len(files) == 2 and pq.read_table(files[0]).column_names == [
-        "model", "doc_id", "stratum", "prompt", "answer", "metric", "meta", "prompt_ids"]
+        "model", "doc_id", "stratum", "prompt", "answer", "metric", "meta", "prompt_ids",
+        "question"]
     stamps = [f.stat().st_mtime_ns for f in files]
     again = _run(tiny_model_dir, out.parent / "docs.jsonl", out)  # all done: nothing rewritten
     assert again.exit_code == 0 and [f.stat().st_mtime_ns for f in files] == stamps

@@ -142,3 +142,34 @@ def test_missing_and_invalid_files(tmp_path):
     bad.write_text("[study\n")
     with pytest.raises(ValueError, match="not valid TOML"):
         load_study(bad)
+
+
+def test_every_relative_path_in_a_toml_resolves_against_the_toml(tmp_path, monkeypatch):
+    """A JSONL source's path, and an HF source's name where a folder of that name is beside
+    the TOML, resolve against the TOML's folder, not the working directory; a hub id and an
+    absolute path stay as written."""
+    from kvdrift.data.document import Document
+    from kvdrift.data.loaders import write_jsonl
+
+    folder = tmp_path / "study"
+    (folder / "data").mkdir(parents=True)
+    (folder / "saved").mkdir()
+    write_jsonl([Document("a", "text")], folder / "data" / "d.jsonl")
+    absolute = write_jsonl([Document("b", "more")], tmp_path / "abs.jsonl")
+    toml = folder / "s.toml"
+    toml.write_text(
+        '[study]\nmodels = ["smollm2"]\nactions = ["full"]\n'
+        '[[documents]]\nsource = "jsonl"\npath = "data/d.jsonl"\n'
+        f'[[documents]]\nsource = "jsonl"\npath = "{absolute}"\n'
+        '[[documents]]\nsource = "hf"\nname = "saved"\nsplit = "test"\nprompt_field = "p"\n'
+        '[[documents]]\nsource = "hf"\nname = "org/dataset"\nsplit = "test"\n'
+        'prompt_field = "p"\n')
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    config = load_study("../study/s.toml")
+    jsonl, other, saved, hub = config.documents
+    assert Path(jsonl.path) == Path("../study") / "data" / "d.jsonl"
+    assert [d.id for d in jsonl.documents()] == ["a"]
+    assert other.path == str(absolute)
+    assert Path(saved.name) == Path("../study") / "saved" and hub.name == "org/dataset"

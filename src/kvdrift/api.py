@@ -71,11 +71,13 @@ def study_from_arguments(
     chat_template: bool = True,
     name: str = "run",
     attribution: bool = False,
+    attention: str = "auto",
 ) -> StudyConfig:
     """The one-model study that ``kvdrift run`` runs: ``docs`` is a JSONL file, or None for
     the six generated 512-token RULER-style tasks; ``actions`` spec strings, or press objects
     by name (:data:`Actions`); ``attribution`` records what Q's cache had lost at each
-    divergence (``--attribution``)."""
+    divergence (``--attribution``); ``attention = "eager"`` prefills every press object with
+    eager attention (``"auto"``: those that read attention weights)."""
     from kvdrift.study_config import single_model_study
     from kvdrift.user_presses import from_actions
 
@@ -84,7 +86,7 @@ def study_from_arguments(
         model=model, actions=names, docs=docs, replicates=replicates,
         horizon=horizon, temperature=temperature, estimator=estimator, depths=tuple(depths),
         seed=seed, batch=batch, device=device, dtype=dtype, chat_template=chat_template,
-        name=name, attribution=attribution, presses=presses)
+        name=name, attribution=attribution, presses=presses, attention=attention)
 
 
 def _model_settings(model: object, study: dict) -> tuple[str, object]:
@@ -139,7 +141,7 @@ def measure(
     from kvdrift.lm.loading.user_model import Model, left_as_found
     from kvdrift.measurement import Measurement
     from kvdrift.run.store import package_versions
-    from kvdrift.study import run_in_memory
+    from kvdrift.study import fixed_documents, protocol_record, run_in_memory
     from kvdrift.study import run_study as run
 
     given = model if isinstance(model, Model) else None
@@ -162,7 +164,7 @@ def measure(
     steps, replicates = store.read("steps").to_pandas(), store.read("replicates").to_pandas()
     options = replace(config.analysis, **{k: v for k, v in (("bootstrap", bootstrap),
                                                             ("alpha", alpha)) if v is not None})
-    recorded = config.as_dict()
+    recorded = config.as_dict() | protocol_record(config, fixed_documents(config))
     versions = package_versions()
     analysis = analyze_records(steps, replicates, options, meta={
         "config": recorded, "versions": versions, "temperature": config.run.temperature})

@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from kvdrift import limits
-from kvdrift.data.document import Document
+from kvdrift.data.document import WHOLE_PROMPT, Document
 from kvdrift.output import OutputDir
 from kvdrift.run.executors import open_executor
 from kvdrift.run.lock import StoreLock
@@ -36,10 +36,24 @@ def documents_sha256(docs: list[Document]) -> str:
     digest = hashlib.sha256()
     for d in docs:
         record = {"id": d.id, "prompt": d.prompt, "stratum": d.stratum, "answer": d.answer,
-                  "meta": d.meta}
+                  "meta": d.meta} | ({} if d.question is None else {"question": d.question})
         digest.update(json.dumps(record, sort_keys=True, ensure_ascii=False, default=str)
                       .encode("utf-8", "surrogatepass") + b"\n")
     return digest.hexdigest()
+
+
+def protocol_record(config: StudyConfig, fixed: list[Document]) -> dict[str, list[str]]:
+    """What ``run.json`` records of the study's protocol: ``{"protocol": [...]}``, the
+    protocols its documents use (:attr:`~kvdrift.data.document.Document.protocol`), where any
+    asks a question after the compressed context; empty (nothing recorded, so earlier stores
+    resume) where every document is compressed whole."""
+    found = {d.protocol for d in fixed}
+    for src in config.documents:
+        if src.needs_tokenizer:
+            found.add(src.protocol)
+    if found <= {WHOLE_PROMPT}:
+        return {}
+    return {"protocol": sorted(found)}
 
 
 def fixed_documents(config: StudyConfig) -> list[Document]:
@@ -66,15 +80,22 @@ def model_documents(config: StudyConfig, fixed: list[Document], tokenizer) -> li
 def _prepared(config: StudyConfig, run: RunConfig, fixed: list[Document], in_process: bool,
               allow_download: bool, load: Callable[[], object] | None):
     """A model's driver side and documents, checked against its context window and layers."""
-    from kvdrift.lm.factory import LMPairSource, check_actions_fit, check_fits, driver_side
+    from kvdrift.lm.factory import (
+        LMPairSource,
+        check_actions_fit,
+        check_fits,
+        check_questions_fit,
+        driver_side,
+    )
 
     presses = config.presses.only(run.actions)  # the press objects this study runs
     source = LMPairSource(run.model, config.device, config.dtype, config.chat_template,
-                          allow_download, presses)
+                          allow_download, presses, eager=frozenset(run.extra.get("eager", ())))
     side = driver_side(source, in_process, load)
     docs = model_documents(config, fixed, side.tokenizer)
     check_fits(docs, run.horizon, side, config.chat_template)
     check_actions_fit(run.actions, side, presses)
+    check_questions_fit(docs, run.actions, presses)
     limits.batch_memory(min(run.batch or run.replicates, run.replicates),
                         len(side.tokenizer), run.model)  # a batch holds <= K rows
     return side, docs
@@ -138,7 +159,7 @@ def run_study(
         raise ValueError("the study's document sources produced no documents")
     fixed_sha256 = documents_sha256(fixed)  # what the store compares on resume
     runs = [config.for_model(name) for name in config.models]  # each model's run settings
-    recorded = config.as_dict() | {DOCUMENTS_HASH: fixed_sha256}
+    recorded = config.as_dict() | {DOCUMENTS_HASH: fixed_sha256} | protocol_record(config, fixed)
     settings = config.executor.for_device(config.device)
     with open_executor(settings, on_workers=on_workers) as executor:
 

@@ -40,15 +40,16 @@ STUDY_KEYS = {
     "device": str,
     "dtype": str, "chat_template": bool, "cohort": str, "attribution": bool,
     "executor": str, "ray_address": str, "gpus_per_worker": float, "cpus_per_worker": float,
-    "presses": str,
+    "presses": str, "attention": str,
 }
 COHORTS = ("development", "evaluation")
 SOURCE_KEYS = {
     "ruler": {"source": str, "families": list, "needle_types": list, "lengths": list,
-              "per_stratum": int, "seed": int},
+              "per_stratum": int, "seed": int, "question_after": bool},
     "jsonl": {"source": str, "path": str},
     "hf": {"source": str, "name": str, "split": str, "prompt_field": str, "id_field": str,
-           "stratum_field": str, "stratum": str, "answer_field": str, "limit": int},
+           "stratum_field": str, "stratum": str, "answer_field": str, "limit": int,
+           "question_field": str},
 }
 REQUIRED_SOURCE_KEYS = {"ruler": (), "jsonl": ("path",), "hf": ("name", "split", "prompt_field")}
 ANALYSIS_KEYS = {"bootstrap": int, "alpha": float, "endpoints": list, "seed": int}
@@ -78,19 +79,21 @@ class StudyConfig:
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)  # not part of as_dict
     presses: UserPresses = field(default_factory=UserPresses, compare=False)  # press objects
     press_names: frozenset[str] = field(default=frozenset(), compare=False)  # recorded only
+    attention: str = "auto"  # press objects' prefill: eager where they read weights, or all
 
     @property
     def press_actions(self) -> tuple[str, ...]:
         """The actions that are press objects (by name; :mod:`kvdrift.user_presses`)."""
         return tuple(a for a in self.run.actions
-                     if a in self.presses.presses or a in self.press_names)
+                     if self.presses.only([a]) or a in self.press_names)
 
     def for_model(self, model: str) -> RunConfig:
         """The run settings of one model (with the dtype and prompt format its units record,
         and the identity of each press object among its actions)."""
         from kvdrift.run.runner import RunConfig
 
-        extra = {"dtype": self.dtype, "chat_template": self.chat_template}
+        extra = {"dtype": self.dtype, "chat_template": self.chat_template,
+                 "eager": self.presses.eager(self.run.actions, self.attention)}
         return RunConfig(**(asdict(self.run) | {
             "model": model, "extra": extra,
             "presses": self.presses.identities(self.run.actions)}))
@@ -112,6 +115,11 @@ class StudyConfig:
             out["cohort"] = self.cohort
         if self.press_actions:  # names only: a store never holds the code that made a press
             out[RECORDED_KEY] = list(self.press_actions)
+        if self.attention != "auto":  # only when asked, so older stores still resume
+            out["attention"] = self.attention
+        eager = self.presses.eager(self.run.actions, self.attention)
+        if eager:  # the press objects whose prefill ran with eager attention
+            out["eager_prefill"] = eager
         return out
 
 
@@ -214,7 +222,7 @@ def parse_study(data: dict, source: str | None = None, presses: UserPresses | No
     from kvdrift.lm.actions.spec import parse_action  # validates names without loading a model
 
     for a in actions:
-        if a not in presses.presses and a not in press_names:
+        if not presses.only([a]) and a not in press_names:
             try:
                 parse_action(a)
             except ValueError as exc:
@@ -244,6 +252,8 @@ def parse_study(data: dict, source: str | None = None, presses: UserPresses | No
             gpus_per_worker=study.get("gpus_per_worker"),
             cpus_per_worker=study.get("cpus_per_worker", 1.0)),
         presses=presses, press_names=frozenset(press_names),
+        attention=checks.choice(study.get("attention", "auto"), "[study].attention",
+                                ("auto", "eager")),
     )
 
 
@@ -266,10 +276,12 @@ def load_study(path: str | Path, overrides: dict[str, Any] | None = None,
     """Read and validate a study TOML file; ``overrides`` replace keys of its [study] table
     (e.g. ``{"replicates": 2, "horizon": 8}``) and are checked like the file's own keys.
 
-    [study].presses names a presses file relative to the TOML (one in ``overrides``: as
-    given), executed here (:func:`~kvdrift.user_presses.load_presses_file`); ``presses``
-    (``kvdrift study --presses``) joins it, an action name given two different presses being
-    refused."""
+    Every relative path the file names resolves against the TOML's folder, not the working
+    directory (:func:`_relative_to`): [study].presses (one in ``overrides``: as given), a
+    JSONL source's ``path``, and an HF source's ``name`` where it names a folder there (a
+    dataset saved to disk; otherwise it is a hub id). The presses file is executed here
+    (:func:`~kvdrift.user_presses.load_presses_file`); ``presses`` (``kvdrift study
+    --presses``) joins it, an action name given two different presses being refused."""
     if "\0" in str(path):
         raise ValueError(f"study config path {str(path)!r} holds a NUL character; name a TOML "
                          "file")
@@ -307,7 +319,28 @@ def load_study(path: str | Path, overrides: dict[str, Any] | None = None,
         relative = overrides is None or "presses" not in overrides
         loaded = load_presses_file(path.parent / file if relative else Path(file))
         presses = loaded.merged(presses) if presses else loaded
-    return parse_study(data, source=str(path), presses=presses)
+    return parse_study(_relative_to(data, path.parent), source=str(path), presses=presses)
+
+
+def _relative_to(data: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """``data`` with its [[documents]] tables' relative paths joined to ``folder`` (the
+    TOML's): a JSONL source's ``path``, and an HF source's ``name`` where ``folder / name``
+    exists (a saved dataset; a hub id stays as written). Values of the wrong type are left
+    for the checks that name them."""
+    docs = data.get("documents")
+    tables = docs if isinstance(docs, list) else [docs] if isinstance(docs, dict) else []
+    for table in tables:
+        if not isinstance(table, dict):
+            continue
+        key = {"jsonl": "path", "hf": "name"}.get(table.get("source"))
+        value = table.get(key) if key else None
+        if not isinstance(value, str) or not value or "\0" in value or \
+                Path(value).is_absolute():
+            continue
+        joined = folder / value
+        if key == "path" or joined.exists():
+            table[key] = str(joined)
+    return data
 
 
 DEFAULT_DOCUMENTS = {"source": "ruler", "families": ["niah_single", "vt", "cwe"],
@@ -319,7 +352,7 @@ def single_model_study(
     model: str, actions: tuple[str, ...], docs: str | Path | None, *, replicates: int,
     horizon: int, temperature: float, estimator: str, depths: tuple[int, ...], seed: int,
     batch: int, device: str, dtype: str, chat_template: bool, name: str = "run",
-    attribution: bool = False, presses: UserPresses | None = None,
+    attribution: bool = False, presses: UserPresses | None = None, attention: str = "auto",
 ) -> StudyConfig:
     """The one-model study that ``kvdrift run`` builds from its arguments: the same checks
     and the same pipeline as a study from a TOML file (``presses``: press objects some
@@ -330,5 +363,6 @@ def single_model_study(
                   "replicates": replicates, "horizon": horizon, "temperature": temperature,
                   "estimator": estimator, "depths": list(depths), "seed": seed, "batch": batch,
                   "device": device, "dtype": dtype, "chat_template": chat_template,
-                  "attribution": attribution},
+                  "attribution": attribution}
+        | ({"attention": attention} if attention != "auto" else {}),
         "documents": [dict(source)]}, presses=presses)

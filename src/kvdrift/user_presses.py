@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from kvdrift import checks, press_source
+from kvdrift.lm.grammar.names import press_chain
 from kvdrift.output import NotARegularFile
 
 #: Where press names and objects came from, when not from a file.
@@ -48,8 +49,14 @@ class UserPresses:
         return bool(self.presses or self.families)
 
     def only(self, names: Iterable[str]) -> dict[str, Any]:
-        """The presses of ``names`` that are press actions (spec strings are left out)."""
-        return {n: self.presses[n] for n in names if n in self.presses}
+        """The presses of ``names`` that are press actions (spec strings are left out); a
+        press chained with a quantizer (``mine+kivi:bits=4``) maps to its press."""
+        out = {}
+        for n in names:
+            base = n if n in self.presses else press_chain(n, self.presses)
+            if base is not None:
+                out[n] = self.presses[base]
+        return out
 
     def identities(self, names: Iterable[str]) -> dict[str, dict]:
         """Each press action's identity (:func:`~kvdrift.lm.actions.identity.press_identity`)."""
@@ -59,6 +66,17 @@ class UserPresses:
         from kvdrift.lm.actions.identity import press_identity
 
         return {n: press_identity(p) for n, p in chosen.items()}
+
+    def eager(self, names: Iterable[str], attention: str = "auto") -> list[str]:
+        """The press actions among ``names`` whose prefill runs with eager attention: every one
+        with ``attention = "eager"``, else those that read attention weights
+        (:func:`~kvdrift.lm.actions.attention_use.needs_eager`)."""
+        chosen = self.only(names)
+        if not chosen or attention == "eager":
+            return sorted(chosen)
+        from kvdrift.lm.actions.attention_use import needs_eager
+
+        return sorted(n for n, p in chosen.items() if needs_eager(p))
 
     def merged(self, other: UserPresses) -> UserPresses:
         """Both sets of presses; an action name given two different presses is refused."""
@@ -263,7 +281,7 @@ def refuse_missing_presses(out: str | Path, actions: Iterable[str],
                            presses: UserPresses | None) -> None:
     """Refuse, in one line, to resume a store whose action was a press object without that
     press given again: kvdrift keeps press names, never the code that made them."""
-    given = presses.presses if presses else {}
+    given = presses.only(actions) if presses else {}
     recorded = recorded_press_actions(out)
     missing = [a for a in actions if a in recorded and a not in given]
     if missing:

@@ -114,7 +114,8 @@ def run(
     actions: str = typer.Option("snapkv-half,recent-half",
                                 help="Comma list of actions, e.g. snapkv-half,knorm:ratio=0.5,"
                                 "adakv-snapkv:ratio=0.5; 'help' lists every action."),
-    docs: Path | None = typer.Option(None, help="JSONL file of {id, prompt, stratum?} objects "
+    docs: Path | None = typer.Option(None, help="JSONL file of {id, prompt, stratum?} objects, "
+                                     "or {id, context, question(s)} (kvpress's protocol) "
                                      "(default: six generated 512-token RULER-style tasks)."),
     replicates: int = typer.Option(8, help="Replicates K per document and action."),
     horizon: int = typer.Option(32, help="Generated positions H."),
@@ -133,11 +134,17 @@ def run(
     ray_address: str | None = typer.Option(None, help=RAY_ADDRESS_HELP),
     attribution: bool = typer.Option(False, "--attribution", help=ATTRIBUTION_HELP),
     presses: Path | None = typer.Option(None, metavar="FILE", help=PRESSES_HELP),
+    attention: str = typer.Option("auto", help="Prefill attention of the presses file's "
+                                  "presses: auto (eager where a press reads attention "
+                                  "weights) or eager (every one)."),
     as_json: bool = typer.Option(False, "--json", help="Print the table as JSON."),
     recompute: bool = typer.Option(False, "--recompute", help=RECOMPUTE_HELP),
     allow_download: bool = typer.Option(False, "--allow-download", help=DOWNLOAD_HELP),
 ) -> None:
     """Measure the given actions on one model over a set of documents (a one-model study)."""
+    from kvdrift import checks
+
+    checks.choice(attention, "--attention", ("auto", "eager"))
     from kvdrift.lm.loading.pretrained import check_model_name
 
     if actions.strip() == "help":
@@ -165,7 +172,7 @@ def run(
         model, names, docs, replicates=replicates, horizon=horizon,
         temperature=temperature, estimator=estimator, depths=_depths(depths), seed=seed,
         batch=batch, device=device, dtype=dtype, chat_template=chat_template,
-        name=_run_name(out), attribution=attribution, presses=user)
+        name=_run_name(out), attribution=attribution, presses=user, attention=attention)
     config = replace(config, executor=config.executor.overridden(executor, ray_address))
     from kvdrift.directory import StudyDirectory
     from kvdrift.lm.loading.model import resolve_device
@@ -174,11 +181,16 @@ def run(
     if config.executor.kind == "local":  # Ray workers check the device where the model goes
         resolve_device(device)
     run_with_progress(config, out, recompute, allow_download)
-    analysis = StudyDirectory(out).analyze(bootstrap=0)  # point estimates: fast, no intervals
+    directory = StudyDirectory(out)
+    analysis = directory.analyze(bootstrap=0)  # point estimates: fast, no intervals
     if as_json:
         print(strict_json(run_rows(analysis)))
         return
     print_whole(console, run_table(analysis))
+    if directory.config.get("protocol"):  # a question asked after the compressed context
+        from kvdrift.report.sections.run import protocol_text
+
+        say(f"protocol: {protocol_text(directory.config)}")
     say(f"records: {out}/steps, {out}/replicates (Parquet)")
 
 

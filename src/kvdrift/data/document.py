@@ -55,6 +55,11 @@ def answer_problem(answer: Any, meta: dict[str, Any]) -> str | None:
 class Document:
     """A prompt with a stable id, the stratum it is averaged in, and an optional expected answer.
 
+    A document with a ``question`` splits its text as kvpress's own pipeline does: ``prompt``
+    is the *context*, which an action compresses, and ``question`` is asked after the
+    compression, its tokens (and the chat template's tail) appended uncompressed for P and Q
+    alike (docs/method.md, "Two protocols"). Without one the whole prompt is compressed.
+
     Parameters
     ----------
     id
@@ -68,6 +73,10 @@ class Document:
         and listed in ``meta["answers"]``); ``None`` for free-form prompts.
     meta
         JSON-serialisable facts about the document (task family, target length, ...).
+    question
+        The question asked after the compressed context (``""``: only the template's tail
+        follows it, as kvpress's pipeline without a question); ``None``: the whole prompt is
+        compressed.
     """
 
     id: str
@@ -75,12 +84,16 @@ class Document:
     stratum: str = "default"
     answer: str | None = None
     meta: dict[str, Any] = field(default_factory=dict, hash=False)
+    question: str | None = None
 
     def __post_init__(self) -> None:
         checks.text(self.id, "document id")
         checks.text(self.prompt, f"document {self.id!r}: prompt", visible=True)
         checks.text(self.stratum, f"document {self.id!r}: stratum")
-        for name in ("id", "prompt", "stratum", "answer"):
+        if self.question is not None and not isinstance(self.question, str):
+            raise DocumentError(f"document {self.id!r}: question must be a string or None; got "
+                                f"{self.question!r:.80}")
+        for name in ("id", "prompt", "stratum", "answer", "question"):
             value = getattr(self, name)
             if isinstance(value, str) and not _is_unicode(value):
                 raise DocumentError(f"document {self.id!r}: {name} holds half of a surrogate "
@@ -90,3 +103,16 @@ class Document:
         problem = answer_problem(self.answer, self.meta)
         if problem is not None:
             raise DocumentError(f"document {self.id!r}: {problem}")
+
+    @property
+    def protocol(self) -> str:
+        """What an action compresses: :data:`WHOLE_PROMPT` or :data:`CONTEXT_THEN_QUESTION`."""
+        return WHOLE_PROMPT if self.question is None else CONTEXT_THEN_QUESTION
+
+
+WHOLE_PROMPT = "whole prompt"
+"""Protocol of a document without a question: the whole prompt (template included) is
+compressed, as ``model.generate`` inside a press does."""
+CONTEXT_THEN_QUESTION = "context, then question"
+"""Protocol of a document with a question: the context alone is compressed, then the question
+and the template's tail are appended uncompressed, as kvpress's pipeline does."""

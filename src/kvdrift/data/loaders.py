@@ -5,6 +5,13 @@ optionally ``stratum`` (string), ``answer`` (string or null) and ``meta`` (objec
 keys are kept in ``meta`` (e.g. ``metric``, the task metric that scores the answer: see
 :mod:`kvdrift.data.scoring`; ``answers``, a list of expected answers). Mistakes are
 reported with the file, line number and key.
+
+Instead of ``prompt``, a line may give ``context`` and ``question`` (kvpress's pipeline: the
+context is compressed, the question asked after it; a missing question is ``""``), or
+``context`` and ``questions``, a list of questions over the one context (strings, or objects
+with ``question`` and optionally ``answer``, ``answers``, ``metric``): each becomes a document
+of its own, ``<id>:q<i>`` (i from 1), whose ``meta`` names the shared context (``context_id``)
+and the question's index; the pair factory compresses the context once for all of them.
 """
 
 from __future__ import annotations
@@ -20,24 +27,79 @@ from kvdrift.data.document import Document, DocumentError, answer_problem
 from kvdrift.json_values import JSONError, parse_json
 from kvdrift.text import has_visible_text
 
-_KNOWN_KEYS = ("id", "prompt", "stratum", "answer", "meta")
+_KNOWN_KEYS = ("id", "prompt", "stratum", "answer", "meta", "context", "question",
+               "questions")
+_QUESTION_KEYS = ("question", "answer", "answers", "metric")
 
 
-def _document_from_record(record: Any, where: str) -> Document:
-    """Validate one decoded JSONL object; ``where`` (``file:line``) prefixes every error."""
+def _documents_from_record(record: Any, where: str) -> list[Document]:
+    """Validate one decoded JSONL object: one document, or one per question of a line with
+    ``questions``; ``where`` (``file:line``) prefixes every error."""
     if not isinstance(record, dict):
         raise DocumentError(f"{where}: expected a JSON object; got {type(record).__name__}")
-    for key in ("id", "prompt"):
-        if key not in record:
-            raise DocumentError(f"{where}: missing key {key!r}")
+    if "questions" not in record:
+        return [_document_from_record(record, where)]
+    questions = record["questions"]
+    if "question" in record or "prompt" in record:
+        raise DocumentError(f"{where}: key 'questions' goes with 'context' alone; give "
+                            f"'question' or 'questions', and 'context' instead of 'prompt'")
+    meta = record.get("meta") if isinstance(record.get("meta"), dict) else {}
+    for key in ("answer", "answers", "metric"):
+        if key in record or key in meta:
+            raise DocumentError(f"{where}: with 'questions', give {key!r} inside each "
+                                f"question's object, not on the line")
+    if not isinstance(questions, list) or not questions:
+        raise DocumentError(f"{where}: key 'questions' must be a non-empty list of questions "
+                            f"(strings, or objects with 'question'); got {questions!r:.80}")
+    if len(questions) > limits.MAX_DOCUMENTS:
+        raise DocumentError(limits.too_many_documents(where, len(questions), 0))
+    docs = []
+    for i, item in enumerate(questions, 1):
+        fields = {"question": item} if isinstance(item, str) else item
+        if not isinstance(fields, dict) or "question" not in fields or set(fields) - set(
+                _QUESTION_KEYS):
+            raise DocumentError(f"{where}: question {i} must be a string or an object with "
+                                f"'question' and optionally 'answer', 'answers', 'metric'; "
+                                f"got {item!r:.80}")
+        one = {k: v for k, v in record.items() if k != "questions"} | fields
+        doc = _document_from_record(one, f"{where}, question {i}")
+        docs.append(Document(id=f"{doc.id}:q{i}", prompt=doc.prompt, stratum=doc.stratum,
+                             answer=doc.answer, question=doc.question,
+                             meta={**doc.meta, "context_id": doc.id, "question_index": i}))
+    return docs
+
+
+def _text_key(record: dict, where: str) -> tuple[str, str | None]:
+    """The prompt (or context) and the question (None: the whole prompt is compressed)."""
+    if "prompt" in record and ("context" in record or "question" in record):
+        raise DocumentError(f"{where}: give either 'prompt' (the whole prompt is compressed) "
+                            f"or 'context' and 'question' (the question is asked after the "
+                            f"compressed context), not both")
+    key = "prompt" if "prompt" in record or "context" not in record else "context"
+    if key not in record:
+        raise DocumentError(f"{where}: missing key 'prompt' (or 'context' and 'question')")
+    text = record[key]
+    if not isinstance(text, str) or not has_visible_text(text):
+        raise DocumentError(f"{where}: key {key!r} must be a non-empty string; "
+                            f"got {text!r:.80}")
+    if key == "prompt":
+        return text, None
+    question = record.get("question", "")
+    if not isinstance(question, str):
+        raise DocumentError(f"{where}: key 'question' must be a string (\"\" for none); "
+                            f"got {question!r:.80}")
+    return text, question
+
+
+def _document_from_record(record: dict, where: str) -> Document:
+    """One document of a decoded JSONL object (no ``questions``)."""
+    if "id" not in record:
+        raise DocumentError(f"{where}: missing key 'id'")
     doc_id = record["id"]
     if isinstance(doc_id, bool) or not isinstance(doc_id, str | int) or doc_id == "":
         raise DocumentError(f"{where}: key 'id' must be a non-empty string or integer; "
                             f"got {doc_id!r:.80}")
-    prompt = record["prompt"]
-    if not isinstance(prompt, str) or not has_visible_text(prompt):
-        raise DocumentError(f"{where}: key 'prompt' must be a non-empty string; "
-                            f"got {prompt!r:.80}")
+    prompt, question = _text_key(record, where)
     stratum = record.get("stratum", "default")
     if not isinstance(stratum, str) or not stratum:
         raise DocumentError(f"{where}: key 'stratum' must be a non-empty string; "
@@ -55,7 +117,8 @@ def _document_from_record(record: Any, where: str) -> Document:
     problem = answer_problem(answer, meta)
     if problem is not None:
         raise DocumentError(f"{where}: {problem}")
-    return Document(id=str(doc_id), prompt=prompt, stratum=stratum, answer=answer, meta=meta)
+    return Document(id=str(doc_id), prompt=prompt, stratum=stratum, answer=answer, meta=meta,
+                    question=question)
 
 
 def bounded_lines(handle: BinaryIO, path: Path) -> Iterator[tuple[int, bytes]]:
@@ -105,13 +168,13 @@ def load_jsonl(path: str | os.PathLike[str]) -> list[Document]:
                 bad = err.object[err.start:err.end]
                 raise DocumentError(f"{where}: holds {bad!r}, half of a surrogate pair (not a "
                                     "character); JSONL text must be valid Unicode") from None
-            doc = _document_from_record(record, where)
-            if doc.id in first_line:
-                raise DocumentError(
-                    f"{where}: duplicate id {doc.id!r} (first on line {first_line[doc.id]})"
-                )
-            first_line[doc.id] = lineno
-            docs.append(doc)
+            for doc in _documents_from_record(record, where):
+                if doc.id in first_line:
+                    raise DocumentError(
+                        f"{where}: duplicate id {doc.id!r} (first on line {first_line[doc.id]})"
+                    )
+                first_line[doc.id] = lineno
+                docs.append(doc)
             held += len(raw)
             if len(docs) > limits.MAX_DOCUMENTS or held > limits.MAX_DOCUMENT_BYTES:
                 raise DocumentError(limits.too_many_documents(where, len(docs), held))
@@ -127,7 +190,9 @@ def write_jsonl(docs: Iterable[Document], path: str | os.PathLike[str]) -> Path:
     path = Path(path)
     with output.writing(path.parent, path.name) as handle:  # never through a link
         for doc in docs:
-            record: dict[str, Any] = {"id": doc.id, "prompt": doc.prompt, "stratum": doc.stratum}
+            text = {"prompt": doc.prompt} if doc.question is None else {
+                "context": doc.prompt, "question": doc.question}
+            record: dict[str, Any] = {"id": doc.id, **text, "stratum": doc.stratum}
             if doc.answer is not None:
                 record["answer"] = doc.answer
             if doc.meta:
@@ -152,6 +217,7 @@ def load_hf_dataset(
     stratum: str | None = None,
     limit: int | None = None,
     answer_field: str | None = None,
+    question_field: str | None = None,
     **load_kwargs: Any,
 ) -> list[Document]:
     """Documents from a Hugging Face dataset (hub id, builder name, or local path).
@@ -160,7 +226,9 @@ def load_hf_dataset(
     ``data_files=...`` for local files); a directory written by ``save_to_disk`` is read with
     ``datasets.load_from_disk``. Without ``id_field`` ids are ``"{name}-{split}-{row}"``. The
     stratum comes from ``stratum_field`` per row, else the fixed ``stratum``, else
-    ``"default"``. ``limit`` keeps the first rows only.
+    ``"default"``. ``limit`` keeps the first rows only. ``question_field`` (kvpress's
+    benchmarks: ``context`` and ``question`` columns) makes ``prompt_field`` the context and
+    asks that column's question after it (kvpress's protocol; a null question is ``""``).
     """
     import datasets  # lazy: heavy import, needed only here
 
@@ -179,6 +247,7 @@ def load_hf_dataset(
     for label, column in (
         ("prompt_field", prompt_field), ("id_field", id_field),
         ("stratum_field", stratum_field), ("answer_field", answer_field),
+        ("question_field", question_field),
     ):
         if column is not None:
             checks.choice(column, f"{label} column", columns, where=name)
@@ -213,6 +282,7 @@ def load_hf_dataset(
                 stratum=doc_stratum,
                 answer=answer,
                 meta=meta,
+                question=None if question_field is None else str(row[question_field] or ""),
             )
         )
     if not docs:

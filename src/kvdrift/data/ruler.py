@@ -57,6 +57,10 @@ class RulerConfig:
         Documents per (family, target length) stratum.
     seed
         Master seed; same config, same documents.
+    question_after
+        Split each prompt where the task's question starts: the haystack is the context an
+        action compresses, the question is asked after it (kvpress's pipeline protocol);
+        false (default): the whole prompt is compressed.
     """
 
     families: Sequence[str] = RULER_FAMILIES
@@ -64,6 +68,7 @@ class RulerConfig:
     target_lengths: Sequence[int] = (4096,)
     documents_per_stratum: int = 8
     seed: int = 0
+    question_after: bool = False
 
     def __post_init__(self) -> None:
         families = _as_tuple(self.families, "families")
@@ -88,6 +93,9 @@ class RulerConfig:
         if n > limits.MAX_DOCUMENTS:
             raise ValueError(limits.too_many_documents("a RULER source", n, 0))
         checks.integer(self.seed, "seed")
+        if not isinstance(self.question_after, bool):
+            raise ValueError(f"question_after must be true or false; got "
+                             f"{self.question_after!r}")
 
 
 def _check_length(length: Any) -> None:
@@ -129,11 +137,13 @@ def make_document(
     seed: int = 0,
     index: int = 0,
     needle_type: str = "number",
+    question_after: bool = False,
 ) -> Document:
     """One RULER-style document of ``family`` with at most ``target_tokens`` prompt tokens.
 
     ``count_tokens`` is a ``str -> int`` counter or a Hugging Face tokenizer. ``needle_type``
-    applies to the needle families only.
+    applies to the needle families only. ``question_after`` splits the prompt where its
+    question starts (:class:`RulerConfig`); the text is the same either way.
     """
     checks.choice(family, "family", RULER_FAMILIES)
     _check_length(target_tokens)
@@ -155,12 +165,19 @@ def make_document(
         "answers": list(draft.answers),
         **draft.meta,
     }
+    prompt, question = fit.text, None
+    if question_after:
+        separator = "\n\n" + draft.question
+        if not draft.question or not prompt.endswith(separator):
+            raise RuntimeError(f"{family}: the rendered prompt does not end with its question")
+        prompt, question = prompt[:-len(separator)], separator
     return Document(
         id=f"ruler-{family}-{band}-s{seed}-{index:03d}",
-        prompt=fit.text,
+        prompt=prompt,
         stratum=f"{family}-{band}",
         answer=", ".join(draft.answers),
         meta=meta,
+        question=question,
     )
 
 
@@ -183,7 +200,7 @@ def generate(config: RulerConfig, count_tokens: Callable[[str], int] | Any) -> l
                 docs.append(
                     make_document(
                         family, target, count, seed=config.seed, index=index,
-                        needle_type=needle_type,
+                        needle_type=needle_type, question_after=config.question_after,
                     )
                 )
     return docs

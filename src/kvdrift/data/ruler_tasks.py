@@ -43,6 +43,7 @@ class TaskDraft:
     render: Callable[[int], str]
     answers: tuple[str, ...]
     meta: dict[str, Any] = field(default_factory=dict)
+    question: str = ""  # the rendered prompt's last paragraph: the task's natural question
 
 
 # ---------------------------------------------------------------- values drawn from the rng
@@ -153,6 +154,7 @@ def build_niah(family: str, rng: random.Random, needle_type: str) -> TaskDraft:
         render=_haystack_prompt(filler, intro, inserts, question),
         answers=tuple(answers),
         meta={"needles": needles, "asked_keys": asked},
+        question=question,
     )
 
 
@@ -201,12 +203,12 @@ def build_vt(rng: random.Random) -> TaskDraft:
         inserts.extend(zip(_depths(rng, length), statements, strict=True))
         chains.append({"value": values[c], "variables": chain})
     inserts.sort(key=lambda pair: pair[0])
+    question = _VT_QUESTION.format(value=values[0])
     return TaskDraft(
-        render=_haystack_prompt(
-            filler, _VT_INTRO, inserts, _VT_QUESTION.format(value=values[0])
-        ),
+        render=_haystack_prompt(filler, _VT_INTRO, inserts, question),
         answers=tuple(chains[0]["variables"]),
         meta={"chains": chains},
+        question=question,
     )
 
 
@@ -253,6 +255,7 @@ def build_cwe(rng: random.Random, target_tokens: int) -> TaskDraft:
         render=render,
         answers=tuple(words.take(CWE_TOP)),
         meta={"common_repeats": common_reps, "rare_repeats": rare_reps},
+        question=question,
     )
 
 
@@ -307,5 +310,6 @@ def build_fwe(rng: random.Random) -> TaskDraft:
         ]
         return f"{_FWE_INTRO}\n\n" + "\n".join(lines) + f"\n\n{question}"
 
-    return TaskDraft(render=render, answers=tuple(words.take(FWE_TOP)), meta={})
+    return TaskDraft(render=render, answers=tuple(words.take(FWE_TOP)), meta={},
+                     question=question)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from kvdrift import checks
-from kvdrift.data.document import Document
+from kvdrift.data.document import CONTEXT_THEN_QUESTION, WHOLE_PROMPT, Document
 from kvdrift.data.loaders import load_hf_dataset, load_jsonl
 from kvdrift.data.ruler import RulerConfig, generate
 from kvdrift.data.sizing import token_counter
@@ -69,6 +69,11 @@ class DocumentSource(ABC):
         """The keys a table may leave out while holding a value, with their defaults."""
         return {}
 
+    @property
+    def protocol(self) -> str:
+        """The protocol of the documents a generator makes (fixed ones say per document)."""
+        return WHOLE_PROMPT
+
     def as_dict(self) -> dict[str, Any]:
         """The config table of this source, as a study directory records it."""
         values = self._values()
@@ -106,28 +111,31 @@ class HFSource(DocumentSource):
     stratum: str | None = None
     answer_field: str | None = None
     limit: int | None = None
+    question_field: str | None = None  # prompt_field is then the context (kvpress's protocol)
 
     def documents(self, tokenizer: Any = None) -> list[Document]:
         """The dataset's documents (loaded on every call; ``tokenizer`` is ignored)."""
         return load_hf_dataset(
             self.name, self.split, self.prompt_field, id_field=self.id_field,
             stratum_field=self.stratum_field, stratum=self.stratum, limit=self.limit,
-            answer_field=self.answer_field)
+            answer_field=self.answer_field, question_field=self.question_field)
 
     def _values(self) -> dict[str, Any]:
         return {"source": self.kind, "name": self.name, "split": self.split,
                 "prompt_field": self.prompt_field, "id_field": self.id_field,
                 "stratum_field": self.stratum_field, "stratum": self.stratum,
-                "answer_field": self.answer_field, "limit": self.limit}
+                "answer_field": self.answer_field, "limit": self.limit,
+                "question_field": self.question_field}
 
     def _defaults(self) -> dict[str, Any]:
-        return dict.fromkeys(("id_field", "stratum_field", "stratum", "answer_field", "limit"))
+        return dict.fromkeys(("id_field", "stratum_field", "stratum", "answer_field", "limit",
+                              "question_field"))
 
 
 #: Table key -> RulerConfig field of a ``source = "ruler"`` table, in the table's order.
 RULER_TABLE_FIELDS = {"families": "families", "needle_types": "needle_types",
                       "lengths": "target_lengths", "per_stratum": "documents_per_stratum",
-                      "seed": "seed"}
+                      "seed": "seed", "question_after": "question_after"}
 
 
 def _ruler_values(config: RulerConfig) -> dict[str, Any]:
@@ -157,6 +165,11 @@ class RulerSource(DocumentSource):
 
     def _values(self) -> dict[str, Any]:
         return _ruler_values(self.config)
+
+    @property
+    def protocol(self) -> str:
+        return CONTEXT_THEN_QUESTION if self.config.question_after else WHOLE_PROMPT
+
 
     def _defaults(self) -> dict[str, Any]:
         return _ruler_values(RulerConfig())

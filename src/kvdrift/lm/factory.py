@@ -11,6 +11,11 @@ Actions named in ``presses`` (action name -> kvpress press object) take the gene
 :mod:`kvdrift.lm.engine.press_path` instead: P's cache is the same shared full prefill, Q's is the
 prompt's prefill run inside the press object, as the press left it.
 
+A document with a question (kvpress's pipeline protocol) has only its context compressed:
+the factory prefills the context as above, then appends the question to each side's cache
+(:mod:`kvdrift.lm.engine.question`). Consecutive documents over the same context (several
+questions) share its compressions: one compression per action, each question a unit.
+
 An :class:`LMPairSource` names a model instead of holding one, so that a process that
 computes units elsewhere (a Ray worker) can build its own factory from it.
 """
@@ -22,21 +27,27 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from kvdrift.data.document import Document
 from kvdrift.lm.actions.identity import check_press
 from kvdrift.lm.actions.spec import Action, parse_action
 from kvdrift.lm.engine.pair import LMKernelPair
-from kvdrift.lm.engine.prefill import PromptCache, own_prefill_reason, prefill_shared
-from kvdrift.lm.engine.press_path import press_prompt_cache
+from kvdrift.lm.engine.prefill import PromptCache, own_prefill_reason, prefill, prefill_shared
+from kvdrift.lm.engine.press_path import PressCache, press_prompt_cache, stored_memory
+from kvdrift.lm.engine.question import after_context_refusal, append_question
 from kvdrift.lm.loading.model import (
     LoadedModel,
     encode_prompt,
+    encode_split,
     layers_of,
     load_model,
     load_tokenizer,
+    sliding_window_refusal,
     text_config,
     window_of,
 )
+from kvdrift.lm.quantized.transform import Quantization, is_quantization, parse_quantization
 
 SHARED_CACHE_FRACTION = 2.0
 """Most kept entries one shared prefill holds for actions not yet served, as a multiple of P's
@@ -49,22 +60,29 @@ class LMPairFactory:
     ``prepare(document, actions)`` announces the actions of a document about to be asked for,
     in order, so that one prefill forward serves them all (module docstring); without it each
     pair still gets P's and its own cache from one forward. ``presses`` maps action names to
-    kvpress press objects, which take the general path (module docstring).
+    kvpress press objects, which take the general path (module docstring); those named in
+    ``eager`` prefill with eager attention (as do presses that read attention weights).
     """
 
     def __init__(self, loaded: LoadedModel, chat_template: bool = True,
                  cache_fraction: float = SHARED_CACHE_FRACTION,
-                 presses: Mapping[str, object] | None = None):
+                 presses: Mapping[str, object] | None = None,
+                 eager: Sequence[str] = ()):
         self.loaded = loaded
+        self.eager = frozenset(eager)  # press actions whose prefill runs eager attention
         self.chat_template = chat_template
         self.cache_fraction = cache_fraction
         self.presses = dict(presses or {})
         for name, press in self.presses.items():
             check_press(press, name)
         self._doc_id: str | None = None
-        self._ids = None
-        self._reference: PromptCache | None = None
+        self._ids = None  # the whole prompt's ids (with a question: context, then question)
+        self._compressed_ids = None  # the ids actions compress (the context, with a question)
+        self._question_ids = None  # [1, q] or None (whole-prompt document)
+        self._reference: PromptCache | None = None  # P's cache of the compressed ids
         self._waiting: dict[str, PromptCache] = {}  # computed, not yet served
+        self._general_caches: dict[str, PressCache] = {}  # a context's press-object caches
+        self._answered: PromptCache | None = None  # P's cache with the question appended
         self._planned: list[str] = []
         self.prefills = 0  # prefill forwards run so far (for benchmarks and tests)
 
@@ -79,7 +97,13 @@ class LMPairFactory:
         the model runs on, the attribution reads and the store records."""
         if doc.id == self._doc_id and self._ids is not None:
             return self._ids
-        return encode_prompt(self.loaded.tokenizer, doc.prompt, self.chat_template)
+        if doc.question is None:
+            return encode_prompt(self.loaded.tokenizer, doc.prompt, self.chat_template)
+        return torch.cat(self._split(doc), dim=1)
+
+    def _split(self, doc: Document) -> tuple[torch.Tensor, torch.Tensor]:
+        return encode_split(self.loaded.tokenizer, doc.prompt, doc.question or "",
+                            self.chat_template)
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """Text of generated token ids (special tokens dropped): what task scores read."""
@@ -91,16 +115,31 @@ class LMPairFactory:
         self._planned = [str(a).strip() for a in actions if str(a).strip() not in self.presses]
 
     def _document(self, doc: Document) -> None:
-        if doc.id != self._doc_id:
-            self._doc_id, self._reference, self._waiting, self._planned = None, None, {}, []
-            self._ids = self.prompt_ids(doc)  # never reuse a stale prefill
-            self._doc_id = doc.id
+        if doc.id == self._doc_id:
+            return
+        planned = self._planned
+        if doc.question is None:
+            context, question = self.prompt_ids(doc), None
+        else:
+            context, question = self._split(doc)
+        same_context = (question is not None and self._question_ids is not None
+                        and torch.equal(context, self._compressed_ids))
+        self._doc_id = None
+        if not same_context:  # never reuse a stale prefill
+            self._reference, self._waiting, self._general_caches = None, {}, {}
+            planned = []
+        self._planned, self._answered = planned, None
+        self._compressed_ids, self._question_ids = context, question
+        self._ids = context if question is None else torch.cat([context, question], dim=1)
+        self._doc_id = doc.id
 
     def __call__(self, doc: Document, action: str) -> LMKernelPair:
         self._document(doc)
         if action in self.presses:
             return self._general(doc, action)
         parsed = parse_action(action)
+        if self._question_ids is not None:
+            return self._after_context(parsed)
         shared = own_prefill_reason(parsed) is None
         if self._reference is None or (shared and parsed.name not in self._waiting):
             self._prefill(parsed if shared else None)
@@ -111,20 +150,70 @@ class LMPairFactory:
         return LMKernelPair(self.loaded.model, self._ids, parsed, reference=self._reference,
                             compressed=compressed)
 
-    def _general(self, doc: Document, name: str) -> LMKernelPair:
-        """The general path: P's shared full cache, Q's from a prefill inside the press."""
+    def _after_context(self, parsed: Action) -> LMKernelPair:
+        """A named action on a document with a question: the context's compression (shared
+        by every question over it), then the question appended on both sides."""
+        refusal = after_context_refusal(parsed)
+        if refusal is not None:
+            raise ValueError(refusal)
+        shared = own_prefill_reason(parsed) is None
+        if self._reference is None or (shared and parsed.name not in self._waiting):
+            self._prefill(parsed if shared else None)
+        context = self._waiting.get(parsed.name)  # kept for the next question
+        if context is None:  # an action with its own prefill
+            context = prefill(self.loaded.model, self._compressed_ids, parsed)
+            self._waiting[parsed.name] = context
+            self.prefills += 1
+        reference = self._answered_reference()
+        compressed = reference if context is self._reference else append_question(
+            self.loaded.model, context, self._question_ids)
+        return LMKernelPair(self.loaded.model, self._ids, parsed, reference=reference,
+                            compressed=compressed, question_after=True)
+
+    def _answered_reference(self) -> PromptCache:
+        """P's cache of the context with this document's question appended (once per
+        document)."""
         if self._reference is None:
             self._prefill(None)
-        general = press_prompt_cache(self.loaded.model, self._ids, self.presses[name], name,
-                                     doc.id)
-        self.prefills += 1
-        return LMKernelPair(self.loaded.model, self._ids, Action(name=name),
-                            reference=self._reference, general=general)
+        if self._answered is None:
+            self._answered = append_question(self.loaded.model, self._reference,
+                                             self._question_ids)
+        return self._answered
+
+    def _general(self, doc: Document, name: str) -> LMKernelPair:
+        """The general path: P's shared full cache, Q's from a prefill inside the press (and
+        the quantizer chained after it, ``mine+kivi:bits=4``)."""
+        if self._reference is None:
+            self._prefill(None)
+        quantization = chained_quantizer(name)
+        general = self._general_caches.get(name)
+        if general is None:
+            general = press_prompt_cache(self.loaded.model, self._compressed_ids,
+                                         self.presses[name], name, doc.id,
+                                         eager=name in self.eager, quantization=quantization)
+            self.prefills += 1
+        action = Action(name=name, quantization=quantization)
+        if self._question_ids is None:
+            return LMKernelPair(self.loaded.model, self._ids, action,
+                                reference=self._reference, general=general)
+        if quantization is not None:
+            raise ValueError(after_context_refusal(action))
+        if general.rule is not None:
+            raise ValueError(f"action {name!r} compresses during decoding; kvdrift measures "
+                             f"decoding-time presses on whole-prompt documents only (give "
+                             f"'prompt', not 'context' and 'question')")
+        self._general_caches[name] = general  # the next question over this context reuses it
+        answered = append_question(self.loaded.model, general.cache, self._question_ids)
+        kv_bytes, kv_fraction = stored_memory(answered, self.loaded.model.config)
+        return LMKernelPair(self.loaded.model, self._ids, action,
+                            reference=self._answered_reference(),
+                            general=PressCache(answered, None, kv_bytes, kv_fraction),
+                            question_after=True)
 
     def _prefill(self, first: Action | None) -> None:
         """One forward: P's cache (if not yet computed), ``first``'s and as many planned
         actions' as fit :attr:`cache_fraction`."""
-        n = int(self._ids.shape[-1])
+        n = int(self._compressed_ids.shape[-1])
         group = [first] if first is not None else []
         held = _held_fraction(first, n) if first is not None else 0.0
         for name in self._planned:
@@ -137,12 +226,19 @@ class LMPairFactory:
                 continue
             group.append(action)
             held += more
-        result = prefill_shared(self.loaded.model, self._ids, group)
+        result = prefill_shared(self.loaded.model, self._compressed_ids, group)
         self.prefills += 1
         if self._reference is None:
             self._reference = result.reference
         for name, cache in result.compressed.items():
             self._waiting[name] = cache
+
+
+def chained_quantizer(name: str) -> Quantization | None:
+    """The quantizer chained after a press object's name (``mine+kivi:bits=4``), or None."""
+    head, plus, tail = name.rpartition("+")
+    return parse_quantization(tail.strip(), name) if plus and is_quantization(tail.strip()) \
+        else None
 
 
 def _held_fraction(action: Action, n: int) -> float:
@@ -165,13 +261,15 @@ class LMPairSource:
     chat_template: bool = True
     allow_download: bool = False  # fetch a hub id that is not in the local cache
     presses: Mapping[str, object] | None = None  # action name -> press object (general path)
+    eager: frozenset[str] = frozenset()  # press actions whose prefill runs eager attention
 
     def load(self) -> LoadedModel:
         return load_model(self.model, self.device, self.dtype,
                           allow_download=self.allow_download)
 
     def __call__(self) -> LMPairFactory:
-        return LMPairFactory(self.load(), self.chat_template, presses=self.presses)
+        return LMPairFactory(self.load(), self.chat_template, presses=self.presses,
+                             eager=self.eager)
 
 
 @dataclass(frozen=True)
@@ -184,6 +282,7 @@ class DriverSide:
     build: Callable[[], LMPairFactory]
     context_window: int | None
     layers: int | None = None  # the model's layers (per-layer actions are checked against it)
+    attention_window: int | None = None  # every layer's sliding window (Mistral v0.1), if any
 
 
 def driver_side(
@@ -198,14 +297,32 @@ def driver_side(
     """
     if not in_process:
         config = text_config(source.model, source.allow_download)
+        _refuse_sliding(config, source.model)
         return DriverSide(source.model, load_tokenizer(source.model, source.allow_download),
-                          source, window_of(config), layers_of(config))
+                          source, window_of(config), layers_of(config), _uniform_window(config))
     loaded = load() if load else source.load()
     config = loaded.model.config.get_text_config()
+    _refuse_sliding(config, source.model)
     return DriverSide(source.model, loaded.tokenizer,
                       functools.partial(LMPairFactory, loaded, source.chat_template,
-                                        presses=source.presses),
-                      window_of(config), layers_of(config))
+                                        presses=source.presses, eager=source.eager),
+                      window_of(config), layers_of(config), _uniform_window(config))
+
+
+def _uniform_window(config: Any) -> int | None:
+    """The sliding window every layer applies where a config names one without per-layer
+    types (Mistral v0.1: ``sliding_window`` 4096), else None."""
+    window = getattr(config, "sliding_window", None)
+    if getattr(config, "layer_types", None) or getattr(config, "use_sliding_window",
+                                                       None) is False:
+        return None
+    return int(window) if isinstance(window, int) and window > 0 else None
+
+
+def _refuse_sliding(config: Any, name: str) -> None:
+    refusal = sliding_window_refusal(config, name)
+    if refusal is not None:
+        raise ValueError(refusal)
 
 
 def check_actions_fit(actions: Sequence[str], side: DriverSide,
@@ -218,6 +335,22 @@ def check_actions_fit(actions: Sequence[str], side: DriverSide,
     for name in actions:
         if name not in (presses or {}):
             parse_action(name).check_layers(side.layers)
+
+
+def check_questions_fit(documents: Sequence[Document], actions: Sequence[str],
+                        presses: Mapping[str, object] | None = None) -> None:
+    """Raise a one-line ValueError, before anything is written, if a document asks a question
+    after its context and a named action cannot be measured so (decode-time compression,
+    quantization: :func:`~kvdrift.lm.engine.question.after_context_refusal`). Press objects
+    are checked when their prefill runs."""
+    if not any(doc.question is not None for doc in documents):
+        return
+    for name in actions:
+        if name in (presses or {}):
+            continue
+        refusal = after_context_refusal(parse_action(name))
+        if refusal is not None:
+            raise ValueError(refusal)
 
 
 class ContextWindowExceeded(ValueError):
@@ -238,9 +371,20 @@ def check_fits(
             f"room for the prompt (allowed: H <= {window - 1} minus the longest prompt's "
             f"tokens); got {horizon}")
     for doc in documents:
-        n = int(encode_prompt(side.tokenizer, doc.prompt, chat_template).shape[-1])
+        if doc.question is None:
+            n = int(encode_prompt(side.tokenizer, doc.prompt, chat_template).shape[-1])
+        else:
+            n = sum(int(part.shape[-1]) for part in encode_split(
+                side.tokenizer, doc.prompt, doc.question, chat_template))
         if n + horizon > window:
             raise ContextWindowExceeded(
                 f"document {doc.id!r} has {n} prompt tokens; with H = {horizon} generated "
                 f"positions that exceeds {side.name}'s context window of {window} tokens "
                 f"(allowed: prompt tokens <= {window - horizon})")
+        sliding = side.attention_window
+        if sliding is not None and n + horizon > sliding:
+            raise ContextWindowExceeded(
+                f"document {doc.id!r} has {n} prompt tokens; with H = {horizon} generated "
+                f"positions that exceeds {side.name}'s sliding attention window of {sliding} "
+                f"tokens: its layers attend only to their last {sliding} positions, which "
+                f"kvdrift does not model (allowed: prompt tokens <= {sliding - horizon})")

@@ -42,7 +42,10 @@ COLUMNS = (
     Column("metric", pa.string(), "how outputs are scored against the answer, or null"),
     Column("meta", pa.string(), "the document's meta as JSON (answers, task, length, ...)"),
     Column("prompt_ids", pa.list_(pa.int64()), "the prompt's token ids as the model saw them "
-           "(chat template applied)", "language models"),
+           "(chat template applied; with a question: the context's, then the question's)",
+           "language models"),
+    Column("question", pa.string(), "the question asked after the compressed context, or "
+           "null (the whole prompt was compressed)"),
 )
 SCHEMA = pa.schema([pa.field(c.name, c.dtype) for c in COLUMNS])
 
@@ -61,8 +64,11 @@ def document_table(model: str, doc: Document, prompt_ids: Sequence[int] | None,
            "answer": doc.answer, "metric": doc.meta.get("metric"),
            "meta": json.dumps(doc.meta, sort_keys=True, ensure_ascii=False, default=str),
            "prompt_ids": None if prompt_ids is None else [int(i) for i in prompt_ids]}
+    if doc.question is not None:  # digested only where present: earlier rows keep theirs
+        row["question"] = doc.question
     digest = hashlib.sha256(json.dumps(row, sort_keys=True, ensure_ascii=False)
                             .encode("utf-8", "surrogatepass")).hexdigest()
+    row.setdefault("question", None)
     meta = {DIGEST_KEY: digest.encode()}
     if fingerprint is not None:
         meta[fp.METADATA_KEY] = fp.encode(fingerprint)
@@ -115,7 +121,8 @@ def read_documents(root: Path) -> dict[tuple[str, str], RecordedDocument] | None
             for row in table.to_pylist():
                 meta = parse_json(row["meta"], str(path)) if row["meta"] else {}
                 doc = Document(id=row["doc_id"], prompt=row["prompt"], stratum=row["stratum"],
-                               answer=row["answer"], meta=meta if isinstance(meta, dict) else {})
+                               answer=row["answer"], meta=meta if isinstance(meta, dict) else {},
+                               question=row.get("question"))
                 ids = row["prompt_ids"]
                 out[(row["model"], row["doc_id"])] = RecordedDocument(
                     doc, None if ids is None else tuple(ids), found)

@@ -33,10 +33,10 @@ LABELS = {
     "seed": "seed", "batch": "batch", "chat_template": "chat_template",
     "prompt_sha256": "the document's prompt text", "kvdrift": "kvdrift version",
     "attribution": "attribution", "weights_sha256": "weights", "tokenizer_sha256": "tokenizer",
-    "press": "press",
+    "press": "press", "protocol": "protocol", "attention": "prefill attention",
 }
 #: Settings a fingerprint records only when not at this value (so earlier stores resume).
-UNRECORDED = {"attribution": False}
+UNRECORDED = {"attribution": False, "protocol": "whole prompt", "attention": None}
 #: The model's identity (digests of what was loaded), and a difference in words: compared only
 #: where both sides record it (stores written before it, and a driver that has not loaded the
 #: weights, do not).
@@ -50,9 +50,11 @@ def kvdrift_version() -> str:
         return "unknown"
 
 
-def prompt_sha256(prompt: str) -> str:
-    """The hash a fingerprint records of a document's prompt text."""
-    return hashlib.sha256(prompt.encode("utf-8", "surrogatepass")).hexdigest()
+def prompt_sha256(prompt: str, question: str | None = None) -> str:
+    """The hash a fingerprint records of a document's prompt text (and of its question, where
+    it has one: the same text split otherwise is another document)."""
+    text = prompt if question is None else f"{prompt}\0question\0{question}"
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def encode(fingerprint: Mapping[str, Any]) -> bytes:

@@ -77,9 +77,12 @@ class RunConfig:
             "temperature": float(self.temperature), "depths": list(self.depths),
             "seed": self.seed, "batch": self.batch,
             "chat_template": extra.get("chat_template"),
-            "prompt_sha256": prompt_sha256(doc.prompt),
+            "prompt_sha256": prompt_sha256(doc.prompt, doc.question),
             "kvdrift": kvdrift_version(),
-        } | ({"attribution": True} if self.attribution else {}) | dict(identity or {})
+        } | ({"attribution": True} if self.attribution else {}) | (
+            {"protocol": doc.protocol} if doc.question is not None else {}) | (
+            {"attention": "eager"} if action in extra.get("eager", ()) else {}) | dict(
+            identity or {})
 
     def as_dict(self) -> dict:
         out = asdict(self)

@@ -27,6 +27,8 @@ from typing import Any
 import kvpress
 import torch
 
+from kvdrift.lm.actions.attention_use import nested_presses
+from kvdrift.lm.actions.presses import NOT_OFFERED
 from kvdrift.press_source import MODULES_KEY, SOURCE_KEY, module_globals
 
 KVPRESS_MODULE = "kvpress"
@@ -37,8 +39,16 @@ def _is_kvpress_class(cls: type) -> bool:
 
 
 def check_press(obj: Any, name: str) -> None:
-    """One-line ValueError unless ``obj`` is a kvpress press instance (action ``name``)."""
+    """One-line ValueError unless ``obj`` is a kvpress press instance (action ``name``) that
+    kvdrift offers: a press of a class it does not offer (:data:`~kvdrift.lm.actions.presses.
+    NOT_OFFERED`), or one inside it, is refused as the spec naming it is, before it runs."""
     if isinstance(obj, kvpress.BasePress):
+        for inner in nested_presses(obj):
+            for refused, why in NOT_OFFERED.items():
+                cls = getattr(kvpress, refused, None)
+                if cls is not None and isinstance(inner, cls):
+                    raise ValueError(f"action {name!r}: kvpress's {refused} is not offered: "
+                                     f"{why}")
         return
     allowed = ("allowed: an instance of a kvpress press class (a subclass of kvpress.BasePress, "
                "e.g. kvpress.SnapKVPress(compression_ratio=0.5) or your own ScorerPress)")

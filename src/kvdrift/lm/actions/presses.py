@@ -71,11 +71,6 @@ NEEDS_ATTENTION_WEIGHTS: frozenset[type] = frozenset({kvpress.ObservedAttentionP
 
 # kvpress presses that kvdrift cannot measure, and why (shown when a user names one).
 NOT_OFFERED: dict[str, str] = {
-    "DuoAttentionPress": "it downloads its attention-head patterns over HTTP (GitHub) and a "
-                         "calibration set at run time; runs are offline and it has no local "
-                         "cache to read them from",
-    "LUKVPress": "it downloads its budget curves over HTTP (GitHub) at run time; runs are "
-                 "offline and it has no local cache to read them from",
     "FinchPress": "it deletes its delimiter token from the prompt inside the model, so Q would "
                   "read another prompt, at other positions, than P",
     "CAMPress": "it merges values during decoding in kvpress's own cache; kvdrift replays "
@@ -85,8 +80,9 @@ NOT_OFFERED: dict[str, str] = {
                                      "decoding-<scorer> (DecodingPress) with target=",
 }
 
-_HUB = ("hub-trained: runs when its files are in the local Hugging Face cache (a missing one "
-        "is named)")
+_HUB = ("hub-trained: runs when its files are in the local Hugging Face cache, under the hub "
+        "id it builds from the model's name (a model loaded from a local folder has none: a "
+        "missing file is named with how to supply it)")
 _TOKENIZER = "reads the model's tokenizer from model.config.name_or_path (a model folder or hub id)"
 
 # kvpress presses measured as press objects through the general path (lm/engine/press_path.py): what
@@ -110,6 +106,15 @@ GENERAL_PATH: dict[str, str] = {
                    + ": KVgradPress(compression_ratio=0.5)",
     "EntropyGatedChunkKVPress": "chunk sizes follow an entropy threshold: "
                                 "EntropyGatedChunkKVPress(press=SnapKVPress(compression_ratio=0.5))",
+    "DuoAttentionPress": "hides the middle of streaming heads; it fetches its head pattern over "
+                         "HTTP (GitHub) by the model's name, so offline it runs only with the "
+                         "pattern supplied beforehand (kvpress.presses.duo_attention_press."
+                         "cache[model.config.name_or_path] = (sink, recent, head_scores)): "
+                         "DuoAttentionPress(head_compression_ratio=0.5)",
+    "LUKVPress": "allocates per-head budgets from a curve it fetches over HTTP (GitHub); offline "
+                 "it runs with the curve supplied beforehand (press._budget_curves = an array "
+                 "[99, layers, kv_heads] of prune ratios, one slice per percent compressed): "
+                 "LUKVPress(press=ExpectedAttentionPress(epsilon=2e-2))",
     "QFilterPress": _HUB + ": QFilterPress(compression_ratio=0.5)",
     "KVzapPress": _HUB + ": KVzapPress(...)",
     "ExpectedAttentionStatsPress": _HUB + ": ExpectedAttentionStatsPress(...)",

@@ -110,6 +110,9 @@ class LMKernelPair:
         its logits and decoding-time rule; ``action`` then only names it.
     eos_token_id : overrides the model's EOS. By default the primary (first) id of
         ``generation_config.eos_token_id`` (falling back to ``config.eos_token_id``).
+    question_after : the prompt ends with a question appended after the context was compressed
+        (:func:`~kvdrift.lm.engine.question.append_question`): ``reference`` and ``compressed``
+        (or ``general``) are given, and each side keeps its own first next-token logits.
     """
 
     def __init__(
@@ -122,6 +125,7 @@ class LMKernelPair:
         compressed: PromptCache | None = None,
         general: PressCache | None = None,
         eos_token_id: int | None = None,
+        question_after: bool = False,
     ) -> None:
         self.model = unwrap_model(model)
         self.action = parse_action(action)
@@ -157,7 +161,7 @@ class LMKernelPair:
         else:
             compressed = prefill(self.model, ids, self.action)
         quant = self.action.quantization
-        if compressed is not reference and general is None and not (
+        if compressed is not reference and general is None and not question_after and not (
                 quant is not None and quant.before_attention):
             # the first generated position is computed before eviction (and before KIVI
             # quantizes): share P's logits; a gguf or fp8 prefill attends to quantized entries

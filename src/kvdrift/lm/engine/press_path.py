@@ -40,8 +40,11 @@ import kvpress
 import torch
 from transformers import DynamicCache
 
+from kvdrift.lm.actions.attention_use import needs_eager
+from kvdrift.lm.actions.hub_files import missing_files_message
 from kvdrift.lm.actions.identity import check_press
 from kvdrift.lm.actions.presses import fixed_press_randomness
+from kvdrift.lm.actions.spec import Action
 from kvdrift.lm.engine.decoding import DecodingRule
 from kvdrift.lm.engine.prefill import (
     PromptCache,
@@ -49,10 +52,12 @@ from kvdrift.lm.engine.prefill import (
     check_not_sliding,
     clear_hidden_entries,
     live_mask,
+    quantized,
     take_hidden_entries,
     unwrap_model,
 )
 from kvdrift.lm.engine.shared_attention import attention_implementation
+from kvdrift.lm.quantized.transform import Quantization, QuantizingCache, kv_memory
 from kvdrift.unit_errors import UnitStopped
 
 STORED_BYTES = "stored bytes"
@@ -117,29 +122,17 @@ def _decodes(press: Any) -> bool:
     return isinstance(press, kvpress.DMSPress) and bool(press.decoding)
 
 
-def _nested(press: Any) -> list[Any]:
-    """``press`` and every press inside it (wrappers, compositions)."""
-    found = [press]
-    if dataclasses.is_dataclass(press):
-        for f in dataclasses.fields(press):
-            value = getattr(press, f.name, None)
-            for item in value if isinstance(value, (list, tuple)) else [value]:
-                if isinstance(item, kvpress.BasePress):
-                    found += _nested(item)
-    return found
-
-
-def needs_eager(press: Any) -> bool:
-    """Whether a press reads eager attention weights (ObservedAttentionPress anywhere in it):
-    its prefill runs with eager attention, as kvdrift runs the named one."""
-    return any(isinstance(p, kvpress.ObservedAttentionPress) for p in _nested(press))
-
-
 def press_prompt_cache(model: Any, prompt_ids: torch.Tensor, press: Any, action: str,
-                       document: str) -> PressCache:
+                       document: str, eager: bool = False,
+                       quantization: Quantization | None = None) -> PressCache:
     """Q's prompt cache: the prompt's prefill run inside ``press`` (module docstring).
 
-    ``action`` and ``document`` name the unit in a :class:`PressFailed`.
+    ``action`` and ``document`` name the unit in a :class:`PressFailed`. The prefill runs
+    with eager attention where the press reads attention weights
+    (:func:`~kvdrift.lm.actions.attention_use.needs_eager`), or wherever ``eager``.
+    ``quantization`` (a press chained with a quantizer, ``mine+kivi:bits=4``) quantizes what
+    the press keeps as the same chain after a named action does: llama.cpp's kinds as entries
+    enter the prefill's cache, KIVI after the prefill (:func:`chained_quantization`).
     """
     fail = _Failure(action, document)
     rule = decoding_rule(press, action)
@@ -148,12 +141,16 @@ def press_prompt_cache(model: Any, prompt_ids: torch.Tensor, press: Any, action:
     model = unwrap_model(model)
     ids = as_prompt(prompt_ids, model)
     n = ids.shape[1]
-    cache = DynamicCache(config=model.config)
+    if quantization is not None:
+        quantization.check(model.config.head_dim if getattr(model.config, "head_dim", None)
+                           else model.config.hidden_size // model.config.num_attention_heads)
+    cache = QuantizingCache(quantization, config=model.config) if quantization is not None \
+        and quantization.before_attention else DynamicCache(config=model.config)
     clear_hidden_entries(model)  # a stale mask (left by a generate) would be read as this one's
     attention = model.config._attn_implementation  # a press may switch it (KVCompose: eager)
     try:
-        with torch.no_grad(), attention_implementation(model, "eager" if needs_eager(press)
-                                                        else None), \
+        with torch.no_grad(), attention_implementation(model, "eager" if eager or
+                                                        needs_eager(press) else None), \
                 fixed_press_randomness(ids.device):
             with press(model):
                 out = model(input_ids=ids, past_key_values=cache, use_cache=True,
@@ -162,7 +159,7 @@ def press_prompt_cache(model: Any, prompt_ids: torch.Tensor, press: Any, action:
     except (MemoryError, torch.OutOfMemoryError):
         raise
     except Exception as exc:  # the press's own code: any error is its failure
-        raise fail(f"the press raised {_first_line(exc)}") from exc
+        raise fail(f"the press raised {_first_line(exc, press, model)}") from exc
     finally:
         clear_hidden_entries(model)
         model.config._attn_implementation = attention  # as found, even if the press failed
@@ -179,8 +176,24 @@ def press_prompt_cache(model: Any, prompt_ids: torch.Tensor, press: Any, action:
         raise fail("the prefill inside the press gave non-finite logits")
     pc = PromptCache(keys=tuple(keys), values=tuple(values), logits=logits, n_prompt=n,
                      live=live)
+    if quantization is not None:
+        return chained_quantization(pc, rule, quantization, action)
     kv_bytes, kv_fraction = stored_memory(pc, model.config)
     return PressCache(pc, rule, kv_bytes, kv_fraction)
+
+
+def chained_quantization(pc: PromptCache, rule: DecodingRule | None,
+                         quantization: Quantization, action: str) -> PressCache:
+    """A press's cache with a quantizer chained after it: what it keeps, quantized as a named
+    chain's (:func:`~kvdrift.lm.engine.prefill.quantized`), its bytes at the quantizer's bits.
+    Only a press that keeps one set of entries per KV head and compresses at prefill only."""
+    if rule is not None or pc.live is not None:
+        what = "compresses during decoding" if rule is not None else "hides entries per KV head"
+        raise ValueError(f"action {action!r}: its press {what}; a quantization can follow a "
+                         f"press that keeps one set of entries per KV head at prefill only")
+    chained = quantized(pc, Action(name=action, quantization=quantization))
+    kv_bytes, kv_fraction = kv_memory(chained.keys, None, chained.n_prompt, quantization)
+    return PressCache(chained, None, kv_bytes, kv_fraction)
 
 
 @dataclass(frozen=True)
@@ -192,11 +205,11 @@ class _Failure:
         return PressFailed(f"action {self.action!r} failed on document {self.document!r}: {what}")
 
 
-def _first_line(exc: BaseException) -> str:
+def _first_line(exc: BaseException, press: Any = None, model: Any = None) -> str:
     hub = _hub_file(exc)
     if hub is not None:
-        return (f"{type(exc).__name__}: it needs {hub} from the Hugging Face hub, which is not "
-                f"in the local cache (runs are offline: put the file there first)")
+        name = str(getattr(getattr(model, "config", None), "name_or_path", "") or "")
+        return f"{type(exc).__name__}: {missing_files_message(hub, press, name)}"
     text = str(exc).strip()
     return f"{type(exc).__name__}: {text.splitlines()[0][:200]}" if text else type(exc).__name__
 

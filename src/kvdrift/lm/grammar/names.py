@@ -84,6 +84,19 @@ def _check_part(part: str) -> None:
         _check_scorer(text)
 
 
+def press_chain(spec: object, defined: Collection[str]) -> str | None:
+    """The press name of ``<press>+<quantization>`` where the press is one of ``defined`` (a
+    press object of the user's own, chained with one of kvdrift's quantizers, e.g.
+    ``mine-half+kivi:bits=4``), else None."""
+    if not isinstance(spec, str):
+        return None
+    head, plus, tail = spec.strip().rpartition("+")
+    if plus and head.strip() in defined and \
+            tail.partition(":")[0].strip().lower() in QUANTIZATIONS:
+        return head.strip()
+    return None
+
+
 def check_action_names(spec: object, defined: Collection[str] = ()) -> None:
     """ValueError (the message :func:`kvdrift.lm.actions.spec.parse_action` gives) if ``spec``
     names a press, scorer or family that no action has; silent otherwise, whatever else is
@@ -91,7 +104,7 @@ def check_action_names(spec: object, defined: Collection[str] = ()) -> None:
     define (a ``--presses`` file), left to the parser once that file is loaded."""
     if not isinstance(spec, str) or not spec.strip() or spec.strip() in NAMED_ACTIONS:
         return
-    if spec.strip() in defined:
+    if spec.strip() in defined or press_chain(spec, defined) is not None:
         return
     for part in spec.strip().split("+"):
         _check_part(part.strip())

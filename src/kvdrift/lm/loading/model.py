@@ -292,6 +292,27 @@ def layers_of(config: Any) -> int | None:
     return int(layers) if layers else None
 
 
+def sliding_window_refusal(config: Any, name: str = "the model") -> str | None:
+    """Why a (text) config with sliding-window attention layers cannot be measured, or None.
+
+    kvdrift's decoding engine (the shared-prompt attention, the question's forward) attends
+    every layer to every stored prompt entry; a sliding-window layer attends only to the last
+    ``sliding_window`` positions, so measuring it would measure another model. kvpress itself
+    compresses only the full-attention layers of such models (Gemma 3).
+    """
+    types = list(getattr(config, "layer_types", None) or ())
+    sliding = [i for i, kind in enumerate(types) if kind == "sliding_attention"]
+    if not sliding:
+        return None
+    return (f"{name} ({getattr(config, 'model_type', 'unknown type')}) has "
+            f"{len(sliding)} of {len(types)} layers with sliding-window attention (window "
+            f"{getattr(config, 'sliding_window', None)}); kvdrift attends every layer to the "
+            f"whole prompt cache and has no per-layer window mask, so it refuses such models "
+            f"(kvpress compresses only their full-attention layers). What would make them work: "
+            f"a window mask per sliding layer in kvdrift's shared-prompt attention. Use a "
+            f"model whose layers all attend fully (e.g. Llama, Qwen2, SmolLM2)")
+
+
 def text_config(name_or_path: str = DEFAULT_MODEL, allow_download: bool = False) -> Any:
     """The model's (text) config alone, without its weights."""
     from transformers import AutoConfig
@@ -374,3 +395,34 @@ def encode_prompt(tokenizer: Any, text: str, chat_template: bool = True) -> torc
     if ids.shape[1] == 0:
         raise ValueError("prompt encodes to zero tokens")
     return ids
+
+
+def encode_split(tokenizer: Any, context: str, question: str, chat_template: bool = True
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids ``([1, c], [1, q])`` of a context and of the question asked after it, split
+    where kvpress's ``KVPressTextGenerationPipeline`` splits them.
+
+    With ``chat_template`` and a tokenizer that has one, the context is the templated user
+    turn up to the end of the context text; the question carries the template's tail (end of
+    turn, assistant header). Without one, the context is the BOS token and the text, the
+    question is followed by a newline. Each part is encoded on its own, without special tokens
+    added (the template's are in the text), as the pipeline encodes them.
+    """
+    if not isinstance(context, str) or not context.strip():
+        raise ValueError("context text is empty; a document needs some text")
+    if chat_template and getattr(tokenizer, "chat_template", None):
+        marker = "#" * (len(context) + 10)  # cannot occur inside the context
+        text = tokenizer.apply_chat_template([{"role": "user", "content": context + marker}],
+                                             add_generation_prompt=True, tokenize=False)
+        context_text, tail = text.split(marker)
+    else:
+        context_text, tail = (getattr(tokenizer, "bos_token", None) or "") + context, "\n"
+    ids = [torch.as_tensor(tokenizer.encode(part, add_special_tokens=False),
+                           dtype=torch.long).reshape(1, -1) for part in (context_text,
+                                                                         question + tail)]
+    if ids[0].shape[1] == 0:
+        raise ValueError("context encodes to zero tokens")
+    if ids[1].shape[1] == 0:
+        raise ValueError("the question and the template's tail encode to zero tokens; a "
+                         "question needs at least one token after the context")
+    return ids[0], ids[1]

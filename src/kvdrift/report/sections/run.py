@@ -14,6 +14,21 @@ ESTIMATORS = {
 }
 
 
+PROTOCOLS = {
+    "whole prompt": "whole prompt compressed, the question and the chat template's tail "
+                    "included (as model.generate inside a press)",
+    "context, then question": "context compressed, then the question and the chat template's "
+                              "tail appended uncompressed for P and Q (kvpress's pipeline)",
+}
+
+
+def protocol_text(config: dict | None) -> str:
+    """The protocol a recorded configuration names (``run.json``'s ``protocol``; a store
+    without one compressed every prompt whole)."""
+    names = (config or {}).get("protocol") or ["whole prompt"]
+    return "; ".join(PROTOCOLS.get(str(n), str(n)) for n in names)
+
+
 def what_was_run(analysis: StudyAnalysis) -> Section:
     """The study's settings as a definition list, then its notes and its configuration."""
     meta = analysis.meta
@@ -27,6 +42,7 @@ def what_was_run(analysis: StudyAnalysis) -> Section:
         ("Models", Text(", ".join(dict.fromkeys(a.model for a in analysis.actions)) or None)),
         ("Actions", Text(", ".join(dict.fromkeys(a.action for a in analysis.actions)) or None)),
         ("Documents per stratum", Text(doc_text)),
+        ("Protocol", Text(protocol_text(meta.config))),
         ("Replicates K", Text(meta.replicates)),
         ("Horizon H", Text(meta.horizon, " generated positions")),
         ("Temperature", Text(temperature, " (greedy)" if temperature == 0 else "")),
