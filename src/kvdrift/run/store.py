@@ -40,7 +40,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kvdrift import checks, limits
+from kvdrift import checks
 from kvdrift.json_values import parse_json
 from kvdrift.output import MARKER, OutputDir
 from kvdrift.records.finite import COMPLETE_BRANCHES, counts_text, nonfinite_counts
@@ -49,9 +49,12 @@ from kvdrift.run import documents as docs
 from kvdrift.run import fingerprint as fp
 from kvdrift.run.outdir import FRONTIER_FILE
 from kvdrift.run.records import UnitKey
+from kvdrift.run.run_file import RUN_FILE, NotARunStore, read_run_file  # noqa: F401 (re-exported)
 
-RUN_FILE = "run.json"
 KINDS = ("steps", "replicates")
+#: Keys of a recorded configuration that name where it lives, not what its records are.
+LABEL_KEYS = ("name",)
+DOCUMENTS_HASH = "documents_sha256"
 VERSIONED = ("kvdrift", "torch", "transformers", "kvpress", "numpy", "pyarrow")
 
 
@@ -171,51 +174,6 @@ def _nonfinite_in(kind: str, table: pa.Table, reopen: Callable[[], Any] | None
         with reopen() as handle:
             estimator = pq.read_table(handle, columns=["estimator"]).column("estimator")
     return nonfinite_counts(kind, table, estimator)
-
-
-class NotARunStore(ValueError):
-    """A directory's ``run.json`` is damaged or was not written by kvdrift (one line)."""
-
-
-def _run_file_problem(meta: Any) -> str | None:
-    """What makes a decoded ``run.json`` unusable, or None."""
-    if not isinstance(meta, dict) or not isinstance(meta.get("config"), dict):
-        return "not a JSON object with a 'config' object"
-    versions = meta.get("versions", {})
-    if not isinstance(versions, dict):
-        return f"'versions' must be an object; got {versions!r:.80}"
-    horizon = meta["config"].get("horizon")
-    if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1:
-        return f"config.horizon must be an integer >= 1; got {horizon!r:.80}"
-    return None
-
-
-def read_run_file(path: Path, folder: OutputDir | None = None) -> dict[str, Any]:
-    """A ``run.json`` (read through the held ``folder`` where given), checked: a JSON object
-    with a ``config`` object holding an integer horizon, and a ``versions`` object if any;
-    else :class:`NotARunStore` (one line)."""
-    try:
-        text = (limits.read_bounded(path) if folder is None else
-                limits.bounded(folder.read_bytes(path.name, limits.MAX_CONFIG_BYTES), path))
-    except ValueError as exc:
-        raise NotARunStore(str(exc)) from None
-    try:
-        meta = parse_json(text.decode("utf-8"), "JSON")
-    except UnicodeDecodeError as exc:
-        reason = f"not valid JSON ({exc.reason})"
-    except ValueError as exc:  # JSONError: nesting, a key twice, a huge integer, ...
-        reason = str(exc).removeprefix("JSON: ")
-    else:
-        reason = _run_file_problem(meta)
-        if reason is None:
-            return {**meta, "versions": meta.get("versions", {})}
-    raise NotARunStore(f"{path} is damaged: {reason}; delete it (finished units keep their own "
-                       "settings and are checked on resume) or use another output directory")
-
-
-#: Keys of a recorded configuration that name where it lives, not what its records are.
-LABEL_KEYS = ("name",)
-DOCUMENTS_HASH = "documents_sha256"
 
 
 def config_identity(config: Mapping[str, Any], by_content: bool = True) -> dict[str, Any]:

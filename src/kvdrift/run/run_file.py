@@ -1,0 +1,54 @@
+"""A store's ``run.json``: its name and how it is read and checked, without pandas, pyarrow
+or torch, so a command can read a store's recorded settings (to refuse a resume, or to find its
+press actions) before anything heavy is imported. :mod:`kvdrift.run.store` writes it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from kvdrift import limits
+from kvdrift.json_values import parse_json
+from kvdrift.output import OutputDir
+
+RUN_FILE = "run.json"
+
+
+class NotARunStore(ValueError):
+    """A directory's ``run.json`` is damaged or was not written by kvdrift (one line)."""
+
+
+def _run_file_problem(meta: Any) -> str | None:
+    """What makes a decoded ``run.json`` unusable, or None."""
+    if not isinstance(meta, dict) or not isinstance(meta.get("config"), dict):
+        return "not a JSON object with a 'config' object"
+    versions = meta.get("versions", {})
+    if not isinstance(versions, dict):
+        return f"'versions' must be an object; got {versions!r:.80}"
+    horizon = meta["config"].get("horizon")
+    if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1:
+        return f"config.horizon must be an integer >= 1; got {horizon!r:.80}"
+    return None
+
+
+def read_run_file(path: Path, folder: OutputDir | None = None) -> dict[str, Any]:
+    """A ``run.json`` (read through the held ``folder`` where given), checked: a JSON object
+    with a ``config`` object holding an integer horizon, and a ``versions`` object if any;
+    else :class:`NotARunStore` (one line)."""
+    try:
+        text = (limits.read_bounded(path) if folder is None else
+                limits.bounded(folder.read_bytes(path.name, limits.MAX_CONFIG_BYTES), path))
+    except ValueError as exc:
+        raise NotARunStore(str(exc)) from None
+    try:
+        meta = parse_json(text.decode("utf-8"), "JSON")
+    except UnicodeDecodeError as exc:
+        reason = f"not valid JSON ({exc.reason})"
+    except ValueError as exc:  # JSONError: nesting, a key twice, a huge integer, ...
+        reason = str(exc).removeprefix("JSON: ")
+    else:
+        reason = _run_file_problem(meta)
+        if reason is None:
+            return {**meta, "versions": meta.get("versions", {})}
+    raise NotARunStore(f"{path} is damaged: {reason}; delete it (finished units keep their own "
+                       "settings and are checked on resume) or use another output directory")
