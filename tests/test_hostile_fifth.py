@@ -73,3 +73,50 @@ def test_token_text_writes_an_unknown_id_between_decoded_runs(tiny_model_dir):
         f"Hello world[{HUGE}][{len(tokenizer)}]Hello world")
     assert text.piece(HUGE) == f"[{HUGE}]" and text.piece(-3) == ""
     assert text.piece(hello[0]) == tokenizer.decode([hello[0]])
+
+
+def test_a_report_never_overwrites_a_folder_kvdrift_did_not_mark(finished, tmp_path):
+    mine = tmp_path / "mine"
+    (mine / "figures").mkdir(parents=True)
+    (mine / "analysis.json").write_text('{"mine": true}')
+    (mine / "figures" / "plot.png").write_bytes(b"my figure")
+    result = runner.invoke(app, ["report", str(finished), "--out", str(mine), "--bootstrap", "0"])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().splitlines()[-1] == (
+        f"error: output directory {str(mine)!r} holds files that kvdrift did not mark as its "
+        "report (no .kvdrift marker, no report.html; e.g. 'analysis.json'), which a report "
+        "would overwrite; allowed: a new or empty directory, or a kvdrift run or study "
+        "directory to resume; choose another output directory (--out)")
+    assert (mine / "analysis.json").read_text() == '{"mine": true}'
+    assert (mine / "figures" / "plot.png").read_bytes() == b"my figure"
+    assert sorted(p.name for p in mine.rglob("*")) == ["analysis.json", "figures", "plot.png"]
+    again = runner.invoke(app, ["report", str(finished), "--out", str(tmp_path / "new"),
+                                "--bootstrap", "0"])
+    assert again.exit_code == 0, again.output  # a new folder is marked, and rewritten after
+    assert runner.invoke(app, ["report", str(finished), "--out", str(tmp_path / "new"),
+                               "--bootstrap", "0"]).exit_code == 0
+
+
+@pytest.mark.parametrize("entry", ["folder", "text", "empty"])
+def test_a_dot_kvdrift_entry_that_is_no_marker_is_not_taken_for_one(tmp_path, entry):
+    from kvdrift.output import MARKER
+    from kvdrift.run.outdir import OutputDirRefused, check_output_dir, folder_kind
+
+    home = tmp_path / "home"
+    home.mkdir()
+    stray = home / MARKER
+    if entry == "folder":  # KVDRIFT_CACHE=~/.kvdrift
+        (stray / "smollm2").mkdir(parents=True)
+    else:
+        stray.write_text("my notes\n" if entry == "text" else "")
+    assert folder_kind(home) is None
+    assert check_output_dir(home / "runs" / "out") == home / "runs" / "out"  # not refused
+    with pytest.raises(OutputDirRefused, match=r"holds a '\.kvdrift' entry that is not a "
+                                               r"kvdrift marker"):
+        check_output_dir(home)  # never written as if it were one of kvdrift's folders
+    marked = tmp_path / "run"
+    marked.mkdir()
+    (marked / MARKER).write_text("kvdrift run\n")
+    assert folder_kind(marked) == "run"
+    with pytest.raises(OutputDirRefused, match="lies inside the kvdrift directory"):
+        check_output_dir(marked / "inner")
