@@ -120,3 +120,28 @@ def test_a_dot_kvdrift_entry_that_is_no_marker_is_not_taken_for_one(tmp_path, en
     assert folder_kind(marked) == "run"
     with pytest.raises(OutputDirRefused, match="lies inside the kvdrift directory"):
         check_output_dir(marked / "inner")
+
+
+@pytest.mark.parametrize("action, doc_id", [(".vnorm", "d0"), ("..", ".hidden"),
+                                            (".", "d1")])
+def test_no_action_or_document_name_makes_a_file_the_reader_skips(tmp_path, action, doc_id):
+    """An action named ``.vnorm`` wrote ``.vnorm__d0-....parquet``, a name the store's reader
+    skips as a temporary: exit 0, its records never read, the report partial forever."""
+    from kvdrift.finite import random_pair
+    from kvdrift.run.documents import document_name
+    from kvdrift.run.records import UnitKey
+    from kvdrift.run.runner import RunConfig, run_units
+    from kvdrift.run.store import RunStore, unit_name
+
+    key = UnitKey(model="m", doc_id=doc_id, action=action, stratum="s")
+    assert not unit_name(key).startswith(".") and not document_name("m", doc_id).startswith(".")
+    cfg = RunConfig(model="m", actions=(action, "full"), replicates=3, horizon=4, seed=1)
+    store = RunStore.open(tmp_path, cfg.as_dict())
+    pair = random_pair(3, 4, seed=7, mix=0.6, eos_token_id=2)
+    assert run_units(cfg, [Document(id=doc_id, prompt="p")], lambda d, a: pair, store) == 2
+    reread = RunStore(tmp_path)
+    reps = reread.read("replicates").to_pandas()
+    assert sorted(reps["action"].unique()) == sorted([action, "full"])
+    assert (reps["action"] == action).sum() == 3  # every replicate, read back
+    assert reread.is_done(key) and not any(
+        p.name.startswith(".") for p in tmp_path.rglob("*.parquet"))

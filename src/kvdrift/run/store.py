@@ -42,7 +42,7 @@ import pyarrow.parquet as pq
 
 from kvdrift import checks
 from kvdrift.json_values import parse_json
-from kvdrift.output import MARKER, OutputDir
+from kvdrift.output import MARKER, OutputDir, readable_stem
 from kvdrift.records.finite import COMPLETE_BRANCHES, counts_text, nonfinite_counts
 from kvdrift.records.legacy import current_layout
 from kvdrift.run import documents as docs
@@ -72,7 +72,7 @@ def package_versions() -> dict[str, str]:
 def unit_name(key: UnitKey) -> str:
     """A file-system-safe, collision-free file stem for a unit."""
     digest = hashlib.sha1(f"{key.model}\0{key.doc_id}\0{key.action}".encode()).hexdigest()[:12]
-    readable = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{key.action}__{key.doc_id}")[:60]
+    readable = readable_stem(f"{key.action}__{key.doc_id}")
     return f"{readable}-{digest}"
 
 
