@@ -160,8 +160,8 @@ def not_a_store(root: Path) -> str | None:
 
 
 class NonFiniteRecords(ValueError):
-    """A store holding NaN or infinite values where numbers belong (an earlier kvdrift stored
-    them): named by unit and column, refused until ``--recompute`` recomputes those units."""
+    """A store holding NaN, infinite or null values where numbers belong (an earlier kvdrift
+    stored them): named by unit and column, refused until ``--recompute`` recomputes them."""
 
 
 def _nonfinite_in(kind: str, table: pa.Table, reopen: Callable[[], Any] | None
@@ -311,7 +311,7 @@ class RunStore:
         """Whether ``key`` is finished under the settings ``fingerprint``.
 
         A damaged unit is named (``notice``), removed and reported not done, so it is
-        recomputed. A unit stored under other settings, or holding NaN or infinite values
+        recomputed. A unit stored under other settings, or holding NaN, infinite or null values
         where numbers belong (:mod:`kvdrift.records.finite`), raises ``ValueError`` naming the
         setting or the columns, or with ``recompute`` is removed and reported not done.
         """
@@ -336,7 +336,7 @@ class RunStore:
         if difference is None:
             if not counts:
                 return True
-            difference = (f"it holds NaN or infinite values where numbers belong "
+            difference = (f"it holds NaN, infinite or null values where numbers belong "
                           f"({counts_text(counts)}; written by an earlier kvdrift)")
         if self.recompute:
             self.notice(f"unit {name}: {difference}; recomputing it (--recompute)")
@@ -391,8 +391,8 @@ class RunStore:
                 nonfinite.append(f"{' · '.join(owned[f.name])} ({counts_text(counts)})")
         if nonfinite:
             raise NonFiniteRecords(
-                f"{self.root} holds NaN or infinite values where numbers belong (written by a "
-                f"kvdrift before such units were refused), in unit {nonfinite[0]}"
+                f"{self.root} holds NaN, infinite or null values where numbers belong (written "
+                f"by a kvdrift before such units were refused), in unit {nonfinite[0]}"
                 + (f" and {len(nonfinite) - 1} other units" if len(nonfinite) > 1 else "")
                 + "; nothing is computed from what is left around them: rerun the run or "
                 "study command with --recompute to recompute those units")
