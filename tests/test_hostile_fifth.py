@@ -145,3 +145,94 @@ def test_no_action_or_document_name_makes_a_file_the_reader_skips(tmp_path, acti
     assert (reps["action"] == action).sum() == 3  # every replicate, read back
     assert reread.is_done(key) and not any(
         p.name.startswith(".") for p in tmp_path.rglob("*.parquet"))
+
+
+FUNCTION_PRESSES = '''
+import functools
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from kvpress import ScorerPress
+
+
+def squash(x):
+    return x.abs() * SCALE
+
+
+SCALE = 1
+
+
+class Knob:
+    def __init__(self):
+        self.level = 3
+
+
+@dataclass
+class FunctionPress(ScorerPress):
+    fn: Callable = squash
+    partial: Callable = functools.partial(max, 2)
+    builtin: Callable = torch.softmax
+    knob: object = field(default_factory=Knob)
+    layer: torch.nn.Module = field(default_factory=lambda: torch.nn.Linear(2, 2, bias=False))
+    pick: Callable = lambda s: s + 1
+
+    def __post_init__(self):
+        super().__post_init__()
+        torch.nn.init.constant_(self.layer.weight, 0.5)
+
+    def score(self, module, hidden_states, keys, values, attentions, kwargs):
+        return self.fn(keys.norm(dim=-1))
+
+
+PRESS = FunctionPress(compression_ratio=0.5)
+'''
+
+
+def fresh_identity(tmp_path, source):
+    """The press identity of ``PRESS`` in ``source``, computed in a fresh interpreter."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    path = tmp_path / "function_presses.py"
+    path.write_text(source)
+    code = ("import json, sys, importlib.util\n"
+            "spec = importlib.util.spec_from_file_location('function_presses', sys.argv[1])\n"
+            "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+            "from kvdrift.lm.actions.identity import press_identity\n"
+            "print(json.dumps(press_identity(m.PRESS)))\n")
+    source_root = os.path.dirname(os.path.dirname(kvdrift.__file__))
+    done = subprocess.run([sys.executable, "-B", "-c", code, str(path)], capture_output=True,
+                          text=True, timeout=600, env=os.environ | {"PYTHONPATH": source_root})
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+def test_a_press_field_holding_a_function_has_an_identity_without_an_address(tmp_path):
+    """``<function f at 0x...>`` in a press's identity made a finished store refuse its own
+    command forever; now the same code is the same identity in every process."""
+    from kvdrift.lm.actions.identity import identity_changes
+
+    first = fresh_identity(tmp_path, FUNCTION_PRESSES)
+    assert " at 0x" not in json_text(first)
+    assert fresh_identity(tmp_path, FUNCTION_PRESSES) == first  # another process, same
+    fields = first["fields"]
+    assert fields["fn"]["function"] == "function_presses.squash"
+    assert fields["knob"] == {"object": "function_presses.Knob", "fields": {"level": 3}}
+    assert fields["layer"]["module"] == "torch.nn.modules.linear.Linear"
+    changed = fresh_identity(tmp_path, FUNCTION_PRESSES.replace("x.abs() * SCALE",
+                                                                "x.abs() * 2"))
+    assert "; field fn {'function': 'function_presses.squash', 'code': '" in identity_changes(
+        first, changed)  # the code, named (the file's own digest changes too)
+    assert changed["fields"]["knob"] == fields["knob"]
+    weights = fresh_identity(tmp_path, FUNCTION_PRESSES.replace("weight, 0.5)", "weight, 0.25)"))
+    assert "; field layer {'module': 'torch.nn.modules.linear.Linear', 'state_sha25" in (
+        identity_changes(first, weights))  # its weights, named
+
+
+def json_text(value) -> str:
+    import json
+
+    return json.dumps(value)
