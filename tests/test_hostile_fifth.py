@@ -236,3 +236,86 @@ def json_text(value) -> str:
     import json
 
     return json.dumps(value)
+
+
+WEIGHT_WRITING_PRESSES = '''
+from dataclasses import dataclass
+
+import torch
+from kvpress import ScorerPress
+
+
+@dataclass
+class DoublingPress(ScorerPress):
+    """Scores by key norm, and doubles the layer's output projection while at it."""
+
+    compression_ratio: float = 0.0
+
+    def score(self, module, hidden_states, keys, values, attentions, kwargs):
+        with torch.no_grad():
+            module.o_proj.weight *= 2
+        return keys.norm(dim=-1)
+
+
+@dataclass
+class QuietPress(ScorerPress):
+    """The same scores, weights left alone."""
+
+    compression_ratio: float = 0.0
+
+    def score(self, module, hidden_states, keys, values, attentions, kwargs):
+        return keys.norm(dim=-1)
+
+
+PRESSES = {"doubling": DoublingPress(compression_ratio=0.5),
+           "quiet": QuietPress(compression_ratio=0.5)}
+'''
+
+
+def test_a_press_that_writes_the_weights_stops_the_run_in_one_line(tiny_model_dir, tmp_path):
+    """``o_proj.weight *= 2`` inside ``score`` changed the other actions' records, stored
+    under the original weights digest; now the unit is not stored and the run stops."""
+    presses = tmp_path / "weight_presses.py"
+    presses.write_text(WEIGHT_WRITING_PRESSES)
+    docs = write_jsonl([Document(id="d0", prompt="The cat sat on the mat. " * 10)],
+                       tmp_path / "docs.jsonl")
+    out = tmp_path / "run"
+    args = run_args(tiny_model_dir, docs, out)
+    args[args.index("--actions") + 1] = "full,quiet,doubling,snapkv-half"
+    result = runner.invoke(app, [*args, "--presses", str(presses)])
+    assert result.exit_code == 2, result.output
+    line = result.output.strip().splitlines()[-1]
+    assert line.startswith("error: action 'doubling' (DoublingPress) changed the model's "
+                           "weights on document 'd0' (weights digest "), line
+    assert line.endswith("the unit is not stored and the run stops here (finished units are "
+                         "kept)"), line
+    stored = pq.read_table(out / "replicates").column("action").unique().to_pylist()
+    assert sorted(stored) == ["full", "quiet"]  # finished before it; nothing of it or after
+
+
+def test_from_python_a_weight_writing_press_raises_and_the_quiet_one_runs(tiny_model_dir,
+                                                                          tmp_path):
+    import importlib.util
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from kvdrift.lm.engine.press_path import PressFailed
+    from kvdrift.lm.loading.digest import weights_digest
+
+    path = tmp_path / "weight_presses_api.py"
+    path.write_text(WEIGHT_WRITING_PRESSES)
+    spec = importlib.util.spec_from_file_location("weight_presses_api", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    docs = write_jsonl([Document(id="d0", prompt="The cat sat on the mat. " * 10)],
+                       tmp_path / "docs.jsonl")
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    mine = kvdrift.Model(model, AutoTokenizer.from_pretrained(tiny_model_dir), "mine")
+    before = weights_digest(model)
+    quiet = kvdrift.measure(mine, {"quiet": module.PRESSES["quiet"]}, docs=docs,
+                            replicates=2, horizon=4, bootstrap=0)
+    assert len(quiet.records.replicates) == 2 and weights_digest(model) == before
+    with pytest.raises(PressFailed, match=r"^action 'doubling' \(DoublingPress\) changed the "
+                                          r"model's weights on document 'd0'"):
+        kvdrift.measure(mine, {"doubling": module.PRESSES["doubling"]}, docs=docs,
+                        replicates=2, horizon=4, bootstrap=0)

@@ -27,7 +27,7 @@ from kvdrift.lm.actions.identity import check_press
 from kvdrift.lm.actions.spec import Action, parse_action
 from kvdrift.lm.engine.pair import LMKernelPair
 from kvdrift.lm.engine.prefill import PromptCache, own_prefill_reason, prefill_shared
-from kvdrift.lm.engine.press_path import press_prompt_cache
+from kvdrift.lm.engine.press_path import PressFailed, press_prompt_cache
 from kvdrift.lm.loading.model import (
     LoadedModel,
     encode_prompt,
@@ -113,6 +113,7 @@ class LMPairFactory:
 
     def _general(self, doc: Document, name: str) -> LMKernelPair:
         """The general path: P's shared full cache, Q's from a prefill inside the press."""
+        _ = self.identity  # the weights' digest, taken before any press runs (check_unit)
         if self._reference is None:
             self._prefill(None)
         general = press_prompt_cache(self.loaded.model, self._ids, self.presses[name], name,
@@ -120,6 +121,26 @@ class LMPairFactory:
         self.prefills += 1
         return LMKernelPair(self.loaded.model, self._ids, Action(name=name),
                             reference=self._reference, general=general)
+
+    def check_unit(self, doc: Document, action: str) -> None:
+        """After a unit whose action is a press object: :class:`PressFailed` (the run stops,
+        the unit is not stored) if the press changed the model's weights, which the unit's
+        records and every later unit would silently be computed with (a ``score`` that writes
+        ``o_proj.weight``, issue 52). The weights are digested again and held against the
+        digest taken when the model loaded, which the records carry."""
+        if action not in self.presses:
+            return
+        from kvdrift.lm.loading.digest import short, weights_digest
+
+        loaded = self.identity.get("weights_sha256")
+        now = weights_digest(self.loaded.model)
+        if loaded is not None and now != loaded:
+            press = type(self.presses[action]).__qualname__
+            raise PressFailed(
+                f"action {action!r} ({press}) changed the model's weights on document "
+                f"{doc.id!r} (weights digest {short(loaded)} -> {short(now)}): a press must "
+                f"leave the weights as it found them; this process's model now holds other "
+                f"weights (load it again)")
 
     def _prefill(self, first: Action | None) -> None:
         """One forward: P's cache (if not yet computed), ``first``'s and as many planned

@@ -175,6 +175,9 @@ def unit_records(
         pair = make_pair(doc, action)
         built = time.perf_counter()
         result = run_estimator(config, pair, seed)
+        check_unit = getattr(make_pair, "check_unit", None)  # e.g. a press left the weights
+        if check_unit is not None:
+            check_unit(doc, action)
     except (MemoryError, RuntimeError) as exc:
         if not out_of_memory(exc):
             raise
