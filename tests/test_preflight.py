@@ -130,3 +130,107 @@ def test_the_early_check_refuses_what_the_full_parser_refuses(spec):
 
 def test_a_name_the_users_presses_define_is_left_to_them():
     preflight.check_actions(["mine:ratio=2"], defined={"mine:ratio=2"})
+
+
+RECORDED = {"name": "store", "models": ["smollm2"], "actions": ["full"], "replicates": 2,
+            "horizon": 4, "temperature": 1.0, "estimator": "rollout", "depths": [], "seed": 0,
+            "batch": 0, "device": "auto", "dtype": "float32", "chat_template": True,
+            "documents": [{"source": "jsonl", "path": "docs.jsonl"}], "analysis": {}}
+
+
+def a_store(tmp_path):
+    """A store's folder as a finished ``kvdrift run`` leaves it (its run.json and marker)."""
+    import json
+
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "run.json").write_text(json.dumps({"config": RECORDED, "versions": {}}))
+    (store / ".kvdrift").write_text("kvdrift run\n")
+    (tmp_path / "docs.jsonl").write_text(DOCS)
+    return store
+
+
+RUN = ("run", "--docs", "docs.jsonl", "--actions", "full", "--replicates", "2")
+
+
+def test_a_resume_with_other_settings_is_refused_before_torch(tmp_path):
+    a_store(tmp_path)
+    code, loaded, stderr, _ = fresh_cli(*RUN, "--horizon", "8", "--seed", "3", "--out",
+                                        "store", cwd=tmp_path)
+    assert code == 2 and loaded == [], (stderr, loaded)
+    assert stderr.strip() == ("error: store holds a run with a different configuration "
+                              "(differs in: horizon, seed); rerun with the same arguments to "
+                              "resume, or use another output directory")
+
+
+def test_a_busy_store_is_refused_before_torch(tmp_path):
+    import os
+
+    from kvdrift.run.lock import StoreLock
+
+    store = a_store(tmp_path)
+    (tmp_path / "s.toml").write_text(DUPLICATE_ENDPOINTS.split("[analysis]")[0])
+    with StoreLock(store):
+        code, loaded, stderr, _ = fresh_cli(*RUN, "--horizon", "4", "--out", "store",
+                                            cwd=tmp_path)
+        study_code, study_loaded, study_err, _ = fresh_cli(
+            "study", "s.toml", "--out", "store", cwd=tmp_path)
+    assert code == 2 and loaded == [], (stderr, loaded)
+    assert stderr.strip() == (f"error: store is being written by another kvdrift process (PID "
+                              f"{os.getpid()}); wait for it to finish, or use another output "
+                              "directory")
+    assert study_code == 2 and study_loaded == [] and "is being written by" in study_err
+
+
+@pytest.mark.parametrize("args, message", [
+    (("show", "nowhere"), "error: nowhere does not exist; name a run or study directory"),
+    (("show", "empty"), "error: empty is not a kvdrift run or study directory (it has no "
+                        "run.json)"),
+    (("report", "nowhere"), "error: nowhere does not exist; name a run or study directory"),
+    (("report", "store", "--bootstrap", "-5"),
+     "error: --bootstrap must be an integer >= 0"),
+    (("report", "store", "--alpha", "2"), "error: --alpha must be within (0, 1); got 2.0"),
+    (("plan", "empty", "--target", "R(full)", "--halfwidth", "0.1"),
+     "error: empty is not a kvdrift run or study directory"),
+    (("plan", "store", "--target", "R(full)", "--halfwidth", "0.1", "--alpha", "1"),
+     "error: --alpha must be within (0, 1); got 1.0"),
+    (("predict", "store", "nowhere", "--contrast", "full - full"),
+     "error: nowhere does not exist; name a run or study directory"),
+    (("predict", "store", "store", "--contrast", "full - full", "--margin", "0"),
+     "error: --margin must be a finite number > 0; got 0.0"),
+    (("finite-state", "--horizon", "13"),
+     "error: horizon H must be at most 12 for the exact enumeration of 2-token systems"),
+    (("finite-state", "--replicates", "1"),
+     "error: replicates must be an integer >= 2 (to estimate a variance); got 1"),
+], ids=["show-missing", "show-empty", "report-missing", "report-bootstrap", "report-alpha",
+        "plan-empty", "plan-alpha", "predict-missing", "predict-margin", "finite-horizon",
+        "finite-replicates"])
+def test_reading_commands_refuse_before_torch_transformers_and_kvpress(tmp_path, args, message):
+    a_store(tmp_path)
+    (tmp_path / "empty").mkdir()
+    code, loaded, stderr, _ = fresh_cli(*args, cwd=tmp_path)
+    assert code == 2 and stderr.startswith(message), stderr
+    assert len(stderr.strip().splitlines()) == 1 and loaded == [], (stderr, loaded)
+
+
+def test_the_python_api_checks_its_arguments_before_any_work(tmp_path):
+    """``kvdrift.measure(bootstrap=-5)`` raised only after the whole study had run; here no
+    model, document or record is touched (the documents named do not exist)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, kvdrift\n"
+            "for kw in ({'bootstrap': -5}, {'alpha': 2}):\n"
+            "    try:\n        kvdrift.measure('smollm2', docs='gone.jsonl', **kw)\n"
+            "    except ValueError as e:\n        print(e)\n"
+            "    try:\n        kvdrift.analyze('gone', **kw)\n"
+            "    except ValueError as e:\n        print(e)\n"
+            "print([m for m in ('torch', 'transformers', 'kvpress', 'pandas') "
+            "if m in sys.modules])\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=600)
+    assert done.stdout.splitlines() == [
+        "bootstrap draws must be an integer >= 0; got -5",
+        "bootstrap draws must be an integer >= 0; got -5",
+        "alpha must be within (0, 1); got 2", "alpha must be within (0, 1); got 2", "[]"], (
+        done.stdout + done.stderr[-2000:])

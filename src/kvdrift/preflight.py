@@ -12,13 +12,17 @@ model-free check is one line here.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+import os
+from collections.abc import Collection, Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 from kvdrift.data.sources import DocumentSource, JsonlSource
 from kvdrift.lm.grammar.names import check_action_names
 from kvdrift.lm.grammar.values import check_action_values
 from kvdrift.lm.loading.settings import check_device_name, check_dtype_name
+from kvdrift.run.lock import StoreLock
+from kvdrift.run.run_file import RUN_FILE, other_configuration, read_run_file
 from kvdrift.run.settings import check_estimator_name
 
 
@@ -42,3 +46,29 @@ def check_documents(sources: Iterable[DocumentSource]) -> None:
     for source in sources:
         if isinstance(source, JsonlSource):
             source.documents()
+
+
+#: The recorded settings a resume is held against before torch loads (the store holds the
+#: rest, documents included, against the whole configuration once it opens).
+RESUMED = ("models", "actions", "replicates", "horizon", "temperature", "estimator", "depths",
+           "seed", "batch", "attribution", "device", "dtype", "chat_template")
+
+
+def check_resume(out: str | os.PathLike[str], settings: Mapping[str, Any]) -> None:
+    """Refuse, before torch loads, a store in ``out`` that another process writes now, or
+    whose ``run.json`` recorded other ``settings`` (:data:`RESUMED`; ``attribution`` is
+    recorded only when on): the refusals a run otherwise gave after loading its model."""
+    root = Path(out)
+    if not root.is_dir():
+        return
+    StoreLock(root).refuse_if_busy()
+    if not (root / RUN_FILE).is_file():
+        return
+    try:
+        saved = read_run_file(root / RUN_FILE)["config"]
+    except (OSError, ValueError):  # a damaged run.json: the store names it when it opens
+        return
+    recorded = {"attribution": False} | saved
+    diff = [k for k in RESUMED if k in recorded and recorded[k] != settings.get(k)]
+    if diff:
+        raise other_configuration(root, diff)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import sys
 import tomllib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -163,11 +164,13 @@ def _check_source(i: int, source: dict) -> DocumentSource:
 
 
 def parse_study(data: dict, source: str | None = None, presses: UserPresses | None = None,
-                press_names: frozenset[str] = frozenset(), read_documents: bool = False
-                ) -> StudyConfig:
+                press_names: frozenset[str] = frozenset(), read_documents: bool = False,
+                before_torch: Callable[[dict[str, Any]], None] | None = None) -> StudyConfig:
     """Validate a parsed TOML document and build the study configuration; everything that
     needs no model is checked before torch or kvpress is imported (:mod:`kvdrift.preflight`;
-    ``read_documents``: JSONL document files too, for a study about to run).
+    ``read_documents``: JSONL document files too, for a study about to run; ``before_torch``
+    is handed the checked settings as a store records them, for a caller's own check, e.g.
+    :func:`kvdrift.preflight.check_resume`).
 
     ``presses`` are the press objects some actions name (:mod:`kvdrift.user_presses`);
     ``press_names`` are actions a store recorded as press objects, read back without them.
@@ -197,7 +200,7 @@ def parse_study(data: dict, source: str | None = None, presses: UserPresses | No
     sources = tuple(_check_source(i, s) for i, s in enumerate(docs))
     analysis = _check_table(data.get("analysis", {}), ANALYSIS_KEYS, "[analysis]")
     actions = tuple(str(a) for a in study["actions"])
-    check_run_numbers(  # before torch loads (the runner) and kvpress (the actions)
+    depths = check_run_numbers(  # before torch loads (the runner) and kvpress (the actions)
         replicates=study.get("replicates", 8), horizon=study.get("horizon", 32),
         depths=study.get("depths", ()), batch=study.get("batch", 0),
         temperature=study.get("temperature", 1.0), seed=study.get("seed", 0))
@@ -223,6 +226,16 @@ def parse_study(data: dict, source: str | None = None, presses: UserPresses | No
         cpus_per_worker=study.get("cpus_per_worker", 1.0))
     if read_documents:
         preflight.check_documents(sources)
+    if before_torch is not None:  # e.g. a store to resume, held against these settings
+        before_torch({
+            "name": name, "models": [str(m) for m in study["models"]], "actions": list(actions),
+            "replicates": study.get("replicates", 8), "horizon": study.get("horizon", 32),
+            "temperature": float(study.get("temperature", 1.0)),
+            "estimator": study.get("estimator", "rollout"), "depths": list(depths),
+            "seed": study.get("seed", 0), "batch": study.get("batch", 0),
+            "attribution": study.get("attribution", False),
+            "device": study.get("device", "auto"), "dtype": study.get("dtype", "float32"),
+            "chat_template": study.get("chat_template", True)})
     from kvdrift.run.runner import RunConfig
 
     run = RunConfig(
@@ -267,7 +280,8 @@ def recorded_study(recorded: dict[str, Any]) -> StudyConfig | None:
 
 
 def load_study(path: str | Path, overrides: dict[str, Any] | None = None,
-               presses: UserPresses | None = None) -> StudyConfig:
+               presses: UserPresses | None = None,
+               before_torch: Callable[[dict[str, Any]], None] | None = None) -> StudyConfig:
     """Read and validate a study TOML file; ``overrides`` replace keys of its [study] table
     (e.g. ``{"replicates": 2, "horizon": 8}``) and are checked like the file's own keys.
 
@@ -312,7 +326,8 @@ def load_study(path: str | Path, overrides: dict[str, Any] | None = None,
         relative = overrides is None or "presses" not in overrides
         loaded = load_presses_file(path.parent / file if relative else Path(file))
         presses = loaded.merged(presses) if presses else loaded
-    return parse_study(data, source=str(path), presses=presses, read_documents=True)
+    return parse_study(data, source=str(path), presses=presses, read_documents=True,
+                       before_torch=before_torch)
 
 
 DEFAULT_DOCUMENTS = {"source": "ruler", "families": ["niah_single", "vt", "cwe"],
@@ -325,6 +340,7 @@ def single_model_study(
     horizon: int, temperature: float, estimator: str, depths: tuple[int, ...], seed: int,
     batch: int, device: str, dtype: str, chat_template: bool, name: str = "run",
     attribution: bool = False, presses: UserPresses | None = None,
+    before_torch: Callable[[dict[str, Any]], None] | None = None,
 ) -> StudyConfig:
     """The one-model study that ``kvdrift run`` builds from its arguments: the same checks
     and the same pipeline as a study from a TOML file (``presses``: press objects some
@@ -336,4 +352,5 @@ def single_model_study(
                   "estimator": estimator, "depths": list(depths), "seed": seed, "batch": batch,
                   "device": device, "dtype": dtype, "chat_template": chat_template,
                   "attribution": attribution},
-        "documents": [dict(source)]}, presses=presses, read_documents=True)
+        "documents": [dict(source)]}, presses=presses, read_documents=True,
+        before_torch=before_torch)

@@ -9,7 +9,8 @@ from typing import Any
 
 from kvdrift import limits
 from kvdrift.json_values import parse_json
-from kvdrift.output import OutputDir
+from kvdrift.output import MARKER, OutputDir
+from kvdrift.run.outdir import FRONTIER_FILE
 
 RUN_FILE = "run.json"
 
@@ -52,3 +53,36 @@ def read_run_file(path: Path, folder: OutputDir | None = None) -> dict[str, Any]
             return {**meta, "versions": meta.get("versions", {})}
     raise NotARunStore(f"{path} is damaged: {reason}; delete it (finished units keep their own "
                        "settings and are checked on resume) or use another output directory")
+
+
+def not_a_store(root: Path) -> str | None:
+    """What ``root`` is if it is no run or study directory (one line), else None."""
+    if not root.exists():
+        return f"{root} does not exist; name a run or study directory"
+    if not root.is_dir():
+        return f"{root} is not a folder; name a run or study directory"
+    if (root / FRONTIER_FILE).exists():
+        return (f"{root} is a frontier directory, not a run or study: its report is "
+                f"{root / 'report'}; each of its stages is a run (e.g. "
+                f"{root / 'stages' / '01-look1'})")
+    if not (root / RUN_FILE).exists():
+        deleted = " (its run.json was deleted)" if (root / MARKER).exists() else ""
+        return f"{root} is not a kvdrift run or study directory (it has no {RUN_FILE}){deleted}"
+    return None
+
+
+def check_store_dir(root: Path) -> None:
+    """ValueError (:func:`not_a_store`'s line) unless ``root`` is a run or study directory:
+    what ``show``, ``report``, ``plan`` and ``predict`` refuse before anything heavy loads."""
+    problem = not_a_store(Path(root))
+    if problem is not None:
+        raise ValueError(problem)
+
+
+def other_configuration(root: Path, differing: list[str]) -> ValueError:
+    """The refusal of a store that recorded another configuration (``differing``: the keys
+    that differ), to raise."""
+    return ValueError(
+        f"{root} holds a run with a different configuration (differs in: "
+        f"{', '.join(differing)}); rerun with the same arguments to resume, or use another "
+        "output directory")

@@ -42,14 +42,19 @@ import pyarrow.parquet as pq
 
 from kvdrift import checks
 from kvdrift.json_values import parse_json
-from kvdrift.output import MARKER, OutputDir, readable_stem
+from kvdrift.output import OutputDir, readable_stem
 from kvdrift.records.finite import COMPLETE_BRANCHES, counts_text, nonfinite_counts
 from kvdrift.records.legacy import current_layout
 from kvdrift.run import documents as docs
 from kvdrift.run import fingerprint as fp
-from kvdrift.run.outdir import FRONTIER_FILE
 from kvdrift.run.records import UnitKey
-from kvdrift.run.run_file import RUN_FILE, NotARunStore, read_run_file  # noqa: F401 (re-exported)
+from kvdrift.run.run_file import (  # noqa: F401 (re-exported)
+    RUN_FILE,
+    NotARunStore,
+    not_a_store,
+    other_configuration,
+    read_run_file,
+)
 
 KINDS = ("steps", "replicates")
 #: Keys of a recorded configuration that name where it lives, not what its records are.
@@ -143,22 +148,6 @@ def _no_units(root: Path) -> str:
     return not_a_store(root) or f"{root} has no finished units yet"
 
 
-def not_a_store(root: Path) -> str | None:
-    """What ``root`` is if it is no run or study directory (one line), else None."""
-    if not root.exists():
-        return f"{root} does not exist; name a run or study directory"
-    if not root.is_dir():
-        return f"{root} is not a folder; name a run or study directory"
-    if (root / FRONTIER_FILE).exists():
-        return (f"{root} is a frontier directory, not a run or study: its report is "
-                f"{root / 'report'}; each of its stages is a run (e.g. "
-                f"{root / 'stages' / '01-look1'})")
-    if not (root / RUN_FILE).exists():
-        deleted = " (its run.json was deleted)" if (root / MARKER).exists() else ""
-        return f"{root} is not a kvdrift run or study directory (it has no {RUN_FILE}){deleted}"
-    return None
-
-
 class NonFiniteRecords(ValueError):
     """A store holding NaN, infinite or null values where numbers belong (an earlier kvdrift
     stored them): named by unit and column, refused until ``--recompute`` recomputes them."""
@@ -197,11 +186,8 @@ def _refuse_other_config(root: Path, saved: dict, config: dict) -> None:
     by_content = DOCUMENTS_HASH in saved
     saved, config = config_identity(saved, by_content), config_identity(config, by_content)
     if saved != config:
-        diff = sorted(k for k in set(saved) | set(config) if saved.get(k) != config.get(k))
-        raise ValueError(
-            f"{root} holds a run with a different configuration (differs in: "
-            f"{', '.join(diff)}); rerun with the same arguments to resume, or use "
-            "another output directory")
+        raise other_configuration(root, sorted(
+            k for k in set(saved) | set(config) if saved.get(k) != config.get(k)))
 
 
 def _notice_on_stderr(message: str) -> None:
