@@ -319,3 +319,22 @@ def test_from_python_a_weight_writing_press_raises_and_the_quiet_one_runs(tiny_m
                                           r"model's weights on document 'd0'"):
         kvdrift.measure(mine, {"doubling": module.PRESSES["doubling"]}, docs=docs,
                         replicates=2, horizon=4, bootstrap=0)
+
+
+@pytest.mark.parametrize("folder", ["documents", "replicates"])
+def test_a_fifo_among_the_records_is_refused_before_torch(finished, tmp_path, folder):
+    """A FIFO in ``documents/`` was refused only after 13 s (after the tokenizer and the
+    analysis had loaded); now before torch, and never waited on."""
+    import os
+
+    from tests.test_hostile_refusals import fresh_cli
+
+    out = tmp_path / "store"
+    shutil.copytree(finished, out)
+    os.mkfifo(out / folder / "zz-000000000000.parquet")
+    for args in (("show", "store"), ("report", "store", "--bootstrap", "0")):
+        code, loaded, stderr, _ = fresh_cli(*args, cwd=tmp_path)
+        assert code == 2 and loaded == [], (args, stderr, loaded)
+        assert stderr.startswith(f"error: store/{folder}/zz-000000000000.parquet is a FIFO"), \
+            stderr
+        assert len(stderr.strip().splitlines()) == 1

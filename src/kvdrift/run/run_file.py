@@ -4,15 +4,18 @@ press actions) before anything heavy is imported. :mod:`kvdrift.run.store` write
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 from kvdrift import limits
 from kvdrift.json_values import parse_json
-from kvdrift.output import MARKER, OutputDir
+from kvdrift.output import MARKER, OutputDir, check_regular
 from kvdrift.run.outdir import FRONTIER_FILE
 
 RUN_FILE = "run.json"
+#: The folders of a store that hold its records, one Parquet file per unit or document.
+RECORD_FOLDERS = ("documents", "steps", "replicates")
 
 
 class NotARunStore(ValueError):
@@ -72,11 +75,18 @@ def not_a_store(root: Path) -> str | None:
 
 
 def check_store_dir(root: Path) -> None:
-    """ValueError (:func:`not_a_store`'s line) unless ``root`` is a run or study directory:
-    what ``show``, ``report``, ``plan`` and ``predict`` refuse before anything heavy loads."""
+    """ValueError (:func:`not_a_store`'s line) unless ``root`` is a run or study directory
+    whose record files are regular files: what ``show``, ``report``, ``plan`` and ``predict``
+    refuse before anything heavy loads."""
     problem = not_a_store(Path(root))
     if problem is not None:
         raise ValueError(problem)
+    for folder in RECORD_FOLDERS:  # a FIFO or device among the records: refused, not waited on
+        path = Path(root) / folder
+        if path.is_dir():
+            for entry in sorted(os.listdir(path)):
+                if entry.endswith(".parquet"):
+                    check_regular(path / entry)
 
 
 def other_configuration(root: Path, differing: list[str]) -> ValueError:
