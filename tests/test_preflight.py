@@ -30,14 +30,15 @@ MISSING_DOCS_TOML = DUPLICATE_ENDPOINTS.replace("docs.jsonl", "gone.jsonl").spli
 
 @pytest.mark.parametrize("args, message", [
     (("run", "--docs", "docs.jsonl", "--actions", "snapkv:ratio=2"),
-     "error: action 'snapkv:ratio=2': ratio (fraction of entries kept) must be a number within "
-     "(0, 1]; got 2.0"),
+     "error: action 'snapkv:ratio=2': SnapKVPress: ratio (fraction of entries kept) must be a "
+     "number within (0, 1]; got 2.0"),
     (("run", "--docs", "docs.jsonl", "--actions", "kivi:bits=3"),
      "error: action 'kivi:bits=3': kivi bits must be one of 2, 4, 8; got 3"),
     (("run", "--docs", "docs.jsonl", "--actions", "knorm:budget=0"),
-     "error: action 'knorm:budget=0': budget (entries kept) must be an integer >= 1; got 0"),
+     "error: action 'knorm:budget=0': KnormPress: budget (entries kept) must be an integer "
+     ">= 1; got 0"),
     (("run", "--docs", "docs.jsonl", "--actions", "snapkv:ratio=0.5,kernel_size=4"),
-     "error: action 'snapkv:ratio=0.5,kernel_size=4': snapkv: kernel_size must be an odd "
+     "error: action 'snapkv:ratio=0.5,kernel_size=4': SnapKVPress: kernel_size must be an odd "
      "integer >= 1; got 4"),
     (("run", "--docs", "docs.jsonl", "--actions", "snapkv:ratio=0.5+gguf:k=q9,v=f16"),
      "error: action 'snapkv:ratio=0.5+gguf:k=q9,v=f16': llama.cpp cache type for k= must be "
@@ -92,6 +93,9 @@ def test_the_model_free_copies_are_the_loaders_and_estimators():
     assert values.KIVI_BITS == transform.KIVI_BITS
     assert values.GGUF_TYPE_NAMES == tuple(numerics.GGUF_TYPES)
     assert values.FP8_FORMAT_NAMES == tuple(numerics.FP8_FORMATS)
+    from kvdrift.lm.actions import presses
+
+    assert values.SCORER_CLASS_NAMES == presses.SCORERS
 
 
 ACCEPTED = ("full", "snapkv-half", "snapkv:ratio=0.5", "knorm:budget=7", "snapkv:ratio=1",
@@ -120,12 +124,14 @@ def test_the_early_check_passes_every_spec_the_full_parser_runs(spec):
 def test_the_early_check_refuses_what_the_full_parser_refuses(spec):
     from kvdrift.lm.actions.spec import parse_action
 
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError) as late:
         parse_action(spec)
     with pytest.raises(ActionError) as early:
         preflight.check_actions([spec])
     assert str(early.value).startswith(f"action {spec!r}: ")
     assert len(str(early.value).splitlines()) == 1
+    if "must be" in str(late.value) and "must be" in str(early.value):  # the same rule
+        assert str(early.value).split("; got ")[0] == str(late.value).split("; got ")[0]
 
 
 def test_a_name_the_users_presses_define_is_left_to_them():

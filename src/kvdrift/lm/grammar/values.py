@@ -13,8 +13,20 @@ from collections.abc import Iterable
 
 from kvdrift import checks
 from kvdrift.lm.grammar.fields import ActionError, check_field, split_fields
-from kvdrift.lm.grammar.names import QUANTIZATIONS
+from kvdrift.lm.grammar.names import (
+    KVPRESS_PRESSES,
+    OWN_SCORER_FAMILIES,
+    PREFIX_FAMILIES,
+    QUANTIZATIONS,
+)
 
+#: Each offered scorer's kvpress class by short name (:data:`kvdrift.lm.actions.presses.SCORERS`).
+SCORER_CLASS_NAMES = {
+    "snapkv": "SnapKVPress", "knorm": "KnormPress", "streaming_llm": "StreamingLLMPress",
+    "recent": "StreamingLLMPress", "tova": "TOVAPress",
+    "expected_attention": "ExpectedAttentionPress", "observed_attention": "ObservedAttentionPress",
+    "random": "RandomPress", "keydiff": "KeyDiffPress", "lagkv": "LagKVPress", "cur": "CURPress",
+    "leverage": "LeverageScorePress", "non_causal_attn": "NonCausalAttnPress", "cap": "CapPress"}
 #: KIVI's bit widths (:data:`kvdrift.lm.quantized.transform.KIVI_BITS`).
 KIVI_BITS = (2, 4, 8)
 #: llama.cpp cache types (:data:`kvdrift.lm.quantized.numerics.GGUF_TYPES`).
@@ -33,8 +45,24 @@ def _number(text: str) -> int | float | str:
     return text
 
 
-def _check_budgets(key: str, value: str, whole: str) -> bool:
-    """Check a budget field (True), or say it is none (False)."""
+def stage_label(head: str) -> str:
+    """How the full parser names a stage written ``head`` (``[<family>-]<scorer>``) in its
+    messages: ``SnapKVPress``, ``adakv-SnapKVPress``, ``pyramidkv-PyramidKVPress``."""
+    text = head.strip()
+    for family, own in OWN_SCORER_FAMILIES.items():
+        if text.lower() == family or text == own:
+            return f"{family}-{own}"
+    prefix, dash, rest = text.partition("-")
+    family = prefix.lower() if dash and prefix.lower() in PREFIX_FAMILIES else ""
+    scorer = rest if family else text
+    if scorer not in KVPRESS_PRESSES:
+        scorer = SCORER_CLASS_NAMES.get(scorer.strip().lower().replace("-", "_"), scorer)
+    return f"{family}-{scorer}" if family else scorer
+
+
+def _check_budgets(key: str, value: str, whole: str, label: str) -> bool:
+    """Check a budget field (True), or say it is none (False); ``label``: the stage as the
+    full parser names it, after the spec ``whole``."""
     what = {"ratio": "ratio (fraction of entries kept)", "budget": "budget (entries kept)"}
     try:
         if key == "ratio":
@@ -49,7 +77,7 @@ def _check_budgets(key: str, value: str, whole: str) -> bool:
             return False
     except ValueError as exc:
         if "must be" in str(exc):
-            raise ActionError(f"action {whole!r}: {exc}") from None
+            raise ActionError(f"action {whole!r}: {label}: {exc}") from None
         rule = {"ratio": "a number in (0, 1]", "budget": "an integer >= 1",
                 "ratios": "numbers in (0, 1] joined by '/', e.g. 0.9/0.5"}[key]
         raise ActionError(f"action {whole!r}: {key} must be {rule}; got {value!r}") from None
@@ -58,9 +86,10 @@ def _check_budgets(key: str, value: str, whole: str) -> bool:
 
 def _check_press(part: str, whole: str) -> None:
     head, _, tail = part.partition(":")
+    label = stage_label(head)
     for key, value in split_fields(tail, whole):
-        if not _check_budgets(key, value, whole):
-            check_field(f"action {whole!r}: {head.strip()}", key, _number(value))
+        if not _check_budgets(key, value, whole, label):
+            check_field(f"action {whole!r}: {label}", key, _number(value))
 
 
 def kivi_numbers(fields: Iterable[tuple[str, str]], whole: str) -> dict[str, int]:
