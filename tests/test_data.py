@@ -7,7 +7,6 @@ import importlib.util
 import json
 import random
 import re
-import time
 from collections import Counter
 
 import pytest
@@ -265,13 +264,12 @@ def test_sizing_with_whitespace_tokens(target):
         assert 0.9 * target <= n <= target, (doc.id, n)
 
 
-def test_sizing_and_speed_with_smollm2_tokenizer(smollm2_tokens):
-    start = time.perf_counter()
+def test_sizing_with_smollm2_tokenizer(smollm2_tokens):
+    """Every generated prompt fits its target in SmolLM2's tokens (its speed is
+    ``benchmarks/ruler_generation.py``'s, not a test's: a wall bound measures the machine)."""
     docs = generate(
         RulerConfig(target_lengths=(1000,), documents_per_stratum=3), smollm2_tokens
     )  # 21 documents
-    elapsed = time.perf_counter() - start
-    assert elapsed < 5.0, f"{len(docs)} documents of 1k tokens took {elapsed:.2f}s"
     longer = RulerConfig(target_lengths=(512, 4096), documents_per_stratum=3)
     docs += generate(longer, smollm2_tokens)
     for doc in docs:

@@ -377,7 +377,7 @@ def test_bad_arguments_are_refused_before_the_heavy_imports(tiny_model_dir, tmp_
     cases.append(([*run_args(tiny_model_dir, docs, tmp_path / "f"), "--replicates", "0"], []))
     for args, allowed in cases:
         done = subprocess.run(
-            [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120,
+            [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=600,
             cwd=tmp_path, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
         assert "error:" in done.stderr, (args, done.stderr)
         assert f"heavy: {allowed}" in done.stdout, (args, done.stdout, done.stderr)

@@ -31,14 +31,14 @@ def _store(path):
     return path
 
 
-def _plant_nan(path, kind, column, rows):
-    """Overwrite ``column`` with NaN at ``rows`` in the unit file of doc0 (as an earlier
-    kvdrift wrote it: same schema, same footer)."""
+def _plant_nan(path, kind, column, rows, value=math.nan):
+    """Overwrite ``column`` with NaN (or ``value``: None, a null) at ``rows`` in the unit file
+    of doc0 (as an earlier kvdrift wrote it: same schema, same footer)."""
     target = next((path / kind).glob("*doc0*.parquet"))
     table = pq.read_table(target)
     values = table.column(column).to_pylist()
     for i in rows:
-        values[i] = math.nan
+        values[i] = value
     at = table.column_names.index(column)
     table = table.set_column(at, column, pa.array(values, pa.float64()))
     pq.write_table(table, target)
@@ -58,7 +58,7 @@ UNIT = "finite · doc0 · strong (risk_tv: 1 value)"
 
 def test_the_python_analysis_names_the_unit_and_column_and_computes_nothing(legacy):
     with pytest.raises(NonFiniteRecords, match=(
-            "legacy holds NaN or infinite values where numbers belong .* in unit "
+            "legacy holds NaN, infinite or null values where numbers belong .* in unit "
             + UNIT.replace("(", r"\(").replace(")", r"\)")
             + "; nothing is computed from what is left around them: rerun the run or study "
               "command with --recompute to recompute those units$")):
@@ -80,9 +80,9 @@ def test_kvdrift_report_refuses_in_one_line(legacy):
 
 def test_resuming_refuses_and_recompute_repairs(legacy, tmp_path):
     with pytest.raises(ValueError, match=(
-            "unit finite · doc0 · strong in .* is not mixed in: it holds NaN or infinite values "
-            r"where numbers belong \(delta: 3 values, risk_tv: 1 value; written by an earlier "
-            "kvdrift\\)")):
+            "unit finite · doc0 · strong in .* is not mixed in: it holds NaN, infinite or null "
+            r"values where numbers belong \(delta: 3 values, risk_tv: 1 value; written by an "
+            "earlier kvdrift\\)")):
         run_units(CONFIG, DOCS, lambda doc, action: PAIR, RunStore.open(legacy, CONFIG.as_dict()))
     notes = []
     store = RunStore.open(legacy, CONFIG.as_dict(), recompute=True, notice=notes.append)
@@ -107,3 +107,40 @@ def test_nan_where_the_schema_allows_it_is_not_counted():
                      "lost_mass": [math.nan]})
     assert nonfinite_counts("replicates", reps) == {"risk": 1, "observed": 1}
     assert pc.sum(pc.is_nan(reps.column("lost_mass"))).as_py() == 1  # allowed: no divergence
+
+
+@pytest.fixture
+def legacy_nulls(tmp_path):
+    """As ``legacy``, with nulls (not NaN) where numbers belong: S99 read 0.125 (true
+    0.1875) and a resume kept the unit (issue 52)."""
+    path = _store(tmp_path / "legacy")
+    _plant_nan(path, "steps", "delta", [1, 2, 5], value=None)
+    _plant_nan(path, "replicates", "risk_tv", [0], value=None)
+    return path
+
+
+def test_a_null_where_a_number_belongs_is_named_like_nan(legacy_nulls):
+    with pytest.raises(NonFiniteRecords, match=r"in unit " + UNIT.replace("(", r"\(").replace(
+            ")", r"\)")):
+        StudyDirectory(legacy_nulls).analyze(bootstrap=0)
+    with pytest.raises(NonFiniteRecords, match=r"\(delta: 3 values\)"):
+        StudyDirectory(legacy_nulls).store.read("steps")
+    with pytest.raises(ValueError, match=r"is not mixed in: it holds NaN, infinite or null "
+                                         r"values where numbers belong \(delta: 3 values, "
+                                         r"risk_tv: 1 value;"):
+        run_units(CONFIG, DOCS, lambda doc, action: PAIR,
+                  RunStore.open(legacy_nulls, CONFIG.as_dict()))
+    result = CliRunner().invoke(app, ["report", str(legacy_nulls), "--bootstrap", "0"])
+    assert result.exit_code == 2 and UNIT in result.output
+
+
+def test_nulls_count_only_where_a_row_needs_a_number():
+    steps = pa.table({"estimator": ["swrb", "rollout", "rollout", "swrb"],
+                      "delta": [None, 0.5, None, None], "scan_tv": [0.1, None, None, None],
+                      "weight": [1.0, None, None, 0.5]})
+    assert nonfinite_counts("steps", steps) == {"delta": 1, "scan_tv": 1}
+    assert nonfinite_counts("steps", steps.drop(["estimator"])) == {"delta": 3}
+    reps = pa.table({"estimator": ["rollout", "rollout"], "risk": [0.1, None],
+                     "observed": pa.array([[0.1, None], None], pa.list_(pa.float64())),
+                     "risk_tv": pa.array([None, None], pa.null())})
+    assert nonfinite_counts("replicates", reps) == {"risk": 1, "observed": 2, "risk_tv": 2}

@@ -35,7 +35,7 @@ def fresh_cli(*args: str, cwd) -> tuple[int, list[str], str, float]:
         filter(None, (source, os.environ.get("PYTHONPATH"))))}
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-c", _PROBE, *args], capture_output=True, text=True,
-                          cwd=cwd, env=env, timeout=120)
+                          cwd=cwd, env=env, timeout=600)
     seconds = time.perf_counter() - started
     report = json.loads(done.stdout.strip().splitlines()[-1])
     return report["code"], report["loaded"], done.stderr, seconds

@@ -3,6 +3,7 @@ repairs itself, and the cases that were claimed fixed. Every size a user picks i
 against a stated limit (:mod:`kvdrift.limits`) in one line before anything is allocated."""
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -87,11 +88,13 @@ def study_toml(path, study="", documents='source = "jsonl"\npath = "docs.jsonl"'
 ], ids=["K=1e20", "K=5e6", "H=1e5", "KxH", "bootstrap=1e11", "ruler-length=1e8",
         "per-stratum=1e9", "finite-state-H=40", "finite-state-systems=1e9", "batch-memory"])
 def test_sizes_over_a_limit_are_one_line_before_any_allocation(build, message):
-    started = time.perf_counter()
+    tracemalloc.start()
     with pytest.raises(ValueError) as info:
         build()
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
     assert str(info.value) == message
-    assert time.perf_counter() - started < 1.0  # refused, not attempted
+    assert peak < 16 * 2**20, peak  # refused, not attempted (what it allocated, not how long)
 
 
 def test_sizes_at_the_limit_are_accepted():
@@ -130,14 +133,12 @@ def test_reading_dev_zero_is_refused_without_reading():
     code = ("import resource; resource.setrlimit(resource.RLIMIT_AS, (2**30, 2**30))\n"
             "from kvdrift.data import load_jsonl\n"
             "try:\n    load_jsonl('/dev/zero')\nexcept ValueError as e:\n    print(e)\n")
-    started = time.perf_counter()
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60)
+                          timeout=600)  # a hang guard only: the cap decides, not the clock
     assert done.returncode == 0, done.stderr[-500:]
     assert done.stdout.strip() == ("/dev/zero is a character device, not a regular file; "
                                    "kvdrift reads and writes only regular files: name a "
                                    "regular file")
-    assert time.perf_counter() - started < 30
 
 
 def test_cli_refuses_oversized_settings_before_writing_anything(tmp_path, monkeypatch):
@@ -349,10 +350,20 @@ def test_report_html_carries_no_raw_control_character(finished, tmp_path):
 
 
 
+def cpu_seconds(process) -> float:
+    """CPU seconds a child has used so far (user and system): what it did, whatever the load."""
+    times = process.cpu_times()
+    return times.user + times.system
+
+
 @pytest.mark.slow
 def test_ctrl_c_lands_during_document_generation_at_the_longest_length(tiny_model_dir):
     """A study with ``lengths = [100000000]`` ignored SIGINT (one tokenizer call of minutes);
-    at the limit, generation hears Ctrl-C within seconds."""
+    at the limit, generation hears Ctrl-C within a few CPU seconds of work. Measured in the
+    child's CPU time, not wall time (issue 52: a loaded machine stretched a 10 s wall bound),
+    and only once the child has worked a CPU second into generating."""
+    import psutil
+
     code = (
         "import sys\nfrom transformers import AutoTokenizer\n"
         "from kvdrift import limits\nfrom kvdrift.data.ruler import RulerConfig, generate\n"
@@ -362,12 +373,18 @@ def test_ctrl_c_lands_during_document_generation_at_the_longest_length(tiny_mode
         "(limits.MAX_PROMPT_TOKENS,), documents_per_stratum=8), tok)\n"
         "except KeyboardInterrupt:\n    sys.exit(130)\n")
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    watched = psutil.Process(child.pid)
     assert child.stdout.readline().strip() == "ready"
-    time.sleep(2.0)  # generating by now (24 documents take about half a minute)
-    sent = time.perf_counter()
+    ready = cpu_seconds(watched)
+    while child.poll() is None and cpu_seconds(watched) < ready + 1.0:  # generating by now
+        time.sleep(0.05)  # (24 documents take about half a minute of CPU)
+    assert child.poll() is None, "generation ended before Ctrl-C was sent"
+    sent = cpu_seconds(watched)
     child.send_signal(signal.SIGINT)
-    assert child.wait(timeout=60) == 130
-    assert time.perf_counter() - sent < 10
+    _, status, usage = os.wait4(child.pid, 0)
+    child.returncode = os.waitstatus_to_exitcode(status)
+    assert child.returncode == 130  # ended by the interrupt, not by finishing
+    assert usage.ru_utime + usage.ru_stime - sent < 10  # CPU seconds of work after the signal
 
 
 # --- the property: hostile sizes and nesting, anywhere ------------------------------------------
@@ -421,7 +438,7 @@ def tree_hashes(root):
 def test_hostile_sizes_and_nesting_are_one_line_and_write_nothing(tmp_path, monkeypatch, seed):
     """Whatever size or nesting is drawn: exit 2 with one error line, no traceback, nothing
     written (every file under the working folder hashes the same), the output folder never
-    created, under 200 MB of Python allocations and 20 s."""
+    created, under 200 MB of Python allocations and 20 CPU seconds."""
     import random
 
     rng = random.Random(seed)
@@ -435,7 +452,7 @@ def test_hostile_sizes_and_nesting_are_one_line_and_write_nothing(tmp_path, monk
         args = ["run", "--docs", str(docs), "--actions", "full", "--out", "out"]
     runner.invoke(app, args)  # imports first: tracing them would cost more than the check
     before = tree_hashes(tmp_path)
-    started = time.perf_counter()
+    started = time.process_time()
     tracemalloc.start()
     result = runner.invoke(app, args)
     peak = tracemalloc.get_traced_memory()[1]
@@ -445,7 +462,7 @@ def test_hostile_sizes_and_nesting_are_one_line_and_write_nothing(tmp_path, monk
     assert result.exception is None or isinstance(result.exception, SystemExit)
     assert tree_hashes(tmp_path) == before and not (tmp_path / "out").exists()
     assert peak < 200 * 2**20, peak
-    assert time.perf_counter() - started < 20
+    assert time.process_time() - started < 20  # CPU seconds: a loaded machine does not stretch them
 
 
 def test_an_allocation_failure_is_one_line_naming_the_unit_and_what_to_lower():

@@ -305,10 +305,10 @@ def test_an_interrupted_ray_driver_leaves_no_ray_process_behind(tiny_model_dir, 
     time.sleep(3)  # units running
     seen |= {p.pid for p in psutil.Process(driver.pid).children(recursive=True)}
     driver.send_signal(signal.SIGINT)
-    output = driver.communicate(timeout=60)[0].decode()
-    assert driver.returncode == 130, output
+    output = driver.communicate(timeout=600)[0].decode()  # hang guards only, not bounds:
+    assert driver.returncode == 130, output  # what is checked is that each process ended
     assert "interrupted" in output
-    _, alive = psutil.wait_procs([p for p in map(_process, seen) if p is not None], timeout=10)
+    _, alive = psutil.wait_procs([p for p in map(_process, seen) if p is not None], timeout=300)
     assert not alive, [(p.pid, _cmdline(p)) for p in alive]
 
 

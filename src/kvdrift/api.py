@@ -135,6 +135,9 @@ def measure(
     import contextlib
     from dataclasses import replace
 
+    from kvdrift.analysis.options import check_overrides
+
+    check_overrides(bootstrap, alpha)  # before any work, not after the whole study
     from kvdrift.analysis.study import analyze as analyze_records
     from kvdrift.directory import Records, StudyDirectory
     from kvdrift.lm.loading.model import load_model
@@ -218,6 +221,9 @@ def analyze(directory: str | Path, bootstrap: int | None = None,
     """The study analysis of a run or study directory (its saved options, or these); with
     ``wait``, after a run writing it has finished. A partial store says so in ``meta.notes``
     and ``meta.run["partial"]``."""
+    from kvdrift.analysis.options import check_overrides
+
+    check_overrides(bootstrap, alpha)  # before the records are read
     from kvdrift.directory import StudyDirectory
 
     return StudyDirectory(directory).analyze(bootstrap, alpha, wait)

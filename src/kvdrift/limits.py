@@ -225,3 +225,16 @@ def bounded(data: bytes, path: Any, limit: int = MAX_CONFIG_BYTES) -> bytes:
         raise ValueError(f"{path} is larger than {_size(limit)}, kvdrift's limit on a file it "
                          "reads whole (a study's TOML file, a run.json)")
     return data
+
+
+def finite_study(systems: Any, replicates_: Any, horizon_: Any, seed_: Any) -> None:
+    """The finite-state check's sizes (``kvdrift finite-state``), before anything runs:
+    binary systems enumerated exactly up to the horizon, at least two replicates (to estimate
+    a variance)."""
+    replicates(replicates_)
+    horizon(horizon_)
+    exact_paths(2, horizon_)
+    count(systems, "systems", MAX_FINITE_SYSTEMS)
+    seed(seed_, most=MAX_FINITE_SEED)  # the estimators' seeds derive from it
+    checks.integer(replicates_, "replicates", 2,
+                   rule="an integer >= 2 (to estimate a variance)")

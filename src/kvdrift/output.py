@@ -583,3 +583,12 @@ def _descriptor(handle: BinaryIO) -> int:
     """A descriptor of ``handle``'s file, which is closed (the caller closes the copy)."""
     with handle:
         return os.dup(handle.fileno())
+
+
+def readable_stem(text: str, limit: int = 60) -> str:
+    """``text`` as the readable part of a file name kvdrift writes: each run of characters
+    other than ASCII letters, digits, ``.``, ``_`` and ``-`` as ``_``, at most ``limit`` long,
+    and never starting with ``.`` (a hidden name, which the readers skip as a temporary: an
+    action named ``.vnorm`` wrote records no one read, issue 52)."""
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", text)[:limit]
+    return "_" + stem[1:] if stem.startswith(".") else stem

@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import sys
 import tomllib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvdrift import checks, limits
+from kvdrift import checks, limits, preflight
 from kvdrift.analysis.options import AnalysisOptions
 from kvdrift.data.sources import DocumentSource, source_from_table
-from kvdrift.lm.grammar.names import check_action_names
 from kvdrift.run.executor_config import ExecutorConfig
 from kvdrift.run.settings import check_run_numbers
 from kvdrift.user_presses import RECORDED_KEY, UserPresses
@@ -172,8 +172,13 @@ def _check_source(i: int, source: dict) -> DocumentSource:
 
 
 def parse_study(data: dict, source: str | None = None, presses: UserPresses | None = None,
-                press_names: frozenset[str] = frozenset()) -> StudyConfig:
-    """Validate a parsed TOML document and build the study configuration.
+                press_names: frozenset[str] = frozenset(), read_documents: bool = False,
+                before_torch: Callable[[dict[str, Any]], None] | None = None) -> StudyConfig:
+    """Validate a parsed TOML document and build the study configuration; everything that
+    needs no model is checked before torch or kvpress is imported (:mod:`kvdrift.preflight`;
+    ``read_documents``: JSONL document files too, for a study about to run; ``before_torch``
+    is handed the checked settings as a store records them, for a caller's own check, e.g.
+    :func:`kvdrift.preflight.check_resume`).
 
     ``presses`` are the press objects some actions name (:mod:`kvdrift.user_presses`);
     ``press_names`` are actions a store recorded as press objects, read back without them.
@@ -203,12 +208,42 @@ def parse_study(data: dict, source: str | None = None, presses: UserPresses | No
     sources = tuple(_check_source(i, s) for i, s in enumerate(docs))
     analysis = _check_table(data.get("analysis", {}), ANALYSIS_KEYS, "[analysis]")
     actions = tuple(str(a) for a in study["actions"])
-    check_run_numbers(  # before torch loads (the runner) and kvpress (the actions)
+    depths = check_run_numbers(  # before torch loads (the runner) and kvpress (the actions)
         replicates=study.get("replicates", 8), horizon=study.get("horizon", 32),
         depths=study.get("depths", ()), batch=study.get("batch", 0),
         temperature=study.get("temperature", 1.0), seed=study.get("seed", 0))
-    for a in actions:  # names the user's own presses define are parsed once they are loaded
-        check_action_names(a, defined=set(presses.presses) | press_names)
+    # every check that needs no model, before torch, transformers or kvpress (preflight.py);
+    # names the user's own presses define are parsed once they are loaded
+    preflight.check_actions(actions, defined=set(presses.presses) | press_names)
+    preflight.check_settings(
+        estimator=study.get("estimator", "rollout"), attribution=study.get("attribution", False),
+        dtype=study.get("dtype", "float32"), device=study.get("device", "auto"))
+    options = AnalysisOptions.from_table(analysis)
+    from kvdrift.analysis.endpoints import parse_endpoint
+
+    for text in options.endpoints:
+        for name in parse_endpoint(text).actions:
+            checks.named_action(name, f"endpoint {text!r}", "the study", actions)
+    cohort = study.get("cohort")
+    if cohort is not None:
+        checks.choice(cohort, "[study].cohort", COHORTS)
+    name = check_study_name(study.get("name", Path(source).stem if source else "study"))
+    executor = ExecutorConfig(
+        kind=study.get("executor", "local"), ray_address=study.get("ray_address"),
+        gpus_per_worker=study.get("gpus_per_worker"),
+        cpus_per_worker=study.get("cpus_per_worker", 1.0))
+    if read_documents:
+        preflight.check_documents(sources)
+    if before_torch is not None:  # e.g. a store to resume, held against these settings
+        before_torch({
+            "name": name, "models": [str(m) for m in study["models"]], "actions": list(actions),
+            "replicates": study.get("replicates", 8), "horizon": study.get("horizon", 32),
+            "temperature": float(study.get("temperature", 1.0)),
+            "estimator": study.get("estimator", "rollout"), "depths": list(depths),
+            "seed": study.get("seed", 0), "batch": study.get("batch", 0),
+            "attribution": study.get("attribution", False),
+            "device": study.get("device", "auto"), "dtype": study.get("dtype", "float32"),
+            "chat_template": study.get("chat_template", True)})
     from kvdrift.run.runner import RunConfig
 
     run = RunConfig(
@@ -218,7 +253,7 @@ def parse_study(data: dict, source: str | None = None, presses: UserPresses | No
         estimator=study.get("estimator", "rollout"), depths=tuple(study.get("depths", ())),
         seed=study.get("seed", 0), batch=study.get("batch", 0),
         attribution=study.get("attribution", False),
-    )  # checked before kvpress is imported for the actions
+    )
     from kvdrift.lm.actions.spec import parse_action  # validates names without loading a model
 
     for a in actions:
@@ -230,28 +265,11 @@ def parse_study(data: dict, source: str | None = None, presses: UserPresses | No
                     raise
                 raise type(exc)(f"{exc}; a press of your own needs its presses file again "
                                 f"(--presses FILE, or presses = \"FILE\" in [study])") from None
-    options = AnalysisOptions.from_table(analysis)
-    from kvdrift.analysis.endpoints import parse_endpoint
-
-    for text in options.endpoints:
-        for name in parse_endpoint(text).actions:
-            checks.named_action(name, f"endpoint {text!r}", "the study", actions)
-    cohort = study.get("cohort")
-    if cohort is not None:
-        checks.choice(cohort, "[study].cohort", COHORTS)
-    from kvdrift.lm.loading.model import resolve_dtype
-
-    resolve_dtype(study.get("dtype", "float32"))
     return StudyConfig(
-        name=check_study_name(study.get("name", Path(source).stem if source else "study")),
-        models=tuple(str(m) for m in study["models"]), run=run, documents=sources,
+        name=name, models=tuple(str(m) for m in study["models"]), run=run, documents=sources,
         analysis=options, device=study.get("device", "auto"), dtype=study.get("dtype", "float32"),
         chat_template=study.get("chat_template", True), cohort=cohort, source=source,
-        executor=ExecutorConfig(
-            kind=study.get("executor", "local"), ray_address=study.get("ray_address"),
-            gpus_per_worker=study.get("gpus_per_worker"),
-            cpus_per_worker=study.get("cpus_per_worker", 1.0)),
-        presses=presses, press_names=frozenset(press_names),
+        executor=executor, presses=presses, press_names=frozenset(press_names),
         attention=checks.choice(study.get("attention", "auto"), "[study].attention",
                                 ("auto", "eager")),
     )
@@ -272,7 +290,8 @@ def recorded_study(recorded: dict[str, Any]) -> StudyConfig | None:
 
 
 def load_study(path: str | Path, overrides: dict[str, Any] | None = None,
-               presses: UserPresses | None = None) -> StudyConfig:
+               presses: UserPresses | None = None,
+               before_torch: Callable[[dict[str, Any]], None] | None = None) -> StudyConfig:
     """Read and validate a study TOML file; ``overrides`` replace keys of its [study] table
     (e.g. ``{"replicates": 2, "horizon": 8}``) and are checked like the file's own keys.
 
@@ -319,7 +338,8 @@ def load_study(path: str | Path, overrides: dict[str, Any] | None = None,
         relative = overrides is None or "presses" not in overrides
         loaded = load_presses_file(path.parent / file if relative else Path(file))
         presses = loaded.merged(presses) if presses else loaded
-    return parse_study(_relative_to(data, path.parent), source=str(path), presses=presses)
+    return parse_study(_relative_to(data, path.parent), source=str(path), presses=presses,
+                       read_documents=True, before_torch=before_torch)
 
 
 def _relative_to(data: dict[str, Any], folder: Path) -> dict[str, Any]:
@@ -353,6 +373,7 @@ def single_model_study(
     horizon: int, temperature: float, estimator: str, depths: tuple[int, ...], seed: int,
     batch: int, device: str, dtype: str, chat_template: bool, name: str = "run",
     attribution: bool = False, presses: UserPresses | None = None, attention: str = "auto",
+    before_torch: Callable[[dict[str, Any]], None] | None = None,
 ) -> StudyConfig:
     """The one-model study that ``kvdrift run`` builds from its arguments: the same checks
     and the same pipeline as a study from a TOML file (``presses``: press objects some
@@ -365,4 +386,5 @@ def single_model_study(
                   "device": device, "dtype": dtype, "chat_template": chat_template,
                   "attribution": attribution}
         | ({"attention": attention} if attention != "auto" else {}),
-        "documents": [dict(source)]}, presses=presses)
+        "documents": [dict(source)]}, presses=presses, read_documents=True,
+        before_torch=before_torch)

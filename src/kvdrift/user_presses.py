@@ -265,7 +265,7 @@ def from_actions(actions: Mapping[str, Any] | Sequence[Any] | str
 def recorded_press_actions(out: str | Path) -> list[str]:
     """The press action names a store's ``run.json`` records (none if it has no run.json or
     records none); read as data only, nothing in the store is ever executed."""
-    from kvdrift.run.store import RUN_FILE, read_run_file
+    from kvdrift.run.run_file import RUN_FILE, read_run_file
 
     path = Path(out) / RUN_FILE
     if path.is_symlink() or not path.is_file():  # none yet, or not one kvdrift reads

@@ -52,3 +52,16 @@ class AnalysisOptions:
         """The options of an ``[analysis]`` table (a study file's, or the one a study
         directory recorded); its keys are checked by the caller."""
         return cls(**(dict(table) | {"endpoints": tuple(table.get("endpoints", ()))}))
+
+
+def check_overrides(bootstrap: object, alpha: object, bootstrap_name: str = "bootstrap draws",
+                    alpha_name: str = "alpha") -> None:
+    """ValueError (one line, naming the argument as the caller takes it) for a ``bootstrap``
+    or ``alpha`` that replaces a study's own (None: the study's) and no analysis takes;
+    checked before any record is read (``measure(bootstrap=-5)`` raised only after the
+    whole study had run)."""
+    if bootstrap is not None:
+        limits.count(bootstrap, bootstrap_name, limits.MAX_BOOTSTRAP, 0)
+    if alpha is not None:
+        checks.number(alpha, alpha_name, 0, 1, open_lo=True, open_hi=True,
+                      rule="within (0, 1)")

@@ -31,12 +31,20 @@ def predict(
 ) -> None:
     """Predict a full-horizon contrast from short observations, calibrated on development
     documents and checked on evaluation documents."""
-    from kvdrift import limits
+    from kvdrift import checks, limits
     from kvdrift.run.outdir import check_file_path
+    from kvdrift.run.run_file import check_store_dir
 
-    limits.seed(seed, "--seed")
+    limits.seed(seed, "--seed")  # what is checked without the records, before pandas loads
+    checks.integer(window, "--window", 1)
+    checks.number(margin, "--margin", 0, open_lo=True)
+    checks.number(alpha, "--alpha", 0, 1, open_lo=True, open_hi=True, rule="within (0, 1)")
+    limits.count(bootstrap, "--bootstrap", limits.MAX_BOOTSTRAP, 0)
+    checks.choice(target, "--target", ("tv", "tokens"))
     if report_path is not None:
         report_path = check_file_path(report_path, "--report")  # before any work
+    check_store_dir(dev_dir)
+    check_store_dir(eval_dir)
     from kvdrift.directory import StudyDirectory
     from kvdrift.report.terminal import prediction_tables, print_whole
 
@@ -73,9 +81,13 @@ def plan(
 ) -> None:
     """Recommend documents per stratum and K for a target half-width, from a development
     run's measured variance and cost, and say whether rollouts or SWRB is cheaper."""
-    from kvdrift import limits
+    from kvdrift import checks, limits
+    from kvdrift.run.run_file import check_store_dir
 
-    limits.endpoints(endpoints, "--endpoints")
+    limits.endpoints(endpoints, "--endpoints")  # what is checked without the records,
+    checks.number(alpha, "--alpha", 0, 1, open_lo=True, open_hi=True, rule="within (0, 1)")
+    limits.plan_halfwidth(halfwidth)
+    check_store_dir(dev_dir)  # before pandas loads
     from kvdrift.directory import StudyDirectory
     from kvdrift.report.terminal import plan_table, print_whole
 

@@ -22,6 +22,7 @@ def finite_state(
     from kvdrift.run.outdir import check_file_path
 
     limits.seed(seed, "--seed", limits.MAX_FINITE_SEED)
+    limits.finite_study(systems, replicates, horizon, seed)  # before numpy and torch load
     figure = check_file_path(figure, "--figure")  # before anything runs or is written
     from kvdrift.finite.check import run_finite_study
     from kvdrift.report.figures import plot_finite_study

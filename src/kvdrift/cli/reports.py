@@ -56,12 +56,12 @@ def report(
                               "finish (else the report is partial, and says so)."),
 ) -> None:
     """Analyse a run or study directory and write an HTML report with figures."""
+    from kvdrift.analysis.options import check_overrides
     from kvdrift.run.outdir import check_report_dir
-    from kvdrift.run.store import not_a_store
+    from kvdrift.run.run_file import check_store_dir
 
-    problem = not_a_store(directory)  # what DIR is comes first (a frontier: its report)
-    if problem is not None:
-        raise ValueError(problem)
+    check_store_dir(directory)  # what DIR is comes first (a frontier: its report)
+    check_overrides(bootstrap, alpha, "--bootstrap", "--alpha")  # before pandas loads
     out = check_report_dir(directory / "report" if out is None else out)  # before the analysis
     if as_json:
         _, path = write_report(directory, out, bootstrap, alpha, wait)

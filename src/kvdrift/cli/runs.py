@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 from pathlib import Path
 
@@ -166,13 +167,15 @@ def run(
     names = split_actions(actions)
     user = load_presses_file(presses) if presses is not None else None
     refuse_missing_presses(out, names, user)  # a resumed store's presses: the file again
+    from kvdrift.preflight import check_resume
     from kvdrift.study_config import single_model_study  # torch, not yet kvpress
 
     config = single_model_study(
         model, names, docs, replicates=replicates, horizon=horizon,
         temperature=temperature, estimator=estimator, depths=_depths(depths), seed=seed,
         batch=batch, device=device, dtype=dtype, chat_template=chat_template,
-        name=_run_name(out), attribution=attribution, presses=user, attention=attention)
+        name=_run_name(out), attribution=attribution, presses=user, attention=attention,
+        before_torch=functools.partial(check_resume, out))  # busy, or other settings
     config = replace(config, executor=config.executor.overridden(executor, ray_address))
     from kvdrift.directory import StudyDirectory
     from kvdrift.lm.loading.model import resolve_device
@@ -214,6 +217,7 @@ def study(
     """Run a study from a TOML configuration (resumable), then write its report."""
     from kvdrift.cli.reports import write_and_summarize
     from kvdrift.lm.loading.pretrained import check_model_name
+    from kvdrift.preflight import check_resume
     from kvdrift.run.outdir import check_output_dir
     from kvdrift.study_config import load_study
     from kvdrift.user_presses import load_presses_file
@@ -221,7 +225,12 @@ def study(
     if out is not None:  # before the file is read (its actions load kvpress)
         out = check_output_dir(out)
     user = load_presses_file(presses) if presses is not None else None
-    config = load_study(config_path, {"attribution": True} if attribution else None, user)
+
+    def resumed(settings: dict) -> None:  # a busy store, or one of other settings: at once
+        check_resume(out if out is not None else Path("runs") / settings["name"], settings)
+
+    config = load_study(config_path, {"attribution": True} if attribution else None, user,
+                        before_torch=resumed)
     config = replace(config, executor=config.executor.overridden(executor, ray_address))
     if out is None:
         out = check_output_dir(Path("runs") / config.name)

@@ -33,13 +33,18 @@ def show(
 ) -> None:
     """Show P's and Q's generations side by side: where they part (see ``HELP``)."""
     from kvdrift import checks
+    from kvdrift.run.run_file import check_store_dir
+
+    check_store_dir(directory)  # before pandas, pyarrow or the tokenizer load
+    checks.integer(prompt_tokens, "--prompt-tokens", 0)
+    if replicate is not None:
+        checks.integer(replicate, "--replicate", 0)
     from kvdrift.directory import StudyDirectory
     from kvdrift.examples.gather import gather_examples
     from kvdrift.examples.selection import named_examples
     from kvdrift.examples.trajectories import replicates_summary
     from kvdrift.report.example_text import example_text
 
-    checks.integer(prompt_tokens, "--prompt-tokens", 0)
     study = StudyDirectory(directory)
     chosen = named_examples(replicates_summary(study), doc, action, replicate)
     found = gather_examples(study, chosen, prompt_tokens=prompt_tokens)

@@ -148,7 +148,12 @@ def load_jsonl(path: str | os.PathLike[str]) -> list[Document]:
     docs: list[Document] = []
     first_line: dict[str, int] = {}
     held = 0  # bytes of prompt text read so far
-    with open_regular(path) as handle:
+    try:
+        handle = open_regular(path)
+    except FileNotFoundError:
+        raise DocumentError(f"document file {path} does not exist; name a JSONL file of "
+                            "{\"id\", \"prompt\"} objects, one a line") from None
+    with handle:
         for lineno, raw in bounded_lines(handle, path):
             where = f"{path}:{lineno}"
             try:

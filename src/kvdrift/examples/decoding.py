@@ -31,20 +31,41 @@ class TokenText:
 
     def piece(self, token_id: int) -> str:
         """One token's text on its own (the tokenizer's ``decode([id])``, special tokens
-        kept)."""
+        kept); an id the tokenizer does not have is written ``[id]``."""
         token_id = int(token_id)
         if token_id < 0:
             return ""
-        if self.tokenizer is None:
+        if not self._known(token_id):
             return f"[{token_id}]"
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
     def text(self, token_ids: Iterable[int]) -> str:
-        """A sequence of tokens decoded together (negative ids left out)."""
-        ids = [int(i) for i in token_ids if int(i) >= 0]
-        if self.tokenizer is None:
-            return "".join(f"[{i}]" for i in ids)
-        return self.tokenizer.decode(ids, skip_special_tokens=False)
+        """A sequence of tokens decoded together (negative ids left out); an id outside the
+        tokenizer's vocabulary (a damaged or foreign store: 2**32 overflowed the tokenizer,
+        issue 52) is written ``[id]`` between the runs decoded on either side."""
+        out: list[str] = []
+        run: list[int] = []
+        for token_id in (int(i) for i in token_ids):
+            if token_id < 0:
+                continue
+            if self._known(token_id):
+                run.append(token_id)
+                continue
+            if run:
+                out.append(self.tokenizer.decode(run, skip_special_tokens=False))
+                run = []
+            out.append(f"[{token_id}]")
+        if run:
+            out.append(self.tokenizer.decode(run, skip_special_tokens=False))
+        return "".join(out)
+
+    def _known(self, token_id: int) -> bool:
+        """Whether the tokenizer has ``token_id`` (its vocabulary and added tokens)."""
+        return self.tokenizer is not None and token_id < self._size
+
+    @functools.cached_property
+    def _size(self) -> int:
+        return len(self.tokenizer)
 
 
 @functools.cache

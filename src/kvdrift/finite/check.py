@@ -14,9 +14,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from kvdrift import checks, limits
+from kvdrift import limits
 from kvdrift.estimate import coupled_rollouts, swrb
-from kvdrift.estimate.common import check_horizon, check_replicates
 from kvdrift.finite.exact import exact
 from kvdrift.finite.systems import paper_system
 
@@ -171,12 +170,7 @@ def run_finite_study(
     progress: Callable[[int], None] | None = None,
 ) -> FiniteStudyResult:
     """Run the finite-state check on systems ``c = 1..systems``."""
-    check_replicates(replicates)
-    check_horizon(horizon)
-    limits.exact_paths(2, horizon)  # binary systems, enumerated exactly
-    limits.count(systems, "systems", limits.MAX_FINITE_SYSTEMS)
-    limits.seed(seed, most=limits.MAX_FINITE_SEED)  # the estimators' seeds derive from it
-    checks.integer(replicates, "replicates", 2, rule="an integer >= 2 (to estimate a variance)")
+    limits.finite_study(systems, replicates, horizon, seed)
     results = []
     for c in range(1, systems + 1):
         results.append(run_system(c, systems, horizon, replicates, seed))

@@ -34,7 +34,12 @@ from kvdrift.lm.actions.identity import check_press
 from kvdrift.lm.actions.spec import Action, parse_action
 from kvdrift.lm.engine.pair import LMKernelPair
 from kvdrift.lm.engine.prefill import PromptCache, own_prefill_reason, prefill, prefill_shared
-from kvdrift.lm.engine.press_path import PressCache, press_prompt_cache, stored_memory
+from kvdrift.lm.engine.press_path import (
+    PressCache,
+    PressFailed,
+    press_prompt_cache,
+    stored_memory,
+)
 from kvdrift.lm.engine.question import after_context_refusal, append_question
 from kvdrift.lm.loading.model import (
     LoadedModel,
@@ -183,6 +188,7 @@ class LMPairFactory:
     def _general(self, doc: Document, name: str) -> LMKernelPair:
         """The general path: P's shared full cache, Q's from a prefill inside the press (and
         the quantizer chained after it, ``mine+kivi:bits=4``)."""
+        _ = self.identity  # the weights' digest, taken before any press runs (check_unit)
         if self._reference is None:
             self._prefill(None)
         quantization = chained_quantizer(name)
@@ -209,6 +215,26 @@ class LMPairFactory:
                             reference=self._answered_reference(),
                             general=PressCache(answered, None, kv_bytes, kv_fraction),
                             question_after=True)
+
+    def check_unit(self, doc: Document, action: str) -> None:
+        """After a unit whose action is a press object: :class:`PressFailed` (the run stops,
+        the unit is not stored) if the press changed the model's weights, which the unit's
+        records and every later unit would silently be computed with (a ``score`` that writes
+        ``o_proj.weight``, issue 52). The weights are digested again and held against the
+        digest taken when the model loaded, which the records carry."""
+        if action not in self.presses:
+            return
+        from kvdrift.lm.loading.digest import short, weights_digest
+
+        loaded = self.identity.get("weights_sha256")
+        now = weights_digest(self.loaded.model)
+        if loaded is not None and now != loaded:
+            press = type(self.presses[action]).__qualname__
+            raise PressFailed(
+                f"action {action!r} ({press}) changed the model's weights on document "
+                f"{doc.id!r} (weights digest {short(loaded)} -> {short(now)}): a press must "
+                f"leave the weights as it found them; this process's model now holds other "
+                f"weights (load it again)")
 
     def _prefill(self, first: Action | None) -> None:
         """One forward: P's cache (if not yet computed), ``first``'s and as many planned

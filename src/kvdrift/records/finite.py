@@ -28,18 +28,24 @@ COMPLETE_BRANCHES = {"steps": ("delta", "f"), "replicates": ("risk_tv", "fixed_r
 _NAN_ALLOWED_FOR = "swrb"  # the estimator whose rows hold NaN in COMPLETE_BRANCHES columns
 
 
-def _nonfinite(column: pa.ChunkedArray, rows: pa.ChunkedArray | None) -> int:
-    """Values of ``column`` (restricted to ``rows`` where given) that are NaN or infinite;
-    nulls are absent values, not numbers, and are not counted."""
+def _nonfinite(column: pa.ChunkedArray, rows: pa.ChunkedArray | None, nulls: bool) -> int:
+    """Values of ``column`` (restricted to ``rows`` where given) that are NaN or infinite, and
+    (``nulls``: where the rows must hold a number) null: a legacy store with null ``delta``
+    reported S99 = 0.125 where the truth was 0.1875 (issue 52), as NaN once did."""
     if pa.types.is_list(column.type):
         if rows is not None:
             column = column.filter(rows)
+        missing = column.null_count if nulls else 0
         column = pa.chunked_array([pc.list_flatten(chunk) for chunk in column.chunks],
                                   type=column.type.value_type)
-        rows = None
-    if not pa.types.is_floating(column.type):
-        return 0
-    bad = pc.invert(pc.is_finite(column))
+        return missing + _nonfinite(column, None, nulls)
+    if pa.types.is_null(column.type):  # every value null: no number at all
+        bad = pc.is_null(column) if nulls else pc.is_valid(column)
+    elif not pa.types.is_floating(column.type):
+        return column.null_count if nulls and rows is None else 0
+    else:
+        bad = pc.invert(pc.is_finite(column))
+        bad = pc.fill_null(bad, nulls)
     if rows is not None:
         bad = pc.and_(bad, rows)
     return int(pc.sum(bad).as_py() or 0)
@@ -47,18 +53,22 @@ def _nonfinite(column: pa.ChunkedArray, rows: pa.ChunkedArray | None) -> int:
 
 def nonfinite_counts(kind: str, table: pa.Table,
                      estimator: pa.ChunkedArray | None = None) -> dict[str, int]:
-    """``{column: count}`` of the NaN or infinite values where ``kind``'s records
+    """``{column: count}`` of the NaN, infinite or null values where ``kind``'s records
     (``"steps"`` or ``"replicates"``) hold numbers; ``estimator``: the rows' estimator
     column where ``table`` was read without it (else rows of unknown estimator are checked as
-    rollouts)."""
+    rollouts, and nulls in SWRB's own step columns are left alone)."""
     if estimator is None and "estimator" in table.column_names:
         estimator = table.column("estimator")
     complete = None if estimator is None else pc.not_equal(estimator, _NAN_ALLOWED_FOR)
+    scans = None if estimator is None else pc.equal(estimator, _NAN_ALLOWED_FOR)
+    # (columns, the rows they hold numbers in, whether a null there is counted)
+    always = ((ALWAYS[kind], scans, scans is not None) if kind == "steps"  # SWRB's scan
+              else (ALWAYS[kind], None, True))
     counts = {}
-    for names, rows in ((ALWAYS[kind], None), (COMPLETE_BRANCHES[kind], complete)):
+    for names, rows, nulls in (always, (COMPLETE_BRANCHES[kind], complete, True)):
         for name in names:
             if name in table.column_names:
-                found = _nonfinite(table.column(name), rows)
+                found = _nonfinite(table.column(name), rows, nulls)
                 if found:
                     counts[name] = found
     return counts

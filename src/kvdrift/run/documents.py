@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +26,7 @@ import pyarrow.parquet as pq
 
 from kvdrift.data.document import Document
 from kvdrift.json_values import parse_json
-from kvdrift.output import OutputDir
+from kvdrift.output import OutputDir, readable_stem
 from kvdrift.records.schema import KEY, Column
 from kvdrift.run import fingerprint as fp
 
@@ -53,7 +52,7 @@ SCHEMA = pa.schema([pa.field(c.name, c.dtype) for c in COLUMNS])
 def document_name(model: str, doc_id: str) -> str:
     """A file-system-safe, collision-free file name for a (model, document)."""
     digest = hashlib.sha1(f"{model}\0{doc_id}".encode()).hexdigest()[:12]
-    return f"{re.sub(r'[^A-Za-z0-9._-]+', '_', doc_id)[:60]}-{digest}.parquet"
+    return f"{readable_stem(doc_id)}-{digest}.parquet"
 
 
 def document_table(model: str, doc: Document, prompt_ids: Sequence[int] | None,

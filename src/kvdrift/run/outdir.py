@@ -53,18 +53,28 @@ def _foreign_entry(root: Path, entries: frozenset[str]) -> str | None:
     return None
 
 
+def marker_kind(path: str | os.PathLike[str]) -> str | None:
+    """The kind a kvdrift marker in ``path`` names (``kvdrift <kind>`` in a regular file
+    :data:`MARKER`), or None where there is no such marker: an entry of that name that is a
+    folder, a device or other text (``KVDRIFT_CACHE=~/.kvdrift``) is not one. Reads only."""
+    marker = Path(path) / MARKER
+    if not os.path.lexists(marker):
+        return None
+    try:
+        with open_regular(marker) as handle:
+            words = handle.read(64).decode("utf-8", "replace").split()
+    except (OSError, ValueError):
+        return None
+    return words[1] if len(words) == 2 and words[0] == "kvdrift" else None
+
+
 def folder_kind(path: str | os.PathLike[str]) -> str | None:
     """The kind of kvdrift folder ``path`` is (``run``, ``frontier``, ``report``; the
     marker's word, whatever it is), or None if it is none. Reads only."""
     path = Path(path)
-    marker = path / MARKER
-    if os.path.lexists(marker):
-        try:
-            with open_regular(marker) as handle:
-                words = handle.read(64).decode("utf-8", "replace").split()
-        except (OSError, ValueError):
-            words = []
-        return words[1] if len(words) == 2 and words[0] == "kvdrift" else "unknown"
+    kind = marker_kind(path)
+    if kind is not None:
+        return kind
     return next((kind for kind, (file, _) in KINDS.items() if (path / file).exists()), None)
 
 
@@ -98,9 +108,17 @@ def check_output_dir(out: str | os.PathLike[str], kind: str = "run", nested: boo
     if own is not None and own != kind:
         raise _refuse(out, f"is a kvdrift {own} directory, not {word}")
     if path.is_dir() and own is None:
+        if os.path.lexists(path / MARKER):
+            raise _refuse(out, f"holds a {MARKER!r} entry that is not a kvdrift marker (a "
+                               f"regular file reading 'kvdrift <kind>')")
         entry = _foreign_entry(path, KINDS[kind][1])
         if entry is not None:
             raise _refuse(out, f"already holds files that are not {word} (e.g. {entry!r})")
+        entry = _foreign_entry(path, frozenset()) if kind == "report" else None
+        if entry is not None:  # analysis.json and figures/ alone may be the user's own
+            raise _refuse(out, f"holds files that kvdrift did not mark as its report (no "
+                               f"{MARKER} marker, no report.html; e.g. {entry!r}), which a "
+                               f"report would overwrite")
     return path
 
 

@@ -31,7 +31,7 @@ from kvdrift.run.documents import document_table
 from kvdrift.run.estimators import Estimator, parse_estimator
 from kvdrift.run.fingerprint import kvdrift_version, prompt_sha256
 from kvdrift.run.records import UnitKey
-from kvdrift.run.settings import check_run_numbers
+from kvdrift.run.settings import check_estimator_name, check_run_numbers
 from kvdrift.run.store import RunStore
 
 
@@ -59,9 +59,7 @@ class RunConfig:
         object.__setattr__(self, "actions", checks.distinct_items(
             self.actions, "actions", "one or more distinct names (e.g. snapkv-half)"))
         object.__setattr__(self, "estimator", parse_estimator(self.estimator))
-        if self.attribution and not self.estimator.records.complete_branches:
-            raise ValueError(f"attribution must be false with estimator {self.estimator.name!r}; "
-                             "it needs complete coupled rollouts (estimator = \"rollout\")")
+        check_estimator_name(self.estimator.name, self.attribution)
 
     def fingerprint(self, doc: Document, action: str | None = None,
                     identity: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -180,6 +178,9 @@ def unit_records(
         pair = make_pair(doc, action)
         built = time.perf_counter()
         result = run_estimator(config, pair, seed)
+        check_unit = getattr(make_pair, "check_unit", None)  # e.g. a press left the weights
+        if check_unit is not None:
+            check_unit(doc, action)
     except (MemoryError, RuntimeError) as exc:
         if not out_of_memory(exc):
             raise

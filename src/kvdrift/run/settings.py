@@ -31,3 +31,19 @@ def check_run_numbers(*, replicates: Any, horizon: Any, depths: Iterable[Any], b
                   rule="a finite number >= 0 (0 = greedy)")
     limits.seed(seed, named["seed"])
     return depths
+
+
+#: The estimators a study may name (:data:`kvdrift.run.estimators.ESTIMATORS`, compared by a
+#: test), and those whose records hold complete coupled rollouts (what attribution needs).
+ESTIMATOR_NAMES = ("rollout", "swrb")
+COMPLETE_ESTIMATORS = ("rollout",)
+
+
+def check_estimator_name(name: Any, attribution: bool = False) -> None:
+    """ValueError unless ``name`` names an estimator (and one that attribution can follow,
+    where it is asked for); the messages :class:`RunConfig <kvdrift.run.runner.RunConfig>`
+    gives, before torch loads."""
+    checks.choice(name, "estimator", ESTIMATOR_NAMES)
+    if attribution and name not in COMPLETE_ESTIMATORS:
+        raise ValueError(f"attribution must be false with estimator {name!r}; it needs "
+                         "complete coupled rollouts (estimator = \"rollout\")")

@@ -40,18 +40,26 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kvdrift import checks, limits
+from kvdrift import checks
 from kvdrift.json_values import parse_json
-from kvdrift.output import MARKER, OutputDir
+from kvdrift.output import OutputDir, readable_stem
 from kvdrift.records.finite import COMPLETE_BRANCHES, counts_text, nonfinite_counts
 from kvdrift.records.legacy import current_layout
 from kvdrift.run import documents as docs
 from kvdrift.run import fingerprint as fp
-from kvdrift.run.outdir import FRONTIER_FILE
 from kvdrift.run.records import UnitKey
+from kvdrift.run.run_file import (  # noqa: F401 (re-exported)
+    RUN_FILE,
+    NotARunStore,
+    not_a_store,
+    other_configuration,
+    read_run_file,
+)
 
-RUN_FILE = "run.json"
 KINDS = ("steps", "replicates")
+#: Keys of a recorded configuration that name where it lives, not what its records are.
+LABEL_KEYS = ("name",)
+DOCUMENTS_HASH = "documents_sha256"
 VERSIONED = ("kvdrift", "torch", "transformers", "kvpress", "numpy", "pyarrow")
 
 
@@ -69,7 +77,7 @@ def package_versions() -> dict[str, str]:
 def unit_name(key: UnitKey) -> str:
     """A file-system-safe, collision-free file stem for a unit."""
     digest = hashlib.sha1(f"{key.model}\0{key.doc_id}\0{key.action}".encode()).hexdigest()[:12]
-    readable = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{key.action}__{key.doc_id}")[:60]
+    readable = readable_stem(f"{key.action}__{key.doc_id}")
     return f"{readable}-{digest}"
 
 
@@ -140,25 +148,9 @@ def _no_units(root: Path) -> str:
     return not_a_store(root) or f"{root} has no finished units yet"
 
 
-def not_a_store(root: Path) -> str | None:
-    """What ``root`` is if it is no run or study directory (one line), else None."""
-    if not root.exists():
-        return f"{root} does not exist; name a run or study directory"
-    if not root.is_dir():
-        return f"{root} is not a folder; name a run or study directory"
-    if (root / FRONTIER_FILE).exists():
-        return (f"{root} is a frontier directory, not a run or study: its report is "
-                f"{root / 'report'}; each of its stages is a run (e.g. "
-                f"{root / 'stages' / '01-look1'})")
-    if not (root / RUN_FILE).exists():
-        deleted = " (its run.json was deleted)" if (root / MARKER).exists() else ""
-        return f"{root} is not a kvdrift run or study directory (it has no {RUN_FILE}){deleted}"
-    return None
-
-
 class NonFiniteRecords(ValueError):
-    """A store holding NaN or infinite values where numbers belong (an earlier kvdrift stored
-    them): named by unit and column, refused until ``--recompute`` recomputes those units."""
+    """A store holding NaN, infinite or null values where numbers belong (an earlier kvdrift
+    stored them): named by unit and column, refused until ``--recompute`` recomputes them."""
 
 
 def _nonfinite_in(kind: str, table: pa.Table, reopen: Callable[[], Any] | None
@@ -171,51 +163,6 @@ def _nonfinite_in(kind: str, table: pa.Table, reopen: Callable[[], Any] | None
         with reopen() as handle:
             estimator = pq.read_table(handle, columns=["estimator"]).column("estimator")
     return nonfinite_counts(kind, table, estimator)
-
-
-class NotARunStore(ValueError):
-    """A directory's ``run.json`` is damaged or was not written by kvdrift (one line)."""
-
-
-def _run_file_problem(meta: Any) -> str | None:
-    """What makes a decoded ``run.json`` unusable, or None."""
-    if not isinstance(meta, dict) or not isinstance(meta.get("config"), dict):
-        return "not a JSON object with a 'config' object"
-    versions = meta.get("versions", {})
-    if not isinstance(versions, dict):
-        return f"'versions' must be an object; got {versions!r:.80}"
-    horizon = meta["config"].get("horizon")
-    if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1:
-        return f"config.horizon must be an integer >= 1; got {horizon!r:.80}"
-    return None
-
-
-def read_run_file(path: Path, folder: OutputDir | None = None) -> dict[str, Any]:
-    """A ``run.json`` (read through the held ``folder`` where given), checked: a JSON object
-    with a ``config`` object holding an integer horizon, and a ``versions`` object if any;
-    else :class:`NotARunStore` (one line)."""
-    try:
-        text = (limits.read_bounded(path) if folder is None else
-                limits.bounded(folder.read_bytes(path.name, limits.MAX_CONFIG_BYTES), path))
-    except ValueError as exc:
-        raise NotARunStore(str(exc)) from None
-    try:
-        meta = parse_json(text.decode("utf-8"), "JSON")
-    except UnicodeDecodeError as exc:
-        reason = f"not valid JSON ({exc.reason})"
-    except ValueError as exc:  # JSONError: nesting, a key twice, a huge integer, ...
-        reason = str(exc).removeprefix("JSON: ")
-    else:
-        reason = _run_file_problem(meta)
-        if reason is None:
-            return {**meta, "versions": meta.get("versions", {})}
-    raise NotARunStore(f"{path} is damaged: {reason}; delete it (finished units keep their own "
-                       "settings and are checked on resume) or use another output directory")
-
-
-#: Keys of a recorded configuration that name where it lives, not what its records are.
-LABEL_KEYS = ("name",)
-DOCUMENTS_HASH = "documents_sha256"
 
 
 def config_identity(config: Mapping[str, Any], by_content: bool = True) -> dict[str, Any]:
@@ -239,11 +186,8 @@ def _refuse_other_config(root: Path, saved: dict, config: dict) -> None:
     by_content = DOCUMENTS_HASH in saved
     saved, config = config_identity(saved, by_content), config_identity(config, by_content)
     if saved != config:
-        diff = sorted(k for k in set(saved) | set(config) if saved.get(k) != config.get(k))
-        raise ValueError(
-            f"{root} holds a run with a different configuration (differs in: "
-            f"{', '.join(diff)}); rerun with the same arguments to resume, or use "
-            "another output directory")
+        raise other_configuration(root, sorted(
+            k for k in set(saved) | set(config) if saved.get(k) != config.get(k)))
 
 
 def _notice_on_stderr(message: str) -> None:
@@ -353,7 +297,7 @@ class RunStore:
         """Whether ``key`` is finished under the settings ``fingerprint``.
 
         A damaged unit is named (``notice``), removed and reported not done, so it is
-        recomputed. A unit stored under other settings, or holding NaN or infinite values
+        recomputed. A unit stored under other settings, or holding NaN, infinite or null values
         where numbers belong (:mod:`kvdrift.records.finite`), raises ``ValueError`` naming the
         setting or the columns, or with ``recompute`` is removed and reported not done.
         """
@@ -378,7 +322,7 @@ class RunStore:
         if difference is None:
             if not counts:
                 return True
-            difference = (f"it holds NaN or infinite values where numbers belong "
+            difference = (f"it holds NaN, infinite or null values where numbers belong "
                           f"({counts_text(counts)}; written by an earlier kvdrift)")
         if self.recompute:
             self.notice(f"unit {name}: {difference}; recomputing it (--recompute)")
@@ -433,8 +377,8 @@ class RunStore:
                 nonfinite.append(f"{' · '.join(owned[f.name])} ({counts_text(counts)})")
         if nonfinite:
             raise NonFiniteRecords(
-                f"{self.root} holds NaN or infinite values where numbers belong (written by a "
-                f"kvdrift before such units were refused), in unit {nonfinite[0]}"
+                f"{self.root} holds NaN, infinite or null values where numbers belong (written "
+                f"by a kvdrift before such units were refused), in unit {nonfinite[0]}"
                 + (f" and {len(nonfinite) - 1} other units" if len(nonfinite) > 1 else "")
                 + "; nothing is computed from what is left around them: rerun the run or "
                 "study command with --recompute to recompute those units")

@@ -29,6 +29,7 @@ import torch
 
 from kvdrift.lm.actions.attention_use import nested_presses
 from kvdrift.lm.actions.presses import NOT_OFFERED
+from kvdrift.lm.actions.stable_values import stable_value
 from kvdrift.press_source import MODULES_KEY, SOURCE_KEY, module_globals
 
 KVPRESS_MODULE = "kvpress"
@@ -126,7 +127,8 @@ def _fields(press: Any) -> dict[str, Any]:
 
 def _value(value: Any) -> Any:
     """A field value as JSON: presses by their identity, containers item by item, tensors by
-    their shape and digest, anything else that is not JSON by its repr."""
+    their shape and digest, functions and plain objects by what they are
+    (:mod:`~kvdrift.lm.actions.stable_values`), anything else that is not JSON by its repr."""
     if isinstance(value, kvpress.BasePress):
         return press_identity(value)
     if value is None or isinstance(value, (bool, int, str)):
@@ -141,7 +143,8 @@ def _value(value: Any) -> Any:
         data = value.detach().cpu().contiguous()
         return {"tensor": list(data.shape), "dtype": str(data.dtype),
                 "sha256": hashlib.sha256(data.view(torch.uint8).numpy().tobytes()).hexdigest()}
-    return repr(value)
+    stable = stable_value(value, _value)  # a function, an object: never a memory address
+    return repr(value) if stable is None else stable
 
 
 def identity_changes(old: dict[str, Any], new: dict[str, Any]) -> str:

@@ -27,6 +27,7 @@ from kvdrift import checks
 from kvdrift.lm.loading import converted_cache, from_cache, pins
 from kvdrift.lm.loading.digest import file_sha256, short
 from kvdrift.lm.loading.pretrained import pretrained_options, unloadable_model_message
+from kvdrift.lm.loading.settings import DEVICE_RULE, check_device_name
 
 DEFAULT_MODEL = "smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -68,16 +69,12 @@ class LoadedModel:
                 "tokenizer_sha256": tokenizer_digest(self.tokenizer)}
 
 
-DEVICE_RULE = "one of auto, cpu, cuda, cuda:N"
-
-
 def resolve_device(device: str | torch.device) -> torch.device:
     """Turn ``"auto"``/``"cpu"``/``"cuda"``/``"cuda:N"`` into a usable ``torch.device``."""
     text = str(device)
     if text == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if text.split(":", 1)[0] not in ("cpu", "cuda"):
-        raise checks.refuse("device", DEVICE_RULE, text)
+    check_device_name(text)
     try:
         resolved = torch.device(text)
     except RuntimeError as exc:

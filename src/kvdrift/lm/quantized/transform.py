@@ -57,6 +57,7 @@ from transformers import DynamicCache
 
 from kvdrift import checks
 from kvdrift.lm.grammar.fields import split_fields
+from kvdrift.lm.grammar.values import KIVI_BITS, kivi_numbers
 from kvdrift.lm.quantized.numerics import (
     FP8_FORMATS,
     GGUF_BLOCK,
@@ -67,7 +68,6 @@ from kvdrift.lm.quantized.numerics import (
     minmax_roundtrip,
 )
 
-KIVI_BITS = (2, 4, 8)
 SCALE_BITS = 16  # KIVI's and llama.cpp's scales and minima are float16
 FP8_SCALE_BYTES = 4  # vLLM: one float32 k_scale and one v_scale per attention layer
 
@@ -157,17 +157,7 @@ class KIVIQuantization(Quantization):
 
     @classmethod
     def _build(cls, values: dict[str, str], whole: str) -> Quantization:
-        numbers: dict[str, int] = {}
-        for key, value in values.items():
-            try:
-                numbers[key] = int(value)
-            except ValueError:
-                raise ValueError(f"action {whole!r}: kivi {key} must be an integer; got "
-                                 f"{value!r}") from None
-        if "bits" not in numbers:
-            raise ValueError(f"action {whole!r}: kivi needs bits= (one of "
-                             f"{', '.join(map(str, KIVI_BITS))})")
-        return super()._build(numbers, whole)
+        return super()._build(kivi_numbers(values.items(), whole), whole)
 
     @property
     def label(self) -> str:

@@ -1,0 +1,160 @@
+"""The values an action spec gives, checked without torch or kvpress: budgets (``ratio=``,
+``budget=``, ``ratios=``), the press fields whose rule needs no press class
+(:data:`~kvdrift.lm.grammar.fields.FIELD_RULES`) and a quantization's settings (``kivi:bits=``,
+``gguf:k=,v=``, ``fp8:``). So ``snapkv:ratio=2`` or ``kivi:bits=3`` is refused before the press
+library loads. The full parser (:func:`kvdrift.lm.actions.spec.parse_action`) checks them again
+with the rest (which fields a press takes, chaining rules); the quantization names below are a
+static copy of :mod:`kvdrift.lm.quantized`'s, compared by a test.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from kvdrift import checks
+from kvdrift.lm.grammar.fields import ActionError, check_field, split_fields
+from kvdrift.lm.grammar.names import (
+    KVPRESS_PRESSES,
+    OWN_SCORER_FAMILIES,
+    PREFIX_FAMILIES,
+    QUANTIZATIONS,
+)
+
+#: Each offered scorer's kvpress class by short name (:data:`kvdrift.lm.actions.presses.SCORERS`).
+SCORER_CLASS_NAMES = {
+    "snapkv": "SnapKVPress", "knorm": "KnormPress", "streaming_llm": "StreamingLLMPress",
+    "recent": "StreamingLLMPress", "tova": "TOVAPress",
+    "expected_attention": "ExpectedAttentionPress", "observed_attention": "ObservedAttentionPress",
+    "random": "RandomPress", "keydiff": "KeyDiffPress", "lagkv": "LagKVPress", "cur": "CURPress",
+    "leverage": "LeverageScorePress", "non_causal_attn": "NonCausalAttnPress", "cap": "CapPress"}
+#: KIVI's bit widths (:data:`kvdrift.lm.quantized.transform.KIVI_BITS`).
+KIVI_BITS = (2, 4, 8)
+#: llama.cpp cache types (:data:`kvdrift.lm.quantized.numerics.GGUF_TYPES`).
+GGUF_TYPE_NAMES = ("f16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
+#: fp8 formats (:data:`kvdrift.lm.quantized.numerics.FP8_FORMATS`).
+FP8_FORMAT_NAMES = ("e4m3", "e5m2")
+
+
+def _number(text: str) -> int | float | str:
+    """A field's text as the number it reads as (int first), else the text itself."""
+    for parse in (int, float):
+        try:
+            return parse(text)
+        except ValueError:
+            continue
+    return text
+
+
+def stage_label(head: str) -> str:
+    """How the full parser names a stage written ``head`` (``[<family>-]<scorer>``) in its
+    messages: ``SnapKVPress``, ``adakv-SnapKVPress``, ``pyramidkv-PyramidKVPress``."""
+    text = head.strip()
+    for family, own in OWN_SCORER_FAMILIES.items():
+        if text.lower() == family or text == own:
+            return f"{family}-{own}"
+    prefix, dash, rest = text.partition("-")
+    family = prefix.lower() if dash and prefix.lower() in PREFIX_FAMILIES else ""
+    scorer = rest if family else text
+    if scorer not in KVPRESS_PRESSES:
+        scorer = SCORER_CLASS_NAMES.get(scorer.strip().lower().replace("-", "_"), scorer)
+    return f"{family}-{scorer}" if family else scorer
+
+
+def _check_budgets(key: str, value: str, whole: str, label: str) -> bool:
+    """Check a budget field (True), or say it is none (False); ``label``: the stage as the
+    full parser names it, after the spec ``whole``."""
+    what = {"ratio": "ratio (fraction of entries kept)", "budget": "budget (entries kept)"}
+    try:
+        if key == "ratio":
+            checks.number(float(value), what[key], 0, 1, open_lo=True)
+        elif key == "budget":
+            checks.integer(int(value), what[key], 1)
+        elif key == "ratios":
+            for i, r in enumerate(value.split("/")):
+                checks.number(float(r), f"ratios[{i}] (fraction kept in layer {i})", 0, 1,
+                              open_lo=True)
+        else:
+            return False
+    except ValueError as exc:
+        if "must be" in str(exc):
+            raise ActionError(f"action {whole!r}: {label}: {exc}") from None
+        rule = {"ratio": "a number in (0, 1]", "budget": "an integer >= 1",
+                "ratios": "numbers in (0, 1] joined by '/', e.g. 0.9/0.5"}[key]
+        raise ActionError(f"action {whole!r}: {key} must be {rule}; got {value!r}") from None
+    return True
+
+
+def _check_press(part: str, whole: str) -> None:
+    head, _, tail = part.partition(":")
+    label = stage_label(head)
+    for key, value in split_fields(tail, whole):
+        if not _check_budgets(key, value, whole, label):
+            check_field(f"action {whole!r}: {label}", key, _number(value))
+
+
+def kivi_numbers(fields: Iterable[tuple[str, str]], whole: str) -> dict[str, int]:
+    """A ``kivi:`` spec's ``bits``, ``group`` and ``residual`` fields as integers (``bits``
+    required); ActionError for one that is not an integer."""
+    numbers = {}
+    for key, value in fields:
+        if key in ("bits", "group", "residual"):
+            try:
+                numbers[key] = int(value)
+            except ValueError:
+                raise ActionError(f"action {whole!r}: kivi {key} must be an integer; got "
+                                  f"{value!r}") from None
+    if "bits" not in numbers:
+        raise ActionError(f"action {whole!r}: kivi needs bits= (one of "
+                          f"{', '.join(map(str, KIVI_BITS))})")
+    return numbers
+
+
+def _check_kivi(fields: list[tuple[str, str]], whole: str) -> None:
+    numbers = kivi_numbers(fields, whole)
+    try:
+        checks.choice(numbers["bits"], "kivi bits", KIVI_BITS)
+        group = checks.integer(numbers.get("group", 32), "kivi: group", 1)
+    except ValueError as exc:
+        raise ActionError(f"action {whole!r}: {exc}") from None
+    residual = numbers.get("residual", 128)
+    if residual < group or residual % group:
+        raise ActionError(f"action {whole!r}: kivi: residual must be a positive multiple of "
+                          f"group ({group}); got {residual}")
+
+
+def _check_quantization(part: str, whole: str) -> None:
+    head, _, tail = part.partition(":")
+    kind = head.strip().lower()
+    items = [i.strip() for i in tail.split(",") if i.strip()]
+    try:
+        if kind == "kivi":
+            _check_kivi(split_fields(tail, whole), whole)
+        elif kind == "gguf":
+            for side, name in split_fields(tail, whole):
+                if side in ("k", "v"):
+                    checks.choice(name.lower(), f"llama.cpp cache type for {side}=",
+                                  GGUF_TYPE_NAMES)
+        else:
+            formats = [i.lower() for i in items if "=" not in i]
+            if len(formats) == 1:
+                checks.choice(formats[0], "fp8 format", FP8_FORMAT_NAMES)
+    except ActionError:
+        raise
+    except ValueError as exc:
+        raise ActionError(f"action {whole!r}: {exc}") from None
+
+
+def check_action_values(spec: object, defined: frozenset[str] | set[str] = frozenset()
+                        ) -> None:
+    """ActionError (one line naming the value and what is allowed) if ``spec`` gives a budget,
+    a press field with a rule of its own or a quantization setting that no action takes;
+    silent otherwise (the full parser sees the rest). ``defined``: the names of the user's
+    own presses, which are not specs."""
+    if not isinstance(spec, str) or ":" not in spec or spec.strip() in defined:
+        return
+    whole = spec.strip()
+    for part in (p.strip() for p in whole.split("+")):
+        if part.partition(":")[0].strip().lower() in QUANTIZATIONS:
+            _check_quantization(part, whole)
+        elif ":" in part:
+            _check_press(part, whole)

@@ -1,0 +1,74 @@
+"""Every check of a study's settings that needs no model, in one place, made before torch,
+transformers or kvpress is imported (they take seconds to load; a typo should cost a fraction
+of one).
+
+:func:`kvdrift.study_config.parse_study` calls these before it builds anything that imports
+torch, so ``kvdrift run``, ``kvdrift study`` and the Python API refuse a bad action value,
+estimator, dtype, device or document file in one line, in a fresh interpreter, with none of the
+three loaded. Each check states its rule once, in the room that owns it (the action grammar,
+the run's settings, the model's loading settings); this module only gathers them, so a new
+model-free check is one line here.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Collection, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from kvdrift.data.sources import DocumentSource, JsonlSource
+from kvdrift.lm.grammar.names import check_action_names
+from kvdrift.lm.grammar.values import check_action_values
+from kvdrift.lm.loading.settings import check_device_name, check_dtype_name
+from kvdrift.run.lock import StoreLock
+from kvdrift.run.run_file import RUN_FILE, other_configuration, read_run_file
+from kvdrift.run.settings import check_estimator_name
+
+
+def check_actions(actions: Iterable[Any], defined: Collection[str] = ()) -> None:
+    """Each action's names and values (``defined``: names the user's own presses give)."""
+    for action in actions:
+        check_action_names(action, defined=defined)
+        check_action_values(action, defined=frozenset(defined))
+
+
+def check_settings(*, estimator: Any, attribution: bool, dtype: Any, device: Any) -> None:
+    """The estimator (and whether attribution can follow it), the dtype and the device."""
+    check_estimator_name(estimator, attribution)
+    check_dtype_name(dtype)
+    check_device_name(device)
+
+
+def check_documents(sources: Iterable[DocumentSource]) -> None:
+    """Read every JSONL document file once, so a missing, unreadable or malformed one is
+    refused now (a dataset from the hub, and generated documents, wait for their loader)."""
+    for source in sources:
+        if isinstance(source, JsonlSource):
+            source.documents()
+
+
+#: The recorded settings a resume is held against before torch loads (the store holds the
+#: rest, documents included, against the whole configuration once it opens).
+RESUMED = ("models", "actions", "replicates", "horizon", "temperature", "estimator", "depths",
+           "seed", "batch", "attribution", "device", "dtype", "chat_template")
+
+
+def check_resume(out: str | os.PathLike[str], settings: Mapping[str, Any]) -> None:
+    """Refuse, before torch loads, a store in ``out`` that another process writes now, or
+    whose ``run.json`` recorded other ``settings`` (:data:`RESUMED`; ``attribution`` is
+    recorded only when on): the refusals a run otherwise gave after loading its model."""
+    root = Path(out)
+    if not root.is_dir():
+        return
+    StoreLock(root).refuse_if_busy()
+    if not (root / RUN_FILE).is_file():
+        return
+    try:
+        saved = read_run_file(root / RUN_FILE)["config"]
+    except (OSError, ValueError):  # a damaged run.json: the store names it when it opens
+        return
+    recorded = {"attribution": False} | saved
+    diff = [k for k in RESUMED if k in recorded and recorded[k] != settings.get(k)]
+    if diff:
+        raise other_configuration(root, diff)
