@@ -24,6 +24,9 @@ AFTER = 24
 AROUND = 1
 #: More compressions than this are counted in the folds, not each shown with its context.
 MAX_SHOWN_COMPRESSIONS = 24
+#: A token repeated more than this many times in a row is written once with its count in a
+#: generation's text (an EOS repeated to H after a branch ended).
+MAX_RUN = 3
 
 
 class HasPosition(Protocol):
@@ -105,3 +108,18 @@ def fold(positions: Sequence[HasPosition], tau: int, compressions: Sequence[int]
     close()
     folded = sum(f.count for f in items if isinstance(f, Folded))
     return Fold(tuple(items), folded, len(positions))
+
+
+def joined_text(pieces: Sequence[str]) -> str:
+    """The generation's text: its token pieces joined, each run of one piece repeated more than
+    :data:`MAX_RUN` times written once and followed by ``⟨×N⟩``."""
+    out: list[str] = []
+    i = 0
+    while i < len(pieces):
+        j = i
+        while j < len(pieces) and pieces[j] == pieces[i]:
+            j += 1
+        n = j - i
+        out.append(pieces[i] + f"⟨×{n}⟩" if n > MAX_RUN else pieces[i] * n)
+        i = j
+    return "".join(out)

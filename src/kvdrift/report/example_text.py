@@ -16,7 +16,7 @@ import math
 from rich.cells import cell_len
 from rich.text import Text
 
-from kvdrift.examples.folding import Folded
+from kvdrift.examples.folding import Folded, joined_text
 from kvdrift.examples.views import ExampleView
 from kvdrift.text import printable
 
@@ -52,7 +52,8 @@ def example_text(view: ExampleView) -> Text:
     of P's attention, then per top position its share, token and context), the prompt's end,
     a header, a row per position shown (``τ▶``/blank, ``✂`` where a compression first shows,
     t, P's token, Q's token, TV bar, TV, ``≠`` where they differ; a long generation folded,
-    one line per folded stretch), P's and Q's text (whole)."""
+    one line per folded stretch), P's and Q's text (whole; a token repeated more than three
+    times in a row written once with its count, ``⟨×N⟩``)."""
     e = view.example
     out = Text()
     out.append(f"{printable(e.model)} · {printable(e.doc_id)} · {printable(e.action)} · "
@@ -110,7 +111,7 @@ def example_text(view: ExampleView) -> Text:
         tv = "—" if not math.isfinite(pos.tv) else f"{pos.tv:.2f}"
         out.append(f" {tv}" + ("  ≠" if pos.mismatch else "") + "\n")
     out.append("P: ", style="bold green")
-    out.append(printable("".join(p.x_text for p in view.positions)) + "\n")
+    out.append(printable(joined_text([p.x_text for p in view.positions])) + "\n")
     out.append("Q: ", style="bold red")
-    out.append(printable("".join(p.y_text for p in view.positions)) + "\n")
+    out.append(printable(joined_text([p.y_text for p in view.positions])) + "\n")
     return out

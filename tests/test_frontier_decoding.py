@@ -1,0 +1,43 @@
+"""A frontier family over a decoding-time press's target (frontier_search/families.py), and the
+memory measure a frontier reads (Q's cache over the generation when a family decodes)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvdrift.frontier_search.families import (
+    DECODING_TARGETS,
+    memory_column,
+    parse_family,
+)
+from kvdrift.lm.actions.spec import parse_action
+
+
+def test_a_decoding_family_walks_the_target_from_the_most_entries():
+    fam = parse_family("decoding-knorm")
+    assert [b.label for b in fam.budgets] == [str(t) for t in DECODING_TARGETS]
+    assert [b.index for b in fam.budgets] == list(range(len(DECODING_TARGETS)))
+    assert fam.budgets[0].action == "decoding-knorm:target=4096"
+    assert list(DECODING_TARGETS) == sorted(DECODING_TARGETS, reverse=True)
+    kept = parse_family("decoding-snapkv:interval=128,window_size=4")
+    assert kept.budgets[-1].action == "decoding-snapkv:interval=128,window_size=4,target=32"
+    for b in kept.budgets:  # every budget is an action kvdrift runs, its fields kept
+        action = parse_action(b.action)
+        assert dict(action.decoding.kwargs)["target"] == int(b.label)
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    ("decoding-knorm:target=64", "names its press without target="),
+    ("decoding-knorm:interval=8, target=64", "names its press without target="),
+    ("decoding-knorm+kivi:bits=4", "takes no '\\+'"),
+    ("decoding-nosuch", "decoding-nosuch"),
+])
+def test_bad_decoding_families_are_refused(text, words):
+    with pytest.raises(ValueError, match=words):
+        parse_family(text)
+
+
+def test_a_frontier_with_a_decoding_family_measures_memory_over_the_generation():
+    snap, kivi, dec = (parse_family(n) for n in ("snapkv", "kivi", "decoding-knorm"))
+    assert memory_column([snap, kivi]) == "kv_fraction"
+    assert memory_column([snap, dec]) == memory_column([dec]) == "kv_fraction_generation"
