@@ -41,3 +41,29 @@ def test_a_frontier_with_a_decoding_family_measures_memory_over_the_generation()
     snap, kivi, dec = (parse_family(n) for n in ("snapkv", "kivi", "decoding-knorm"))
     assert memory_column([snap, kivi]) == "kv_fraction"
     assert memory_column([snap, dec]) == memory_column([dec]) == "kv_fraction_generation"
+
+
+def test_a_decoding_frontier_places_every_budget_by_its_cache_over_the_generation(
+        tiny_model_dir, tmp_path):
+    """End to end on the tiny model: each tried budget's memory is its records' mean
+    kv_fraction_generation, for the decoding family and the prefill family alike."""
+    import pandas as pd
+
+    import kvdrift
+    from kvdrift.data import Document, write_jsonl
+
+    docs = tmp_path / "docs.jsonl"
+    write_jsonl([Document(f"d{i}", " ".join(f"word{(i * 7 + j) % 50}" for j in range(40)))
+                 for i in range(2)], docs)
+    result = kvdrift.frontier(["decoding-knorm:interval=2", "recent"], "R <= 1", tmp_path / "fr",
+                              replicates=2, max_replicates=4, model=str(tiny_model_dir),
+                              docs=docs, horizon=5, device="cpu")
+    records = pd.concat(pd.read_parquet(p) for p in (tmp_path / "fr").rglob("replicates/*.parquet"))
+    frame = result.to_frame()
+    assert len(frame) >= 2
+    for row in frame.itertuples():
+        reps = records[records["action"] == row.action]
+        assert row.kv_fraction == pytest.approx(reps["kv_fraction_generation"].mean())
+    last = frame[frame["family"] == "decoding-knorm:interval=2"].iloc[-1]
+    assert last["budget"] == "32" and last["kv_fraction"] < 0.9  # the tiny prompt is cut
+    assert (frame[frame["family"] == "recent"]["kv_fraction"] > 0).all()
