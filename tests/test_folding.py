@@ -90,3 +90,33 @@ def test_the_report_folds_and_marks_the_same_way():
     assert html.count('class="tok') == 2 * len(
         [p for p in fold(positions(2048, 700), 700, (66, 130)).items
          if isinstance(p, Position)])
+
+
+def test_show_of_a_real_run_marks_the_recorded_compressions(tiny_model_dir, tmp_path):
+    """A decoding-time press on the tiny model over 120 positions: the records hold the
+    compressions derived from its settings, and ``show`` folds the run and marks each."""
+    import pyarrow.parquet as pq
+    from typer.testing import CliRunner
+
+    from kvdrift.cli import app
+    from kvdrift.data import Document, write_jsonl
+
+    docs = tmp_path / "docs.jsonl"
+    write_jsonl([Document(id="d0", prompt="The cat sat on the mat. " * 6)], docs)
+    out = tmp_path / "run"
+    runner = CliRunner()
+    spec = "decoding-knorm:interval=40,target=48"
+    made = runner.invoke(app, ["run", "--model", str(tiny_model_dir), "--docs", str(docs),
+                               "--actions", spec, "--replicates", "1", "--horizon", "120",
+                               "--out", str(out)])
+    assert made.exit_code == 0, made.output
+    reps = pq.read_table(out / "replicates").to_pandas()
+    # compressions after 40 and 80 generated tokens (more than 48 entries live by then) first
+    # show at positions 42 and 82; the one after 120 tokens falls beyond H
+    assert reps["compression_positions"].iloc[0].tolist() == [42, 82]
+    assert 0 < reps["kv_fraction_generation"].iloc[0] < reps["kv_fraction"].iloc[0] == 1
+    shown = runner.invoke(app, ["show", str(out), "--prompt-tokens", "0"])
+    assert shown.exit_code == 0, shown.output
+    rows = [line for line in shown.stdout.splitlines() if re.match(r"^(τ▶|  )[✂ ] +\d+  '", line)]
+    assert [int(line[4:8]) for line in rows if line[2] == COMPRESSION_MARK] == [42, 82]
+    assert "of 120 positions" in shown.stdout and "positions folded (t = " in shown.stdout
