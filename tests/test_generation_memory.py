@@ -105,3 +105,18 @@ def test_pair_generation_without_a_decoding_press(tiny_llama):
     half = pair_generation(LMKernelPair(tiny_llama, ids, "knorm:ratio=0.5"), 8)
     assert half.compressions == ()
     assert half.kv_fraction == pytest.approx((30 + 3.5) / (60 + 3.5))
+
+
+def test_a_rule_without_a_fixed_target_and_interval_derives_nothing():
+    class RatioRule:  # e.g. a press compressing to a ratio of the growing cache
+        interval = 64
+
+        @property
+        def target(self):
+            raise AttributeError("no fixed target")
+
+    class Pair:
+        decoding_rule = RatioRule()
+
+    out = pair_generation(Pair(), 256)
+    assert np.isnan(out.kv_bytes) and np.isnan(out.kv_fraction) and out.compressions == ()

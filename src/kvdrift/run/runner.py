@@ -11,6 +11,7 @@ random numbers make contrasts between actions less noisy).
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -268,9 +269,14 @@ def with_memory(replicates: pa.Table, pair: KernelPair) -> pa.Table:
 def pair_generation(pair: Any, horizon: int) -> GenerationMemory:
     """Q's cache over ``horizon`` positions of an LM pair (:mod:`kvdrift.records.generation`):
     its decoding rule's target and interval, the prompt entries each layer kept, the bytes of
-    one full-precision entry per layer (P's cache)."""
+    one full-precision entry per layer (P's cache). A decoding rule without a fixed
+    ``target`` and ``interval`` (a press that compresses to a ratio or a threshold) has no
+    derived schedule: NaN memory and no positions, rather than numbers that would be wrong."""
     rule = pair.decoding_rule
-    schedule = None if rule is None else Schedule(int(rule.target), int(rule.interval))
+    try:
+        schedule = None if rule is None else Schedule(int(rule.target), int(rule.interval))
+    except (AttributeError, TypeError, ValueError):  # a rule not of fixed target and interval
+        return GenerationMemory(math.nan, math.nan, ())
     entry = [2 * k.shape[1] * k.shape[-1] * k.element_size()
              for k in pair.prompt_cache("p").keys]
     kv_bytes, _ = pair.kv_memory()
