@@ -67,3 +67,23 @@ def test_a_decoding_frontier_places_every_budget_by_its_cache_over_the_generatio
     last = frame[frame["family"] == "decoding-knorm:interval=2"].iloc[-1]
     assert last["budget"] == "32" and last["kv_fraction"] < 0.9  # the tiny prompt is cut
     assert (frame[frame["family"] == "recent"]["kv_fraction"] > 0).all()
+
+
+def test_a_family_list_keeps_a_decoding_familys_fields_together():
+    from kvdrift.frontier_search.families import split_families
+
+    assert split_families("snapkv, decoding-snapkv:interval=64,window_size=4,kivi") == (
+        "snapkv", "decoding-snapkv:interval=64,window_size=4", "kivi")
+    assert split_families("snapkv+kivi:bits=4,,recent") == ("snapkv+kivi:bits=4", "recent")
+
+
+def test_the_frontier_command_refuses_a_decoding_family_with_a_target_before_loading(tmp_path):
+    from typer.testing import CliRunner
+
+    from kvdrift.cli import app
+
+    result = CliRunner().invoke(app, ["frontier", "--families",
+                                      "snapkv,decoding-knorm:interval=8,target=64",
+                                      "--out", str(tmp_path / "fr")])
+    assert result.exit_code == 2 and "names its press without target=" in result.output
+    assert "Traceback" not in result.output and not (tmp_path / "fr").exists()

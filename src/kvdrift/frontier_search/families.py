@@ -123,6 +123,22 @@ def _ladder_family(name: str, ladder: Ladder) -> Family:
     return Family(name, budgets)
 
 
+def split_families(text: str) -> tuple[str, ...]:
+    """A comma list of families, a ``key=value`` piece continuing the family before it (as in
+    ``--actions``): ``"snapkv,decoding-snapkv:interval=64,window_size=4"`` ->
+    ``("snapkv", "decoding-snapkv:interval=64,window_size=4")``."""
+    out: list[str] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        head, eq, _ = part.partition("=")
+        if out and eq and ":" not in head and "+" not in head:
+            out[-1] = f"{out[-1]},{part}"
+        else:
+            out.append(part)
+    return tuple(out)
+
+
 def check_family_names(names: Sequence[str]) -> tuple[str, ...]:
     """``names`` if they are one or more distinct family names; else one clear error."""
     return checks.distinct_items(names, "families", "one or more distinct family names")
