@@ -425,23 +425,36 @@ def plot_eos_split(analysis: StudyAnalysis, path: str | Path) -> Path | None:
 
 
 def plot_task_by_divergence(analysis: StudyAnalysis, path: str | Path) -> Path | None:
-    """Accuracy difference Q - P among replicates diverged by t, per action, with bands."""
+    """Accuracy difference Q - P among replicates diverged by t, per action, with bands;
+    above :data:`LONG_HORIZON` positions on a log axis, each decoding-time compression
+    drawn."""
     groups = by_model(analysis.task_by_divergence)
     if not groups:
         return None
     colors = action_colors(analysis)
+    entries = {(a.model, a.action): a for a in analysis.actions}
+    H = analysis.meta.horizon
     fig, axes = _panels(len(groups))
     for ax, (model, rows) in zip(axes, groups.items(), strict=True):
+        cuts = False
         for row in rows:
+            action = entries.get((model, row.action))
+            if action is not None:
+                cuts |= mark_compressions(ax, action, colors.get(row.action, "black"))
             c = CurveArrays(*(np.asarray(v, dtype=np.float64) for v in (
                 row.curve.x, row.curve.estimate, row.curve.lo, row.curve.hi)))
             color = colors.get(row.action, "black")
             _band(ax, c, color)
-            ax.plot(c.x, c.estimate * 100, color=color, lw=1.8, marker=".",
+            ax.plot(c.x, c.estimate * 100, color=color, lw=1.8,
+                    marker="." if c.x.size <= 64 else None,
                     label=f"{row.action} (diverged by H: {100 * row.p_diverged[-1]:.0f}%)")
         ax.axhline(0, color="0.3", lw=0.8)
-        ax.set_xlim(1, analysis.meta.horizon)
-        ax.set_xlabel("divergence by step t")
+        if cuts:
+            _compression_legend(ax)
+        if H > LONG_HORIZON:
+            ax.set_xscale("log")
+        ax.set_xlim(1, H)
+        ax.set_xlabel("divergence by step t" + (" (log scale)" if H > LONG_HORIZON else ""))
         ax.set_ylabel("accuracy Q − P given τ ≤ t (pp)")
         ax.set_title(model)
         ax.grid(alpha=0.3)
