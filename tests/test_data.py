@@ -15,6 +15,7 @@ from kvdrift.data import (
     MIN_TARGET_TOKENS,
     NEEDLE_TYPES,
     RULER_FAMILIES,
+    TASK_FAMILIES,
     Document,
     RulerConfig,
     fit_to_length,
@@ -175,7 +176,7 @@ def test_length_band(target, band):
 def test_config_validation():
     with pytest.raises(ValueError, match=whole(
             "family must be one of niah_single, niah_multikey, niah_multivalue, niah_multiquery, "
-            "vt, cwe, fwe; got 'niah'")):
+            "vt, cwe, fwe, chain; got 'niah'")):
         RulerConfig(families=("niah",))
     with pytest.raises(ValueError, match=whole(
             "needle type must be one of word, number, uuid; got 'emoji'")):
@@ -192,7 +193,7 @@ def test_config_validation():
     with pytest.raises(ValueError, match="documents_per_stratum"):
         RulerConfig(documents_per_stratum=0)
     with pytest.raises(ValueError, match=whole(
-            f"families must be one or more distinct of {', '.join(RULER_FAMILIES)}; got []")):
+            f"families must be one or more distinct of {', '.join(TASK_FAMILIES)}; got []")):
         RulerConfig(families=())
     with pytest.raises(ValueError, match=whole(
             "needle_types must be one or more distinct of word, number, uuid; "

@@ -144,7 +144,7 @@ def test_escape_codes_in_document_ids_never_reach_the_terminal(tiny_model_dir, t
                                      "against; give 'answer' or 'answers', or leave out 'metric' "
                                      "for a free-form prompt"),
     ({"metric": ["x"], "answer": "4"}, "key 'metric' must be one of string_match_all, "
-                                       "string_match_part; got ['x']"),
+                                       "string_match_part, final_answer; got ['x']"),
 ])
 def test_answers_that_would_score_wrong_are_refused(tmp_path, extra, message):
     path = write_docs(tmp_path / "docs.jsonl", {"id": "a", "prompt": PROMPT} | extra)
@@ -166,8 +166,8 @@ def test_an_empty_answer_is_one_line_from_the_cli(tiny_model_dir, tmp_path):
     metric = write_docs(tmp_path / "m.jsonl", {"id": "a", "prompt": PROMPT, "metric": {"a": 1}})
     result = runner.invoke(app, run_args(tiny_model_dir, metric, tmp_path / "run"))
     assert result.exit_code == 2 and error_line(result) == (
-        f"error: {metric}:1: key 'metric' must be one of string_match_all, string_match_part; "
-        "got {'a': 1}")
+        f"error: {metric}:1: key 'metric' must be one of string_match_all, string_match_part, "
+        "final_answer; got {'a': 1}")
 
 
 # --- 4. damaged or foreign run.json: one line, a typed exception -------------------------------

@@ -543,12 +543,15 @@ def test_run_rows_and_table_read_each_actions_own_entries():
     assert [list(r) for r in rows] == [[
         "model", "action", "documents", "p_diverge", "mean_entry_time", "R", "O", "E", "Pi",
         "C", "F", "R_minus_F", "R_tv", "kl", "acceptance", "tokens_per_round", "kv_bytes",
-        "kv_fraction"]] * 2
+        "kv_fraction", "kv_fraction_generation"]] * 2
     recent = rows[1]
     assert (recent["action"], recent["R"], recent["p_diverge"], recent["F"]) == (
         "recent", 0.2, 0.3, 0.1)
     assert (recent["kl"], recent["acceptance"], recent["tokens_per_round"]) == (0.17, 0.89, 3.12)
     assert (recent["kv_bytes"], recent["kv_fraction"]) == (500.0, 0.5)
+    assert math.isnan(recent["kv_fraction_generation"])  # not in this analysis
+    assert run_rows(replace(analysis, actions=(replace(actions[0], kv_fraction_generation=0.3),
+                                               actions[1])))[0]["kv_fraction_generation"] == 0.3
     assert rows[0]["kl"] == 0.0048 and rows[0]["R_tv"] == 0.04
     console = Console(record=True, width=250)
     console.print(run_table(analysis))
@@ -577,3 +580,24 @@ def test_endpoints_are_shown_in_their_quantitys_unit(tmp_path):
     assert '<span class="est">+5.00 pp</span><br><span class="ci">[+1.00, +9.00]</span>' in table
     assert '<span class="est">+2.00 pp</span>' in table
     assert '<span class="est">25.00 %</span><br><span class="ci">[20.00, 30.00]</span>' in table
+
+
+def test_memory_over_the_generation_is_shown_where_an_action_decodes():
+    """An action compressed during generation puts "kv_fraction over H" beside the prompt
+    cache's in the summary and the headline; an analysis without one shows neither."""
+    from kvdrift.report.sections.headline import headline
+
+    plain = [replace(run_action("snapkv", R=0.1), kv_bytes=500.0, kv_fraction=0.5,
+                     kv_fraction_generation=0.62)]
+    decoding = [*plain, replace(run_action("decoding-knorm:interval=64,target=256", R=0.2),
+                                kv_bytes=1000.0, kv_fraction=1.0, kv_fraction_generation=0.31,
+                                compressions=(66, 130))]
+    for actions, shown in ((plain, False), (decoding, True)):
+        console = Console(record=True, width=250)
+        console.print(summary_table(run_analysis("rollout", actions)))
+        text = console.export_text()
+        assert ("over H" in text) == shown
+        page = str(headline(run_analysis("rollout", actions)))
+        assert ("kv_fraction over H" in page) == shown
+    line = next(x for x in text.splitlines() if "decoding-knorm" in x)
+    assert [c.strip() for c in line.split("│")[3:5]] == ["1.000", "0.310"]

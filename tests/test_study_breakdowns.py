@@ -300,9 +300,11 @@ def test_analysis_fields_by_hand():
     assert out["lags"] == windows.as_dict()
     for entry, action in zip(out["actions"], "ab", strict=True):
         assert set(entry) == {"model", "action", "documents", "kv_bytes", "kv_fraction",
+                              "kv_bytes_generation", "kv_fraction_generation", "compressions",
                               "scalars", "curves", "eos_split", "bounds"}
         # records without Q's cache size (only language-model pairs tell it): NaN (null)
         assert math.isnan(entry["kv_bytes"]) and math.isnan(entry["kv_fraction"])
+        assert math.isnan(entry["kv_bytes_generation"]) and entry["compressions"] == []
         assert (entry["model"], entry["action"], entry["documents"]) == ("m", action, 3)
         assert set(entry["curves"]) == {"timing_cdf", "expected_delta", "lag_profile",
                                         "lag_profile_strict"}
@@ -528,6 +530,7 @@ def test_run_rows_are_the_full_analysis_point_estimates_without_intervals():
         assert math.isnan(d.pop("kl")) and math.isnan(d.pop("tokens_per_round"))
         # nor Q's cache size (only LM pairs tell it)
         assert math.isnan(d.pop("kv_bytes")) and math.isnan(d.pop("kv_fraction"))
+        assert math.isnan(d.pop("kv_fraction_generation"))
         for key, value in d.items():
             want = entry["scalars"][key]["estimate"]
             assert value == want or math.isnan(value) and math.isnan(want), key

@@ -19,7 +19,7 @@ def base(**study):
 
 
 @pytest.mark.parametrize("name", ["paper-study1", "paper-study2", "cpu-demo", "cpu-dev",
-                                  "cpu-eval", "cpu-replication"])
+                                  "cpu-eval", "cpu-replication", "cpu-long"])
 def test_shipped_configs_parse(name):
     config = load_study(CONFIGS / f"{name}.toml")
     assert config.name == name and config.models and config.run.actions
@@ -28,9 +28,18 @@ def test_shipped_configs_parse(name):
 def test_shipped_configs_are_found_by_name_and_others_refused():
     assert kvdrift.shipped_config("cpu-demo") == CONFIGS / "cpu-demo.toml"
     with pytest.raises(ValueError, match=whole(
-            "shipped config must be one of cpu-demo, cpu-dev, cpu-eval, cpu-replication, "
-            "paper-study1, paper-study2; got 'cpu'")):
+            "shipped config must be one of cpu-demo, cpu-dev, cpu-eval, cpu-long, "
+            "cpu-replication, paper-study1, paper-study2; got 'cpu'")):
         kvdrift.shipped_config("cpu")
+
+
+def test_cpu_long_is_a_long_generation_under_a_decoding_press_and_its_prefill_counterpart():
+    config = load_study(CONFIGS / "cpu-long.toml")
+    assert config.run.horizon == 1024 and config.models == ("smollm2",)
+    assert config.run.actions == ("decoding-knorm:interval=64,target=256", "knorm:ratio=0.5")
+    assert not config.chat_template  # the embedded model writes the chain only without it
+    (source,) = config.documents
+    assert source.config.families == ("chain",)
 
 
 def test_cohort_is_saved_only_when_named():

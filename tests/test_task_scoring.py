@@ -76,13 +76,15 @@ def test_expected_answers_and_metric_per_document():
                                                  "metric": "string_match_part"})
     assert score_text(named, "y!") == 1.0
     with pytest.raises(ValueError, match=whole(
-            "document 'b': key 'metric' must be one of string_match_all, string_match_part; "
+            "document 'b': key 'metric' must be one of string_match_all, string_match_part, "
+            "final_answer; "
             "got 'exact'")):
         metric_name(Document("b", "p", answer="x", meta={"metric": "exact"}))
     changed = Document("c", "p", answer="x")
     changed.meta["metric"] = "exact"  # after the document was checked: metric_name refuses it
     with pytest.raises(ValueError, match=whole(
-            "document 'c': key 'metric' must be one of string_match_all, string_match_part; "
+            "document 'c': key 'metric' must be one of string_match_all, string_match_part, "
+            "final_answer; "
             "got 'exact'")):
         metric_name(changed)
 
@@ -106,7 +108,8 @@ def test_jsonl_documents_name_their_metric(tmp_path):
     assert metric_name(doc) == "string_match_part" and score_text(doc, "Y.") == 1.0
     path.write_text('{"id": 1, "prompt": "p", "answer": "x", "metric": "f1"}\n')
     with pytest.raises(ValueError, match=whole(
-            f"{path}:1: key 'metric' must be one of string_match_all, string_match_part; "
+            f"{path}:1: key 'metric' must be one of string_match_all, string_match_part, "
+            "final_answer; "
             "got 'f1'")):
         load_jsonl(path)
 

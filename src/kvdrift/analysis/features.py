@@ -18,6 +18,12 @@ from kvdrift.analysis.readings import reading_features
 from kvdrift.divergence import diverged
 from kvdrift.records.depths import depth_terms
 from kvdrift.records.schema import TERM_COLUMNS, recorded_estimator
+from kvdrift.records.terms import window_terms
+
+#: The ladder of observation windows reported for a long generation: each ``L`` below ``H``
+#: gives ``[R_L, R_L + B_L]``, what watching ``L`` steps from the divergence tells about the
+#: whole generation. Rollouts' step records give them whether or not they were recorded.
+LADDER = (64, 256, 1024)
 
 EOS_CATEGORIES = ("pre-EOS", "first EOS", "one absorbed", "both absorbed")
 SATURATION = 0.99
@@ -35,6 +41,23 @@ class DepthFeatures:
     depths: tuple[int, ...]
     observed: np.ndarray
     capacity: np.ndarray
+
+    def with_ladder(self, mismatch: np.ndarray) -> DepthFeatures:
+        """These depths and every :data:`LADDER` window below ``H`` not among them, computed
+        from complete rollouts' ``[n_docs, K, H]`` mismatches (:func:`window_terms`)."""
+        n, K, H = mismatch.shape
+        extra = [L for L in LADDER if L < H and L not in self.depths]
+        if not extra:
+            return self
+        flat = mismatch.reshape(n * K, H).astype(bool)
+        rows = {L: (self.observed[i], self.capacity[i]) for i, L in enumerate(self.depths)}
+        for L in extra:
+            w = window_terms(flat, L)
+            rows[L] = (w.observed.reshape(n, K).mean(axis=1),
+                       w.capacity.reshape(n, K).mean(axis=1))
+        depths = tuple(sorted(rows))
+        return DepthFeatures(depths, np.stack([rows[L][0] for L in depths]),
+                             np.stack([rows[L][1] for L in depths]))
 
     def subset(self, pos: np.ndarray) -> DepthFeatures:
         """The documents at positions ``pos``; each depth's row stays contiguous (a strided
@@ -191,11 +214,12 @@ def action_features(
     cols |= reading_features(x_eos, f, tau, forced)
     cols["eos_F"] = np.stack([np.where(cat == c, f, 0).sum(axis=2).mean(axis=1) / H
                               for c in range(len(EOS_CATEGORIES))], axis=1)
+    mismatch = _cube(steps, "mismatch", n, K, H)
+    depths = depths.with_ladder(mismatch)
     if windows is not None:
         cols["lag_num"], cols["lag_den"] = lag_terms(delta, tau, windows)
         cols["lag_num_strict"], cols["lag_den_strict"] = lag_terms(delta, tau, windows,
                                                                    (x_eos, y_eos))
-        mismatch = _cube(steps, "mismatch", n, K, H)
         cols |= agreement_terms(mismatch, tau, x_eos, y_eos, windows)
     measured = Measured(branches=True, forced=forced is not None)
     return DocFeatures(doc_ids, strata, cols, depths, measured)

@@ -136,7 +136,11 @@ class ActionResult:
     cache in the model's dtype, weighted means over the documents
     (:mod:`kvdrift.analysis.memory`); NaN where the records do not tell it (finite pairs,
     stores written before the columns existed). Point values: the cache size is set by the
-    action and the documents, so no interval.
+    action and the documents, so no interval. ``kv_bytes_generation`` and
+    ``kv_fraction_generation``: Q's whole cache (prompt and generated entries) averaged over the
+    generation, the measure a decoding-time press bounds; ``compressions``: the positions first
+    computed from a cache a decoding-time press compressed (any document;
+    :mod:`kvdrift.records.generation`).
     """
 
     model: str
@@ -148,10 +152,16 @@ class ActionResult:
     bounds: tuple[Bound, ...] = ()
     kv_bytes: float = float("nan")
     kv_fraction: float = float("nan")
+    kv_bytes_generation: float = float("nan")
+    kv_fraction_generation: float = float("nan")
+    compressions: tuple[int, ...] = ()
 
     def to_json(self) -> dict:
         return {"model": self.model, "action": self.action, "documents": self.documents,
                 "kv_bytes": self.kv_bytes, "kv_fraction": self.kv_fraction,
+                "kv_bytes_generation": self.kv_bytes_generation,
+                "kv_fraction_generation": self.kv_fraction_generation,
+                "compressions": list(self.compressions),
                 "scalars": {k: v.to_json() for k, v in self.scalars.items()},
                 "curves": {k: v.to_json() for k, v in self.curves.items()},
                 "eos_split": None if self.eos_split is None else self.eos_split.to_json(),
@@ -159,7 +169,10 @@ class ActionResult:
 
     def row(self) -> dict:
         return ({"model": self.model, "action": self.action, "kv_bytes": self.kv_bytes,
-                 "kv_fraction": self.kv_fraction} | interval_columns(self.scalars))
+                 "kv_fraction": self.kv_fraction,
+                 "kv_bytes_generation": self.kv_bytes_generation,
+                 "kv_fraction_generation": self.kv_fraction_generation}
+                | interval_columns(self.scalars))
 
     def to_frame(self) -> pd.DataFrame:
         """One row: ``model``, ``action``, ``kv_bytes``, ``kv_fraction`` and every scalar
@@ -169,14 +182,15 @@ class ActionResult:
     @classmethod
     def from_json(cls, data: Mapping, level: float) -> ActionResult:
         split = data.get("eos_split")
-        memory = {k: float("nan") if data[k] is None else float(data[k])
-                  for k in ("kv_bytes", "kv_fraction")}
+        memory = {k: float("nan") if data.get(k) is None else float(data[k])
+                  for k in ("kv_bytes", "kv_fraction", "kv_bytes_generation",
+                            "kv_fraction_generation")}
         return cls(str(data["model"]), str(data["action"]), int(data["documents"]),
                    _intervals_from_json(data["scalars"], data["scalars"], level),
                    {k: Curve.from_json(v, level) for k, v in (data.get("curves") or {}).items()},
                    EosSplit.from_json(split, level) if split else None,
                    tuple(Bound.from_json(b, level) for b in data.get("bounds") or ()),
-                   **memory)
+                   **memory, compressions=tuple(int(t) for t in data.get("compressions") or ()))
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from kvdrift.analysis.eos import eos_contrast_entries, eos_split_entry
 from kvdrift.analysis.features import DocFeatures, action_features, single_value
 from kvdrift.analysis.interval import Interval
 from kvdrift.analysis.lags import LagWindows
-from kvdrift.analysis.memory import memory_means
+from kvdrift.analysis.memory import compression_positions, memory_means
 from kvdrift.analysis.options import CONFIRMATORY_DRAWS, EXPLORATORY_DRAWS, AnalysisOptions
 from kvdrift.analysis.quantities import (
     action_scalars,
@@ -172,7 +172,8 @@ def action_section(s: ModelSample, action_bounds: dict[str, tuple[Bound, ...]],
             eos_split_entry(s.means[a], s.boot_means[a], alpha) if f.measured.branches
             else None,
             action_bounds[a],
-            **memory_means(s.action_replicates(a), f.doc_ids, s.weights)))
+            **memory_means(s.action_replicates(a), f.doc_ids, s.weights),
+            compressions=compression_positions(s.action_replicates(a))))
     return {"actions": out}
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 
 from kvdrift import limits
-from kvdrift.cli.common import console, say, split_list, strict_json, user_errors
+from kvdrift.cli.common import console, say, strict_json, user_errors
 from kvdrift.cli.runs import DOWNLOAD_HELP, RAY_ADDRESS_HELP, RECOMPUTE_HELP, run_with_progress
 
 #: How many documents the default sources generate (``study_config.DEFAULT_DOCUMENTS``: three
@@ -22,7 +22,9 @@ def frontier(
     families: str = typer.Option("snapkv,recent,kivi",
                                  help="Comma list of method families whose budget the search "
                                  "varies: eviction presses (snapkv, recent, pyramidkv, "
-                                 "adakv-snapkv, ...), kivi, gguf, or chains (snapkv+kivi:bits=4)."),
+                                 "adakv-snapkv, ...), kivi, gguf, chains (snapkv+kivi:bits=4), "
+                                 "or a decoding-time press over its target "
+                                 "(decoding-knorm, decoding-snapkv:interval=64,window_size=4)."),
     measure: str = typer.Option("R_tv <= 0.1", help="The measure and its tolerance: "
                                 "'R_tv <= x', 'R <= x', 'F <= x', 'kl <= x', "
                                 "'acceptance >= x' or 'task >= x'."),
@@ -64,7 +66,11 @@ def frontier(
 ) -> None:
     """Find, per family, the least KV cache certified within the tolerance at the stated
     confidence; write the frontier's report."""
-    from kvdrift.frontier_search.families import check_family_names, family_budgets
+    from kvdrift.frontier_search.families import (
+        check_family_names,
+        family_budgets,
+        split_families,
+    )
     from kvdrift.lm.loading.pretrained import check_model_name
     from kvdrift.run.outdir import check_frontier_dir
 
@@ -72,7 +78,7 @@ def frontier(
     out = check_frontier_dir(out)
     limits.search_replicates(replicates, max_replicates, ("--replicates", "--max-replicates"))
     limits.seed(seed, "--seed", limits.MAX_SEED - limits.MAX_SEARCH_REPLICATES)  # + look - 1
-    names = check_family_names(split_list(families))
+    names = check_family_names(split_families(families))
     if presses is None:  # names a presses file defines are known only once it is loaded
         for name in names:  # their press names, from a static table (no kvpress)
             _builtin_family(name)

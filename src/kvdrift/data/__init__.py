@@ -6,6 +6,7 @@ from kvdrift.data.loaders import load_hf_dataset, load_jsonl, write_jsonl
 from kvdrift.data.ruler import (
     MIN_TARGET_TOKENS,
     RULER_FAMILIES,
+    TASK_FAMILIES,
     RulerConfig,
     generate,
     make_document,
@@ -24,6 +25,7 @@ __all__ = [
     "MIN_TARGET_TOKENS",
     "NEEDLE_TYPES",
     "RULER_FAMILIES",
+    "TASK_FAMILIES",
     "Document",
     "DocumentError",
     "DocumentSource",

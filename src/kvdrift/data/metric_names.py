@@ -9,5 +9,6 @@ from __future__ import annotations
 
 STRING_MATCH_ALL = "string_match_all"
 STRING_MATCH_PART = "string_match_part"
+FINAL_ANSWER = "final_answer"
 
-METRIC_NAMES: tuple[str, ...] = (STRING_MATCH_ALL, STRING_MATCH_PART)
+METRIC_NAMES: tuple[str, ...] = (STRING_MATCH_ALL, STRING_MATCH_PART, FINAL_ANSWER)

@@ -3,7 +3,9 @@
 ``generate(RulerConfig(...), count_tokens)`` makes ``documents_per_stratum`` documents for every
 (family, target length) stratum. Each document is seeded from (seed, family, target, index)
 alone, so it does not depend on which other strata are generated or in what order.
-See ``kvdrift.data.ruler_tasks`` for the task families.
+See ``kvdrift.data.ruler_tasks`` for the task families, and ``kvdrift.data.chain_task`` for
+``chain``, a long task whose answer comes after a chain of steps (not among the default
+families: its generation must be long, ``horizon`` ~ 12 tokens per step).
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvdrift import checks, limits
+from kvdrift.data.chain_task import ChainTask
 from kvdrift.data.document import Document
+from kvdrift.data.metric_names import FINAL_ANSWER
 from kvdrift.data.ruler_tasks import (
     NEEDLE_TYPES,
     NIAH_FAMILIES,
@@ -28,6 +32,10 @@ from kvdrift.data.ruler_tasks import (
 from kvdrift.data.sizing import fit_to_length, length_band, token_counter
 
 RULER_FAMILIES: tuple[str, ...] = NIAH_FAMILIES + ("vt", "cwe", "fwe")
+"""RULER's task families: the default of a RULER source."""
+CHAIN = "chain"
+TASK_FAMILIES: tuple[str, ...] = RULER_FAMILIES + (CHAIN,)
+"""Every family a RULER source may name: RULER's and the long ``chain``."""
 MIN_TARGET_TOKENS = 512  # the longest fixed text (4 uuid needles + question) is ~310 tokens
 
 
@@ -47,7 +55,7 @@ class RulerConfig:
     Parameters
     ----------
     families
-        Task families, a subset of ``RULER_FAMILIES``.
+        Task families, a subset of ``TASK_FAMILIES`` (default: ``RULER_FAMILIES``).
     needle_types
         Value types for the needle families (``"word"``, ``"number"``, ``"uuid"``); documents
         of a needle stratum cycle through them. Ignored by ``vt``, ``cwe`` and ``fwe``.
@@ -77,7 +85,7 @@ class RulerConfig:
         object.__setattr__(self, "families", families)
         object.__setattr__(self, "needle_types", needle_types)
         object.__setattr__(self, "target_lengths", lengths)
-        _check_choices(families, RULER_FAMILIES, "family", "families")
+        _check_choices(families, TASK_FAMILIES, "family", "families")
         _check_choices(needle_types, NEEDLE_TYPES, "needle type", "needle_types")
         checks.distinct_items(lengths, "target_lengths", "one or more distinct token counts")
         for length in lengths:
@@ -126,7 +134,7 @@ def _draft(family: str, rng: random.Random, target_tokens: int, needle_type: str
     if family == "fwe":
         return build_fwe(rng)
     # in make_document's words (its checks.choice refuses an unknown family first)
-    raise checks.refuse("family", f"one of {', '.join(RULER_FAMILIES)}", family)
+    raise checks.refuse("family", f"one of {', '.join(TASK_FAMILIES)}", family)
 
 
 def make_document(
@@ -145,12 +153,18 @@ def make_document(
     applies to the needle families only. ``question_after`` splits the prompt where its
     question starts (:class:`RulerConfig`); the text is the same either way.
     """
-    checks.choice(family, "family", RULER_FAMILIES)
+    checks.choice(family, "family", TASK_FAMILIES)
     _check_length(target_tokens)
     count = token_counter(count_tokens)
     doc_seed = document_seed(seed, family, target_tokens, index)
-    draft = _draft(family, random.Random(doc_seed), target_tokens, needle_type)
-    fit = fit_to_length(draft.render, count, target_tokens)
+    if family == CHAIN:
+        chain = ChainTask(random.Random(doc_seed))
+        fit = fit_to_length(chain.render, count, target_tokens)
+        draft = TaskDraft(chain.render, (str(chain.answer(fit.units)),),
+                          chain.meta(fit.units) | {"metric": FINAL_ANSWER})
+    else:
+        draft = _draft(family, random.Random(doc_seed), target_tokens, needle_type)
+        fit = fit_to_length(draft.render, count, target_tokens)
     band = length_band(target_tokens)
     is_niah = family in NIAH_FAMILIES
     meta = {

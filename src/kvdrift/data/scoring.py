@@ -9,6 +9,11 @@ The two metrics are RULER's (Hsieh et al., 2024, https://arxiv.org/abs/2404.0665
   (``vt``), common-words (``cwe``) and frequent-words (``fwe``) families.
 - ``string_match_part``: 1 if any expected answer occurs in the output, else 0. RULER uses it
   for question answering (``qa_*``).
+- ``final_answer`` (kvdrift's, for a task whose answer comes after a chain of steps, such as
+  the ``chain`` family): 1 if the first number after the output's *last* ``Final answer:``
+  (case-insensitive) equals an expected answer as a number, else 0 (0 too when the output
+  writes no ``Final answer:``). A number written anywhere else in the chain does not count,
+  so a chain that happens to pass through the answer is not scored right.
 
 Before matching, an output is cleaned as RULER's ``postprocess_pred`` does: control characters
 become newlines and surrounding whitespace is dropped (neither changes a substring match of a
@@ -26,7 +31,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from kvdrift import checks
-from kvdrift.data.metric_names import STRING_MATCH_ALL, STRING_MATCH_PART
+from kvdrift.data.metric_names import FINAL_ANSWER, STRING_MATCH_ALL, STRING_MATCH_PART
 
 if TYPE_CHECKING:
     from kvdrift.data.document import Document
@@ -34,6 +39,8 @@ if TYPE_CHECKING:
 Metric = Callable[[str, Sequence[str]], float]
 
 _CONTROL = re.compile(r"[\x00-\x1f]")
+_FINAL = re.compile(r"final answer\s*:", re.IGNORECASE)
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 
 def postprocess(prediction: str) -> str:
@@ -59,9 +66,33 @@ def string_match_part(prediction: str, references: Sequence[str]) -> float:
     return max(_found(prediction, references))
 
 
+def final_answer(prediction: str, references: Sequence[str]) -> float:
+    """1.0 if the first number after the last ``Final answer:`` of ``prediction`` equals one
+    of ``references`` as a number, else 0.0 (no ``Final answer:``, or no number after it)."""
+    if not references:
+        raise ValueError("a task metric needs at least one expected answer")
+    text = postprocess(prediction)
+    marks = list(_FINAL.finditer(text))
+    if not marks:
+        return 0.0
+    number = _NUMBER.search(text[marks[-1].end():])
+    if number is None:
+        return 0.0
+    found = float(number.group())
+    return 1.0 if any(_as_number(ref) == found for ref in references) else 0.0
+
+
+def _as_number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
 METRICS: dict[str, Metric] = {
     STRING_MATCH_ALL: string_match_all,
     STRING_MATCH_PART: string_match_part,
+    FINAL_ANSWER: final_answer,
 }
 
 

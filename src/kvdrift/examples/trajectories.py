@@ -82,12 +82,12 @@ def recorded_tokenizers(directory: StudyDirectory) -> dict[str, set[str]]:
 
 def replicates_summary(directory: StudyDirectory) -> pd.DataFrame:
     """One row per replicate of a directory: its unit, ``horizon``, ``tau``, ``risk``,
-    ``risk_tv`` and, where recorded (``--attribution``), what Q's cache had lost at the
-    divergence."""
-    from kvdrift.records.schema import LOST_COLUMNS
+    ``risk_tv`` and, where recorded, what Q's cache had lost at the divergence
+    (``--attribution``) and the positions a decoding-time compression first shows in."""
+    from kvdrift.records.schema import GENERATION_COLUMNS, LOST_COLUMNS
 
     table = directory.store.read("replicates")
-    return table.select([c for c in (*REPLICATE_COLUMNS, *LOST_COLUMNS)
+    return table.select([c for c in (*REPLICATE_COLUMNS, *LOST_COLUMNS, GENERATION_COLUMNS[2])
                          if c in table.column_names]).to_pandas()
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from kvdrift.examples.folding import Fold, fold
 from kvdrift.examples.selection import Example
 
 
@@ -76,6 +77,9 @@ class ExampleView:
     positions: tuple[Position, ...]
     prompt_tail: str | None = None
     lost: Lost | None = None  # recorded with --attribution, for a replicate that diverged
+    # positions first computed from a cache a decoding-time press compressed (recorded,
+    # derived from the press's target and interval; :mod:`kvdrift.records.generation`)
+    compressions: tuple[int, ...] = ()
 
     @property
     def swrb(self) -> bool:
@@ -95,6 +99,19 @@ class ExampleView:
     def marked(self, t: int) -> bool:
         """Whether position ``t`` is where the branches part (tau), or SWRB's J."""
         return t == self.tau
+
+    def compressed(self, t: int) -> bool:
+        """Whether position ``t`` is the first to read Q's cache after a compression."""
+        return t in self._compression_set
+
+    @property
+    def _compression_set(self) -> frozenset[int]:
+        return frozenset(self.compressions)
+
+    def folded(self) -> Fold:
+        """The positions as shown: a long generation folded around the start, tau, each
+        compression and the end (:mod:`kvdrift.examples.folding`)."""
+        return fold(self.positions, self.tau, self.compressions)
 
     def summary(self) -> str:
         """``tau = 5, R = 0.41, R_tv = 0.22`` (SWRB: its J and R term only)."""
@@ -124,4 +141,14 @@ def example_view(frame: pd.DataFrame, example: Example, prompt_tail: str | None 
                                float(r.delta)) for r in held.itertuples())
     return ExampleView(example, str(first["estimator"]), int(rows["t"].max()),
                        float(first["R"]), float(first["R_tv"]), positions, prompt_tail,
-                       recorded_lost(replicate))
+                       recorded_lost(replicate), recorded_compressions(replicate))
+
+
+def recorded_compressions(row: pd.Series | None) -> tuple[int, ...]:
+    """The ``compression_positions`` of a replicate row (empty where not recorded)."""
+    if row is None or "compression_positions" not in row:
+        return ()
+    value = row["compression_positions"]
+    if value is None or isinstance(value, float):  # absent in a unit written before it
+        return ()
+    return tuple(int(t) for t in value)

@@ -4,8 +4,15 @@ An eviction family (``snapkv``, ``recent``, ``pyramidkv``, ``adakv-snapkv``, ...
 ratio kept on a fine grid of sixteenths; a quantization family (``kivi``, ``gguf``, ``fp8``)
 walks its ladder of bits, cache types or formats; a chain (``snapkv+kivi:bits=4``) varies the
 ratio of its eviction and keeps the rest; a family of the user's own presses (a function of the
-ratio kept, :func:`user_family`) takes the eviction grid. Budgets are ordered from the most
-cache to the least.
+ratio kept, :func:`user_family`) takes the eviction grid; a decoding-time family
+(``decoding-knorm``, ``decoding-snapkv:interval=64``) walks the entries a row keeps during
+generation (``target``, :data:`DECODING_TARGETS`), its other fields kept as written. Budgets
+are ordered from the most cache to the least.
+
+A decoding-time press leaves the prompt cache whole, so its memory is Q's whole cache averaged
+over the generation (``kv_fraction_generation``, :mod:`kvdrift.records.generation`): a frontier
+with a decoding family measures every family's budgets that way (:func:`memory_column`), so
+that all sit on one axis; other frontiers keep the prompt cache (``kv_fraction``).
 """
 
 from __future__ import annotations
@@ -24,6 +31,9 @@ RATIO_STEPS = 16
 KIVI_BITS = (8, 4, 2)
 GGUF_TYPES = ("q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
 FP8_FORMATS = ("e5m2", "e4m3")
+#: The entries per KV head a decoding family's row keeps (``target``), most memory first.
+DECODING_TARGETS = (4096, 2048, 1024, 512, 256, 128, 64, 32)
+DECODING_PREFIX = "decoding-"
 
 
 @dataclass(frozen=True)
@@ -75,6 +85,29 @@ def _ratio_family(name: str, head: str, tail: str) -> Family:
     return Family(name, tuple(budgets))
 
 
+def _decoding_family(name: str) -> Family:
+    press, colon, fields = name.partition(":")
+    if any(f.strip().startswith("target=") for f in fields.split(",")):
+        raise ValueError(f"a decoding family names its press without target= (the frontier "
+                         f"varies the entries kept): 'decoding-knorm', "
+                         f"'decoding-knorm:interval=64'; got {name!r}")
+    head = f"{press}:{fields}," if colon and fields.strip() else f"{press}:"
+    return Family(name, tuple(Budget(name, i, str(t), f"{head}target={t}")
+                              for i, t in enumerate(DECODING_TARGETS)))
+
+
+def is_decoding(family: Family) -> bool:
+    """Whether ``family`` compresses during generation (its axis is ``target``)."""
+    return family.name.startswith(DECODING_PREFIX)
+
+
+def memory_column(families: Sequence[Family]) -> str:
+    """The replicate column a frontier of ``families`` measures memory by: Q's cache over the
+    generation when any family compresses during it, else Q's prompt cache (module
+    docstring)."""
+    return "kv_fraction_generation" if any(is_decoding(f) for f in families) else "kv_fraction"
+
+
 def user_family(name: str, make: Callable[[str, float], Any]) -> tuple[Family, dict[str, Any]]:
     """A family of the user's own (``FAMILIES`` of a presses file, :mod:`kvdrift.user_presses`)
     on the same grid of ratios kept as an eviction family, and each budget's press object by
@@ -90,6 +123,22 @@ def _ladder_family(name: str, ladder: Ladder) -> Family:
     return Family(name, budgets)
 
 
+def split_families(text: str) -> tuple[str, ...]:
+    """A comma list of families, a ``key=value`` piece continuing the family before it (as in
+    ``--actions``): ``"snapkv,decoding-snapkv:interval=64,window_size=4"`` ->
+    ``("snapkv", "decoding-snapkv:interval=64,window_size=4")``."""
+    out: list[str] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        head, eq, _ = part.partition("=")
+        if out and eq and ":" not in head and "+" not in head:
+            out[-1] = f"{out[-1]},{part}"
+        else:
+            out.append(part)
+    return tuple(out)
+
+
 def check_family_names(names: Sequence[str]) -> tuple[str, ...]:
     """``names`` if they are one or more distinct family names; else one clear error."""
     return checks.distinct_items(names, "families", "one or more distinct family names")
@@ -101,7 +150,12 @@ def family_budgets(text: str) -> Family:
     name = checks.text(text, "a family (a press or quantization name)", visible=True).strip()
     head, plus, rest = name.partition("+")
     tail = plus + rest
-    if head in LADDERS and not tail:
+    if head.startswith(DECODING_PREFIX):
+        if tail:
+            raise ValueError(f"a decoding family compresses during generation and takes no "
+                             f"'+' (a decoding press comes last); got {name!r}")
+        fam = _decoding_family(name)
+    elif head in LADDERS and not tail:
         fam = _ladder_family(name, LADDERS[head])
     elif ":" in head or head in LADDERS:
         raise ValueError(f"a family names its press without a budget (the frontier varies the "

@@ -18,7 +18,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from kvdrift.frontier_search.families import Budget, Family, parse_family, user_family
+from kvdrift.frontier_search.families import (
+    Budget,
+    Family,
+    memory_column,
+    parse_family,
+    user_family,
+)
 from kvdrift.frontier_search.measure import Measure, parse_measure
 from kvdrift.frontier_search.result import FrontierResult
 from kvdrift.frontier_search.search import Sample, SearchSettings, frontier_search
@@ -121,7 +127,8 @@ class StudyEvaluator:
             series = self.config.measure.kind.read(steps, reps)
             values = {doc: group.to_numpy(dtype=float)  # in replicate order
                       for doc, group in series.sort_index().groupby(level="doc_id")}
-            kv = float(reps["kv_fraction"].mean()) if "kv_fraction" in reps else float("nan")
+            memory = memory_column(self.config.families)  # which measure: families.py
+            kv = float(reps[memory].mean()) if memory in reps else float("nan")
             out[b] = Sample(values, kv, int(reps["evaluations"].sum()))
         return out
 

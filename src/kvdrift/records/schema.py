@@ -77,6 +77,22 @@ KV_MEASURE = Column(
     "at their bits, hidden ones included) or 'stored bytes' (a press object's cache as stored, "
     "hidden entries and all-zero channels not counted); absent in stores before it",
     "language models")
+_GENERATION_WHEN = "language models; absent in stores before it"
+GENERATION = (
+    Column("kv_bytes_generation", pa.float64(),
+           "bytes of Q's cache, prompt and generated entries, averaged over positions 1..H "
+           "(a decoding-time press's evictions derived from its target and interval)",
+           _GENERATION_WHEN),
+    Column("kv_fraction_generation", pa.float64(),
+           "kv_bytes_generation over the full cache's bytes averaged over positions 1..H",
+           _GENERATION_WHEN),
+    Column("compression_positions", pa.list_(pa.int32()),
+           "the positions first computed from Q's cache after each decoding-time compression "
+           "(derived from the press's target and interval; empty without a decoding press)",
+           _GENERATION_WHEN),
+)
+"""Q's cache over the generation (:mod:`kvdrift.records.generation`): the memory a
+decoding-time press bounds, which ``kv_bytes`` (the prompt cache) does not see."""
 TIMING = (
     Column("setup_seconds", pa.float64(), "wall time to build the unit's pair"),
     Column("replicate_seconds", pa.float64(), "the estimator's wall time per replicate"),
@@ -133,7 +149,7 @@ REPLICATES = KEY + (
     *TERMS[1:5],
     Column("evaluations", pa.int64(), "kernel-pair evaluations of the replicate"),
     *TERMS[5:],
-) + DEPTH_TERMS + TIMING + MEMORY + (KV_MEASURE,) + SCORES + LOST
+) + DEPTH_TERMS + TIMING + MEMORY + (KV_MEASURE,) + GENERATION + SCORES + LOST
 """The replicate columns."""
 
 
@@ -166,6 +182,7 @@ def names(columns: Iterable[Column]) -> tuple[str, ...]:
 
 FORCED_COLUMNS = names(FORCED)
 MEMORY_COLUMNS = names(MEMORY)
+GENERATION_COLUMNS = names(GENERATION)
 TIMING_COLUMNS = names(TIMING)
 """The only columns that differ between two runs of the same settings."""
 SCORE_COLUMNS = names(SCORES)

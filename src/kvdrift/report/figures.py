@@ -92,6 +92,46 @@ def _panels(n: int, width: float = 6.2, height: float = 4.4):
     return fig, flat[:n]
 
 
+#: Above this horizon the position figures stay readable: the timing curve on a log axis of
+#: positions, the generation clock averaged over :data:`POSITION_BINS` bins of positions.
+LONG_HORIZON = 512
+POSITION_BINS = 128
+#: At most this many compressions are drawn per action (dotted lines); more are too dense.
+MAX_DRAWN_COMPRESSIONS = 64
+
+
+def binned(c: CurveArrays, bins: int = POSITION_BINS) -> tuple[CurveArrays, int]:
+    """``c`` averaged over consecutive bins of ``ceil(len / bins)`` positions (NaN left out),
+    each bin at its mean position; and the bin width (1: unchanged)."""
+    width = max(1, math.ceil(c.x.size / bins))
+    if width == 1:
+        return c, 1
+    edges = range(0, c.x.size, width)
+
+    def mean(v: np.ndarray) -> np.ndarray:
+        out = []
+        for i in edges:
+            part = v[i:i + width]
+            out.append(float(np.nanmean(part)) if np.isfinite(part).any() else math.nan)
+        return np.asarray(out)
+
+    return CurveArrays(*(mean(v) for v in (c.x, c.estimate, c.lo, c.hi))), width
+
+
+def mark_compressions(ax, action: ActionResult, color) -> bool:
+    """Dotted lines at the positions a decoding-time press's compressions first show in
+    (at most :data:`MAX_DRAWN_COMPRESSIONS`); whether any was drawn."""
+    drawn = action.compressions[:MAX_DRAWN_COMPRESSIONS]
+    for t in drawn:
+        ax.axvline(t, color=color, ls=":", lw=0.8, alpha=0.7)
+    return bool(drawn)
+
+
+def _compression_legend(ax) -> None:
+    ax.plot([], [], color="0.4", ls=":", lw=0.8,
+            label="✂ decoding-time compression (first position after it)")
+
+
 def _band(ax, c: CurveArrays, color, scale: float = 100.0) -> None:
     finite = np.isfinite(c.lo) & np.isfinite(c.hi)
     if finite.any():
@@ -139,6 +179,8 @@ def plot_timing(analysis: StudyAnalysis, path: str | Path) -> Path | None:
     """Divergence timing P(tau <= t) per action, one panel per model, with bootstrap bands.
 
     The legend gives each action's never-diverged mass 1 - P(tau <= H) with its interval.
+    Above :data:`LONG_HORIZON` positions the axis of positions is logarithmic; dotted lines
+    mark each decoding-time compression.
     """
     panels = _curve_panels(analysis, "timing_cdf")
     if not panels:
@@ -147,15 +189,22 @@ def plot_timing(analysis: StudyAnalysis, path: str | Path) -> Path | None:
     H = analysis.meta.horizon
     fig, axes = _panels(len(panels), height=5.2)
     for ax, (model, rows) in zip(axes, panels.items(), strict=True):
+        cuts = False
         for action, c in rows:
             color = colors[action.action]
             _band(ax, c, color)
             ax.plot(c.x, c.estimate * 100, color=color, lw=1.8,
                     marker="o" if c.x.size <= 40 else None, ms=2.5,
                     label=f"{action.action} — {_never_diverged(action, c)}")
+            cuts |= mark_compressions(ax, action, color)
+        if cuts:
+            _compression_legend(ax)
         ax.set_ylim(0, 100)
+        if H > LONG_HORIZON:
+            ax.set_xscale("log")
         ax.set_xlim(1, H)
-        ax.set_xlabel("generated position t (steps)")
+        ax.set_xlabel("generated position t (steps" + (", log scale)" if H > LONG_HORIZON
+                                                       else ")"))
         ax.set_ylabel("P(first divergence by step t), % of trajectories")
         ax.set_title(model)
         ax.grid(alpha=0.3)
@@ -280,7 +329,9 @@ def plot_lag_profiles(analysis: StudyAnalysis, path: str | Path) -> Path | None:
 
 
 def plot_expected_delta(analysis: StudyAnalysis, path: str | Path) -> Path | None:
-    """The generation clock: E[delta_t] by generated position per action, with bands."""
+    """The generation clock: E[delta_t] by generated position per action, with bands; above
+    :data:`LONG_HORIZON` positions averaged over bins of positions; dotted lines mark each
+    decoding-time compression."""
     panels = _curve_panels(analysis, "expected_delta")
     if not panels:
         return None
@@ -288,13 +339,20 @@ def plot_expected_delta(analysis: StudyAnalysis, path: str | Path) -> Path | Non
     H = analysis.meta.horizon
     fig, axes = _panels(len(panels))
     for ax, (model, rows) in zip(axes, panels.items(), strict=True):
+        cuts, width = False, 1
         for action, c in rows:
             color = colors[action.action]
+            if H > LONG_HORIZON:
+                c, width = binned(c)
             _band(ax, c, color)
             ax.plot(c.x, c.estimate * 100, color=color, lw=1.8, label=action.action)
+            cuts |= mark_compressions(ax, action, color)
+        if cuts:
+            _compression_legend(ax)
         ax.set_xlim(1, H)
         ax.set_ylim(bottom=0)
-        ax.set_xlabel("generated position t (steps)")
+        ax.set_xlabel("generated position t (steps" + (
+            f"; mean over bins of {width} positions)" if width > 1 else ")"))
         ax.set_ylabel(r"$E[\delta_t]$ (branch-aligned TV), %")
         ax.set_title(model)
         ax.grid(alpha=0.3)
@@ -367,23 +425,36 @@ def plot_eos_split(analysis: StudyAnalysis, path: str | Path) -> Path | None:
 
 
 def plot_task_by_divergence(analysis: StudyAnalysis, path: str | Path) -> Path | None:
-    """Accuracy difference Q - P among replicates diverged by t, per action, with bands."""
+    """Accuracy difference Q - P among replicates diverged by t, per action, with bands;
+    above :data:`LONG_HORIZON` positions on a log axis, each decoding-time compression
+    drawn."""
     groups = by_model(analysis.task_by_divergence)
     if not groups:
         return None
     colors = action_colors(analysis)
+    entries = {(a.model, a.action): a for a in analysis.actions}
+    H = analysis.meta.horizon
     fig, axes = _panels(len(groups))
     for ax, (model, rows) in zip(axes, groups.items(), strict=True):
+        cuts = False
         for row in rows:
+            action = entries.get((model, row.action))
+            if action is not None:
+                cuts |= mark_compressions(ax, action, colors.get(row.action, "black"))
             c = CurveArrays(*(np.asarray(v, dtype=np.float64) for v in (
                 row.curve.x, row.curve.estimate, row.curve.lo, row.curve.hi)))
             color = colors.get(row.action, "black")
             _band(ax, c, color)
-            ax.plot(c.x, c.estimate * 100, color=color, lw=1.8, marker=".",
+            ax.plot(c.x, c.estimate * 100, color=color, lw=1.8,
+                    marker="." if c.x.size <= 64 else None,
                     label=f"{row.action} (diverged by H: {100 * row.p_diverged[-1]:.0f}%)")
         ax.axhline(0, color="0.3", lw=0.8)
-        ax.set_xlim(1, analysis.meta.horizon)
-        ax.set_xlabel("divergence by step t")
+        if cuts:
+            _compression_legend(ax)
+        if H > LONG_HORIZON:
+            ax.set_xscale("log")
+        ax.set_xlim(1, H)
+        ax.set_xlabel("divergence by step t" + (" (log scale)" if H > LONG_HORIZON else ""))
         ax.set_ylabel("accuracy Q − P given τ ≤ t (pp)")
         ax.set_title(model)
         ax.grid(alpha=0.3)

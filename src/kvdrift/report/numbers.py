@@ -11,6 +11,7 @@ import math
 from kvdrift.analysis import registry
 from kvdrift.analysis.interval import Interval
 from kvdrift.analysis.registry import Quantity
+from kvdrift.analysis.results import StudyAnalysis
 
 MISSING = "—"
 
@@ -44,3 +45,9 @@ def headline_quantities() -> list[Quantity]:
     """The columns of the headline table, in the registry's order (``{H}`` in a label is
     replaced by the horizon)."""
     return [q for q in registry.QUANTITIES if q.headline]
+
+
+def decodes(analysis: StudyAnalysis) -> bool:
+    """Whether some action's cache was compressed during generation: then Q's cache averaged
+    over the generation (``kv_fraction_generation``) is shown beside the prompt cache's."""
+    return any(a.compressions for a in analysis.actions)

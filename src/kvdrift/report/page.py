@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from html import escape
 from string import Template
 
+from kvdrift.examples.folding import Folded
 from kvdrift.examples.views import ExampleView
 from kvdrift.report.numbers import MISSING, number_text
 from kvdrift.report.page_model import (
@@ -72,6 +73,8 @@ code { font-size: .9em; }
                    white-space: pre-wrap; word-break: break-all; unicode-bidi: isolate; }
 .tok { border-bottom: 2px solid transparent; }
 .tok.mis { border-bottom-color: #c62828; font-weight: 600; }
+.folded { color: var(--muted); font-style: italic; font-size: .8rem; }
+.cut { color: #0b5cad; font-weight: 600; padding: 0 .1rem; }
 .tau { color: #fff; background: #b26a00; font-size: .7rem; padding: 0 .2rem;
        margin-right: .1rem; border-radius: 2px; }
 """
@@ -169,9 +172,17 @@ def visible(text: str) -> str:
 
 def _side(view: ExampleView, side: str) -> str:
     """One branch's tokens as spans: TV as a red background shade, a mismatch underlined,
-    tau's position preceded by its mark."""
+    tau's position preceded by its mark, a decoding-time compression's first position by
+    ✂; a long generation folded (:mod:`kvdrift.examples.folding`), one muted span per
+    folded stretch."""
     spans = []
-    for p in view.positions:
+    for p in view.folded().items:
+        if isinstance(p, Folded):
+            spans.append(f'<span class="folded"> {escape(p.summary())} </span>')
+            continue
+        if view.compressed(p.t):
+            spans.append('<span class="cut" title="first position after a decoding-time '
+                         'compression of Q\'s cache">✂</span>')
         shade = min(max(p.tv, 0.0), 1.0) if math.isfinite(p.tv) else 0.0
         tv = f"{p.tv:.2f}" if math.isfinite(p.tv) else "not measured"
         mark = '<span class="tau">τ</span>' if view.marked(p.t) else ""
@@ -188,6 +199,9 @@ def generations(view: ExampleView) -> str:
     head = (f"<p><strong>{visible(e.doc_id)} · {visible(e.action)} · replicate "
             f"{e.replicate}</strong> ({escape(view.why)}; "
             f"{escape(view.summary())})</p>")
+    fold = view.folded().summary()
+    if fold is not None:
+        head += f'<p class="note">{escape(fold)}</p>'
     prompt = ("" if view.prompt_tail is None else
               f'<div class="prompt">prompt ends: …{visible(view.prompt_tail)}</div>')
     sides = (f'<div class="sides"><div><strong>P</strong> (full cache)</div>'

@@ -15,7 +15,7 @@ from rich.text import Text
 
 from kvdrift.analysis import registry
 from kvdrift.analysis.registry import Quantity
-from kvdrift.report.numbers import MISSING, number_text
+from kvdrift.report.numbers import MISSING, decodes, number_text
 from kvdrift.text import printable
 
 if TYPE_CHECKING:
@@ -108,7 +108,8 @@ def run_rows(analysis: StudyAnalysis) -> list[dict[str, object]]:
     (NaN, written null, where not measured)."""
     return [{"model": a.model, "action": a.action, "documents": a.documents}
             | {q.name: _estimate(a, q) for q in RUN_JSON_QUANTITIES}
-            | _readings(analysis, a) | {"kv_bytes": a.kv_bytes, "kv_fraction": a.kv_fraction}
+            | _readings(analysis, a) | {"kv_bytes": a.kv_bytes, "kv_fraction": a.kv_fraction,
+                                        "kv_fraction_generation": a.kv_fraction_generation}
             for a in analysis.actions]
 
 
@@ -157,7 +158,8 @@ def _cell(q: Quantity, interval: Interval | None) -> Text:
 
 def summary_table(analysis: StudyAnalysis) -> Table:
     """One row per (model, action): P(tau<=H), R, E_H, C_H, R-F, B(a) with their intervals,
-    and ``kv_fraction`` when some action has it.
+    and ``kv_fraction`` when some action has it (and ``kv_fraction_generation``, "over H",
+    when some action compresses during generation).
 
     Percent for fractions, pp for differences, one decimal. Each cell is the estimate over its
     ``[lo, hi]``; cells are plain :class:`rich.text.Text`, so brackets are never read as markup.
@@ -179,6 +181,9 @@ def summary_table(analysis: StudyAnalysis) -> Table:
     memory = any(math.isfinite(a.kv_fraction) for a in analysis.actions)
     if memory:
         table.add_column("kv_fraction", justify="right")
+    over_h = decodes(analysis)
+    if over_h:
+        table.add_column("kv_fraction\nover H", justify="right")
     for q in quantities:
         table.add_column(f"{q.text.format(H=H)}\n({q.unit})", justify="right")
     previous = None
@@ -187,6 +192,8 @@ def summary_table(analysis: StudyAnalysis) -> Table:
         if previous is not None and model != previous:
             table.add_section()
         memory_cells = [Text(number_text(a.kv_fraction, digits=3))] if memory else []
+        if over_h:
+            memory_cells.append(Text(number_text(a.kv_fraction_generation, digits=3)))
         table.add_row(user_text(model if model != previous else ""), user_text(a.action),
                       *memory_cells, *(_cell(q, a.scalars.get(q.name)) for q in quantities))
         previous = model

@@ -11,6 +11,7 @@ random numbers make contrasts between actions less noisy).
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -25,7 +26,13 @@ from kvdrift.estimate.common import (
     make_generator,
 )
 from kvdrift.kernel import KernelPair
-from kvdrift.records.schema import KV_MEASURE, MEMORY_COLUMNS, TIMING_COLUMNS
+from kvdrift.records.generation import GenerationMemory, Schedule, generation_memory
+from kvdrift.records.schema import (
+    GENERATION,
+    KV_MEASURE,
+    MEMORY_COLUMNS,
+    TIMING_COLUMNS,
+)
 from kvdrift.run import UnitStopped
 from kvdrift.run.documents import document_table
 from kvdrift.run.estimators import Estimator, parse_estimator
@@ -239,8 +246,10 @@ def refuse_nonfinite(key: UnitKey, result: Any) -> None:
 def with_memory(replicates: pa.Table, pair: KernelPair) -> pa.Table:
     """Add the size of Q's prompt cache where the pair can tell it (language models):
     ``kv_bytes`` and ``kv_fraction`` of the full cache in the model's dtype, how they were
-    obtained (``kv_measure``) and ``kept_per_layer`` (prompt entries each layer keeps per KV
-    head: for a head-adaptive cache, the mean over its KV heads), on each row."""
+    obtained (``kv_measure``), Q's cache over the generation (``kv_bytes_generation``,
+    ``kv_fraction_generation``, ``compression_positions``: :mod:`kvdrift.records.generation`)
+    and ``kept_per_layer`` (prompt entries each layer keeps per KV head: for a head-adaptive
+    cache, the mean over its KV heads), on each row."""
     memory = getattr(pair, "kv_memory", None)
     if memory is None:
         return replicates
@@ -252,7 +261,31 @@ def with_memory(replicates: pa.Table, pair: KernelPair) -> pa.Table:
         replicates = replicates.append_column(KV_MEASURE.name, pa.array([measure] * n,
                                                                         KV_MEASURE.dtype))
     kept = pair.prompt_cache("q").kept_per_layer
+    if n:
+        generation = pair_generation(pair, int(replicates.column("horizon")[0].as_py()))
+        values = (generation.kv_bytes, generation.kv_fraction, list(generation.compressions))
+        for column, value in zip(GENERATION, values, strict=True):
+            replicates = replicates.append_column(column.name,
+                                                  pa.array([value] * n, column.dtype))
     return replicates.append_column("kept_per_layer", pa.array([kept] * n, pa.list_(pa.int64())))
+
+
+def pair_generation(pair: Any, horizon: int) -> GenerationMemory:
+    """Q's cache over ``horizon`` positions of an LM pair (:mod:`kvdrift.records.generation`):
+    its decoding rule's target and interval, the prompt entries each layer kept, the bytes of
+    one full-precision entry per layer (P's cache). A decoding rule without a fixed
+    ``target`` and ``interval`` (a press that compresses to a ratio or a threshold) has no
+    derived schedule: NaN memory and no positions, rather than numbers that would be wrong."""
+    rule = pair.decoding_rule
+    try:
+        schedule = None if rule is None else Schedule(int(rule.target), int(rule.interval))
+    except (AttributeError, TypeError, ValueError):  # a rule not of fixed target and interval
+        return GenerationMemory(math.nan, math.nan, ())
+    entry = [2 * k.shape[1] * k.shape[-1] * k.element_size()
+             for k in pair.prompt_cache("p").keys]
+    kv_bytes, _ = pair.kv_memory()
+    return generation_memory(pair.prompt_cache("q").kept_per_layer, entry, kv_bytes,
+                             pair.n_prompt, horizon, schedule)
 
 
 def prepare_document(make_pair: PairFactory, doc: Document, actions: Sequence[str]) -> None:

@@ -215,6 +215,11 @@ class LMKernelPair:
         """How :meth:`kv_memory` was obtained (the records' ``kv_measure``)."""
         return STORED_BYTES if self.general is not None else KEPT_ENTRIES
 
+    @property
+    def decoding_rule(self) -> DecodingRule | None:
+        """How Q's rows are compressed during generation (None: they are not)."""
+        return self._rule
+
     def prompt_cache(self, side: Side) -> PromptCache:
         """The side's prompt cache (``"q"``: after eviction)."""
         return self._prompt[check_side(side)]

@@ -16,7 +16,10 @@ NOTE = ('<p class="note">If each divergent trajectory is followed for only L pos
         "&tau;, every kernel pair consistent with what was observed has a risk in the sharp "
         "interval; the minimax point has worst-case error B<sub>L</sub>/2. The Hoeffding "
         "enclosure contains the full-horizon risk with probability at least 1 &minus; "
-        "&alpha; over the sampled documents.</p>")
+        "&alpha; over the sampled documents. For rollouts the ladder L = 64, 256, 1,024 "
+        "(those below H) is computed from the step records whether or not those depths were "
+        "recorded: what watching L steps from the divergence tells about the whole "
+        "generation.</p>")
 ORDER_NOTE = ('<p class="note"><em>a</em> is certainly better than <em>b</em> at depth L when '
               "the upper end of a's sharp interval is below the lower end of b's: then every "
               "kernel pair consistent with the observed window gives a lower risk to a.</p>")

@@ -14,7 +14,9 @@ HEADERS = ("scored documents", "accuracy P (%)", "accuracy Q (%)",
            "SE coupled (pp)", "SE uncoupled (pp)", "variance gain")
 NOTE = ('<p class="note">Each replicate\'s X (full cache, P) and Y (compressed, Q), decoded '
         "up to EOS, scored with the task's metric (RULER's string_match_all, or "
-        "string_match_part for QA); documents without an expected answer are left out. "
+        "string_match_part for QA, final_answer for a task answered after a chain of steps: "
+        "the number after its last &ldquo;Final answer:&rdquo;); documents without an "
+        "expected answer are left out. "
         "Flips: P right and Q wrong, and the reverse (for graded scores, the positive "
         "parts of s<sub>X</sub> &minus; s<sub>Y</sub> and s<sub>Y</sub> &minus; "
         "s<sub>X</sub>), so Q &minus; P = gained &minus; lost. SE coupled: the standard "
