@@ -30,7 +30,6 @@ from kvdrift.lm.engine.press_path import (
     KEPT_ENTRIES,
     STORED_BYTES,
     PressFailed,
-    decoding_rule,
     press_prompt_cache,
 )
 from kvdrift.lm.factory import LMPairFactory
@@ -322,18 +321,6 @@ def test_a_hub_trained_press_without_its_files_names_them(tiny_loaded):
         press_prompt_cache(tiny_loaded, ids, kvpress.QFilterPress(compression_ratio=0.5), "q",
                            "d0")
     assert "\n" not in str(info.value)
-
-
-def test_decoding_presses_kvdrift_cannot_replay_are_refused(tiny_llama):
-    cam = kvpress.CAMPress(base_press=kvpress.KnormPress(), compression_interval=4,
-                           target_size=40)
-    with pytest.raises(ValueError, match=r"^action 'cam': CAMPress compresses during decoding "
-                                         r"in its own way.*DecodingPress"):
-        decoding_rule(cam, "cam")
-    dms = kvpress.DMSPress(press=kvpress.KnormPress(), threshold=0.0, decoding=True)
-    with pytest.raises(ValueError, match="DMSPress compresses during decoding"):
-        decoding_rule(dms, "dms")
-    assert decoding_rule(kvpress.SnapKVPress(0.5), "s") is None
 
 
 # --- what a press is ------------------------------------------------------------------------

@@ -73,8 +73,8 @@ def _prepared(config: StudyConfig, run: RunConfig, fixed: list[Document], in_pro
                           allow_download, presses)
     side = driver_side(source, in_process, load)
     docs = model_documents(config, fixed, side.tokenizer)
-    check_fits(docs, run.horizon, side, config.chat_template)
-    check_actions_fit(run.actions, side, presses)
+    prompts = check_fits(docs, run.horizon, side, config.chat_template)
+    check_actions_fit(run.actions, side, presses, run.horizon, prompts)
     limits.batch_memory(min(run.batch or run.replicates, run.replicates),
                         len(side.tokenizer), run.model)  # a batch holds <= K rows
     return side, docs

@@ -411,6 +411,8 @@ def press_classes() -> list[tuple[str, str]]:
             if f.press is not None}
     spec |= {f.own_scorer.__name__: f"shared prefill: {f.table_row()[0]}"
              for f in FAMILIES.values() if f.own_scorer is not None}
+    spec |= {cls: f"shared prefill: {form}"
+             for f in FAMILIES.values() for cls, form in f.also_presses.items()}
     spec |= {cls: f"shared prefill: {short}:ratio=R | budget=B" for short, cls in
              reversed(SCORERS.items())}
     rows = []

@@ -29,14 +29,18 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
+import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import kvpress
 import torch
 from kvpress.utils import compute_n_kept
 
 from kvdrift.lm.actions.presses import Stage, clamp_to_length, fixed_press_randomness
+from kvdrift.lm.engine.press_rules import problems
 
 NEVER = torch.iinfo(torch.int32).max  # eviction step of an entry that was never evicted
 
@@ -45,48 +49,90 @@ NEVER = torch.iinfo(torch.int32).max  # eviction step of an entry that was never
 class DecodingRule:
     """When and how a row's cache is compressed during generation: kvpress's
     ``DecodingPress`` ``press`` (a ``decoding-<scorer>`` stage's, or a press object given as
-    an action), named ``label`` in messages."""
+    an action; ``CompressionRatioDecodingPress`` too, whose target follows the tokens seen),
+    named ``label`` in messages, for a prompt of ``n_prompt`` tokens (:meth:`for_prompt`).
 
-    press: Any  # kvpress.DecodingPress whose base_press is a ScorerPress
+    kvpress counts the steps since a row's last compression and compresses when they reach
+    ``interval`` or when the target is at most 1 (every step then): compression ``j`` happens
+    after generated step :meth:`step_of` ``(j)``.
+    """
+
+    press: Any  # kvpress.DecodingPress (or CompressionRatioDecodingPress) over a ScorerPress
     label: str
     failure: Callable[[str], Exception] = ValueError  # the exception a failing scorer raises
+    spec: bool = False  # named by a spec (fields interval=, buffer=), not a press object
+    n_prompt: int = 0  # the prompt's tokens (the first generated token is at position n_prompt)
 
     @staticmethod
     def of_stage(stage: Stage) -> DecodingRule:
         """The rule of a ``decoding-<scorer>`` stage (its kvpress ``DecodingPress``)."""
-        return DecodingRule(stage.build(1), stage.label)
+        return DecodingRule(stage.build(1), stage.label, spec=True)
+
+    def for_prompt(self, n_prompt: int) -> DecodingRule:
+        return dataclasses.replace(self, n_prompt=n_prompt)
 
     @property
     def scorer_name(self) -> str:
         return type(self.press.base_press).__name__
 
+    def target_at(self, length: int) -> int:
+        """Entries kept by the compression after generated step ``length`` (kvpress's own
+        ``_resolve_target_size`` at that step's position)."""
+        position = torch.tensor([[self.n_prompt + length - 1]])
+        return int(self.press._resolve_target_size({"position_ids": position}))
+
     @property
     def target(self) -> int:
-        return int(self.press.target_size)
+        """Entries kept by the first compression (every later one for a ``DecodingPress``)."""
+        return self.target_at(self.step_of(1))
 
     @property
     def interval(self) -> int:
-        """Generated steps between compressions (kvpress compresses every step if target <= 1)."""
-        return 1 if self.target <= 1 else int(self.press.compression_interval)
+        return int(self.press.compression_interval)
+
+    @functools.cached_property
+    def every_step(self) -> int:
+        """The first generated steps at which the target is at most 1, so kvpress compresses
+        at each of them (unbounded for a ``DecodingPress`` with ``target_size <= 1``)."""
+        if int(getattr(self.press, "target_size", 2)) <= 1 and \
+                type(self.press)._resolve_target_size is kvpress.DecodingPress._resolve_target_size:
+            return _UNBOUNDED
+        steps = 0
+        while steps < _UNBOUNDED and self.target_at(steps + 1) <= 1:
+            steps += 1
+        return steps
+
+    def index(self, length: int) -> int:
+        """Compressions at generated steps ``1..length``."""
+        k = self.every_step
+        return length if length <= k else k + (length - k) // self.interval
+
+    def step_of(self, j: int) -> int:
+        """The generated step after which compression ``j`` (1, 2, ...) happens (0 for j=0)."""
+        k = self.every_step
+        return j if j <= k else k + (j - k) * self.interval
 
     @property
     def buffer(self) -> int:
         return int(self.press.hidden_states_buffer_size)
 
+    def window_at(self, length: int) -> int:
+        """Attention inputs the compression after step ``length`` scores from: the steps
+        since the last compression, at most ``buffer + 1`` of them."""
+        return min(length - self.step_of(self.index(length) - 1), self.buffer + 1)
+
     @property
     def window(self) -> int:
-        """Attention inputs a compression scores from: the steps since the last compression,
-        at most ``buffer + 1`` of them."""
+        """:meth:`window_at` of every compression after the first ``every_step`` ones."""
         return min(self.interval, self.buffer + 1)
 
-    def check(self) -> None:
-        """Refuse settings the scorer cannot run with (clear error instead of kvpress's assert)."""
-        window_size = getattr(self.press.base_press, "window_size", None)
-        if isinstance(window_size, int) and self.window <= window_size:
-            raise self.failure(
-                f"{self.label}: the scorer looks at the last window_size={window_size} "
-                f"steps, but a compression sees only min(interval, buffer + 1) = {self.window}; "
-                f"raise interval= and buffer= above {window_size} or lower window_size=")
+    def check(self, action: str | None = None, horizon: int | None = None) -> None:
+        """Raise ``failure`` (one line naming ``action`` and the fix) if the press's own rules
+        cannot hold (:func:`~kvdrift.lm.engine.press_rules.problems`); a failure that
+        names the unit itself is given no ``action``."""
+        found = problems(self, horizon)
+        if found:
+            raise self.failure(found[0] if action is None else f"action {action!r}: {found[0]}")
 
     def scorer(self, m: int, compression_ratio: float) -> Any:
         """The base scorer for ``m`` live entries at ``compression_ratio`` (a copy of the
@@ -97,7 +143,11 @@ class DecodingRule:
 
     def compresses(self, lengths: torch.Tensor) -> torch.Tensor:
         """``[n]`` bool: rows that compress after reaching these lengths."""
-        return (lengths > 0) & (lengths % self.interval == 0)
+        k = self.every_step
+        return (lengths > 0) & ((lengths <= k) | ((lengths - k) % self.interval == 0))
+
+
+_UNBOUNDED = 1 << 30  # every_step of a press that compresses at every step
 
 
 @dataclass(frozen=True, eq=False)
@@ -153,8 +203,9 @@ class DecodeEvictions:
             own=tuple(torch.cat([pad(p.own[i], width, 2, NEVER) for p in parts]) for i in layers),
             inputs=tuple(torch.cat([pad(p.inputs[i], steps, 1, 0) for p in parts])
                          for i in layers),
-            order=tuple(torch.cat([pad(p.order[i], max(q.order[i].shape[2] for q in parts), 2,
-                                       -1) for p in parts]) for i in layers),
+            order=tuple(torch.cat([pad(pad(p.order[i], max(q.order[i].shape[2] for q in parts),
+                                           2, -1), max(q.order[i].shape[3] for q in parts), 3, -1)
+                                   for p in parts]) for i in layers),
         )
 
     def truncated(self, lengths: torch.Tensor) -> DecodeEvictions:
@@ -221,13 +272,10 @@ def compress_rows(
     order = list(ev.order)
     for i in rows.tolist():
         length = int(lengths[i])
-        j = length // rule.interval  # this is the row's j-th compression
+        j = rule.index(length)  # this is the row's j-th compression
+        width = max(rule.target_at(length), 1)
         for layer_idx, module in enumerate(modules):
-            if order[layer_idx].shape[2] < j:
-                o = order[layer_idx]
-                order[layer_idx] = torch.cat([o, o.new_full((o.shape[0], o.shape[1],
-                                                             j - o.shape[2], o.shape[3]), -1)],
-                                             dim=2)
+            order[layer_idx] = _grown(order[layer_idx], j, width)
             p_live, o_live, kept = _kept_entries(rule, helper, module, cache.layers[layer_idx],
                                                  ev, i, layer_idx, length, slots, slot_step,
                                                  positions)
@@ -243,6 +291,17 @@ def compress_rows(
     return DecodeEvictions(tuple(prompt), tuple(own), ev.inputs, tuple(order))
 
 
+def _grown(order: torch.Tensor, j: int, width: int) -> torch.Tensor:
+    """``order`` ``[n, kv, J, w]`` with room for ``j`` compressions of ``width`` entries
+    (a ``CompressionRatioDecodingPress`` keeps more as the generation grows)."""
+    n, kv, have, w = order.shape
+    if have < j:
+        order = torch.cat([order, order.new_full((n, kv, j - have, w), -1)], dim=2)
+    if w < width:
+        order = torch.cat([order, order.new_full((n, kv, order.shape[2], width - w), -1)], dim=3)
+    return order
+
+
 def _cache_order(
     rule: DecodingRule, ev: DecodeEvictions, i: int, layer_idx: int, length: int,
     p_live: torch.Tensor, o_live: torch.Tensor, slot_step: torch.Tensor,
@@ -251,14 +310,14 @@ def _cache_order(
     kvpress's cache holds them: before any compression the prompt as stored then the generated
     slots; after one, the entries it left in score order, then the slots written since."""
     n_prompt = p_live.shape[1]
-    done = (length - 1) // rule.interval  # compressions before this one
+    done = rule.index(length) - 1  # compressions before this one
     if done == 0:
         live = torch.cat([p_live, o_live], dim=1)
         m = int(live[0].sum())
         return torch.sort((~live).to(torch.int8), dim=1, stable=True).indices[:, :m]
     previous = ev.order[layer_idx][i, :, done - 1]  # [kv, target]
     kept = int((previous[0] >= 0).sum())
-    since = o_live & (slot_step[i] > done * rule.interval - 1)[None, :]  # written after it
+    since = o_live & (slot_step[i] > rule.step_of(done) - 1)[None, :]  # written after it
     k_new = int(since[0].sum())
     new = torch.sort((~since).to(torch.int8), dim=1, stable=True).indices[:, :k_new] + n_prompt
     return torch.cat([previous[:, :kept].long(), new], dim=1)
@@ -279,18 +338,19 @@ def _kept_entries(
     if bool((counts != m).any()):
         raise RuntimeError(f"decode-time eviction: layer {layer_idx} holds {counts.tolist()} "
                            f"live entries per KV head, expected {m} in each")
-    if m <= rule.target:
+    target = rule.target_at(length)
+    if m <= target:
         return p_live, o_live, order  # kvpress keeps all, in the same order
     keys = torch.cat([layer.prompt_keys[0], layer.keys[i]], dim=1)  # [kv, P + G, dim]
     values = torch.cat([layer.prompt_values[0], layer.values[i]], dim=1)
     idx = order[:, :, None].expand(-1, -1, keys.shape[-1])
     live_keys = keys.gather(1, idx)[None]  # [1, kv, m, dim]
     live_values = values.gather(1, idx)[None]
-    start = length - rule.window  # inputs of steps start + 1 .. length (index = step - 1)
+    start = length - rule.window_at(length)  # inputs of steps start + 1 .. length (step - 1)
     hidden = ev.inputs[layer_idx][i:i + 1, start:length]  # [1, window, hidden]
     cos, sin = positions[layer_idx]
     kwargs = {"hidden_states": hidden, "position_embeddings": (cos[i:i + 1], sin[i:i + 1])}
-    base = rule.scorer(m, helper._find_target_compression_ratio(m, rule.target))
+    base = rule.scorer(m, helper._find_target_compression_ratio(m, target))
     try:
         with fixed_press_randomness(keys.device):
             scores = base.score(module, hidden, live_keys, live_values, None, kwargs)  # [1,kv,m]

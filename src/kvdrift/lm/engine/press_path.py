@@ -40,9 +40,9 @@ import kvpress
 import torch
 from transformers import DynamicCache
 
-from kvdrift.lm.actions.identity import check_press
 from kvdrift.lm.actions.presses import fixed_press_randomness
 from kvdrift.lm.engine.decoding import DecodingRule
+from kvdrift.lm.engine.decoding_presses import decoding_rule, nested_presses
 from kvdrift.lm.engine.prefill import (
     PromptCache,
     as_prompt,
@@ -76,63 +76,10 @@ class PressCache:
     kv_fraction: float
 
 
-def decoding_rule(press: Any, name: str) -> DecodingRule | None:
-    """The decoding-time compression of ``press`` (None: it compresses at prefill only);
-    one-line ValueError for a decoding-time press kvdrift cannot step row by row."""
-    check_press(press, name)
-    decoding = press.decoding_press if isinstance(press, kvpress.PrefillDecodingPress) \
-        else press
-    if decoding is None or not _decodes(decoding):
-        return None
-    if _replays_as_decoding_press(decoding):
-        if not isinstance(decoding.base_press, kvpress.ScorerPress):
-            raise ValueError(f"action {name!r}: its DecodingPress scores with a "
-                             f"{type(decoding.base_press).__qualname__}; kvdrift replays "
-                             f"decoding-time compression with a ScorerPress as base_press")
-        return DecodingRule(decoding, name)
-    raise ValueError(
-        f"action {name!r}: {type(decoding).__qualname__} compresses during decoding in its own "
-        f"way, which kvdrift cannot replay per row; decoding-time presses measured: kvpress's "
-        f"DecodingPress (or a subclass that keeps its decoding methods) with a ScorerPress, "
-        f"alone or as PrefillDecodingPress's decoding_press")
-
-
-_DECODING_METHODS = ("forward_hook", "compress", "_find_target_compression_ratio",
-                     "_resolve_target_size")
-
-
-def _replays_as_decoding_press(press: Any) -> bool:
-    """Whether ``press`` compresses during decoding exactly as kvpress's ``DecodingPress``
-    (the class itself, or a subclass that overrides none of its decoding methods)."""
-    return isinstance(press, kvpress.DecodingPress) and all(
-        getattr(type(press), m, None) is getattr(kvpress.DecodingPress, m, None)
-        for m in _DECODING_METHODS)
-
-
-def _decodes(press: Any) -> bool:
-    """Whether a press acts on the cache during generation (kvpress's decoding presses, and
-    DMSPress with decoding=True)."""
-    if isinstance(press, (kvpress.DecodingPress, kvpress.PrefillDecodingPress)):
-        return True
-    return isinstance(press, kvpress.DMSPress) and bool(press.decoding)
-
-
-def _nested(press: Any) -> list[Any]:
-    """``press`` and every press inside it (wrappers, compositions)."""
-    found = [press]
-    if dataclasses.is_dataclass(press):
-        for f in dataclasses.fields(press):
-            value = getattr(press, f.name, None)
-            for item in value if isinstance(value, (list, tuple)) else [value]:
-                if isinstance(item, kvpress.BasePress):
-                    found += _nested(item)
-    return found
-
-
 def needs_eager(press: Any) -> bool:
     """Whether a press reads eager attention weights (ObservedAttentionPress anywhere in it):
     its prefill runs with eager attention, as kvdrift runs the named one."""
-    return any(isinstance(p, kvpress.ObservedAttentionPress) for p in _nested(press))
+    return any(isinstance(p, kvpress.ObservedAttentionPress) for p in nested_presses(press))
 
 
 def press_prompt_cache(model: Any, prompt_ids: torch.Tensor, press: Any, action: str,
@@ -171,9 +118,11 @@ def press_prompt_cache(model: Any, prompt_ids: torch.Tensor, press: Any, action:
     values = [layer.values for layer in cache.layers]
     live = _check_layers(keys, values, hidden, n, model.config, fail)
     if rule is not None and live is not None:
-        raise ValueError(f"action {action!r}: its prefill hides entries per KV head and its "
-                         f"DecodingPress then compresses during decoding; kvdrift replays "
-                         f"decoding-time compression only over caches that hide nothing")
+        raise ValueError(f"action {action!r}: its prefill press hides entries per KV head by "
+                         f"their positions in the cache, and its DecodingPress's first "
+                         f"compression reorders and shortens that cache, so kvpress then hides "
+                         f"positions that hold other entries or no longer exist; use a prefill "
+                         f"press that evicts, or the DecodingPress alone")
     logits = out.logits[:, -1].float()  # [1, V]: the press's own prefill
     if not bool(torch.isfinite(logits).all()):
         raise fail("the prefill inside the press gave non-finite logits")
