@@ -20,7 +20,7 @@ from kvdrift.cli import app
 from kvdrift.data.document import Document
 from kvdrift.data.loaders import write_jsonl
 from kvdrift.lm.actions.spec import actions_help, parse_action
-from kvdrift.lm.engine.decoding import DecodingRule
+from kvdrift.lm.engine.decoding import NEVER, DecodingRule
 from kvdrift.lm.engine.decoding_presses import decoding_rule
 from kvdrift.lm.engine.pair import LMKernelPair
 from kvdrift.lm.factory import DriverSide, check_actions_fit
@@ -35,6 +35,11 @@ def crdp(interval: int, kept: float, scorer=None) -> kvpress.CompressionRatioDec
     return kvpress.CompressionRatioDecodingPress(
         base_press=scorer or kvpress.KnormPress(), compression_interval=interval,
         target_compression_ratio=1 - kept)
+
+
+def dms(threshold: float, window: int, scorer=None) -> kvpress.DMSPress:
+    return kvpress.DMSPress(press=scorer or kvpress.KnormPress(), threshold=threshold,
+                            sliding_window_size=window, decoding=True)
 
 
 def compressions(rule: DecodingRule, steps: int) -> int:
@@ -71,6 +76,49 @@ def test_a_decoding_press_object_equals_generate_inside_it(tiny_llama, name):
     got = greedy_q(pair, LONG)
     assert got == generate_in(tiny_llama, ids, OBJECTS[name](), LONG)
     assert got != generate_in(tiny_llama, ids, None, LONG)  # the press changed Q's tokens
+
+
+@pytest.mark.parametrize("threshold, window", [(-1.2, 16), (-0.8, 100)])
+def test_dms_with_decoding_equals_generate_inside_it(tiny_llama, threshold, window):
+    """DMSPress(decoding=True): entries leaving the sliding window are hidden per KV head where
+    their score is below the threshold, prompt and generated alike (window 100 > 60 prompt
+    tokens: every hidden entry is hidden during decoding)."""
+    ids = prompt(N)
+    pair = general_pair(tiny_llama, ids, dms(threshold, window))
+    state, got = pair.start("q", 1), []
+    for _ in range(LONG):
+        lp = pair.logprobs(state)[0].clone()
+        lp[2] = -torch.inf
+        got.append(int(lp.argmax()))
+        state = pair.advance(state, torch.tensor([got[-1]]))
+    assert got == generate_in(tiny_llama, ids, dms(threshold, window), LONG)
+    assert got != generate_in(tiny_llama, ids, None, LONG)
+    ev = state.evictions
+    hidden_generated = sum(int((o != NEVER).sum()) for o in ev.own)
+    assert hidden_generated > 0
+    # an entry is hidden exactly at the step it leaves the window: n + L - 1 - W = index
+    for o in ev.own:
+        steps = o[0]  # [kv, G]
+        for head, slot in torch.nonzero(steps != NEVER).tolist():
+            assert int(steps[head, slot]) == slot + window + 1
+
+
+def test_dms_rows_forked_and_truncated_replay_their_own_hidden_entries(tiny_llama):
+    pair = general_pair(tiny_llama, prompt(N), dms(-1.2, 6))
+    xs, others = prompt(20, seed=11)[0], prompt(20, seed=12)[0]
+    alone, batch, logprobs = pair.start("q", 1), pair.start("q", 2), []
+    for t in range(20):
+        logprobs.append(pair.logprobs(alone)[0])
+        alone = pair.advance(alone, xs[t:t + 1])
+        batch = pair.advance(batch, torch.stack([xs[t], others[t]]))
+        assert torch.allclose(pair.logprobs(alone)[0], pair.logprobs(batch)[0], atol=1e-5)
+    final = pair.logprobs(alone)
+    for keep in (15, 9, 3):
+        cut = pair.truncate(pair.select(batch, torch.tensor([0])), torch.tensor([keep]))
+        assert torch.allclose(pair.logprobs(cut)[0], logprobs[keep], atol=1e-5), keep
+        for t in range(keep, 20):
+            cut = pair.advance(cut, xs[t:t + 1])
+        assert torch.allclose(pair.logprobs(cut), final, atol=1e-5), keep
 
 
 def test_the_ratio_target_follows_the_tokens_seen():
@@ -137,9 +185,9 @@ REFUSED = {
                                      target_size=40),
             r"^action 'p': CAMPress merges each evicted value into the kept entries after it, "
             r"each merge drawn with torch\.bernoulli"),
-    "dms": (lambda: kvpress.DMSPress(press=kvpress.KnormPress(), threshold=0.0, decoding=True),
-            r"^action 'p': DMSPress with decoding=True hides entries whose score falls below "
-            r"its threshold"),
+    "dms-as-decoding-press": (lambda: kvpress.PrefillDecodingPress(
+        prefilling_press=kvpress.KnormPress(0.5), decoding_press=dms(-1.2, 16)),
+        r"^action 'p': its decoding_press DMSPress scores the prompt at prefill itself"),
     "adakv-base": (lambda: kvpress.DecodingPress(base_press=kvpress.AdaKVPress(
         kvpress.KnormPress())), r"^action 'p': its DecodingPress scores with AdaKVPress, which "
                                 r"hides entries per KV head without removing them: kvpress "
@@ -230,6 +278,11 @@ def test_a_spec_whose_press_rules_cannot_hold_is_refused_at_start(spec, says):
     (crdp(300, 0.5), r"^action 'mine': its CompressionRatioDecodingPress compresses first after "
                      r"compression_interval=300 generated tokens, beyond the horizon H = 256"),
     (REFUSED["cam"][0](), r"^action 'mine': CAMPress merges"),
+    (dms(0.0, 8, kvpress.SnapKVPress()),
+     r"^action 'mine': its DMSPress scores each generated token alone \(one hidden state\), "
+     r"but its SnapKVPress looks at the last window_size=64"),
+    (dms(0.0, 8, kvpress.ObservedAttentionPress()),
+     r"^action 'mine': its DMSPress scores with ObservedAttentionPress"),
 ])
 def test_a_press_object_whose_rules_cannot_hold_is_refused_at_start(press, says):
     with pytest.raises(ValueError, match=says):

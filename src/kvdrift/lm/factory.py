@@ -232,13 +232,15 @@ def check_actions_fit(actions: Sequence[str], side: DriverSide,
             rule = None if action.decoding is None else DecodingRule.of_stage(action.decoding)
         else:
             rule = decoding_rule(press, name)
-            prefill = [p for p in nested_presses(press) if rule is None or (
-                p is not rule.press and p is not rule.press.base_press)]
-            found = prompt_problem(prefill, *shortest) if shortest else None
-            if found:
-                raise ValueError(f"action {name!r}: {found}")
         if rule is not None:
             rule.for_prompt(shortest[1] if shortest else 0).check(name, horizon)
+        if press is not None and shortest is not None:
+            decoding = () if rule is None else (rule.press, getattr(rule.press, "base_press",
+                                                                      None))
+            prefill = [p for p in nested_presses(press) if all(p is not d for d in decoding)]
+            found = prompt_problem(prefill, *shortest)
+            if found:
+                raise ValueError(f"action {name!r}: {found}")
 
 
 class ContextWindowExceeded(ValueError):

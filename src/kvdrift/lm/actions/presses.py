@@ -95,7 +95,8 @@ GENERAL_PATH: dict[str, str] = {
                   "ThinKPress(key_channel_compression_ratio=0.5)",
     "MergingPress": "merges evicted values into kept entries (values change): "
                     "MergingPress(press=KnormPress(compression_ratio=0.5))",
-    "DMSPress": "hides entries whose score is below a threshold, per KV head (decoding=False): "
+    "DMSPress": "hides entries whose score is below a threshold as they leave its sliding "
+                "window, per KV head, at prefill and (decoding=True) during generation: "
                 "DMSPress(press=KnormPress(), threshold=-5.0, sliding_window_size=128)",
     "SimLayerKVPress": "keeps only sink and recent entries in lazy layers: "
                        "SimLayerKVPress(lazy_threshold=0.9)",

@@ -238,6 +238,21 @@ class DecodeEvictions:
 
 
 @contextlib.contextmanager
+def scoring(failure: Callable[[str], Exception], what: str, device: torch.device
+            ) -> Iterator[None]:
+    """Run a scorer with its random numbers fixed (:func:`fixed_press_randomness`); an error of
+    its own becomes ``failure`` in one line, ``what (Type: first line)``, not its traceback."""
+    try:
+        with fixed_press_randomness(device):
+            yield
+    except (MemoryError, torch.OutOfMemoryError):
+        raise
+    except Exception as exc:  # the scorer's own code
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise failure(f"{what} ({type(exc).__name__}: {first})") from exc
+
+
+@contextlib.contextmanager
 def capture_attention_inputs(modules: list[Any]) -> Iterator[dict[int, Any]]:
     """Record each attention module's input hidden states and position embeddings of one
     forward (what kvpress's decoding hook reads from the same place)."""
@@ -255,7 +270,7 @@ def capture_attention_inputs(modules: list[Any]) -> Iterator[dict[int, Any]]:
 
 
 def compress_rows(
-    rule: DecodingRule,
+    rule: Any,  # DecodingRule, or another rule with its own compress
     ev: DecodeEvictions,
     rows: torch.Tensor,  # [r] long: rows that compress now
     lengths: torch.Tensor,  # [n] long: lengths after the step just taken
@@ -265,7 +280,11 @@ def compress_rows(
     modules: list[Any],  # attention module of each layer, by layer index
     positions: dict[int, Any],  # layer -> (cos, sin) of the step just taken, [n, 1, dim]
 ) -> DecodeEvictions:
-    """Compress the given rows' caches as kvpress's ``DecodingPress`` does (module docstring)."""
+    """Compress the given rows' caches as kvpress's ``DecodingPress`` does (module docstring);
+    another rule (:class:`~kvdrift.lm.engine.decoding_threshold.ThresholdRule`) applies its own
+    ``compress``."""
+    if not isinstance(rule, DecodingRule):
+        return rule.compress(ev, rows, lengths, slots, slot_step, cache, modules)
     helper = rule.press  # kvpress's DecodingPress, for its exact ratio search
     prompt = [p.clone() for p in ev.prompt]
     own = [o.clone() for o in ev.own]
@@ -351,18 +370,12 @@ def _kept_entries(
     cos, sin = positions[layer_idx]
     kwargs = {"hidden_states": hidden, "position_embeddings": (cos[i:i + 1], sin[i:i + 1])}
     base = rule.scorer(m, helper._find_target_compression_ratio(m, target))
-    try:
-        with fixed_press_randomness(keys.device):
-            scores = base.score(module, hidden, live_keys, live_values, None, kwargs)  # [1,kv,m]
-    except (MemoryError, torch.OutOfMemoryError):
-        raise
-    except Exception as exc:  # the scorer's own code: one line, not its traceback
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise rule.failure(f"{rule.label}: {rule.scorer_name} cannot score during decoding "
-                           f"({type(exc).__name__}: {first})") from exc
+    with scoring(rule.failure, f"{rule.label}: {rule.scorer_name} cannot score during decoding",
+                 keys.device):
+        scores = base.score(module, hidden, live_keys, live_values, None, kwargs)  # [1,kv,m]
     top = scores[0].topk(compute_n_kept(m, base.compression_ratio), dim=-1).indices
     return p_live, o_live, order.gather(1, top)
 
 
 __all__ = ["NEVER", "DecodeEvictions", "DecodingRule", "capture_attention_inputs",
-           "compress_rows"]
+           "compress_rows", "scoring"]

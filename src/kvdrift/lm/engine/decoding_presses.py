@@ -2,10 +2,11 @@
 
 A press object given as an action may compress during generation: a ``DecodingPress`` (or
 ``CompressionRatioDecodingPress``, whose target is a fraction of the tokens seen) over any
-``ScorerPress``, alone or as ``PrefillDecodingPress``'s ``decoding_press``. Each becomes a
-:class:`~kvdrift.lm.engine.decoding.DecodingRule`, which replays kvpress's compressions on every
-row exactly. A press kvdrift does not replay is refused in one line that says what the press
-itself does that stands in the way.
+``ScorerPress``, alone or as ``PrefillDecodingPress``'s ``decoding_press``, becomes a
+:class:`~kvdrift.lm.engine.decoding.DecodingRule`; a ``DMSPress`` with ``decoding=True`` a
+:class:`~kvdrift.lm.engine.decoding_threshold.ThresholdRule`. Each replays kvpress's
+compressions on every row exactly. A press kvdrift does not replay is refused in one line
+that says what the press itself does that stands in the way.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import kvpress
 
 from kvdrift.lm.actions.identity import check_press
 from kvdrift.lm.engine.decoding import DecodingRule
+from kvdrift.lm.engine.decoding_threshold import ThresholdRule
 
 # DecodingPress methods a replayed press must inherit unchanged (its target may follow
 # CompressionRatioDecodingPress's rule: kvdrift asks the press for it at every compression).
@@ -35,7 +37,7 @@ CAM_REASON = (
     "replay these merges, so it is not measured")
 
 
-def decoding_rule(press: Any, name: str) -> DecodingRule | None:
+def decoding_rule(press: Any, name: str) -> DecodingRule | ThresholdRule | None:
     """The decoding-time compression of ``press`` (None: it compresses at prefill only);
     one-line ValueError, in the press's own terms, for one kvdrift does not replay."""
     check_press(press, name)
@@ -48,6 +50,8 @@ def decoding_rule(press: Any, name: str) -> DecodingRule | None:
     refused = _refusal(decoding, prefill)
     if refused is not None:
         raise ValueError(f"action {name!r}: {refused}")
+    if isinstance(decoding, kvpress.DMSPress):
+        return ThresholdRule(decoding, name)
     return DecodingRule(decoding, name)
 
 
@@ -57,9 +61,11 @@ def _refusal(decoding: Any, prefill: Any) -> str | None:
     if isinstance(decoding, kvpress.CAMPress):
         return CAM_REASON
     if isinstance(decoding, kvpress.DMSPress):
-        return ("DMSPress with decoding=True hides entries whose score falls below its threshold "
-                "as they leave its sliding window during generation; kvdrift does not replay "
-                "this yet (DMSPress with decoding=False is measured)")
+        if prefill is not None:
+            return ("its decoding_press DMSPress scores the prompt at prefill itself (kvpress "
+                    "fails at the first decoding step without those scores); give the DMSPress "
+                    "alone, it compresses at prefill and during decoding")
+        return None
     overridden = [m for m in _DECODING_METHODS
                   if getattr(type(decoding), m) is not getattr(kvpress.DecodingPress, m)]
     if type(decoding)._resolve_target_size not in _TARGET_RULES:

@@ -43,6 +43,7 @@ from transformers import DynamicCache
 from kvdrift.lm.actions.presses import fixed_press_randomness
 from kvdrift.lm.engine.decoding import DecodingRule
 from kvdrift.lm.engine.decoding_presses import decoding_rule, nested_presses
+from kvdrift.lm.engine.decoding_threshold import ThresholdRule
 from kvdrift.lm.engine.prefill import (
     PromptCache,
     as_prompt,
@@ -71,7 +72,7 @@ class PressCache:
     """Q's prompt cache as a press left it, its decoding-time rule and what it stores."""
 
     cache: PromptCache
-    rule: DecodingRule | None  # compressions during Q's generation (None: none)
+    rule: DecodingRule | ThresholdRule | None  # compressions during Q's generation (None: none)
     kv_bytes: float
     kv_fraction: float
 
@@ -91,7 +92,7 @@ def press_prompt_cache(model: Any, prompt_ids: torch.Tensor, press: Any, action:
     fail = _Failure(action, document)
     rule = decoding_rule(press, action)
     if rule is not None:  # a scorer failing during Q's steps names the unit too
-        rule = dataclasses.replace(rule, label="its DecodingPress", failure=fail)
+        rule = dataclasses.replace(rule, label=f"its {type(rule.press).__name__}", failure=fail)
     model = unwrap_model(model)
     ids = as_prompt(prompt_ids, model)
     n = ids.shape[1]
@@ -106,6 +107,8 @@ def press_prompt_cache(model: Any, prompt_ids: torch.Tensor, press: Any, action:
                 out = model(input_ids=ids, past_key_values=cache, use_cache=True,
                             logits_to_keep=1)
             hidden = take_hidden_entries(model, len(cache.layers))
+            if isinstance(rule, ThresholdRule):  # the prompt's window of scores
+                rule = rule.after_prefill(rule.press, len(cache.layers))
     except (MemoryError, torch.OutOfMemoryError):
         raise
     except Exception as exc:  # the press's own code: any error is its failure
@@ -117,7 +120,7 @@ def press_prompt_cache(model: Any, prompt_ids: torch.Tensor, press: Any, action:
     keys = [layer.keys for layer in cache.layers]
     values = [layer.values for layer in cache.layers]
     live = _check_layers(keys, values, hidden, n, model.config, fail)
-    if rule is not None and live is not None:
+    if isinstance(rule, DecodingRule) and live is not None:
         raise ValueError(f"action {action!r}: its prefill press hides entries per KV head by "
                          f"their positions in the cache, and its DecodingPress's first "
                          f"compression reorders and shortens that cache, so kvpress then hides "
