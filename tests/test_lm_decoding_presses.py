@@ -359,3 +359,20 @@ def test_decoding_presses_on_smollm2_equal_generate_over_256_positions(press_cla
     assert compressions(pair._rule, LONG) >= 3
     want = generate_in(loaded.model, ids, parse_action(spec).make_press(ids.shape[1]), LONG)
     assert greedy_q(pair, LONG) == want
+
+
+@pytest.mark.slow
+def test_dms_with_decoding_on_smollm2_equals_generate_over_256_positions():
+    from kvdrift.lm.loading.model import encode_prompt, load_model
+
+    loaded = load_model("smollm2")
+    text = ("Rivers carve valleys over millennia; glaciers widen them, and the sea floods "
+            "their mouths when the ice melts. ") * 6 + "Explain how a fjord forms."
+    ids = encode_prompt(loaded.tokenizer, text)
+
+    def make():  # hides keys of norm above 20 (about a tenth of them) as they leave 64 steps
+        return dms(-20.0, 64)
+
+    got = greedy_q(general_pair(loaded.model, ids, make()), LONG)
+    assert got == generate_in(loaded.model, ids, make(), LONG)
+    assert got != generate_in(loaded.model, ids, None, LONG)
