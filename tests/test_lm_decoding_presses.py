@@ -376,3 +376,32 @@ def test_dms_with_decoding_on_smollm2_equals_generate_over_256_positions():
     got = greedy_q(general_pair(loaded.model, ids, make()), LONG)
     assert got == generate_in(loaded.model, ids, make(), LONG)
     assert got != generate_in(loaded.model, ids, None, LONG)
+
+
+# --- a wrapper that cannot take a scorer reading attention weights -----------------------------
+
+@pytest.mark.parametrize("spec, wrapper, why", [
+    ("adakv-observed_attention:ratio=0.5", "AdaKVPress", "asserts the attention is not eager"),
+    ("criticaladakv-observed_attention:ratio=0.5", "CriticalAdaKVPress",
+     "asserts the attention is not eager"),
+    ("block-observed_attention:ratio=0.5", "BlockPress", "asserts it is given no attention"),
+    ("chunk-observed_attention:ratio=0.5", "ChunkPress", "asserts it is given no attention"),
+    ("chunkkv-observed_attention:ratio=0.5", "ChunkKVPress", "asserts it is given no attention"),
+])
+def test_a_wrapper_refusing_attention_weights_is_refused_when_parsed(spec, wrapper, why):
+    """These failed with kvpress's AssertionError inside the unit; now the spec is refused."""
+    with pytest.raises(ValueError, match=rf"^action '{spec}': \S+: kvpress's {wrapper} .*{why}"
+                                         rf".* \(ObservedAttentionPress\); score with another "
+                                         rf"scorer, or drop the wrapper$"):
+        parse_action(spec)
+    parse_action(spec.replace("observed_attention", "knorm"))
+    parse_action("criticalkv-observed_attention:ratio=0.5")  # CriticalKV passes them on
+
+
+def test_a_press_object_wrapping_attention_weights_wrongly_is_refused_at_start(tiny_llama):
+    press = kvpress.ChunkPress(kvpress.ObservedAttentionPress(0.5), chunk_length=16)
+    with pytest.raises(ValueError, match=r"^action 'mine': its ChunkPress: kvpress's ChunkPress "
+                                         r"scores chunk by chunk and asserts"):
+        check_actions_fit(["mine"], SIDE, {"mine": press}, 256)
+    with pytest.raises(Exception, match="does not support attentions"):  # what kvpress does
+        general_pair(tiny_llama, prompt(N), press)

@@ -30,7 +30,7 @@ from kvdrift.lm.engine.decoding_presses import decoding_rule, nested_presses
 from kvdrift.lm.engine.pair import LMKernelPair
 from kvdrift.lm.engine.prefill import PromptCache, own_prefill_reason, prefill_shared
 from kvdrift.lm.engine.press_path import press_prompt_cache
-from kvdrift.lm.engine.press_rules import prompt_problem
+from kvdrift.lm.engine.press_rules import prompt_problem, wrapped_problem
 from kvdrift.lm.loading.model import (
     LoadedModel,
     encode_prompt,
@@ -234,11 +234,12 @@ def check_actions_fit(actions: Sequence[str], side: DriverSide,
             rule = decoding_rule(press, name)
         if rule is not None:
             rule.for_prompt(shortest[1] if shortest else 0).check(name, horizon)
-        if press is not None and shortest is not None:
+        if press is not None:
             decoding = () if rule is None else (rule.press, getattr(rule.press, "base_press",
                                                                       None))
             prefill = [p for p in nested_presses(press) if all(p is not d for d in decoding)]
-            found = prompt_problem(prefill, *shortest)
+            found = wrapped_problem(prefill) or (
+                prompt_problem(prefill, *shortest) if shortest is not None else None)
             if found:
                 raise ValueError(f"action {name!r}: {found}")
 

@@ -69,6 +69,29 @@ SCORERS: dict[str, str] = {
 # Scorers that read the attention weights of the layer: eager attention in prefill only.
 NEEDS_ATTENTION_WEIGHTS: frozenset[type] = frozenset({kvpress.ObservedAttentionPress})
 
+# Wrappers that cannot take a scorer reading attention weights, and why (kvpress asserts).
+REFUSES_ATTENTION_WEIGHTS: dict[type, str] = {
+    kvpress.AdaKVPress: "asserts the attention is not eager, and the scorer reads the eager "
+                        "attention's weights",
+    kvpress.CriticalAdaKVPress: "asserts the attention is not eager, and the scorer reads the "
+                                "eager attention's weights",
+    kvpress.BlockPress: "scores block by block and asserts it is given no attention weights",
+    kvpress.ChunkPress: "scores chunk by chunk and asserts it is given no attention weights",
+    kvpress.ChunkKVPress: "scores chunk by chunk and asserts it is given no attention weights",
+}
+
+
+def wrapper_problem(wrapper: type | None, scorer: type) -> str | None:
+    """Why the kvpress press class ``wrapper`` cannot wrap the scorer class ``scorer``, or
+    None (a scorer reading attention weights inside a wrapper that refuses them)."""
+    if wrapper is None or scorer not in NEEDS_ATTENTION_WEIGHTS:
+        return None
+    why = next((w for cls, w in REFUSES_ATTENTION_WEIGHTS.items() if issubclass(wrapper, cls)),
+               None)
+    return None if why is None else (f"kvpress's {wrapper.__name__} {why} ({scorer.__name__}); "
+                                     f"score with another scorer, or drop the wrapper")
+
+
 # kvpress presses that kvdrift cannot measure, and why (shown when a user names one).
 NOT_OFFERED: dict[str, str] = {
     "DuoAttentionPress": "it downloads its attention-head patterns over HTTP (GitHub) and a "

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 
 import kvpress
 
+from kvdrift.lm.actions.presses import wrapper_problem
+
 if TYPE_CHECKING:
     from kvdrift.lm.engine.decoding import DecodingRule
 
@@ -94,4 +96,17 @@ def prompt_problem(presses: list[object], document: str, n_prompt: int) -> str |
     return None
 
 
-__all__ = ["NEEDS_ATTENTION", "PREFILL_ONLY", "problems", "prompt_problem", "scorer_problem"]
+def wrapped_problem(presses: list[object]) -> str | None:
+    """Why a wrapper among ``presses`` cannot run the scorer it wraps (kvpress asserts), or
+    None: :func:`~kvdrift.lm.actions.presses.wrapper_problem` for each wrapper's ``press``."""
+    for press in presses:
+        inner = getattr(press, "press", None)
+        if isinstance(inner, kvpress.BasePress):
+            found = wrapper_problem(type(press), type(inner))
+            if found:
+                return f"its {type(press).__name__}: {found}"
+    return None
+
+
+__all__ = ["NEEDS_ATTENTION", "PREFILL_ONLY", "problems", "prompt_problem", "scorer_problem",
+           "wrapped_problem"]
