@@ -252,6 +252,9 @@ SIDE = DriverSide(name="m", tokenizer=None, build=lambda: None, context_window=N
      r"^action 'decoding-knorm:interval=512,target=40': its DecodingPress compresses first "
      r"after interval=512 generated tokens, beyond the horizon H = 256, so Q would never be "
      r"compressed; lower interval= to at most 256 or raise the horizon$"),
+    ("decoding-leverage:interval=8,target=40",
+     r"^action 'decoding-leverage:interval=8,target=40': its DecodingPress scores with "
+     r"LeverageScorePress, which scores only a prefill"),
 ])
 def test_a_spec_whose_press_rules_cannot_hold_is_refused_at_start(spec, says):
     with pytest.raises(ValueError, match=says):
