@@ -41,6 +41,7 @@ from kvpress.utils import compute_n_kept
 
 from kvdrift.lm.actions.presses import Stage, clamp_to_length, fixed_press_randomness
 from kvdrift.lm.engine.press_rules import problems
+from kvdrift.lm.engine.row_compression import RowEntries, RowKept
 
 NEVER = torch.iinfo(torch.int32).max  # eviction step of an entry that was never evicted
 
@@ -140,6 +141,22 @@ class DecodingRule:
         press = copy.deepcopy(self.press.base_press)
         press.compression_ratio = compression_ratio
         return clamp_to_length(press, m)
+
+    def compress_row(self, module: Any, entries: RowEntries) -> RowKept:
+        """One row's compression in one layer (``module``), as kvpress's press does it: the
+        ``target_at(length)`` best entries by the scorer, in its ``topk`` order."""
+        kv, m = entries.keys.shape[:2]
+        target = self.target_at(entries.length)
+        if m <= target:  # kvpress keeps all, in the same order
+            return RowKept(torch.arange(m, device=entries.keys.device).expand(kv, m))
+        hidden = entries.inputs[None]  # [1, w, hidden]
+        kwargs = {"hidden_states": hidden, "position_embeddings": entries.position_embeddings}
+        base = self.scorer(m, self.press._find_target_compression_ratio(m, target))
+        with scoring(self.failure, f"{self.label}: {self.scorer_name} cannot score during "
+                                   f"decoding", hidden.device):
+            scores = base.score(module, hidden, entries.keys[None], entries.values[None], None,
+                                kwargs)  # [1, kv, m]
+        return RowKept(scores[0].topk(compute_n_kept(m, base.compression_ratio), dim=-1).indices)
 
     def compresses(self, lengths: torch.Tensor) -> torch.Tensor:
         """``[n]`` bool: rows that compress after reaching these lengths."""
@@ -285,7 +302,6 @@ def compress_rows(
     ``compress``."""
     if not isinstance(rule, DecodingRule):
         return rule.compress(ev, rows, lengths, slots, slot_step, cache, modules)
-    helper = rule.press  # kvpress's DecodingPress, for its exact ratio search
     prompt = [p.clone() for p in ev.prompt]
     own = [o.clone() for o in ev.own]
     order = list(ev.order)
@@ -295,7 +311,7 @@ def compress_rows(
         width = max(rule.target_at(length), 1)
         for layer_idx, module in enumerate(modules):
             order[layer_idx] = _grown(order[layer_idx], j, width)
-            p_live, o_live, kept = _kept_entries(rule, helper, module, cache.layers[layer_idx],
+            p_live, o_live, kept = _kept_entries(rule, module, cache.layers[layer_idx],
                                                  ev, i, layer_idx, length, slots, slot_step,
                                                  positions)
             n_prompt = p_live.shape[1]
@@ -343,7 +359,7 @@ def _cache_order(
 
 
 def _kept_entries(
-    rule: DecodingRule, helper: Any, module: Any, layer: Any, ev: DecodeEvictions, i: int,
+    rule: DecodingRule, module: Any, layer: Any, ev: DecodeEvictions, i: int,
     layer_idx: int, length: int, slots: torch.Tensor, slot_step: torch.Tensor,
     positions: dict[int, Any],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -357,24 +373,17 @@ def _kept_entries(
     if bool((counts != m).any()):
         raise RuntimeError(f"decode-time eviction: layer {layer_idx} holds {counts.tolist()} "
                            f"live entries per KV head, expected {m} in each")
-    target = rule.target_at(length)
-    if m <= target:
+    if m <= rule.target_at(length):
         return p_live, o_live, order  # kvpress keeps all, in the same order
     keys = torch.cat([layer.prompt_keys[0], layer.keys[i]], dim=1)  # [kv, P + G, dim]
     values = torch.cat([layer.prompt_values[0], layer.values[i]], dim=1)
     idx = order[:, :, None].expand(-1, -1, keys.shape[-1])
-    live_keys = keys.gather(1, idx)[None]  # [1, kv, m, dim]
-    live_values = values.gather(1, idx)[None]
     start = length - rule.window_at(length)  # inputs of steps start + 1 .. length (step - 1)
-    hidden = ev.inputs[layer_idx][i:i + 1, start:length]  # [1, window, hidden]
     cos, sin = positions[layer_idx]
-    kwargs = {"hidden_states": hidden, "position_embeddings": (cos[i:i + 1], sin[i:i + 1])}
-    base = rule.scorer(m, helper._find_target_compression_ratio(m, target))
-    with scoring(rule.failure, f"{rule.label}: {rule.scorer_name} cannot score during decoding",
-                 keys.device):
-        scores = base.score(module, hidden, live_keys, live_values, None, kwargs)  # [1,kv,m]
-    top = scores[0].topk(compute_n_kept(m, base.compression_ratio), dim=-1).indices
-    return p_live, o_live, order.gather(1, top)
+    kept = rule.compress_row(module, RowEntries(
+        keys.gather(1, idx), values.gather(1, idx), ev.inputs[layer_idx][i, start:length],
+        (cos[i:i + 1], sin[i:i + 1]), length))
+    return p_live, o_live, order.gather(1, kept.order)
 
 
 __all__ = ["NEVER", "DecodeEvictions", "DecodingRule", "capture_attention_inputs",

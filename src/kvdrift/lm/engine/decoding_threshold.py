@@ -91,24 +91,25 @@ class ThresholdRule:
                     prompt[layer_idx][i][score < threshold, c] = length
                     continue
                 slot = int(torch.nonzero(slots[i] & (slot_step[i] == c - n))[0, 0])
-                score = self._score(module, cache.layers[layer_idx], ev.inputs[layer_idx],
-                                    i, slot, c)
+                layer = cache.layers[layer_idx]
+                score = self.entry_score(module, ev.inputs[layer_idx][i, c - n],
+                                         layer.keys[i, :, slot], layer.values[i, :, slot], c)
                 own[layer_idx][i][score < threshold, slot] = length
         return dataclasses.replace(ev, prompt=tuple(prompt), own=tuple(own))
 
-    def _score(self, module: Any, layer: Any, inputs: torch.Tensor, i: int, slot: int,
-               position: int) -> torch.Tensor:
-        """``[kv]``: the scorer's score of row ``i``'s generated entry in ``slot``, written at
-        cache ``position``, from its own step's attention input."""
-        hidden = inputs[i:i + 1, position - self.n_prompt][:, None]  # [1, 1, hidden]
-        keys = layer.keys[i:i + 1, :, slot:slot + 1]  # [1, kv, 1, dim]
-        values = layer.values[i:i + 1, :, slot:slot + 1]
+    def entry_score(self, module: Any, hidden: torch.Tensor, key: torch.Tensor,
+                    value: torch.Tensor, position: int) -> torch.Tensor:
+        """``[kv]``: the scorer's score of one generated entry (its own step's attention input
+        ``[hidden]``, key and value ``[kv, dim]``, written at cache ``position``), as kvpress
+        scored it at that step; the entry is hidden where it is below ``threshold``."""
+        hidden = hidden[None, None]  # [1, 1, hidden]
         ids = torch.tensor([[position]], device=hidden.device)
         kwargs = {"hidden_states": hidden, "position_embeddings": module.rotary_emb(hidden, ids),
                   "cache_position": ids[0], "position_ids": ids}
         with scoring(self.failure, f"{self.label}: {type(self.press.press).__name__} cannot "
                      f"score a generated token", hidden.device):
-            return self.press.press.score(module, hidden, keys, values, None, kwargs)[0, :, 0]
+            return self.press.press.score(module, hidden, key[None, :, None],
+                                          value[None, :, None], None, kwargs)[0, :, 0]
 
 
 __all__ = ["ThresholdRule"]
