@@ -39,6 +39,7 @@ import kvpress
 import torch
 from kvpress.utils import compute_n_kept
 
+from kvdrift.limits import MAX_HORIZON
 from kvdrift.lm.actions.presses import Stage, clamp_to_length, fixed_press_randomness
 from kvdrift.lm.engine.press_rules import problems
 from kvdrift.lm.engine.row_compression import RowEntries, RowKept
@@ -98,9 +99,11 @@ class DecodingRule:
         if int(getattr(self.press, "target_size", 2)) <= 1 and \
                 type(self.press)._resolve_target_size is kvpress.DecodingPress._resolve_target_size:
             return _UNBOUNDED
-        steps = 0
-        while steps < _UNBOUNDED and self.target_at(steps + 1) <= 1:
+        steps = 0  # (beyond the longest horizon, a target at most 1 is every step for good)
+        while self.target_at(steps + 1) <= 1:
             steps += 1
+            if steps > MAX_HORIZON:
+                return _UNBOUNDED
         return steps
 
     def index(self, length: int) -> int:
