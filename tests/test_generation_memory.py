@@ -24,27 +24,27 @@ N_TINY = 60
 def test_live_entries_by_hand():
     # prompt 10, target 8, interval 3: position t reads 10 + t - 1 until the compression at
     # length 3 (after position 4's forward); position 5 reads 8 + 1, ...
-    counts, fresh = live_entries(10, 12, Schedule(target=8, interval=3))
+    counts, fresh = live_entries(10, 12, Schedule.every(8, 3, 100))
     assert counts.tolist() == [10, 11, 12, 13, 9, 10, 11, 9, 10, 11, 9, 10]
     assert np.flatnonzero(fresh).tolist() == [4, 7, 10]  # positions 5, 8, 11 (0-based + 1)
-    assert compression_positions([10], 12, Schedule(8, 3)) == (5, 8, 11)
+    assert compression_positions([10], 12, Schedule.every(8, 3, 100)) == (5, 8, 11)
 
 
 def test_every_step_compression_is_seen_though_the_count_stays():
     # interval 1 at target 5 from a prompt of 5: each step writes one and evicts one, so the
     # count never drops, yet every position from 3 on reads a freshly compressed cache
-    counts, _ = live_entries(5, 6, Schedule(target=5, interval=1))
+    counts, _ = live_entries(5, 6, Schedule.every(5, 1, 100))
     assert counts.tolist() == [5, 6, 6, 6, 6, 6]
-    assert compression_positions([5], 6, Schedule(5, 1)) == (3, 4, 5, 6)
+    assert compression_positions([5], 6, Schedule.every(5, 1, 100)) == (3, 4, 5, 6)
 
 
 def test_no_compression_while_the_target_holds_everything():
-    assert compression_positions([10], 20, Schedule(target=100, interval=4)) == ()
+    assert compression_positions([10], 20, Schedule.every(100, 4, 100)) == ()
     assert compression_positions([10], 20, None) == ()
     # per layer: a layer that kept fewer prompt entries compresses later
-    assert compression_positions([10, 2], 12, Schedule(8, 3)) == (5, 8, 11)
+    assert compression_positions([10, 2], 12, Schedule.every(8, 3, 100)) == (5, 8, 11)
     # 2 + 3 and 2 + 6 entries fit the target 8 (kept, not more than it); 2 + 9 do not
-    assert compression_positions([2], 12, Schedule(8, 3)) == (11,)
+    assert compression_positions([2], 12, Schedule.every(8, 3, 100)) == (11,)
 
 
 def test_generation_memory_by_hand():
@@ -58,7 +58,7 @@ def test_generation_memory_by_hand():
     m = generation_memory([5, 5], [4.0, 4.0], 40.0, 10, 4, None)
     assert m.kv_fraction == pytest.approx(6.5 / 11.5)
     # decoding: target 8, interval 3, H = 6, prompt 10 whole: counts 10 11 12 13 9 10
-    m = generation_memory([10], [2.0], 20.0, 10, 6, Schedule(8, 3))
+    m = generation_memory([10], [2.0], 20.0, 10, 6, Schedule.every(8, 3, 100))
     assert m.kv_bytes == pytest.approx(2.0 * np.mean([10, 11, 12, 13, 9, 10]))
     assert m.kv_fraction == pytest.approx(np.mean([10, 11, 12, 13, 9, 10]) / 12.5)
     assert m.compressions == (5,)

@@ -30,7 +30,6 @@ from kvdrift.lm.engine.press_path import (
     KEPT_ENTRIES,
     STORED_BYTES,
     PressFailed,
-    decoding_rule,
     press_prompt_cache,
 )
 from kvdrift.lm.factory import LMPairFactory
@@ -338,18 +337,6 @@ def test_a_hub_trained_press_without_its_files_names_them(tiny_loaded, tiny_mode
         tiny_loaded.model.config.name_or_path = str(tiny_model_dir)
     assert "from the Hugging Face hub, which is not in the local cache (give " \
         "ExpectedAttentionStatsPress stats_folder=" in str(info.value)
-
-
-def test_decoding_presses_kvdrift_cannot_replay_are_refused(tiny_llama):
-    cam = kvpress.CAMPress(base_press=kvpress.KnormPress(), compression_interval=4,
-                           target_size=40)
-    with pytest.raises(ValueError, match=r"^action 'cam': kvpress's CAMPress is not offered: it "
-                                         r"merges values during decoding"):
-        decoding_rule(cam, "cam")
-    dms = kvpress.DMSPress(press=kvpress.KnormPress(), threshold=0.0, decoding=True)
-    with pytest.raises(ValueError, match="DMSPress compresses during decoding"):
-        decoding_rule(dms, "dms")
-    assert decoding_rule(kvpress.SnapKVPress(0.5), "s") is None
 
 
 # --- what a press is ------------------------------------------------------------------------

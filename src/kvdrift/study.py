@@ -93,9 +93,9 @@ def _prepared(config: StudyConfig, run: RunConfig, fixed: list[Document], in_pro
                           allow_download, presses, eager=frozenset(run.extra.get("eager", ())))
     side = driver_side(source, in_process, load)
     docs = model_documents(config, fixed, side.tokenizer)
-    check_fits(docs, run.horizon, side, config.chat_template)
-    check_actions_fit(run.actions, side, presses)
-    check_questions_fit(docs, run.actions, presses)
+    prompts = check_fits(docs, run.horizon, side, config.chat_template)
+    check_questions_fit(docs, run.actions, presses)  # before the press's own rules
+    check_actions_fit(run.actions, side, presses, run.horizon, prompts)
     limits.batch_memory(min(run.batch or run.replicates, run.replicates),
                         len(side.tokenizer), run.model)  # a batch holds <= K rows
     return side, docs

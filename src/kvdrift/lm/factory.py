@@ -30,8 +30,11 @@ from typing import Any
 import torch
 
 from kvdrift.data.document import Document
+from kvdrift.lm.actions.attention_use import nested_presses
 from kvdrift.lm.actions.identity import check_press
 from kvdrift.lm.actions.spec import Action, parse_action
+from kvdrift.lm.engine.decoding import DecodingRule
+from kvdrift.lm.engine.decoding_presses import decoding_rule
 from kvdrift.lm.engine.pair import LMKernelPair
 from kvdrift.lm.engine.prefill import PromptCache, own_prefill_reason, prefill, prefill_shared
 from kvdrift.lm.engine.press_path import (
@@ -40,6 +43,7 @@ from kvdrift.lm.engine.press_path import (
     press_prompt_cache,
     stored_memory,
 )
+from kvdrift.lm.engine.press_rules import prompt_problem, wrapped_problem
 from kvdrift.lm.engine.question import after_context_refusal, append_question
 from kvdrift.lm.loading.model import (
     LoadedModel,
@@ -352,15 +356,36 @@ def _refuse_sliding(config: Any, name: str) -> None:
 
 
 def check_actions_fit(actions: Sequence[str], side: DriverSide,
-                      presses: Mapping[str, object] | None = None) -> None:
-    """Raise a one-line ValueError if an action cannot run on the model (per-layer ratios
-    for another number of layers); meant to run before anything is written. Actions named
-    in ``presses`` are press objects, checked when their prefill runs."""
-    if side.layers is None:
-        return
+                      presses: Mapping[str, object] | None = None,
+                      horizon: int | None = None,
+                      prompts: Sequence[tuple[str, int]] = ()) -> None:
+    """Raise a one-line ValueError, naming the action and the fix, if an action cannot run on
+    the model (per-layer ratios for another number of layers) or its press's own rules cannot
+    hold (:mod:`~kvdrift.lm.engine.press_rules`: a decoding press's scorer window, a scorer
+    decoding cannot feed, no compression within ``horizon``, a press object's window above
+    the shortest of ``prompts`` ``(document id, prompt tokens)``; a decoding press kvdrift does
+    not replay); meant to run before anything is written. Actions named in ``presses`` are
+    press objects."""
+    shortest = min(prompts, key=lambda p: p[1]) if prompts else None
     for name in actions:
-        if name not in (presses or {}):
-            parse_action(name).check_layers(side.layers)
+        press = (presses or {}).get(name)
+        if press is None:
+            action = parse_action(name)
+            if side.layers is not None:
+                action.check_layers(side.layers)
+            rule = None if action.decoding is None else DecodingRule.of_stage(action.decoding)
+        else:
+            rule = decoding_rule(press, name)
+        if rule is not None:
+            rule.for_prompt(shortest[1] if shortest else 0).check(name, horizon)
+        if press is not None:
+            decoding = () if rule is None else (rule.press, getattr(rule.press, "base_press",
+                                                                      None))
+            prefill = [p for p in nested_presses(press) if all(p is not d for d in decoding)]
+            found = wrapped_problem(prefill) or (
+                prompt_problem(prefill, *shortest) if shortest is not None else None)
+            if found:
+                raise ValueError(f"action {name!r}: {found}")
 
 
 def check_questions_fit(documents: Sequence[Document], actions: Sequence[str],
@@ -385,24 +410,25 @@ class ContextWindowExceeded(ValueError):
 
 def check_fits(
     documents: Sequence[Document], horizon: int, side: DriverSide, chat_template: bool = True
-) -> None:
+) -> list[tuple[str, int]]:
     """Raise a clear error if a prompt plus ``horizon`` generated tokens exceeds the model's
-    context window; meant to run before any unit so that no work is wasted."""
+    context window; meant to run before any unit so that no work is wasted. Returns each
+    document's ``(id, prompt tokens)`` (for :func:`check_actions_fit`)."""
     window = side.context_window
-    if window is None:
-        return
-    if horizon >= window:  # no prompt fits at all
+    if window is not None and horizon >= window:  # no prompt fits at all
         raise ContextWindowExceeded(
             f"horizon H must be below {side.name}'s context window of {window} tokens, leaving "
             f"room for the prompt (allowed: H <= {window - 1} minus the longest prompt's "
             f"tokens); got {horizon}")
+    prompts = []
     for doc in documents:
         if doc.question is None:
             n = int(encode_prompt(side.tokenizer, doc.prompt, chat_template).shape[-1])
         else:
             n = sum(int(part.shape[-1]) for part in encode_split(
                 side.tokenizer, doc.prompt, doc.question, chat_template))
-        if n + horizon > window:
+        prompts.append((doc.id, n))
+        if window is not None and n + horizon > window:
             raise ContextWindowExceeded(
                 f"document {doc.id!r} has {n} prompt tokens; with H = {horizon} generated "
                 f"positions that exceeds {side.name}'s context window of {window} tokens "
@@ -414,3 +440,4 @@ def check_fits(
                 f"positions that exceeds {side.name}'s sliding attention window of {sliding} "
                 f"tokens: its layers attend only to their last {sliding} positions, which "
                 f"kvdrift does not model (allowed: prompt tokens <= {sliding - horizon})")
+    return prompts

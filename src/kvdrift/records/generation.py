@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -28,15 +29,37 @@ from kvdrift import checks
 
 @dataclass(frozen=True)
 class Schedule:
-    """When a decoding-time press compresses a row: after every ``interval`` generated tokens,
-    down to ``target`` entries per KV head (when more are live)."""
+    """When a decoding-time press compresses a row: ``compressions`` holds, for each
+    compression, the generated length ``L`` after which it happens and the entries per KV head
+    it keeps (when more are live)."""
 
-    target: int
-    interval: int
+    compressions: tuple[tuple[int, int], ...]
 
     def __post_init__(self) -> None:
-        checks.integer(self.target, "target", 1)
-        checks.integer(self.interval, "interval", 1)
+        for length, target in self.compressions:
+            checks.integer(length, "compression step", 1)
+            checks.integer(target, "target", 1)
+
+    @staticmethod
+    def every(target: int, interval: int, horizon: int) -> Schedule:
+        """A press that keeps ``target`` entries after every ``interval`` generated tokens."""
+        checks.integer(interval, "interval", 1)
+        return Schedule(tuple((length, target)
+                              for length in range(interval, horizon + 1, interval)))
+
+    @staticmethod
+    def of_rule(rule: Any, horizon: int) -> Schedule:
+        """The schedule of a decoding rule (:class:`kvdrift.lm.engine.decoding.DecodingRule`):
+        its own count of compressions at each length and its target there, so a press that
+        compresses at every step while its target is at most 1, or to a ratio of the tokens
+        seen, is followed exactly."""
+        return Schedule(tuple((length, max(1, int(rule.target_at(length))))
+                              for length in range(1, horizon + 1)
+                              if rule.index(length) > rule.index(length - 1)))
+
+    def target_after(self, length: int) -> int | None:
+        """The target of the compression after generated length ``length`` (None: none)."""
+        return dict(self.compressions).get(length)
 
 
 def live_entries(kept: int, horizon: int,
@@ -51,9 +74,9 @@ def live_entries(kept: int, horizon: int,
         if t >= 2:
             live += 1  # token t - 1 written by this position's forward
         counts[t - 1] = live
-        if schedule is not None and t >= 2 and (t - 1) % schedule.interval == 0 \
-                and live > schedule.target:
-            live = schedule.target  # compressed after this forward (length L = t - 1)
+        target = None if schedule is None or t < 2 else schedule.target_after(t - 1)
+        if target is not None and live > target:
+            live = target  # compressed after this forward (length L = t - 1)
             if t < horizon:
                 fresh[t] = True  # position L + 2 = t + 1
     return counts, fresh

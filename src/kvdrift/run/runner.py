@@ -272,14 +272,14 @@ def with_memory(replicates: pa.Table, pair: KernelPair) -> pa.Table:
 
 def pair_generation(pair: Any, horizon: int) -> GenerationMemory:
     """Q's cache over ``horizon`` positions of an LM pair (:mod:`kvdrift.records.generation`):
-    its decoding rule's target and interval, the prompt entries each layer kept, the bytes of
-    one full-precision entry per layer (P's cache). A decoding rule without a fixed
-    ``target`` and ``interval`` (a press that compresses to a ratio or a threshold) has no
-    derived schedule: NaN memory and no positions, rather than numbers that would be wrong."""
+    its decoding rule's compressions and targets, the prompt entries each layer kept, the
+    bytes of one full-precision entry per layer (P's cache). A rule that compresses by a
+    threshold (DMS) has no derived schedule: NaN memory and no positions, rather than numbers
+    that would be wrong."""
     rule = pair.decoding_rule
     try:
-        schedule = None if rule is None else Schedule(int(rule.target), int(rule.interval))
-    except (AttributeError, TypeError, ValueError):  # a rule not of fixed target and interval
+        schedule = None if rule is None else Schedule.of_rule(rule, horizon)
+    except (AttributeError, TypeError, ValueError):  # a rule without a count of compressions
         return GenerationMemory(math.nan, math.nan, ())
     entry = [2 * k.shape[1] * k.shape[-1] * k.element_size()
              for k in pair.prompt_cache("p").keys]

@@ -26,7 +26,9 @@ _READERS = ("score", "compress", "forward_hook")
 
 
 def nested_presses(press: Any) -> list[Any]:
-    """``press`` and every press inside it (wrappers, compositions)."""
+    """``press`` and every press inside it (wrappers, compositions); [] for None."""
+    if press is None:
+        return []
     found = [press]
     if dataclasses.is_dataclass(press):
         for f in dataclasses.fields(press):

@@ -69,15 +69,37 @@ SCORERS: dict[str, str] = {
 # Scorers that read the attention weights of the layer: eager attention in prefill only.
 NEEDS_ATTENTION_WEIGHTS: frozenset[type] = frozenset({kvpress.ObservedAttentionPress})
 
+# Wrappers that cannot take a scorer reading attention weights, and why (kvpress asserts).
+REFUSES_ATTENTION_WEIGHTS: dict[type, str] = {
+    kvpress.AdaKVPress: "asserts the attention is not eager, and the scorer reads the eager "
+                        "attention's weights",
+    kvpress.CriticalAdaKVPress: "asserts the attention is not eager, and the scorer reads the "
+                                "eager attention's weights",
+    kvpress.BlockPress: "scores block by block and asserts it is given no attention weights",
+    kvpress.ChunkPress: "scores chunk by chunk and asserts it is given no attention weights",
+    kvpress.ChunkKVPress: "scores chunk by chunk and asserts it is given no attention weights",
+}
+
+
+def wrapper_problem(wrapper: type | None, scorer: type) -> str | None:
+    """Why the kvpress press class ``wrapper`` cannot wrap the scorer class ``scorer``, or
+    None (a scorer reading attention weights inside a wrapper that refuses them)."""
+    if wrapper is None or scorer not in NEEDS_ATTENTION_WEIGHTS:
+        return None
+    why = next((w for cls, w in REFUSES_ATTENTION_WEIGHTS.items() if issubclass(wrapper, cls)),
+               None)
+    return None if why is None else (f"kvpress's {wrapper.__name__} {why} ({scorer.__name__}); "
+                                     f"score with another scorer, or drop the wrapper")
+
+
 # kvpress presses that kvdrift cannot measure, and why (shown when a user names one).
 NOT_OFFERED: dict[str, str] = {
     "FinchPress": "it deletes its delimiter token from the prompt inside the model, so Q would "
                   "read another prompt, at other positions, than P",
-    "CAMPress": "it merges values during decoding in kvpress's own cache; kvdrift replays "
-                "decoding-time compression per row only for DecodingPress",
-    "CompressionRatioDecodingPress": "it compresses during decoding to a ratio of the growing "
-                                     "cache, which kvdrift does not replay per row; use "
-                                     "decoding-<scorer> (DecodingPress) with target=",
+    "CAMPress": "it merges each evicted value into the kept entries after it, each merge drawn "
+                "with torch.bernoulli from torch's global random generator at every compression "
+                "with probabilities from the attention each entry received at every step; "
+                "kvdrift does not replay these merges",
 }
 
 _HUB = ("hub-trained: runs when its files are in the local Hugging Face cache, under the hub "
@@ -92,7 +114,8 @@ GENERAL_PATH: dict[str, str] = {
                   "ThinKPress(key_channel_compression_ratio=0.5)",
     "MergingPress": "merges evicted values into kept entries (values change): "
                     "MergingPress(press=KnormPress(compression_ratio=0.5))",
-    "DMSPress": "hides entries whose score is below a threshold, per KV head (decoding=False): "
+    "DMSPress": "hides entries whose score is below a threshold as they leave its sliding "
+                "window, per KV head, at prefill and (decoding=True) during generation: "
                 "DMSPress(press=KnormPress(), threshold=-5.0, sliding_window_size=128)",
     "SimLayerKVPress": "keeps only sink and recent entries in lazy layers: "
                        "SimLayerKVPress(lazy_threshold=0.9)",
@@ -160,6 +183,7 @@ class Family:
     head_adaptive: ClassVar[bool] = False  # kept entries differ per KV head (masked, not cut)
     uniform: ClassVar[bool] = True  # every layer and KV head keeps one count that depends on n
     is_decoding: ClassVar[bool] = False  # evicts during decoding, not at prefill
+    also_presses: ClassVar[dict[str, str]] = {}  # other kvpress classes it builds -> spec form
     own_scorer: ClassVar[type | None] = None  # a family that is one fixed scorer press, named
     #                                          alone ("pyramidkv"), not "<family>-<scorer>"
 
@@ -390,19 +414,26 @@ class PerLayer(Varying):
 
 class Decoding(Family):
     """Prefill untouched; every ``interval`` generated tokens the cache is cut to ``target``
-    (the rule itself is :mod:`kvdrift.lm.engine.decoding`)."""
+    entries (``DecodingPress``), or with ``ratio=`` to that fraction of the tokens seen so far
+    (``CompressionRatioDecodingPress``); the rule itself is :mod:`kvdrift.lm.engine.decoding`."""
 
     budgets = ()
     uniform = False
     is_decoding = True
+    also_presses = {"CompressionRatioDecodingPress": "decoding-<scorer>:interval=I,ratio=R"}
 
     def check_budget(self, stage: Stage, given: list[str]) -> None:
+        target = "target" in dict(stage.kwargs)
+        if given == ["ratio"] and not target:
+            return  # CompressionRatioDecodingPress
         if given:
             raise ValueError(f"{stage.label}: a decoding press takes target= (entries kept per "
-                             f"layer and KV head) and interval=, not {given[0]}=")
-        if "target" not in dict(stage.kwargs):
+                             f"layer and KV head) or ratio= (fraction of the tokens seen kept) "
+                             f"and interval=, not {given[0]}=")
+        if not target:
             raise ValueError(f"{stage.label}: give target=T (entries kept after each "
-                             f"decoding-time compression, >= 1) and interval=I (generated tokens "
+                             f"decoding-time compression, >= 1) or ratio=R (fraction of the "
+                             f"tokens seen kept, in (0, 1]) and interval=I (generated tokens "
                              f"between compressions)")
 
     def kept(self, stage: Stage, n: int) -> int:
@@ -411,12 +442,22 @@ class Decoding(Family):
     def is_noop(self, stage: Stage, n: int) -> bool:
         return True
 
+    def _press(self, stage: Stage) -> tuple[type, dict[str, Any]]:
+        """The kvpress class and its fields other than ``base_press``."""
+        kwargs = self.wrapper_kwargs(stage)
+        if stage.ratio is None:
+            return self.press, kwargs
+        ratio = removed_fraction(Fraction(repr(stage.ratio)))
+        return kvpress.CompressionRatioDecodingPress, {**kwargs, "target_compression_ratio": ratio}
+
     def build(self, stage: Stage, n: int) -> Any:
-        return self.press(base_press=stage.scorer_press(), **self.wrapper_kwargs(stage))
+        cls, kwargs = self._press(stage)
+        return cls(base_press=stage.scorer_press(), **kwargs)
 
     def kvpress_call(self, stage: Stage) -> str:
-        wrapper = [f"{k}={v!r}" for k, v in self.wrapper_kwargs(stage).items()]
-        return (f"{self.press_name}("
+        cls, kwargs = self._press(stage)
+        wrapper = [f"{k}={v!r}" for k, v in kwargs.items()]
+        return (f"{cls.__name__}("
                 f"{', '.join([f'base_press={scorer_call(stage, None)}', *wrapper])})")
 
     def table_row(self) -> tuple[str, str, str]:
@@ -473,7 +514,9 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
              departs=_EXACT + " (per layer)"),
     Decoding("decoding", kvpress.DecodingPress,
              "prompt untouched at prefill; after every `interval` generated tokens the row's "
-             "cache (prompt + generated) is cut to `target` entries per layer and KV head",
+             "cache (prompt + generated) is cut to `target` entries per layer and KV head (with "
+             "ratio=R: to max(1, int(seen (1 - c))) of the seen tokens, c = 1 - R: kvpress's "
+             "CompressionRatioDecodingPress)",
              (("interval", "compression_interval"), ("target", "target_size"),
               ("buffer", "hidden_states_buffer_size"))),
 )}

@@ -50,6 +50,7 @@ from kvdrift.lm.actions.presses import (
     not_a_spec,
     resolve_scorer,
     scorer_classes,
+    wrapper_problem,
 )
 from kvdrift.lm.grammar.fields import ActionError, split_actions, split_fields
 from kvdrift.lm.quantized.transform import (
@@ -102,14 +103,20 @@ class Action:
             raise ValueError(f"action {self.name!r}: a quantization can follow presses that "
                              f"keep one set of entries per KV head, not decoding-* or "
                              f"head-adaptive ones")
+        for s in stages:
+            problem = wrapper_problem(s.family.press, s.scorer)
+            if problem:
+                raise ValueError(f"action {self.name!r}: {s.label}: {problem}")
         if self.decoding is not None:
             if self.decoding.needs_attention_weights:
                 raise ValueError(f"action {self.name!r}: {self.decoding.scorer_name} needs "
                                  f"attention weights, which decoding steps do not return")
             if any(s.head_adaptive for s in stages):
-                raise ValueError(f"action {self.name!r}: decoding-time compression keeps the "
-                                 f"same count in every KV head; it cannot follow a "
-                                 f"head-adaptive press")
+                raise ValueError(f"action {self.name!r}: a head-adaptive press hides entries "
+                                 f"per KV head by their positions in the cache, and the "
+                                 f"DecodingPress's first compression reorders and shortens that "
+                                 f"cache, so kvpress then hides positions that hold other "
+                                 f"entries or no longer exist; use a prefill press that evicts")
 
     def __str__(self) -> str:
         return self.name
@@ -411,6 +418,8 @@ def press_classes() -> list[tuple[str, str]]:
             if f.press is not None}
     spec |= {f.own_scorer.__name__: f"shared prefill: {f.table_row()[0]}"
              for f in FAMILIES.values() if f.own_scorer is not None}
+    spec |= {cls: f"shared prefill: {form}"
+             for f in FAMILIES.values() for cls, form in f.also_presses.items()}
     spec |= {cls: f"shared prefill: {short}:ratio=R | budget=B" for short, cls in
              reversed(SCORERS.items())}
     rows = []

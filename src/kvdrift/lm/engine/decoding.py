@@ -29,14 +29,20 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
+import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import kvpress
 import torch
 from kvpress.utils import compute_n_kept
 
+from kvdrift.limits import MAX_HORIZON
 from kvdrift.lm.actions.presses import Stage, clamp_to_length, fixed_press_randomness
+from kvdrift.lm.engine.press_rules import problems
+from kvdrift.lm.engine.row_compression import RowEntries, RowKept
 
 NEVER = torch.iinfo(torch.int32).max  # eviction step of an entry that was never evicted
 
@@ -45,48 +51,92 @@ NEVER = torch.iinfo(torch.int32).max  # eviction step of an entry that was never
 class DecodingRule:
     """When and how a row's cache is compressed during generation: kvpress's
     ``DecodingPress`` ``press`` (a ``decoding-<scorer>`` stage's, or a press object given as
-    an action), named ``label`` in messages."""
+    an action; ``CompressionRatioDecodingPress`` too, whose target follows the tokens seen),
+    named ``label`` in messages, for a prompt of ``n_prompt`` tokens (:meth:`for_prompt`).
 
-    press: Any  # kvpress.DecodingPress whose base_press is a ScorerPress
+    kvpress counts the steps since a row's last compression and compresses when they reach
+    ``interval`` or when the target is at most 1 (every step then): compression ``j`` happens
+    after generated step :meth:`step_of` ``(j)``.
+    """
+
+    press: Any  # kvpress.DecodingPress (or CompressionRatioDecodingPress) over a ScorerPress
     label: str
     failure: Callable[[str], Exception] = ValueError  # the exception a failing scorer raises
+    spec: bool = False  # named by a spec (fields interval=, buffer=), not a press object
+    n_prompt: int = 0  # the prompt's tokens (the first generated token is at position n_prompt)
 
     @staticmethod
     def of_stage(stage: Stage) -> DecodingRule:
         """The rule of a ``decoding-<scorer>`` stage (its kvpress ``DecodingPress``)."""
-        return DecodingRule(stage.build(1), stage.label)
+        return DecodingRule(stage.build(1), stage.label, spec=True)
+
+    def for_prompt(self, n_prompt: int) -> DecodingRule:
+        return dataclasses.replace(self, n_prompt=n_prompt)
 
     @property
     def scorer_name(self) -> str:
         return type(self.press.base_press).__name__
 
+    def target_at(self, length: int) -> int:
+        """Entries kept by the compression after generated step ``length`` (kvpress's own
+        ``_resolve_target_size`` at that step's position)."""
+        position = torch.tensor([[self.n_prompt + length - 1]])
+        return int(self.press._resolve_target_size({"position_ids": position}))
+
     @property
     def target(self) -> int:
-        return int(self.press.target_size)
+        """Entries kept by the first compression (every later one for a ``DecodingPress``)."""
+        return self.target_at(self.step_of(1))
 
     @property
     def interval(self) -> int:
-        """Generated steps between compressions (kvpress compresses every step if target <= 1)."""
-        return 1 if self.target <= 1 else int(self.press.compression_interval)
+        return int(self.press.compression_interval)
+
+    @functools.cached_property
+    def every_step(self) -> int:
+        """The first generated steps at which the target is at most 1, so kvpress compresses
+        at each of them (unbounded for a ``DecodingPress`` with ``target_size <= 1``)."""
+        if int(getattr(self.press, "target_size", 2)) <= 1 and \
+                type(self.press)._resolve_target_size is kvpress.DecodingPress._resolve_target_size:
+            return _UNBOUNDED
+        steps = 0  # (beyond the longest horizon, a target at most 1 is every step for good)
+        while self.target_at(steps + 1) <= 1:
+            steps += 1
+            if steps > MAX_HORIZON:
+                return _UNBOUNDED
+        return steps
+
+    def index(self, length: int) -> int:
+        """Compressions at generated steps ``1..length``."""
+        k = self.every_step
+        return length if length <= k else k + (length - k) // self.interval
+
+    def step_of(self, j: int) -> int:
+        """The generated step after which compression ``j`` (1, 2, ...) happens (0 for j=0)."""
+        k = self.every_step
+        return j if j <= k else k + (j - k) * self.interval
 
     @property
     def buffer(self) -> int:
         return int(self.press.hidden_states_buffer_size)
 
+    def window_at(self, length: int) -> int:
+        """Attention inputs the compression after step ``length`` scores from: the steps
+        since the last compression, at most ``buffer + 1`` of them."""
+        return min(length - self.step_of(self.index(length) - 1), self.buffer + 1)
+
     @property
     def window(self) -> int:
-        """Attention inputs a compression scores from: the steps since the last compression,
-        at most ``buffer + 1`` of them."""
+        """:meth:`window_at` of every compression after the first ``every_step`` ones."""
         return min(self.interval, self.buffer + 1)
 
-    def check(self) -> None:
-        """Refuse settings the scorer cannot run with (clear error instead of kvpress's assert)."""
-        window_size = getattr(self.press.base_press, "window_size", None)
-        if isinstance(window_size, int) and self.window <= window_size:
-            raise self.failure(
-                f"{self.label}: the scorer looks at the last window_size={window_size} "
-                f"steps, but a compression sees only min(interval, buffer + 1) = {self.window}; "
-                f"raise interval= and buffer= above {window_size} or lower window_size=")
+    def check(self, action: str | None = None, horizon: int | None = None) -> None:
+        """Raise ``failure`` (one line naming ``action`` and the fix) if the press's own rules
+        cannot hold (:func:`~kvdrift.lm.engine.press_rules.problems`); a failure that
+        names the unit itself is given no ``action``."""
+        found = problems(self, horizon)
+        if found:
+            raise self.failure(found[0] if action is None else f"action {action!r}: {found[0]}")
 
     def scorer(self, m: int, compression_ratio: float) -> Any:
         """The base scorer for ``m`` live entries at ``compression_ratio`` (a copy of the
@@ -95,9 +145,29 @@ class DecodingRule:
         press.compression_ratio = compression_ratio
         return clamp_to_length(press, m)
 
+    def compress_row(self, module: Any, entries: RowEntries) -> RowKept:
+        """One row's compression in one layer (``module``), as kvpress's press does it: the
+        ``target_at(length)`` best entries by the scorer, in its ``topk`` order."""
+        kv, m = entries.keys.shape[:2]
+        target = self.target_at(entries.length)
+        if m <= target:  # kvpress keeps all, in the same order
+            return RowKept(torch.arange(m, device=entries.keys.device).expand(kv, m))
+        hidden = entries.inputs[None]  # [1, w, hidden]
+        kwargs = {"hidden_states": hidden, "position_embeddings": entries.position_embeddings}
+        base = self.scorer(m, self.press._find_target_compression_ratio(m, target))
+        with scoring(self.failure, f"{self.label}: {self.scorer_name} cannot score during "
+                                   f"decoding", hidden.device):
+            scores = base.score(module, hidden, entries.keys[None], entries.values[None], None,
+                                kwargs)  # [1, kv, m]
+        return RowKept(scores[0].topk(compute_n_kept(m, base.compression_ratio), dim=-1).indices)
+
     def compresses(self, lengths: torch.Tensor) -> torch.Tensor:
         """``[n]`` bool: rows that compress after reaching these lengths."""
-        return (lengths > 0) & (lengths % self.interval == 0)
+        k = self.every_step
+        return (lengths > 0) & ((lengths <= k) | ((lengths - k) % self.interval == 0))
+
+
+_UNBOUNDED = 1 << 30  # every_step of a press that compresses at every step
 
 
 @dataclass(frozen=True, eq=False)
@@ -153,8 +223,9 @@ class DecodeEvictions:
             own=tuple(torch.cat([pad(p.own[i], width, 2, NEVER) for p in parts]) for i in layers),
             inputs=tuple(torch.cat([pad(p.inputs[i], steps, 1, 0) for p in parts])
                          for i in layers),
-            order=tuple(torch.cat([pad(p.order[i], max(q.order[i].shape[2] for q in parts), 2,
-                                       -1) for p in parts]) for i in layers),
+            order=tuple(torch.cat([pad(pad(p.order[i], max(q.order[i].shape[2] for q in parts),
+                                           2, -1), max(q.order[i].shape[3] for q in parts), 3, -1)
+                                   for p in parts]) for i in layers),
         )
 
     def truncated(self, lengths: torch.Tensor) -> DecodeEvictions:
@@ -187,6 +258,21 @@ class DecodeEvictions:
 
 
 @contextlib.contextmanager
+def scoring(failure: Callable[[str], Exception], what: str, device: torch.device
+            ) -> Iterator[None]:
+    """Run a scorer with its random numbers fixed (:func:`fixed_press_randomness`); an error of
+    its own becomes ``failure`` in one line, ``what (Type: first line)``, not its traceback."""
+    try:
+        with fixed_press_randomness(device):
+            yield
+    except (MemoryError, torch.OutOfMemoryError):
+        raise
+    except Exception as exc:  # the scorer's own code
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise failure(f"{what} ({type(exc).__name__}: {first})") from exc
+
+
+@contextlib.contextmanager
 def capture_attention_inputs(modules: list[Any]) -> Iterator[dict[int, Any]]:
     """Record each attention module's input hidden states and position embeddings of one
     forward (what kvpress's decoding hook reads from the same place)."""
@@ -204,7 +290,7 @@ def capture_attention_inputs(modules: list[Any]) -> Iterator[dict[int, Any]]:
 
 
 def compress_rows(
-    rule: DecodingRule,
+    rule: Any,  # DecodingRule, or another rule with its own compress
     ev: DecodeEvictions,
     rows: torch.Tensor,  # [r] long: rows that compress now
     lengths: torch.Tensor,  # [n] long: lengths after the step just taken
@@ -214,21 +300,21 @@ def compress_rows(
     modules: list[Any],  # attention module of each layer, by layer index
     positions: dict[int, Any],  # layer -> (cos, sin) of the step just taken, [n, 1, dim]
 ) -> DecodeEvictions:
-    """Compress the given rows' caches as kvpress's ``DecodingPress`` does (module docstring)."""
-    helper = rule.press  # kvpress's DecodingPress, for its exact ratio search
+    """Compress the given rows' caches as kvpress's ``DecodingPress`` does (module docstring);
+    another rule (:class:`~kvdrift.lm.engine.decoding_threshold.ThresholdRule`) applies its own
+    ``compress``."""
+    if not isinstance(rule, DecodingRule):
+        return rule.compress(ev, rows, lengths, slots, slot_step, cache, modules)
     prompt = [p.clone() for p in ev.prompt]
     own = [o.clone() for o in ev.own]
     order = list(ev.order)
     for i in rows.tolist():
         length = int(lengths[i])
-        j = length // rule.interval  # this is the row's j-th compression
+        j = rule.index(length)  # this is the row's j-th compression
+        width = max(rule.target_at(length), 1)
         for layer_idx, module in enumerate(modules):
-            if order[layer_idx].shape[2] < j:
-                o = order[layer_idx]
-                order[layer_idx] = torch.cat([o, o.new_full((o.shape[0], o.shape[1],
-                                                             j - o.shape[2], o.shape[3]), -1)],
-                                             dim=2)
-            p_live, o_live, kept = _kept_entries(rule, helper, module, cache.layers[layer_idx],
+            order[layer_idx] = _grown(order[layer_idx], j, width)
+            p_live, o_live, kept = _kept_entries(rule, module, cache.layers[layer_idx],
                                                  ev, i, layer_idx, length, slots, slot_step,
                                                  positions)
             n_prompt = p_live.shape[1]
@@ -243,6 +329,17 @@ def compress_rows(
     return DecodeEvictions(tuple(prompt), tuple(own), ev.inputs, tuple(order))
 
 
+def _grown(order: torch.Tensor, j: int, width: int) -> torch.Tensor:
+    """``order`` ``[n, kv, J, w]`` with room for ``j`` compressions of ``width`` entries
+    (a ``CompressionRatioDecodingPress`` keeps more as the generation grows)."""
+    n, kv, have, w = order.shape
+    if have < j:
+        order = torch.cat([order, order.new_full((n, kv, j - have, w), -1)], dim=2)
+    if w < width:
+        order = torch.cat([order, order.new_full((n, kv, order.shape[2], width - w), -1)], dim=3)
+    return order
+
+
 def _cache_order(
     rule: DecodingRule, ev: DecodeEvictions, i: int, layer_idx: int, length: int,
     p_live: torch.Tensor, o_live: torch.Tensor, slot_step: torch.Tensor,
@@ -251,21 +348,21 @@ def _cache_order(
     kvpress's cache holds them: before any compression the prompt as stored then the generated
     slots; after one, the entries it left in score order, then the slots written since."""
     n_prompt = p_live.shape[1]
-    done = (length - 1) // rule.interval  # compressions before this one
+    done = rule.index(length) - 1  # compressions before this one
     if done == 0:
         live = torch.cat([p_live, o_live], dim=1)
         m = int(live[0].sum())
         return torch.sort((~live).to(torch.int8), dim=1, stable=True).indices[:, :m]
     previous = ev.order[layer_idx][i, :, done - 1]  # [kv, target]
     kept = int((previous[0] >= 0).sum())
-    since = o_live & (slot_step[i] > done * rule.interval - 1)[None, :]  # written after it
+    since = o_live & (slot_step[i] > rule.step_of(done) - 1)[None, :]  # written after it
     k_new = int(since[0].sum())
     new = torch.sort((~since).to(torch.int8), dim=1, stable=True).indices[:, :k_new] + n_prompt
     return torch.cat([previous[:, :kept].long(), new], dim=1)
 
 
 def _kept_entries(
-    rule: DecodingRule, helper: Any, module: Any, layer: Any, ev: DecodeEvictions, i: int,
+    rule: DecodingRule, module: Any, layer: Any, ev: DecodeEvictions, i: int,
     layer_idx: int, length: int, slots: torch.Tensor, slot_step: torch.Tensor,
     positions: dict[int, Any],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -279,30 +376,18 @@ def _kept_entries(
     if bool((counts != m).any()):
         raise RuntimeError(f"decode-time eviction: layer {layer_idx} holds {counts.tolist()} "
                            f"live entries per KV head, expected {m} in each")
-    if m <= rule.target:
+    if m <= rule.target_at(length):
         return p_live, o_live, order  # kvpress keeps all, in the same order
     keys = torch.cat([layer.prompt_keys[0], layer.keys[i]], dim=1)  # [kv, P + G, dim]
     values = torch.cat([layer.prompt_values[0], layer.values[i]], dim=1)
     idx = order[:, :, None].expand(-1, -1, keys.shape[-1])
-    live_keys = keys.gather(1, idx)[None]  # [1, kv, m, dim]
-    live_values = values.gather(1, idx)[None]
-    start = length - rule.window  # inputs of steps start + 1 .. length (index = step - 1)
-    hidden = ev.inputs[layer_idx][i:i + 1, start:length]  # [1, window, hidden]
+    start = length - rule.window_at(length)  # inputs of steps start + 1 .. length (step - 1)
     cos, sin = positions[layer_idx]
-    kwargs = {"hidden_states": hidden, "position_embeddings": (cos[i:i + 1], sin[i:i + 1])}
-    base = rule.scorer(m, helper._find_target_compression_ratio(m, rule.target))
-    try:
-        with fixed_press_randomness(keys.device):
-            scores = base.score(module, hidden, live_keys, live_values, None, kwargs)  # [1,kv,m]
-    except (MemoryError, torch.OutOfMemoryError):
-        raise
-    except Exception as exc:  # the scorer's own code: one line, not its traceback
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise rule.failure(f"{rule.label}: {rule.scorer_name} cannot score during decoding "
-                           f"({type(exc).__name__}: {first})") from exc
-    top = scores[0].topk(compute_n_kept(m, base.compression_ratio), dim=-1).indices
-    return p_live, o_live, order.gather(1, top)
+    kept = rule.compress_row(module, RowEntries(
+        keys.gather(1, idx), values.gather(1, idx), ev.inputs[layer_idx][i, start:length],
+        (cos[i:i + 1], sin[i:i + 1]), length))
+    return p_live, o_live, order.gather(1, kept.order)
 
 
 __all__ = ["NEVER", "DecodeEvictions", "DecodingRule", "capture_attention_inputs",
-           "compress_rows"]
+           "compress_rows", "scoring"]

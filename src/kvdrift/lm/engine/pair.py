@@ -62,6 +62,7 @@ from kvdrift.lm.engine.prefill import (
     own_prefill_reason,
     prefill,
     prefill_shared,
+    prepare_presses,
     unwrap_model,
 )
 from kvdrift.lm.engine.press_path import KEPT_ENTRIES, STORED_BYTES, PressCache
@@ -171,7 +172,9 @@ class LMKernelPair:
         if self.action.decoding is not None:
             self._rule = DecodingRule.of_stage(self.action.decoding)
         if self._rule is not None:
-            self._rule.check()
+            self._rule = self._rule.for_prompt(self.n_prompt)
+            self._rule.check(None if general is not None else self.action.name)
+            prepare_presses(self.model, [self._rule.press])  # as kvpress's context would
         self._modules = sorted(attention_modules(self.model), key=lambda m: m.layer_idx)
         self._eos = eos_token_id if eos_token_id is not None else _primary_eos(self.model)
         self._vocab = self.model.get_output_embeddings().weight.shape[0]

@@ -249,7 +249,7 @@ def prefill_shared(model: Any, prompt_ids: torch.Tensor, actions: Sequence[Actio
     cache = DynamicCache(config=model.config)
     handles = []
     try:
-        _prepare_presses(model, presses.values())
+        prepare_presses(model, presses.values())
         handles = [m.register_forward_hook(hook, with_kwargs=True)
                    for m in attention_modules(model)]
         with torch.no_grad(), attention_implementation(model, None), \
@@ -277,7 +277,7 @@ def prefill_shared(model: Any, prompt_ids: torch.Tensor, actions: Sequence[Actio
     return SharedPrefill(reference, compressed)
 
 
-def _prepare_presses(model: Any, presses: Any) -> None:
+def prepare_presses(model: Any, presses: Any) -> None:
     """What kvpress's press context does before it hooks a model: each press's
     ``post_init_from_model``, and the rotary embedding on every attention module."""
     base = model.model

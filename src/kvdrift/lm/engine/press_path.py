@@ -36,16 +36,16 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-import kvpress
 import torch
 from transformers import DynamicCache
 
 from kvdrift.lm.actions.attention_use import needs_eager
 from kvdrift.lm.actions.hub_files import missing_files_message
-from kvdrift.lm.actions.identity import check_press
 from kvdrift.lm.actions.presses import fixed_press_randomness
 from kvdrift.lm.actions.spec import Action
 from kvdrift.lm.engine.decoding import DecodingRule
+from kvdrift.lm.engine.decoding_presses import decoding_rule
+from kvdrift.lm.engine.decoding_threshold import ThresholdRule
 from kvdrift.lm.engine.prefill import (
     PromptCache,
     as_prompt,
@@ -76,50 +76,11 @@ class PressCache:
     """Q's prompt cache as a press left it, its decoding-time rule and what it stores."""
 
     cache: PromptCache
-    rule: DecodingRule | None  # compressions during Q's generation (None: none)
+    rule: DecodingRule | ThresholdRule | None  # compressions during Q's generation (None: none)
     kv_bytes: float
     kv_fraction: float
 
 
-def decoding_rule(press: Any, name: str) -> DecodingRule | None:
-    """The decoding-time compression of ``press`` (None: it compresses at prefill only);
-    one-line ValueError for a decoding-time press kvdrift cannot step row by row."""
-    check_press(press, name)
-    decoding = press.decoding_press if isinstance(press, kvpress.PrefillDecodingPress) \
-        else press
-    if decoding is None or not _decodes(decoding):
-        return None
-    if _replays_as_decoding_press(decoding):
-        if not isinstance(decoding.base_press, kvpress.ScorerPress):
-            raise ValueError(f"action {name!r}: its DecodingPress scores with a "
-                             f"{type(decoding.base_press).__qualname__}; kvdrift replays "
-                             f"decoding-time compression with a ScorerPress as base_press")
-        return DecodingRule(decoding, name)
-    raise ValueError(
-        f"action {name!r}: {type(decoding).__qualname__} compresses during decoding in its own "
-        f"way, which kvdrift cannot replay per row; decoding-time presses measured: kvpress's "
-        f"DecodingPress (or a subclass that keeps its decoding methods) with a ScorerPress, "
-        f"alone or as PrefillDecodingPress's decoding_press")
-
-
-_DECODING_METHODS = ("forward_hook", "compress", "_find_target_compression_ratio",
-                     "_resolve_target_size")
-
-
-def _replays_as_decoding_press(press: Any) -> bool:
-    """Whether ``press`` compresses during decoding exactly as kvpress's ``DecodingPress``
-    (the class itself, or a subclass that overrides none of its decoding methods)."""
-    return isinstance(press, kvpress.DecodingPress) and all(
-        getattr(type(press), m, None) is getattr(kvpress.DecodingPress, m, None)
-        for m in _DECODING_METHODS)
-
-
-def _decodes(press: Any) -> bool:
-    """Whether a press acts on the cache during generation (kvpress's decoding presses, and
-    DMSPress with decoding=True)."""
-    if isinstance(press, (kvpress.DecodingPress, kvpress.PrefillDecodingPress)):
-        return True
-    return isinstance(press, kvpress.DMSPress) and bool(press.decoding)
 
 
 def press_prompt_cache(model: Any, prompt_ids: torch.Tensor, press: Any, action: str,
@@ -137,7 +98,7 @@ def press_prompt_cache(model: Any, prompt_ids: torch.Tensor, press: Any, action:
     fail = _Failure(action, document)
     rule = decoding_rule(press, action)
     if rule is not None:  # a scorer failing during Q's steps names the unit too
-        rule = dataclasses.replace(rule, label="its DecodingPress", failure=fail)
+        rule = dataclasses.replace(rule, label=f"its {type(rule.press).__name__}", failure=fail)
     model = unwrap_model(model)
     ids = as_prompt(prompt_ids, model)
     n = ids.shape[1]
@@ -156,6 +117,8 @@ def press_prompt_cache(model: Any, prompt_ids: torch.Tensor, press: Any, action:
                 out = model(input_ids=ids, past_key_values=cache, use_cache=True,
                             logits_to_keep=1)
             hidden = take_hidden_entries(model, len(cache.layers))
+            if isinstance(rule, ThresholdRule):  # the prompt's window of scores
+                rule = rule.after_prefill(rule.press, len(cache.layers))
     except (MemoryError, torch.OutOfMemoryError):
         raise
     except Exception as exc:  # the press's own code: any error is its failure
@@ -167,10 +130,12 @@ def press_prompt_cache(model: Any, prompt_ids: torch.Tensor, press: Any, action:
     keys = [layer.keys for layer in cache.layers]
     values = [layer.values for layer in cache.layers]
     live = _check_layers(keys, values, hidden, n, model.config, fail)
-    if rule is not None and live is not None:
-        raise ValueError(f"action {action!r}: its prefill hides entries per KV head and its "
-                         f"DecodingPress then compresses during decoding; kvdrift replays "
-                         f"decoding-time compression only over caches that hide nothing")
+    if isinstance(rule, DecodingRule) and live is not None:
+        raise ValueError(f"action {action!r}: its prefill press hides entries per KV head by "
+                         f"their positions in the cache, and its DecodingPress's first "
+                         f"compression reorders and shortens that cache, so kvpress then hides "
+                         f"positions that hold other entries or no longer exist; use a prefill "
+                         f"press that evicts, or the DecodingPress alone")
     logits = out.logits[:, -1].float()  # [1, V]: the press's own prefill
     if not bool(torch.isfinite(logits).all()):
         raise fail("the prefill inside the press gave non-finite logits")

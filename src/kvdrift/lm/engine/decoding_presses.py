@@ -1,0 +1,101 @@
+"""Which decoding-time presses of kvpress kvdrift replays row by row, and why not the others.
+
+A press object given as an action may compress during generation: a ``DecodingPress`` (or
+``CompressionRatioDecodingPress``, whose target is a fraction of the tokens seen) over any
+``ScorerPress``, alone or as ``PrefillDecodingPress``'s ``decoding_press``, becomes a
+:class:`~kvdrift.lm.engine.decoding.DecodingRule`; a ``DMSPress`` with ``decoding=True`` a
+:class:`~kvdrift.lm.engine.decoding_threshold.ThresholdRule`. Each replays kvpress's
+compressions on every row exactly. A press kvdrift does not replay is refused in one line
+that says what the press itself does that stands in the way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kvpress
+
+from kvdrift.lm.actions.attention_use import nested_presses
+from kvdrift.lm.actions.identity import check_press
+from kvdrift.lm.actions.presses import NOT_OFFERED
+from kvdrift.lm.engine.decoding import DecodingRule
+from kvdrift.lm.engine.decoding_threshold import ThresholdRule
+
+# DecodingPress methods a replayed press must inherit unchanged (its target may follow
+# CompressionRatioDecodingPress's rule: kvdrift asks the press for it at every compression).
+_DECODING_METHODS = ("forward_hook", "compress", "_find_target_compression_ratio")
+_TARGET_RULES = tuple({cls._resolve_target_size for cls in (
+    kvpress.DecodingPress, kvpress.CompressionRatioDecodingPress)})
+
+# Prefill presses that hide entries per KV head by their cache positions (kvpress's
+# ``masked_key_indices``) instead of removing them.
+_HIDES_BY_POSITION: tuple[type, ...] = (kvpress.AdaKVPress, kvpress.DMSPress)
+
+CAM_REASON = f"CAMPress {NOT_OFFERED['CAMPress'].removeprefix('it ')}, so it is not measured"
+
+
+def decoding_rule(press: Any, name: str) -> DecodingRule | ThresholdRule | None:
+    """The decoding-time compression of ``press`` (None: it compresses at prefill only);
+    one-line ValueError, in the press's own terms, for one kvdrift does not replay."""
+    check_press(press, name)
+    prefill = None
+    decoding = press
+    if isinstance(press, kvpress.PrefillDecodingPress):
+        prefill, decoding = press.prefilling_press, press.decoding_press
+    if decoding is None or not _decodes(decoding):
+        return None
+    refused = _refusal(decoding, prefill)
+    if refused is not None:
+        raise ValueError(f"action {name!r}: {refused}")
+    if isinstance(decoding, kvpress.DMSPress):
+        return ThresholdRule(decoding, name)
+    return DecodingRule(decoding, name)
+
+
+def _refusal(decoding: Any, prefill: Any) -> str | None:
+    """Why kvdrift does not replay ``decoding`` (after ``prefill``), or None."""
+    cls = type(decoding).__name__
+    if isinstance(decoding, kvpress.CAMPress):
+        return CAM_REASON
+    if isinstance(decoding, kvpress.DMSPress):
+        if prefill is not None:
+            return ("its decoding_press DMSPress scores the prompt at prefill itself (kvpress "
+                    "fails at the first decoding step without those scores); give the DMSPress "
+                    "alone, it compresses at prefill and during decoding")
+        return None
+    overridden = [m for m in _DECODING_METHODS
+                  if getattr(type(decoding), m) is not getattr(kvpress.DecodingPress, m)]
+    if type(decoding)._resolve_target_size not in _TARGET_RULES:
+        overridden.append("_resolve_target_size")
+    if overridden:
+        return (f"{cls} overrides DecodingPress's {', '.join(overridden)}, so it compresses "
+                f"during decoding in its own way, which kvdrift cannot replay; subclass "
+                f"DecodingPress (or CompressionRatioDecodingPress) without overriding them")
+    if isinstance(decoding.base_press, kvpress.AdaKVPress):
+        return (f"its {cls} scores with {type(decoding.base_press).__name__}, which hides "
+                f"entries per KV head without removing them: kvpress then overwrites their keys "
+                f"in the cache with a fake key made from each step's queries, so each later "
+                f"compression scores those fake keys and an entry shown again attends through "
+                f"one; give base_press a ScorerPress")
+    if not isinstance(decoding.base_press, kvpress.ScorerPress):
+        return (f"its {cls} scores with a {type(decoding.base_press).__qualname__}; kvpress's "
+                f"DecodingPress takes a ScorerPress as base_press")
+    hider = next((p for p in nested_presses(prefill) if isinstance(p, _HIDES_BY_POSITION)), None)
+    if hider is not None:
+        return (f"its prefilling_press {type(hider).__name__} hides entries per KV head by "
+                f"their positions in the cache, and its {cls}'s first compression reorders and "
+                f"shortens that cache, so kvpress then hides positions that hold other entries "
+                f"or no longer exist (its own generate raises IndexError); use a prefill press "
+                f"that evicts, or the {cls} alone")
+    return None
+
+
+def _decodes(press: Any) -> bool:
+    """Whether a press acts on the cache during generation (kvpress's decoding presses, and
+    DMSPress with decoding=True)."""
+    if isinstance(press, (kvpress.DecodingPress, kvpress.PrefillDecodingPress)):
+        return True
+    return isinstance(press, kvpress.DMSPress) and bool(press.decoding)
+
+
+__all__ = ["CAM_REASON", "decoding_rule"]
