@@ -52,17 +52,17 @@ class FiniteEvaluator:
     def strength_of(self, name: str) -> float:
         return self.families[name][1]
 
-    def evaluate(self, budgets: Sequence[Budget], look: int) -> dict[Budget, Sample]:
+    def evaluate(self, budgets: Sequence[Budget], look: int, replicates: int
+                 ) -> dict[Budget, Sample]:
         out = {}
         for b in budgets:
             values = {}
             for d in range(self.documents):
                 digest = hashlib.sha256(f"{self.seed}/{d}/{look}".encode()).digest()
                 seed = int.from_bytes(digest[:7], "little")
-                r = coupled_rollouts(self.pair(b.family, b, d), self.replicates, HORIZON,
-                                     seed=seed)
+                r = coupled_rollouts(self.pair(b.family, b, d), replicates, HORIZON, seed=seed)
                 values[f"doc{d}"] = r.delta.numpy().mean(axis=1)
-            calls = self.documents * self.replicates * HORIZON
+            calls = self.documents * replicates * HORIZON
             self.calls += calls
             out[b] = Sample(values, kv_fraction(self.families[b.family][0], b), calls)
         return out
@@ -153,9 +153,10 @@ class SyntheticEvaluator:
     seed: int = 0
     calls: int = 0
 
-    def evaluate(self, budgets: Sequence[Budget], look: int) -> dict[Budget, Sample]:
+    def evaluate(self, budgets: Sequence[Budget], look: int, replicates: int
+                 ) -> dict[Budget, Sample]:
         rng = np.random.default_rng([self.seed, look])
-        shape = (self.case.documents, self.replicates)
+        shape = (self.case.documents, replicates)
         u, v, w = rng.random(shape), rng.random(shape), rng.random(shape)
         out = {}
         for b in budgets:

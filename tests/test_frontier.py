@@ -158,7 +158,7 @@ class _Fixed:
     def __init__(self, values, kv):
         self.values, self.kv, self.looks = values, kv, 0
 
-    def evaluate(self, budgets, look):
+    def evaluate(self, budgets, look, replicates):
         self.looks += 1
         return {b: Sample({d: np.asarray(v, dtype=float) for d, v in
                            self.values(b, look).items()}, self.kv(b), 1) for b in budgets}

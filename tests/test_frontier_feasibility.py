@@ -81,7 +81,7 @@ class _Looks:
     def __init__(self, looks):
         self.looks = looks
 
-    def evaluate(self, budgets, look):
+    def evaluate(self, budgets, look, replicates):
         values = self.looks[min(look, len(self.looks)) - 1]
         return {b: Sample({d: np.asarray(v, dtype=float) for d, v in values.items()}, 0.5, 1)
                 for b in budgets}

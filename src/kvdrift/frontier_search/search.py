@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import numpy as np
@@ -46,12 +46,14 @@ class Sample:
 
 
 class Evaluator(Protocol):
-    """Runs budgets at a look and returns their samples (same documents at every budget).
+    """Runs budgets at a look, ``replicates`` per document each, and returns their samples
+    (same documents at every budget).
 
     Look ``L`` must use random numbers that no earlier look used (budgets of one look may
     share them: common random numbers)."""
 
-    def evaluate(self, budgets: Sequence[Budget], look: int) -> dict[Budget, Sample]: ...
+    def evaluate(self, budgets: Sequence[Budget], look: int, replicates: int
+                 ) -> dict[Budget, Sample]: ...
 
 
 #: The default most replicates per document at one budget
@@ -62,15 +64,18 @@ MAX_REPLICATES = limits.DEFAULT_SEARCH_REPLICATES
 @dataclass(frozen=True)
 class SearchSettings:
     """How sure and how thorough: level ``1 - alpha`` over the whole search; each look runs
-    ``replicates`` more per document at the budgets still undecided near the head of each
-    family's sequence (at most ``window`` of them), and a budget still undecided after
-    ``max_replicates`` per document stops its family's sequence."""
+    up to ``replicates`` more per document at the budgets still undecided near the head of
+    each family's sequence (at most ``window`` of them; with ``sized_looks``, fewer where the
+    values so far say a decision is due sooner, :func:`look_size`), and a budget still
+    undecided after ``max_replicates`` per document stops its family's sequence (a look is
+    cut to that number: no budget's bound ever uses more)."""
 
     alpha: float = 0.05
     replicates: int = 8
     max_replicates: int = MAX_REPLICATES
     window: int = 3
     exhaustive: bool = False  # every budget until decided (the full grid, for comparison)
+    sized_looks: bool = True  # later looks sized to where the decision is due
     bet: Bet = BET  # how the confidence sequences stake (betting.py)
 
     def __post_init__(self) -> None:
@@ -134,6 +139,29 @@ def judge(samples: Sequence[Sample], measure: Measure, scheme: Scheme, bet: Bet 
     return Judgement(float(values.mean()), float(lo), float(hi), outcome, rounds, at, more)
 
 
+def look_size(values: np.ndarray, measure: Measure, scheme: Scheme, most: int,
+              bet: Bet = BET) -> int:
+    """Replicates per document for the next look at an undecided budget whose rounds so far
+    are ``values`` (``[rounds, documents]``): the fewest more rounds that either side's values
+    suggest it needs (:func:`~kvdrift.frontier_search.betting.rounds_suggested`), rounded up,
+    from 1 to ``most``; ``most`` when there are no rounds yet or no side suggests a number.
+
+    The bound holds at every round, so a look may be any size and its size may depend on
+    every value seen before it. A look past the decision costs the values after it (with
+    looks of 8, a decision due at round 18 is seen at round 24); a look short of it costs one
+    more look, a model call with a smaller batch."""
+    if not measure.certifiable or values.shape[0] == 0:
+        return most
+    low, high = measure.range
+    tol, upper = measure.tolerance, measure.op == "<="
+    sides = (rounds_suggested(values, scheme.certify_level, tol, low, high, upper, bet),
+             rounds_suggested(values, scheme.fail_level, tol, low, high, not upper, bet))
+    finite = [r for r in sides if math.isfinite(r)]
+    if not finite:
+        return most
+    return int(min(most, max(1, math.ceil(min(finite)))))
+
+
 @dataclass
 class _Tried:
     budget: Budget
@@ -160,8 +188,18 @@ class _FamilySearch:
         t = self.tried[index]
         if self.measure.certifiable:
             self.measure.check_sample(sample.values, f"{self.family.name} {t.budget.label}")
+            left = self.settings.max_replicates - t.drawn  # a look is cut at the cap
+            sample = replace(sample, values={d: v[:left] for d, v in sample.values.items()})
         t.samples.append(sample)
         t.judgement = judge(t.samples, self.measure, self.scheme, self.settings.bet)
+
+    def size(self, index: int) -> int:
+        """Replicates per document the next look at budget ``index`` should run."""
+        t, most = self.tried[index], self.settings.replicates
+        if self.settings.sized_looks and t.samples:
+            most = look_size(rounds_of([s.values for s in t.samples]), self.measure,
+                             self.scheme, most, self.settings.bet)
+        return max(1, min(most, self.settings.max_replicates - t.drawn))
 
     def _open(self, t: _Tried) -> bool:
         """Whether another look at ``t`` could still decide it."""
@@ -243,7 +281,8 @@ def frontier_search(families: Sequence[Family], measure: Measure, evaluator: Eva
         if not wanted:
             break
         look += 1
-        samples = evaluator.evaluate([s.family.budgets[i] for s, i in wanted], look)
+        size = max(s.size(i) for s, i in wanted)  # one look: one size for its budgets
+        samples = evaluator.evaluate([s.family.budgets[i] for s, i in wanted], look, size)
         for s, i in wanted:
             sample = samples[s.family.budgets[i]]
             documents = len(sample.values)

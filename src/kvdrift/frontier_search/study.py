@@ -94,21 +94,23 @@ class StudyEvaluator:
     run_stage: RunStage
     stages: int = 0
 
-    def stage_config(self, budgets: Sequence[Budget], look: int, name: str) -> StudyConfig:
+    def stage_config(self, budgets: Sequence[Budget], look: int, name: str,
+                     replicates: int) -> StudyConfig:
         study = self.config.study
         run = replace(study.run, actions=tuple(b.action for b in budgets),
-                      replicates=self.config.settings.replicates,
+                      replicates=replicates,
                       seed=look_seed(study.run.seed, look))
         return replace(study, name=name, run=run)
 
-    def evaluate(self, budgets: Sequence[Budget], look: int) -> dict[Budget, Sample]:
+    def evaluate(self, budgets: Sequence[Budget], look: int, replicates: int
+                 ) -> dict[Budget, Sample]:
         from kvdrift.directory import StudyDirectory
 
         self.stages += 1
         name = f"{self.stages:02d}-look{look}"
         where = self.out.subdir(f"stages/{name}")
         try:
-            self.run_stage(self.stage_config(budgets, look, name), where)
+            self.run_stage(self.stage_config(budgets, look, name, replicates), where)
             records = StudyDirectory(where).records()
         finally:
             where.close()  # reopened through stages/ if read again: few descriptors held
