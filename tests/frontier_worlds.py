@@ -97,6 +97,20 @@ def zero_one(u: np.ndarray, v: np.ndarray, mean: float) -> np.ndarray:
     return (u < mean).astype(float)
 
 
+def rare_spread(u: np.ndarray, v: np.ndarray, mean: float) -> np.ndarray:
+    """A second rare-large law: values spread over [0, 0.02], a rare few over [0.2, 1] (wider
+    large values and no zeros, unlike :func:`rare_large`), with the given mean."""
+    big = (mean - 0.01) / 0.59
+    if not 0 <= big <= 1:
+        raise ValueError(f"rare_spread cannot have mean {mean}")
+    return np.where(u < big, 0.2 + 0.8 * v, 0.02 * v)
+
+
+def beta_1_19(u: np.ndarray, v: np.ndarray, mean: float) -> np.ndarray:
+    """Beta(1, 19) values (mean 0.05; ``mean`` is ignored), by the inverse of its law."""
+    return 1 - (1 - u) ** (1 / 19)
+
+
 def near(u: np.ndarray, v: np.ndarray, mean: float) -> np.ndarray:
     """Values spread evenly over [mean - 0.02, mean + 0.02] (concentrated near the mean)."""
     return mean - 0.02 + 0.04 * v
@@ -166,6 +180,15 @@ class SyntheticEvaluator:
                             1 - (b.index + 1) / (len(self.families[b.family].budgets) + 1),
                             values.size)
         return out
+
+
+@dataclass(frozen=True)
+class Issue44Bet(Bet):
+    """The bet of issue 44, for comparison: its prior's mean halfway between the tolerance
+    and the good end of the range, on either side."""
+
+    def prior_mean(self, target: float, low: float, high: float) -> float:
+        return (target + low) / 2
 
 
 @dataclass(frozen=True)

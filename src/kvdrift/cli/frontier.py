@@ -3,6 +3,7 @@ within a tolerance; a resumable search of study stages, then its report."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -134,8 +135,9 @@ def check_certifiable(measure: str, cap: float | None, docs: Path | None, settin
                       families: int) -> None:
     """The measure parses, and the settings can certify something at all (pure arithmetic,
     before any model loads): the documents are ``--docs``'s records (nonblank lines, at most
-    the documents it holds) or the six generated ones."""
-    from kvdrift.frontier_search.feasibility import check_feasible
+    the documents it holds; for a measure read from task scores, only those with an answer)
+    or the six generated ones."""
+    from kvdrift.frontier_search.feasibility import check_feasible, gives_values
     from kvdrift.frontier_search.measure import parse_measure
 
     parsed = parse_measure(measure, cap)
@@ -145,8 +147,9 @@ def check_certifiable(measure: str, cap: float | None, docs: Path | None, settin
 
         try:  # a regular file only, opened once (never a pipe that could block)
             with open_regular(docs, "--docs") as f:
-                count = sum(1 for line in f if line.strip())
-        except (OSError, ValueError):
+                lines = [line for line in f if line.strip()]
+            count = sum(gives_values(json.loads(line), parsed) for line in lines)
+        except (OSError, ValueError, AttributeError, RecursionError):
             return  # the document loader names the problem
     if count:
         check_feasible(parsed, count, settings.alpha, families, settings.max_replicates,
