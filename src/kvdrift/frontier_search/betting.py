@@ -24,13 +24,13 @@ growth-rate-optimal plug-in stake tuned to the tolerance (the fraction that woul
 the wealth at the tolerance most on the rounds seen), its prior ``prior_values`` pseudo-values
 of the least favourable law (``{low, high}`` values) whose mean lies halfway between the
 tolerance and the good end, or nearer the tolerance when the bad end is nearer still
-(:meth:`Bet.prior_mean`), so the first round already bets on either side; with weight ``hedge``, constant fractions (the
-paper's diversified Kelly bet), so the bound also moves for values near the tolerance, where
-the tuned stake is small. Scaling stakes by ``1 / (high - m)`` (the paper's truncation) rather
-than ``1 / (high - low)`` lets a round of values at the good end gain ``log(1 + c (m - low) /
-(high - m))`` instead of ``log(1 + c (m - low) / (high - low))``. Every function takes any
-leading batch axes (``[..., rounds, documents]``), so simulations run the same bets as the
-search.
+(:meth:`Bet.prior_mean`), so the first round already bets on either side; with weight
+``hedge``, constant fractions (the paper's diversified Kelly bet), so the bound also moves for
+values near the tolerance, where the tuned stake is small. Scaling stakes by ``1 / (high - m)``
+(the paper's truncation) rather than ``1 / (high - low)`` lets a round of values at the good
+end gain ``log(1 + c (m - low) / (high - m))`` instead of ``log(1 + c (m - low) / (high -
+low))``. Every function takes any leading batch axes (``[..., rounds, documents]``), so
+simulations run the same bets as the search.
 """
 
 from __future__ import annotations
