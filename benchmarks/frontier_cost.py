@@ -12,7 +12,9 @@ due, ``search.look_size``), median with its 95% interval (order statistics), and
 searches decided by the cap. The oracle is the fewest values at which a fixed-sample Bernstein
 test that knows the true variance certifies in half of the cases at the same level (``X-bar +
 sqrt(2 var log(1/a) / N) + (1 - mean) log(1/a) / (3 N) <= 0.1``, from 20,000 simulated
-means per ``N``); a ratio's interval is the median's interval over it.
+means per ``N``); a ratio's interval is the median's interval over it. Beside it, the best
+constant stake known in advance (the least median over constant fractions, no looks): no bet
+of this form can need fewer values, whatever it learns.
 
     python benchmarks/frontier_cost.py [--searches 1000]
 """
@@ -40,6 +42,7 @@ from frontier_worlds import (  # noqa: E402
 )
 
 from kvdrift.frontier_search.betting import Bet, first_round_beyond  # noqa: E402
+from kvdrift.frontier_search.feasibility import fewest_replicates  # noqa: E402
 from kvdrift.frontier_search.measure import parse_measure  # noqa: E402
 from kvdrift.frontier_search.result import Scheme  # noqa: E402
 from kvdrift.frontier_search.search import look_size  # noqa: E402
@@ -83,13 +86,31 @@ def drawn_rounds(values: np.ndarray, decided: np.ndarray, bet: Bet, sized: bool
         drawn = np.minimum(np.ceil(end / LOOK) * LOOK, CAP)
         return drawn, np.ceil(drawn / LOOK)
     drawn, looks = np.empty(len(end)), np.empty(len(end))
+    first = min(LOOK, fewest_replicates(MEASURE, values.shape[-1], SCHEME.alpha,
+                                        SCHEME.families, bet))
     for s, t in enumerate(end):
-        at, n = min(LOOK, CAP), 1
+        at, n = first, 1
         while at < t:
             at += min(CAP - at, look_size(values[s, :at], MEASURE, SCHEME, LOOK, bet))
             n += 1
         drawn[s], looks[s] = at, n
     return drawn, looks
+
+
+def constant_floor(values: np.ndarray, upper: bool) -> float:
+    """Median values until the decision of the best constant stake known in advance (the
+    fraction of ``1 / (high - m)`` on a grid of 0.05 to 0.95 whose median is least, chosen
+    after seeing every search: no bet of this form that learns its stake can do better), no
+    looks; the side that ``upper`` names."""
+    level = SCHEME.certify_level if upper else SCHEME.fail_level
+    x, m, room = (values, TOL, 1 - TOL) if upper else (-values, -TOL, TOL)
+    best = math.inf
+    for f in np.linspace(0.05, 0.95, 19):
+        wealth = np.cumsum(np.log1p(f / room * (m - x)).sum(axis=-1), axis=-1)
+        hit = wealth >= math.log(1 / level)
+        rounds = np.where(hit.any(axis=-1), hit.argmax(axis=-1) + 1, CAP)
+        best = min(best, float(np.median(rounds)))
+    return best * values.shape[-1]
 
 
 def median_interval(x: np.ndarray) -> tuple[float, float, float]:
@@ -148,7 +169,10 @@ def main() -> None:
                     if bench:
                         cell += f", {med / bench:.2f}x [{lo / bench:.2f}, {hi / bench:.2f}]"
                     cells.append(cell)
-            head = f"{name}, {docs} document(s)" + (f", oracle {bench}" if bench else "")
+            floor = constant_floor(values, within)
+            head = (f"{name}, {docs} document(s)" + (f", oracle {bench}" if bench else "")
+                    + f", best constant stake {floor:.0f}"
+                    + (f" ({floor / bench:.2f}x)" if bench else ""))
             print(head + "\n    " + "\n    ".join(cells), flush=True)
     print(f"({time.process_time() - start:.0f} CPU s)")
 

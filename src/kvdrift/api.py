@@ -304,8 +304,8 @@ def frontier(
         replace(config, presses=checked(None, own, FROM_PYTHON)), tuple(families), measure,
         SearchSettings(alpha=alpha, replicates=replicates, max_replicates=max_replicates),
         cap)
-    check_feasible(config.measure, _document_count(config.study, config.measure), alpha,
-                   len(config.families), max_replicates)
+    documents = _document_count(config.study, config.measure)
+    check_feasible(config.measure, documents, alpha, len(config.families), max_replicates)
 
     @functools.cache
     def load(name: str) -> object:  # every stage runs on the study's device and dtype
@@ -318,7 +318,7 @@ def frontier(
         run(stage, where, load=load, models=models)
 
     with left_as_found(given.model) if given is not None else contextlib.nullcontext():
-        return run_frontier(config, out, run_stage)
+        return run_frontier(config, out, run_stage, documents)
 
 
 def _document_count(config: StudyConfig, measure) -> int:

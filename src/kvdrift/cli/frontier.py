@@ -81,7 +81,7 @@ def frontier(
 
     settings = SearchSettings(alpha=alpha, replicates=replicates,
                               max_replicates=max_replicates)
-    check_certifiable(measure, cap, docs, settings, len(names))
+    documents = check_certifiable(measure, cap, docs, settings, len(names))
     check_model_name(model, allow_download)  # a local model: its config.json, as JSON
     from kvdrift.user_presses import load_presses_file
 
@@ -107,7 +107,7 @@ def frontier(
         run_with_progress(stage, where, recompute, allow_download, models=cache)
 
     folder = OutputDir(out, marker="frontier")  # held for the whole command
-    result = run_frontier(config, folder, run_stage)
+    result = run_frontier(config, folder, run_stage, documents)
     html = write_frontier_report(result, folder.subdir("report", marker="report"),
                                  examples=frontier_examples(result, folder.subdir("stages")))
     if as_json:
@@ -132,11 +132,12 @@ def _builtin_family(name: str) -> None:
 
 
 def check_certifiable(measure: str, cap: float | None, docs: Path | None, settings,
-                      families: int) -> None:
+                      families: int) -> int | None:
     """The measure parses, and the settings can certify something at all (pure arithmetic,
     before any model loads): the documents are ``--docs``'s records (nonblank lines, at most
     the documents it holds; for a measure read from task scores, only those with an answer)
-    or the six generated ones."""
+    or the six generated ones); returns that count (None when the loader is left to name a
+    problem with ``--docs``)."""
     from kvdrift.frontier_search.feasibility import check_feasible, gives_values
     from kvdrift.frontier_search.measure import parse_measure
 
@@ -150,7 +151,8 @@ def check_certifiable(measure: str, cap: float | None, docs: Path | None, settin
                 lines = [line for line in f if line.strip()]
             count = sum(gives_values(json.loads(line), parsed) for line in lines)
         except (OSError, ValueError, AttributeError, RecursionError):
-            return  # the document loader names the problem
+            return None  # the document loader names the problem
     if count:
         check_feasible(parsed, count, settings.alpha, families, settings.max_replicates,
                        settings.bet)
+    return count

@@ -32,6 +32,7 @@ from kvdrift.frontier_search.betting import (
     rounds_suggested,
 )
 from kvdrift.frontier_search.families import Budget, Family, check_family_names
+from kvdrift.frontier_search.feasibility import fewest_replicates
 from kvdrift.frontier_search.measure import Measure
 from kvdrift.frontier_search.result import BudgetResult, FamilyResult, FrontierResult, Scheme
 
@@ -193,12 +194,19 @@ class _FamilySearch:
         t.samples.append(sample)
         t.judgement = judge(t.samples, self.measure, self.scheme, self.settings.bet)
 
-    def size(self, index: int) -> int:
-        """Replicates per document the next look at budget ``index`` should run."""
+    def size(self, index: int, documents: int | None) -> int:
+        """Replicates per document the next look at budget ``index`` should run; its first
+        look, with ``documents`` known, no longer than the fewest rounds after which any
+        values could certify it (:func:`~kvdrift.frontier_search.feasibility.fewest_replicates`:
+        with looks of 8, twenty documents that could be certified after 3 rounds drew 8)."""
         t, most = self.tried[index], self.settings.replicates
         if self.settings.sized_looks and t.samples:
             most = look_size(rounds_of([s.values for s in t.samples]), self.measure,
                              self.scheme, most, self.settings.bet)
+        elif self.settings.sized_looks and documents:
+            fewest = fewest_replicates(self.measure, documents, self.settings.alpha,
+                                       self.scheme.families, self.settings.bet)
+            most = min(most, fewest or most)
         return max(1, min(most, self.settings.max_replicates - t.drawn))
 
     def _open(self, t: _Tried) -> bool:
@@ -270,18 +278,20 @@ def _status(outcome: str, intact: bool, certifiable: bool) -> str:
 
 
 def frontier_search(families: Sequence[Family], measure: Measure, evaluator: Evaluator,
-                    settings: SearchSettings = SearchSettings()) -> FrontierResult:
-    """Search every family's budget axis for the least cache within the measure's tolerance."""
+                    settings: SearchSettings = SearchSettings(), documents: int | None = None
+                    ) -> FrontierResult:
+    """Search every family's budget axis for the least cache within the measure's tolerance
+    (``documents``: how many give values, if known before the first look, which sizes it)."""
     check_family_names([f.name for f in families])
     scheme = Scheme(settings.alpha, len(families), sum(len(f.budgets) for f in families))
     searches = [_FamilySearch(f, measure, settings, scheme) for f in families]
-    look, documents = 0, 0
+    look = 0
     while True:
         wanted = [(s, i) for s in searches for i in s.requests()]
         if not wanted:
             break
         look += 1
-        size = max(s.size(i) for s, i in wanted)  # one look: one size for its budgets
+        size = max(s.size(i, documents) for s, i in wanted)  # one look: one size for all
         samples = evaluator.evaluate([s.family.budgets[i] for s, i in wanted], look, size)
         for s, i in wanted:
             sample = samples[s.family.budgets[i]]
@@ -292,5 +302,5 @@ def frontier_search(families: Sequence[Family], measure: Measure, evaluator: Eva
     drawn, calls = sum(r.replicates for r in rows), sum(r.calls for r in rows)
     full = calls / max(1, drawn) * scheme.budgets * settings.max_replicates
     return FrontierResult.assemble(
-        measure=measure, alpha=settings.alpha, scheme=scheme, documents=documents,
+        measure=measure, alpha=settings.alpha, scheme=scheme, documents=documents or 0,
         families=results, calls=calls, full_grid_calls=int(round(full)), looks=look)

@@ -168,11 +168,12 @@ def _write_json(folder: OutputDir, name: str, data: dict) -> None:
     folder.write_text(name, json.dumps(to_json_safe(data), indent=2, allow_nan=False))
 
 
-def run_frontier(config: FrontierConfig, out: str | Path | OutputDir, run_stage: RunStage
-                 ) -> FrontierResult:
+def run_frontier(config: FrontierConfig, out: str | Path | OutputDir, run_stage: RunStage,
+                 documents: int | None = None) -> FrontierResult:
     """Search the frontier into ``out`` (resumable; a path, or the folder the caller holds
     for the whole command); writes ``frontier.json`` (settings and result) and
-    ``analysis.json`` (``{"frontier": ...}``), returns the result. The folder is marked a
+    ``analysis.json`` (``{"frontier": ...}``), returns the result (``documents``: how many
+    documents give values, if known, which sizes the first look). The folder is marked a
     kvdrift frontier (:data:`~kvdrift.output.MARKER`) when its first stage is created."""
     folder = out if isinstance(out, OutputDir) else OutputDir(out)
     check_frontier_dir(folder.path)  # never outside it, nor into another's, nor via a link
@@ -188,7 +189,8 @@ def run_frontier(config: FrontierConfig, out: str | Path | OutputDir, run_stage:
             _write_json(folder, CONFIG_FILE, {"config": config.as_dict()})
 
     evaluator = StudyEvaluator(config, folder, run_and_record)
-    result = frontier_search(config.families, config.measure, evaluator, config.settings)
+    result = frontier_search(config.families, config.measure, evaluator, config.settings,
+                             documents)
     _write_json(folder, CONFIG_FILE, {"config": config.as_dict(), "result": result.to_json()})
     _write_json(folder, "analysis.json", {"frontier": result.to_json()})
     return result
