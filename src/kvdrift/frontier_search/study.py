@@ -79,7 +79,8 @@ class FrontierConfig:
 def look_seed(seed: int, look: int) -> int:
     """The seed of look ``look`` of a search with seed ``seed``: a hash of both (56 bits), so
     no two looks of any two searches share a random stream (``seed + look - 1`` made look 2
-    of seed s look 1 of seed s + 1)."""
+    of seed s look 1 of seed s + 1). Every bit keys the streams a look draws, on the CPU too
+    (:func:`kvdrift.estimate.common.make_generator`; torch alone keeps the low 32)."""
     digest = hashlib.sha256(f"kvdrift frontier look {seed} {look}".encode()).digest()
     return int.from_bytes(digest[:7], "little")
 
