@@ -81,22 +81,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--searches", type=int, default=1000)
     parser.add_argument("--rows", default="this,issue44")
+    parser.add_argument("--shares", default=",".join(str(s) for s in SHARES))
     args = parser.parse_args()
+    shares = [float(s) for s in args.shares.split(",")]
     print(f"share of {args.searches} searches certifying a budget at mean share x {TOL} "
           f"(rare-large values, {DOCS} documents, alpha {ALPHA}, {', '.join(FAMILIES)}, "
           f"cap {MAX_REPLICATES}); [95% interval]; in brackets: replicates per document "
           "drawn per search, all budgets")
-    print("| share of the tolerance | " + " | ".join(f"{s:.1f}" for s in SHARES) + " |")
+    print("| share of the tolerance | " + " | ".join(f"{s:.1f}" for s in shares) + " |")
     for key in args.rows.split(","):
         name, bet, sized = ROWS[key]
         start = time.process_time()
         cells = []
-        for share in SHARES:
+        for share in shares:
             found, drawn = certified_share(share, bet, sized, args.searches)
             lo, hi = wilson(found, args.searches)
             half = 1.96 * drawn.std(ddof=1) / math.sqrt(len(drawn))
             cells.append(f"{found / args.searches:.1%} [{lo:.1%}, {hi:.1%}] "
                          f"({drawn.mean():.0f} +- {half:.0f})")
+            print(f"  {name}, share {share}: {cells[-1]}", flush=True)
         print(f"| {name} | " + " | ".join(cells) + f" |   ({time.process_time() - start:.0f}"
               " CPU s)", flush=True)
 

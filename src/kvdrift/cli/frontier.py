@@ -40,8 +40,9 @@ def frontier(
     model: str = typer.Option("smollm2", help="'smollm2' (embedded) or a Hugging Face id/path."),
     docs: Path | None = typer.Option(None, help="JSONL file of {id, prompt, stratum?, answer?} "
                                      "(default: six generated 512-token RULER-style tasks)."),
-    replicates: int = typer.Option(8, help="Replicates per document in each look (the bounds "
-                                   "are checked after every one)."),
+    replicates: int = typer.Option(8, help="Most replicates per document in each look (the "
+                                   "bounds are checked after every one; a look runs fewer "
+                                   "where the values say the decision is due sooner)."),
     horizon: int = typer.Option(32, help="Generated positions H."),
     temperature: float = typer.Option(1.0, help="Sampling temperature (0 = greedy)."),
     seed: int = typer.Option(0, help="Seed of the search (each look's seed is a hash of it and "
