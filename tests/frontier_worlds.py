@@ -52,17 +52,17 @@ class FiniteEvaluator:
     def strength_of(self, name: str) -> float:
         return self.families[name][1]
 
-    def evaluate(self, budgets: Sequence[Budget], look: int) -> dict[Budget, Sample]:
+    def evaluate(self, budgets: Sequence[Budget], look: int, replicates: int
+                 ) -> dict[Budget, Sample]:
         out = {}
         for b in budgets:
             values = {}
             for d in range(self.documents):
                 digest = hashlib.sha256(f"{self.seed}/{d}/{look}".encode()).digest()
                 seed = int.from_bytes(digest[:7], "little")
-                r = coupled_rollouts(self.pair(b.family, b, d), self.replicates, HORIZON,
-                                     seed=seed)
+                r = coupled_rollouts(self.pair(b.family, b, d), replicates, HORIZON, seed=seed)
                 values[f"doc{d}"] = r.delta.numpy().mean(axis=1)
-            calls = self.documents * self.replicates * HORIZON
+            calls = self.documents * replicates * HORIZON
             self.calls += calls
             out[b] = Sample(values, kv_fraction(self.families[b.family][0], b), calls)
         return out
@@ -95,6 +95,20 @@ def rare_large(u: np.ndarray, v: np.ndarray, mean: float) -> np.ndarray:
 def zero_one(u: np.ndarray, v: np.ndarray, mean: float) -> np.ndarray:
     """Values in {0, 1} with the given mean."""
     return (u < mean).astype(float)
+
+
+def rare_spread(u: np.ndarray, v: np.ndarray, mean: float) -> np.ndarray:
+    """A second rare-large law: values spread over [0, 0.02], a rare few over [0.2, 1] (wider
+    large values and no zeros, unlike :func:`rare_large`), with the given mean."""
+    big = (mean - 0.01) / 0.59
+    if not 0 <= big <= 1:
+        raise ValueError(f"rare_spread cannot have mean {mean}")
+    return np.where(u < big, 0.2 + 0.8 * v, 0.02 * v)
+
+
+def beta_1_19(u: np.ndarray, v: np.ndarray, mean: float) -> np.ndarray:
+    """Beta(1, 19) values (mean 0.05; ``mean`` is ignored), by the inverse of its law."""
+    return 1 - (1 - u) ** (1 / 19)
 
 
 def near(u: np.ndarray, v: np.ndarray, mean: float) -> np.ndarray:
@@ -153,9 +167,10 @@ class SyntheticEvaluator:
     seed: int = 0
     calls: int = 0
 
-    def evaluate(self, budgets: Sequence[Budget], look: int) -> dict[Budget, Sample]:
+    def evaluate(self, budgets: Sequence[Budget], look: int, replicates: int
+                 ) -> dict[Budget, Sample]:
         rng = np.random.default_rng([self.seed, look])
-        shape = (self.case.documents, self.replicates)
+        shape = (self.case.documents, replicates)
         u, v, w = rng.random(shape), rng.random(shape), rng.random(shape)
         out = {}
         for b in budgets:
@@ -165,6 +180,15 @@ class SyntheticEvaluator:
                             1 - (b.index + 1) / (len(self.families[b.family].budgets) + 1),
                             values.size)
         return out
+
+
+@dataclass(frozen=True)
+class Issue44Bet(Bet):
+    """The bet of issue 44, for comparison: its prior's mean halfway between the tolerance
+    and the good end of the range, on either side."""
+
+    def prior_mean(self, target: float, low: float, high: float) -> float:
+        return (target + low) / 2
 
 
 @dataclass(frozen=True)

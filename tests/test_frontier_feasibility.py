@@ -81,7 +81,7 @@ class _Looks:
     def __init__(self, looks):
         self.looks = looks
 
-    def evaluate(self, budgets, look):
+    def evaluate(self, budgets, look, replicates):
         values = self.looks[min(look, len(self.looks)) - 1]
         return {b: Sample({d: np.asarray(v, dtype=float) for d, v in values.items()}, 0.5, 1)
                 for b in budgets}
@@ -166,3 +166,39 @@ def test_the_python_frontier_refuses_what_cannot_be_certified_before_any_work(tm
     with pytest.raises(ValueError, match="needs 40 replicates per document"):
         kvdrift.frontier(measure="R_tv <= 0.02", max_replicates=32, out=out)
     assert not out.exists()
+
+
+def test_a_search_never_uses_more_replicates_than_its_cap():
+    """One document, ``R_tv <= 0.1``: 53 rounds are needed even at all-zero values, so a cap
+    of 52 is refused, and a search capped at 52 (not a multiple of its looks of 8) cuts its
+    last look at 52 and certifies nothing (before issue 50 it drew 56 and certified at 53,
+    which the feasibility check said it could not)."""
+    with pytest.raises(ValueError, match="needs 53 replicates per document"):
+        check_feasible(R_TV, 1, 0.05, 3, 52)
+    looks = _Looks([{"a": [0.0] * 8}])
+    fam = [parse_family(n) for n in ("snapkv", "recent", "kivi")]
+    capped = frontier_search(fam, R_TV, looks, SearchSettings(max_replicates=52))
+    first = capped.families[0].budgets[0]
+    assert (first.status, first.replicates, first.rounds) == ("undecided", 52, 52)
+    assert capped.best is None
+    enough = frontier_search(fam, R_TV, looks, SearchSettings(max_replicates=53))
+    first = enough.families[0].budgets[0]
+    assert (first.status, first.decided_at, first.replicates) == ("certified", 53, 53)
+
+
+def test_documents_without_an_answer_are_not_counted_for_the_task_measure(tmp_path):
+    """Two of six documents carry an answer: the task measure's rounds hold two values, so
+    the check counts two (at ``task >= 0.9`` two documents need 51 replicates,
+    six 17); a measure that every document gives counts all six."""
+    from kvdrift.cli.frontier import check_certifiable
+
+    task = parse_measure("task >= 0.9")
+    assert fewest_replicates(task, 2, 0.05, 3) > 32 >= fewest_replicates(task, 6, 0.05, 3)
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"id": f"d{i}", "prompt": "a prompt",
+                                        **({"answer": "yes"} if i < 2 else {})}) + "\n"
+                            for i in range(6)))
+    settings = SearchSettings(max_replicates=32)
+    with pytest.raises(ValueError, match="over 3 families and 2 documents"):
+        check_certifiable("task >= 0.9", None, docs, settings, 3)
+    check_certifiable("R_tv <= 0.1", None, docs, settings, 3)  # six documents: 9 needed

@@ -43,7 +43,7 @@ def certified(share: float, searches: int, bet: Bet = BET, cap: int = MAX_REPLIC
 def test_half_the_tolerance_is_certified_in_at_least_90_percent_of_searches():
     """40 searches; at least 33 must certify. If the true share were exactly 90%, fewer than
     33 would happen with probability 4.2% (the false-alarm rate at the requirement's edge);
-    the share measured is 100 of 100 (benchmarks/frontier_power.py): at 99%, a false alarm
+    the share measured is 1,000 of 1,000 (benchmarks/frontier_power.py): at 99%, a false alarm
     would have probability about 1e-9. Today's bet at today's cap of 32 certifies about half."""
     assert certified(0.5, 40) >= 33
     assert certified(0.5, 40, TodaysBet(), 32) < 33
@@ -52,5 +52,6 @@ def test_half_the_tolerance_is_certified_in_at_least_90_percent_of_searches():
 @pytest.mark.slow
 def test_seven_tenths_of_the_tolerance_is_certified_in_at_least_half_the_searches():
     """60 searches; at least 24 must certify. If the true share were exactly 50%, fewer than
-    24 would happen with probability 4.6%; the share measured is about 73%."""
+    24 would happen with probability 4.6%; the share measured is 69.6% [66.7%, 72.4%] over
+    1,000 searches (benchmarks/frontier_power.py)."""
     assert certified(0.7, 60) >= 24

@@ -312,8 +312,8 @@ def frontier(
         replace(config, presses=checked(None, own, FROM_PYTHON)), tuple(families), measure,
         SearchSettings(alpha=alpha, replicates=replicates, max_replicates=max_replicates),
         cap)
-    check_feasible(config.measure, _document_count(config.study), alpha, len(config.families),
-                   max_replicates)
+    documents = _document_count(config.study, config.measure)
+    check_feasible(config.measure, documents, alpha, len(config.families), max_replicates)
 
     @functools.cache
     def load(name: str) -> object:  # every stage runs on the study's device and dtype
@@ -326,17 +326,19 @@ def frontier(
         run(stage, where, load=load, models=models)
 
     with left_as_found(given.model) if given is not None else contextlib.nullcontext():
-        return run_frontier(config, out, run_stage)
+        return run_frontier(config, out, run_stage, documents)
 
 
-def _document_count(config: StudyConfig) -> int:
-    """How many documents a study's sources give, without a model (generated tasks counted
-    from their settings)."""
+def _document_count(config: StudyConfig, measure) -> int:
+    """How many documents a study's sources give that can give the measure's values, without
+    a model (generated tasks, which carry answers, counted from their settings)."""
     from kvdrift.data.ruler import document_count
     from kvdrift.data.sources import RulerSource
+    from kvdrift.frontier_search.feasibility import gives_values
 
     return sum(document_count(source.config) if isinstance(source, RulerSource)
-               else len(source.documents()) for source in config.documents)
+               else sum(gives_values(d, measure) for d in source.documents())
+               for source in config.documents)
 
 
 def __getattr__(name: str) -> object:

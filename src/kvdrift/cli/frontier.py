@@ -3,6 +3,7 @@ within a tolerance; a resumable search of study stages, then its report."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -41,8 +42,9 @@ def frontier(
     model: str = typer.Option("smollm2", help="'smollm2' (embedded) or a Hugging Face id/path."),
     docs: Path | None = typer.Option(None, help="JSONL file of {id, prompt, stratum?, answer?} "
                                      "(default: six generated 512-token RULER-style tasks)."),
-    replicates: int = typer.Option(8, help="Replicates per document in each look (the bounds "
-                                   "are checked after every one)."),
+    replicates: int = typer.Option(8, help="Most replicates per document in each look (the "
+                                   "bounds are checked after every one; a look runs fewer "
+                                   "where the values say the decision is due sooner)."),
     horizon: int = typer.Option(32, help="Generated positions H."),
     temperature: float = typer.Option(1.0, help="Sampling temperature (0 = greedy)."),
     seed: int = typer.Option(0, help="Seed of the search (each look's seed is a hash of it and "
@@ -86,7 +88,7 @@ def frontier(
 
     settings = SearchSettings(alpha=alpha, replicates=replicates,
                               max_replicates=max_replicates)
-    check_certifiable(measure, cap, docs, settings, len(names))
+    documents = check_certifiable(measure, cap, docs, settings, len(names))
     check_model_name(model, allow_download)  # a local model: its config.json, as JSON
     from kvdrift.user_presses import load_presses_file
 
@@ -112,7 +114,7 @@ def frontier(
         run_with_progress(stage, where, recompute, allow_download, models=cache)
 
     folder = OutputDir(out, marker="frontier")  # held for the whole command
-    result = run_frontier(config, folder, run_stage)
+    result = run_frontier(config, folder, run_stage, documents)
     html = write_frontier_report(result, folder.subdir("report", marker="report"),
                                  examples=frontier_examples(result, folder.subdir("stages")))
     if as_json:
@@ -137,11 +139,13 @@ def _builtin_family(name: str) -> None:
 
 
 def check_certifiable(measure: str, cap: float | None, docs: Path | None, settings,
-                      families: int) -> None:
+                      families: int) -> int | None:
     """The measure parses, and the settings can certify something at all (pure arithmetic,
     before any model loads): the documents are ``--docs``'s records (nonblank lines, at most
-    the documents it holds) or the six generated ones."""
-    from kvdrift.frontier_search.feasibility import check_feasible
+    the documents it holds; for a measure read from task scores, only those with an answer)
+    or the six generated ones); returns that count (None when the loader is left to name a
+    problem with ``--docs``)."""
+    from kvdrift.frontier_search.feasibility import check_feasible, gives_values
     from kvdrift.frontier_search.measure import parse_measure
 
     parsed = parse_measure(measure, cap)
@@ -151,9 +155,11 @@ def check_certifiable(measure: str, cap: float | None, docs: Path | None, settin
 
         try:  # a regular file only, opened once (never a pipe that could block)
             with open_regular(docs, "--docs") as f:
-                count = sum(1 for line in f if line.strip())
-        except (OSError, ValueError):
-            return  # the document loader names the problem
+                lines = [line for line in f if line.strip()]
+            count = sum(gives_values(json.loads(line), parsed) for line in lines)
+        except (OSError, ValueError, AttributeError, RecursionError):
+            return None  # the document loader names the problem
     if count:
         check_feasible(parsed, count, settings.alpha, families, settings.max_replicates,
                        settings.bet)
+    return count

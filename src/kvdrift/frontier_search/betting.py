@@ -22,14 +22,15 @@ reflected values.
 The stakes (:class:`Bet`) mix two of the paper's strategies: with weight ``1 - hedge``, the
 growth-rate-optimal plug-in stake tuned to the tolerance (the fraction that would have grown
 the wealth at the tolerance most on the rounds seen), its prior ``prior_values`` pseudo-values
-of the least favourable law of mean halfway between the tolerance and the good end (``{0,1}``
-values), so the first round already bets; with weight ``hedge``, constant fractions (the
-paper's diversified Kelly bet), so the bound also moves for values near the tolerance, where
-the tuned stake is small. Scaling stakes by ``1 / (high - m)`` (the paper's truncation) rather
-than ``1 / (high - low)`` lets a round of values at the good end gain ``log(1 + c (m - low) /
-(high - m))`` instead of ``log(1 + c (m - low) / (high - low))``. Every function takes any
-leading batch axes (``[..., rounds, documents]``), so simulations run the same bets as the
-search.
+of the least favourable law (``{low, high}`` values) whose mean lies halfway between the
+tolerance and the good end, or nearer the tolerance when the bad end is nearer still
+(:meth:`Bet.prior_mean`), so the first round already bets on either side; with weight
+``hedge``, constant fractions (the paper's diversified Kelly bet), so the bound also moves for
+values near the tolerance, where the tuned stake is small. Scaling stakes by ``1 / (high - m)``
+(the paper's truncation) rather than ``1 / (high - low)`` lets a round of values at the good
+end gain ``log(1 + c (m - low) / (high - m))`` instead of ``log(1 + c (m - low) / (high -
+low))``. Every function takes any leading batch axes (``[..., rounds, documents]``), so
+simulations run the same bets as the search.
 """
 
 from __future__ import annotations
@@ -64,6 +65,14 @@ class Bet:
             raise ValueError(f"hedge fractions must lie in (0, {self.max_fraction}]; got "
                              f"{self.hedge_fractions}")
 
+    def prior_mean(self, target: float, low: float, high: float) -> float:
+        """The mean of the plug-in stake's prior law: the target moved towards the good end
+        (``low``) halfway, but no farther than the bad end (``high``) is from it. Moved
+        halfway always (issue 44), a side whose good end is far (the "beyond" side of a small
+        tolerance) started from stakes fit for values far past the tolerance, and every small
+        value early on halved its wealth (issue 50)."""
+        return target - min((target - low) / 2, high - target)
+
     def fractions(self, values: np.ndarray, target: float, low: float, high: float
                   ) -> np.ndarray:
         """``[..., rounds]`` the plug-in fractions ``s_r`` for testing ``mu >= target`` with
@@ -71,7 +80,7 @@ class Bet:
         values = np.asarray(values, dtype=np.float64)
         grid = np.linspace(0.0, self.max_fraction, self.grid)  # [G]
         lam = grid / _room(target, low, high)
-        p = (target - low) / 2 / (high - low)  # the prior's share of values at high
+        p = (self.prior_mean(target, low, high) - low) / (high - low)  # prior's share at high
         prior = self.prior_values * ((1 - p) * np.log1p(lam * (target - low))
                                      + p * np.log1p(lam * (target - high)))
         if values.size * grid.size <= VECTOR_LIMIT:  # every round's gains at once

@@ -3,7 +3,9 @@
 Pure arithmetic on the bet (``betting.py``): with every value at the best end of the measure's
 range, the certifying bound of a budget reaches the tolerance after a fixed number of rounds;
 no data can do it sooner. If the replicates cap is below that number, the search would run for
-minutes and certify nothing, so it is refused in one line that gives the number.
+minutes and certify nothing, so it is refused in one line that gives the number. It counts
+what the search does: the search cuts its last look at the cap (no bound uses more), and only
+documents that can give values make a round (:func:`gives_values`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,18 @@ from kvdrift.frontier_search.measure import Measure
 
 #: The most replicates per document the check looks for (beyond it: "more than this").
 LOOK_LIMIT = 100_000
+
+
+def gives_values(document: object, measure: Measure) -> bool:
+    """Whether a document (a :class:`~kvdrift.data.document.Document` or a documents file's
+    record, a dict) can give values of ``measure``: a measure read from task scores needs an
+    answer to score against; a document without one gives no value and adds nothing to a
+    round, so it is not counted."""
+    if not measure.kind.needs_answers:
+        return True
+    answer = (document.get("answer") if isinstance(document, dict)
+              else getattr(document, "answer", None))
+    return answer is not None
 
 
 def fewest_replicates(measure: Measure, documents: int, alpha: float, families: int,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import numpy as np
@@ -32,6 +32,7 @@ from kvdrift.frontier_search.betting import (
     rounds_suggested,
 )
 from kvdrift.frontier_search.families import Budget, Family, check_family_names
+from kvdrift.frontier_search.feasibility import fewest_replicates
 from kvdrift.frontier_search.measure import Measure
 from kvdrift.frontier_search.result import BudgetResult, FamilyResult, FrontierResult, Scheme
 
@@ -46,12 +47,14 @@ class Sample:
 
 
 class Evaluator(Protocol):
-    """Runs budgets at a look and returns their samples (same documents at every budget).
+    """Runs budgets at a look, ``replicates`` per document each, and returns their samples
+    (same documents at every budget).
 
     Look ``L`` must use random numbers that no earlier look used (budgets of one look may
     share them: common random numbers)."""
 
-    def evaluate(self, budgets: Sequence[Budget], look: int) -> dict[Budget, Sample]: ...
+    def evaluate(self, budgets: Sequence[Budget], look: int, replicates: int
+                 ) -> dict[Budget, Sample]: ...
 
 
 #: The default most replicates per document at one budget
@@ -62,15 +65,18 @@ MAX_REPLICATES = limits.DEFAULT_SEARCH_REPLICATES
 @dataclass(frozen=True)
 class SearchSettings:
     """How sure and how thorough: level ``1 - alpha`` over the whole search; each look runs
-    ``replicates`` more per document at the budgets still undecided near the head of each
-    family's sequence (at most ``window`` of them), and a budget still undecided after
-    ``max_replicates`` per document stops its family's sequence."""
+    up to ``replicates`` more per document at the budgets still undecided near the head of
+    each family's sequence (at most ``window`` of them; with ``sized_looks``, fewer where the
+    values so far say a decision is due sooner, :func:`look_size`), and a budget still
+    undecided after ``max_replicates`` per document stops its family's sequence (a look is
+    cut to that number: no budget's bound ever uses more)."""
 
     alpha: float = 0.05
     replicates: int = 8
     max_replicates: int = MAX_REPLICATES
     window: int = 3
     exhaustive: bool = False  # every budget until decided (the full grid, for comparison)
+    sized_looks: bool = True  # later looks sized to where the decision is due
     bet: Bet = BET  # how the confidence sequences stake (betting.py)
 
     def __post_init__(self) -> None:
@@ -134,6 +140,29 @@ def judge(samples: Sequence[Sample], measure: Measure, scheme: Scheme, bet: Bet 
     return Judgement(float(values.mean()), float(lo), float(hi), outcome, rounds, at, more)
 
 
+def look_size(values: np.ndarray, measure: Measure, scheme: Scheme, most: int,
+              bet: Bet = BET) -> int:
+    """Replicates per document for the next look at an undecided budget whose rounds so far
+    are ``values`` (``[rounds, documents]``): the fewest more rounds that either side's values
+    suggest it needs (:func:`~kvdrift.frontier_search.betting.rounds_suggested`), rounded up,
+    from 1 to ``most``; ``most`` when there are no rounds yet or no side suggests a number.
+
+    The bound holds at every round, so a look may be any size and its size may depend on
+    every value seen before it. A look past the decision costs the values after it (with
+    looks of 8, a decision due at round 18 is seen at round 24); a look short of it costs one
+    more look, a model call with a smaller batch."""
+    if not measure.certifiable or values.shape[0] == 0:
+        return most
+    low, high = measure.range
+    tol, upper = measure.tolerance, measure.op == "<="
+    sides = (rounds_suggested(values, scheme.certify_level, tol, low, high, upper, bet),
+             rounds_suggested(values, scheme.fail_level, tol, low, high, not upper, bet))
+    finite = [r for r in sides if math.isfinite(r)]
+    if not finite:
+        return most
+    return int(min(most, max(1, math.ceil(min(finite)))))
+
+
 @dataclass
 class _Tried:
     budget: Budget
@@ -160,8 +189,25 @@ class _FamilySearch:
         t = self.tried[index]
         if self.measure.certifiable:
             self.measure.check_sample(sample.values, f"{self.family.name} {t.budget.label}")
+            left = self.settings.max_replicates - t.drawn  # a look is cut at the cap
+            sample = replace(sample, values={d: v[:left] for d, v in sample.values.items()})
         t.samples.append(sample)
         t.judgement = judge(t.samples, self.measure, self.scheme, self.settings.bet)
+
+    def size(self, index: int, documents: int | None) -> int:
+        """Replicates per document the next look at budget ``index`` should run; its first
+        look, with ``documents`` known, no longer than the fewest rounds after which any
+        values could certify it (:func:`~kvdrift.frontier_search.feasibility.fewest_replicates`:
+        with looks of 8, twenty documents that could be certified after 3 rounds drew 8)."""
+        t, most = self.tried[index], self.settings.replicates
+        if self.settings.sized_looks and t.samples:
+            most = look_size(rounds_of([s.values for s in t.samples]), self.measure,
+                             self.scheme, most, self.settings.bet)
+        elif self.settings.sized_looks and documents:
+            fewest = fewest_replicates(self.measure, documents, self.settings.alpha,
+                                       self.scheme.families, self.settings.bet)
+            most = min(most, fewest or most)
+        return max(1, min(most, self.settings.max_replicates - t.drawn))
 
     def _open(self, t: _Tried) -> bool:
         """Whether another look at ``t`` could still decide it."""
@@ -232,18 +278,21 @@ def _status(outcome: str, intact: bool, certifiable: bool) -> str:
 
 
 def frontier_search(families: Sequence[Family], measure: Measure, evaluator: Evaluator,
-                    settings: SearchSettings = SearchSettings()) -> FrontierResult:
-    """Search every family's budget axis for the least cache within the measure's tolerance."""
+                    settings: SearchSettings = SearchSettings(), documents: int | None = None
+                    ) -> FrontierResult:
+    """Search every family's budget axis for the least cache within the measure's tolerance
+    (``documents``: how many give values, if known before the first look, which sizes it)."""
     check_family_names([f.name for f in families])
     scheme = Scheme(settings.alpha, len(families), sum(len(f.budgets) for f in families))
     searches = [_FamilySearch(f, measure, settings, scheme) for f in families]
-    look, documents = 0, 0
+    look = 0
     while True:
         wanted = [(s, i) for s in searches for i in s.requests()]
         if not wanted:
             break
         look += 1
-        samples = evaluator.evaluate([s.family.budgets[i] for s, i in wanted], look)
+        size = max(s.size(i, documents) for s, i in wanted)  # one look: one size for all
+        samples = evaluator.evaluate([s.family.budgets[i] for s, i in wanted], look, size)
         for s, i in wanted:
             sample = samples[s.family.budgets[i]]
             documents = len(sample.values)
@@ -253,5 +302,5 @@ def frontier_search(families: Sequence[Family], measure: Measure, evaluator: Eva
     drawn, calls = sum(r.replicates for r in rows), sum(r.calls for r in rows)
     full = calls / max(1, drawn) * scheme.budgets * settings.max_replicates
     return FrontierResult.assemble(
-        measure=measure, alpha=settings.alpha, scheme=scheme, documents=documents,
+        measure=measure, alpha=settings.alpha, scheme=scheme, documents=documents or 0,
         families=results, calls=calls, full_grid_calls=int(round(full)), looks=look)

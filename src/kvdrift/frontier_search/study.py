@@ -85,7 +85,8 @@ class FrontierConfig:
 def look_seed(seed: int, look: int) -> int:
     """The seed of look ``look`` of a search with seed ``seed``: a hash of both (56 bits), so
     no two looks of any two searches share a random stream (``seed + look - 1`` made look 2
-    of seed s look 1 of seed s + 1)."""
+    of seed s look 1 of seed s + 1). Every bit keys the streams a look draws, on the CPU too
+    (:func:`kvdrift.estimate.common.make_generator`; torch alone keeps the low 32)."""
     digest = hashlib.sha256(f"kvdrift frontier look {seed} {look}".encode()).digest()
     return int.from_bytes(digest[:7], "little")
 
@@ -100,21 +101,23 @@ class StudyEvaluator:
     run_stage: RunStage
     stages: int = 0
 
-    def stage_config(self, budgets: Sequence[Budget], look: int, name: str) -> StudyConfig:
+    def stage_config(self, budgets: Sequence[Budget], look: int, name: str,
+                     replicates: int) -> StudyConfig:
         study = self.config.study
         run = replace(study.run, actions=tuple(b.action for b in budgets),
-                      replicates=self.config.settings.replicates,
+                      replicates=replicates,
                       seed=look_seed(study.run.seed, look))
         return replace(study, name=name, run=run)
 
-    def evaluate(self, budgets: Sequence[Budget], look: int) -> dict[Budget, Sample]:
+    def evaluate(self, budgets: Sequence[Budget], look: int, replicates: int
+                 ) -> dict[Budget, Sample]:
         from kvdrift.directory import StudyDirectory
 
         self.stages += 1
         name = f"{self.stages:02d}-look{look}"
         where = self.out.subdir(f"stages/{name}")
         try:
-            self.run_stage(self.stage_config(budgets, look, name), where)
+            self.run_stage(self.stage_config(budgets, look, name, replicates), where)
             records = StudyDirectory(where).records()
         finally:
             where.close()  # reopened through stages/ if read again: few descriptors held
@@ -173,11 +176,12 @@ def _write_json(folder: OutputDir, name: str, data: dict) -> None:
     folder.write_text(name, json.dumps(to_json_safe(data), indent=2, allow_nan=False))
 
 
-def run_frontier(config: FrontierConfig, out: str | Path | OutputDir, run_stage: RunStage
-                 ) -> FrontierResult:
+def run_frontier(config: FrontierConfig, out: str | Path | OutputDir, run_stage: RunStage,
+                 documents: int | None = None) -> FrontierResult:
     """Search the frontier into ``out`` (resumable; a path, or the folder the caller holds
     for the whole command); writes ``frontier.json`` (settings and result) and
-    ``analysis.json`` (``{"frontier": ...}``), returns the result. The folder is marked a
+    ``analysis.json`` (``{"frontier": ...}``), returns the result (``documents``: how many
+    documents give values, if known, which sizes the first look). The folder is marked a
     kvdrift frontier (:data:`~kvdrift.output.MARKER`) when its first stage is created."""
     folder = out if isinstance(out, OutputDir) else OutputDir(out)
     check_frontier_dir(folder.path)  # never outside it, nor into another's, nor via a link
@@ -193,7 +197,8 @@ def run_frontier(config: FrontierConfig, out: str | Path | OutputDir, run_stage:
             _write_json(folder, CONFIG_FILE, {"config": config.as_dict()})
 
     evaluator = StudyEvaluator(config, folder, run_and_record)
-    result = frontier_search(config.families, config.measure, evaluator, config.settings)
+    result = frontier_search(config.families, config.measure, evaluator, config.settings,
+                             documents)
     _write_json(folder, CONFIG_FILE, {"config": config.as_dict(), "result": result.to_json()})
     _write_json(folder, "analysis.json", {"frontier": result.to_json()})
     return result
