@@ -37,6 +37,7 @@ import torch
 from kvpress.utils import compute_n_kept
 
 from kvdrift.lm.actions.presses import Stage, clamp_to_length, fixed_press_randomness
+from kvdrift.lm.engine.live_entries import LiveEntries
 
 NEVER = torch.iinfo(torch.int32).max  # eviction step of an entry that was never evicted
 
@@ -215,7 +216,6 @@ def compress_rows(
     positions: dict[int, Any],  # layer -> (cos, sin) of the step just taken, [n, 1, dim]
 ) -> DecodeEvictions:
     """Compress the given rows' caches as kvpress's ``DecodingPress`` does (module docstring)."""
-    helper = rule.press  # kvpress's DecodingPress, for its exact ratio search
     prompt = [p.clone() for p in ev.prompt]
     own = [o.clone() for o in ev.own]
     order = list(ev.order)
@@ -228,9 +228,8 @@ def compress_rows(
                 order[layer_idx] = torch.cat([o, o.new_full((o.shape[0], o.shape[1],
                                                              j - o.shape[2], o.shape[3]), -1)],
                                              dim=2)
-            p_live, o_live, kept = _kept_entries(rule, helper, module, cache.layers[layer_idx],
-                                                 ev, i, layer_idx, length, slots, slot_step,
-                                                 positions)
+            p_live, o_live, kept = _kept_entries(rule, module, cache.layers[layer_idx], ev, i,
+                                                 layer_idx, length, slots, slot_step, positions)
             n_prompt = p_live.shape[1]
             chosen = torch.zeros(p_live.shape[0], n_prompt + o_live.shape[1], dtype=torch.bool,
                                  device=p_live.device)
@@ -265,7 +264,7 @@ def _cache_order(
 
 
 def _kept_entries(
-    rule: DecodingRule, helper: Any, module: Any, layer: Any, ev: DecodeEvictions, i: int,
+    rule: DecodingRule, module: Any, layer: Any, ev: DecodeEvictions, i: int,
     layer_idx: int, length: int, slots: torch.Tensor, slot_step: torch.Tensor,
     positions: dict[int, Any],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -284,25 +283,56 @@ def _kept_entries(
     keys = torch.cat([layer.prompt_keys[0], layer.keys[i]], dim=1)  # [kv, P + G, dim]
     values = torch.cat([layer.prompt_values[0], layer.values[i]], dim=1)
     idx = order[:, :, None].expand(-1, -1, keys.shape[-1])
-    live_keys = keys.gather(1, idx)[None]  # [1, kv, m, dim]
-    live_values = values.gather(1, idx)[None]
     start = length - rule.window  # inputs of steps start + 1 .. length (index = step - 1)
     hidden = ev.inputs[layer_idx][i:i + 1, start:length]  # [1, window, hidden]
     cos, sin = positions[layer_idx]
-    kwargs = {"hidden_states": hidden, "position_embeddings": (cos[i:i + 1], sin[i:i + 1])}
-    base = rule.scorer(m, helper._find_target_compression_ratio(m, rule.target))
+    top = kept_in_order(rule, module, keys.gather(1, idx), values.gather(1, idx), hidden,
+                        (cos[i:i + 1], sin[i:i + 1]))
+    return p_live, o_live, order.gather(1, top)
+
+
+def kept_in_order(
+    rule: DecodingRule, module: Any,
+    live_keys: torch.Tensor,  # [kv, m, dim]: the row's live entries in kvpress's cache order
+    live_values: torch.Tensor,  # [kv, m, dim]
+    hidden: torch.Tensor,  # [1, window, hidden]: the attention inputs of the last steps
+    position_embeddings: Any,  # (cos, sin) of the step just taken, [1, 1, dim]
+) -> torch.Tensor:
+    """``[kv, k]``: which live entries a compression keeps (index into the ``m`` live ones), in
+    the order kvpress's cache then holds them (its ``topk`` order); ``m > rule.target``."""
+    m = live_keys.shape[1]
+    kwargs = {"hidden_states": hidden, "position_embeddings": position_embeddings}
+    base = rule.scorer(m, rule.press._find_target_compression_ratio(m, rule.target))
     try:
-        with fixed_press_randomness(keys.device):
-            scores = base.score(module, hidden, live_keys, live_values, None, kwargs)  # [1,kv,m]
+        with fixed_press_randomness(live_keys.device):
+            scores = base.score(module, hidden, live_keys[None], live_values[None], None,
+                                kwargs)  # [1, kv, m]
     except (MemoryError, torch.OutOfMemoryError):
         raise
     except Exception as exc:  # the scorer's own code: one line, not its traceback
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise rule.failure(f"{rule.label}: {rule.scorer_name} cannot score during decoding "
                            f"({type(exc).__name__}: {first})") from exc
-    top = scores[0].topk(compute_n_kept(m, base.compression_ratio), dim=-1).indices
-    return p_live, o_live, order.gather(1, top)
+    return scores[0].topk(compute_n_kept(m, base.compression_ratio), dim=-1).indices
+
+
+def compress_live(
+    rule: DecodingRule, module: Any, live: LiveEntries, hidden: torch.Tensor,
+    position_embeddings: Any,
+) -> LiveEntries:
+    """One compression of one row and layer as a step of the storage contract
+    (:class:`~kvdrift.lm.engine.live_entries.LiveEntries` in, the new live entries out): the
+    entries :func:`kept_in_order` keeps, in kvpress's new cache order (all of them, in the
+    same order, when the row holds ``target`` or fewer)."""
+    if live.valid is not None:
+        raise RuntimeError(f"{rule.label}: a scorer rule needs every KV head to hold the same "
+                           f"entries count; got {live.valid.sum(-1).tolist()}")
+    if live.width <= rule.target:
+        return live
+    top = kept_in_order(rule, module, live.keys, live.values, hidden, position_embeddings)
+    idx = top[:, :, None].expand(-1, -1, live.keys.shape[-1])
+    return LiveEntries(live.keys.gather(1, idx), live.values.gather(1, idx))
 
 
 __all__ = ["NEVER", "DecodeEvictions", "DecodingRule", "capture_attention_inputs",
-           "compress_rows"]
+           "compress_live", "compress_rows", "kept_in_order"]

@@ -1,0 +1,139 @@
+"""Rows that hold only their live entries under a decoding-time press (``rewind=False``).
+
+Such a row keeps what kvpress's cache keeps: greedy Y equals ``generate`` inside the press over
+many compressions, every position's log-probabilities equal the rewindable (every slot kept and
+masked) state's to float32 noise, forks and joins keep each row's compressions, and the
+generated slots a state holds stay at ``target + interval`` whatever the horizon.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvdrift.estimate.rollout import coupled_rollouts
+from kvdrift.lm.actions.spec import parse_action
+from kvdrift.lm.engine.live_rows import LiveRows
+from kvdrift.lm.engine.pair import LMKernelPair
+from tests.test_lm_presses import LOGPROB_TOL, greedy_generate, prompt
+
+N_PROMPT = 60
+SPECS = [
+    "decoding-knorm:interval=4,target=40",  # the first compression cuts into the prompt
+    "decoding-knorm:interval=5,target=1",  # every step, one entry kept
+    "snapkv:ratio=0.5+decoding-knorm:interval=5,target=24",
+    "decoding-snapkv:interval=6,target=30,window_size=2,buffer=8",  # pools over cache order
+    "decoding-recent:interval=3,target=20",  # keeps the first entries of the cache order
+    "decoding-tova:interval=6,target=30",
+    "decoding-knorm:interval=2,target=200",  # never above target: nothing evicted
+]
+
+
+def greedy_live(pair: LMKernelPair, steps: int) -> tuple[list[int], torch.Tensor, list[int]]:
+    """Greedy Y on a state holding only its live entries; also its generated slots per step."""
+    state = pair.start("q", 1, rewind=False)
+    tokens, lps, slots = [], [], []
+    for _ in range(steps):
+        lp = pair.logprobs(state)[0]
+        tokens.append(int(lp.argmax()))
+        lps.append(lp)
+        state = pair.advance(state, torch.tensor([tokens[-1]]))
+        slots.append(state.cache.get_seq_length())
+    return tokens, torch.stack(lps), slots
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_live_rows_equal_generate(tiny_llama, spec):
+    steps = 40
+    action = parse_action(spec)
+    pair = LMKernelPair(tiny_llama, prompt(N_PROMPT), action)
+    tokens, lps, slots = greedy_live(pair, steps)
+    want, want_lps = greedy_generate(tiny_llama, prompt(N_PROMPT), action.make_press(N_PROMPT),
+                                     steps, action.needs_attention_weights)
+    assert tokens == want
+    assert float((lps - want_lps).abs().max()) < LOGPROB_TOL
+    rule = pair._rule
+    # after the first compression the row holds at most target + interval - 1 slots
+    first = rule.interval
+    assert max(slots[first:]) <= max(rule.target, 1) + rule.interval - 1, slots
+
+
+@pytest.mark.parametrize("spec", SPECS[:4])
+def test_live_rows_equal_rewindable_rows_along_a_batch(tiny_llama, spec):
+    # two rows along different histories: the compacted state and the masked one agree at
+    # every position to float32 noise
+    pair = LMKernelPair(tiny_llama, prompt(N_PROMPT), spec)
+    xs = torch.cat([prompt(30, seed=4), prompt(30, seed=5)])
+    live, masked = pair.start("q", 2, rewind=False), pair.start("q", 2)
+    assert isinstance(live.evictions, LiveRows)
+    for t in range(30):
+        assert torch.allclose(pair.logprobs(live), pair.logprobs(masked), atol=LOGPROB_TOL)
+        live = pair.advance(live, xs[:, t])
+        masked = pair.advance(masked, xs[:, t])
+    assert torch.allclose(pair.logprobs(live), pair.logprobs(masked), atol=LOGPROB_TOL)
+    # the masked state holds every slot ever written, the compacted one what the press keeps
+    rule = pair._rule
+    assert masked.cache.get_seq_length() == 30
+    assert live.cache.get_seq_length() == max(rule.target, 1) + 30 % rule.interval
+
+
+def test_slots_stay_bounded_over_a_long_horizon(tiny_llama):
+    pair = LMKernelPair(tiny_llama, prompt(N_PROMPT), "decoding-knorm:interval=8,target=16")
+    state = pair.start("q", 2, rewind=False)
+    xs = prompt(200, seed=9)[0]
+    held = []
+    for t in range(200):
+        state = pair.advance(state, torch.stack([xs[t], xs[199 - t]]))
+        held.append(state.cache.get_seq_length())
+        capacity = state.cache.layers[0].capacity
+        assert capacity <= 16 + 8 + 32, capacity  # target + interval + MIN_SPARE
+    # exactly target right after a compression, one more slot per step until the next
+    assert held[7::8] == [16] * 25
+    assert held[8:15] == list(range(17, 24))
+    assert not state.evictions.prompt_read
+
+
+def test_join_select_and_truncate_after_the_last_compression(tiny_llama):
+    spec = "decoding-recent:interval=3,target=20"
+    pair = LMKernelPair(tiny_llama, prompt(N_PROMPT), spec)
+    xs = prompt(14, seed=21)[0]
+    long, short = pair.start("q", 1, rewind=False), pair.start("q", 1, rewind=False)
+    ref_long, ref_short = pair.start("q", 1), pair.start("q", 1)
+    for t in range(7):
+        long, ref_long = pair.advance(long, xs[t:t + 1]), pair.advance(ref_long, xs[t:t + 1])
+    short, ref_short = pair.advance(short, xs[:1]), pair.advance(ref_short, xs[:1])
+    both = pair.join([long, short])  # one row past two compressions, one before any
+    for t in range(7, 14):
+        both = pair.advance(both, torch.stack([xs[t], xs[t - 6]]))
+        ref_long = pair.advance(ref_long, xs[t:t + 1])
+        ref_short = pair.advance(ref_short, xs[t - 6:t - 5])
+    lps = pair.logprobs(both)
+    assert torch.allclose(lps[0], pair.logprobs(ref_long)[0], atol=LOGPROB_TOL)
+    assert torch.allclose(lps[1], pair.logprobs(ref_short)[0], atol=LOGPROB_TOL)
+    # lengths 14 (last compression at 12) and 8 (at 6): row 1 may go back to 7 (after 6)
+    fork = pair.select(both, torch.tensor([1]))
+    cut = pair.truncate(fork, torch.tensor([7]))
+    ref_cut = pair.truncate(pair.select(ref_short, torch.tensor([0])), torch.tensor([7]))
+    assert torch.allclose(pair.logprobs(cut), pair.logprobs(ref_cut), atol=LOGPROB_TOL)
+    again = pair.advance(cut, xs[9:10])
+    ref_again = pair.advance(ref_cut, xs[9:10])
+    assert torch.allclose(pair.logprobs(again), pair.logprobs(ref_again), atol=LOGPROB_TOL)
+    with pytest.raises(ValueError, match="row 0 cannot go back to length 6: .* last "
+                                         "compression was at length 6; .*rewind=True"):
+        pair.truncate(pair.select(both, torch.tensor([1])), torch.tensor([6]))
+    with pytest.raises(ValueError, match="cannot join states started with rewind"):
+        pair.join([pair.select(both, torch.tensor([0])), ref_long])
+
+
+def test_rollouts_hold_only_live_entries_and_match_rewindable_ones(tiny_llama, monkeypatch):
+    # the rollout starts its states with rewind=False; forcing rewind=True (every slot kept)
+    # gives the same paths and per-step TVs to float32 noise
+    pair = LMKernelPair(tiny_llama, prompt(N_PROMPT), "decoding-knorm:interval=4,target=30")
+    live = coupled_rollouts(pair, replicates=6, horizon=24, seed=3)
+    start = LMKernelPair.start
+    monkeypatch.setattr(LMKernelPair, "start",
+                        lambda self, side, n, rewind=True: start(self, side, n))
+    masked = coupled_rollouts(pair, replicates=6, horizon=24, seed=3)
+    assert torch.equal(live.x, masked.x) and torch.equal(live.y, masked.y)
+    assert torch.allclose(live.f, masked.f, atol=1e-5)
+    assert torch.allclose(live.delta, masked.delta, atol=1e-5)
