@@ -137,3 +137,17 @@ def test_rollouts_hold_only_live_entries_and_match_rewindable_ones(tiny_llama, m
     assert torch.equal(live.x, masked.x) and torch.equal(live.y, masked.y)
     assert torch.allclose(live.f, masked.f, atol=1e-5)
     assert torch.allclose(live.delta, masked.delta, atol=1e-5)
+
+
+def test_live_rows_equal_generate_over_256_positions(tiny_llama):
+    # eight compressions, each cutting 32 generated entries; the row never holds more than
+    # target + interval - 1 = 79 slots while generate's cache is what kvpress keeps
+    spec = "decoding-knorm:interval=32,target=48"
+    action = parse_action(spec)
+    pair = LMKernelPair(tiny_llama, prompt(N_PROMPT), action)
+    tokens, lps, slots = greedy_live(pair, 256)
+    want, want_lps = greedy_generate(tiny_llama, prompt(N_PROMPT), action.make_press(N_PROMPT),
+                                     256, False)
+    assert tokens == want
+    assert float((lps - want_lps).abs().max()) < LOGPROB_TOL
+    assert max(slots[32:]) == 79 and slots[31::32] == [48] * 8

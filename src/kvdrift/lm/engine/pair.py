@@ -5,7 +5,9 @@ One document, one action. :func:`~kvdrift.lm.engine.prefill.prefill` gives the f
 ``"q"``); this module steps path states over them. The first generated position is computed
 before eviction, so both sides start from the full-cache prefill logits (``delta_1 = 0``).
 Generated entries are kept, except under a ``decoding-*`` action, whose per-row compressions
-during generation are in :mod:`kvdrift.lm.engine.decoding` (``evictions`` of a Q state).
+during generation are in :mod:`kvdrift.lm.engine.decoding` (``evictions`` of a Q state: every
+slot kept and masked) or, for a state started with ``rewind=False``, in
+:mod:`kvdrift.lm.engine.live_rows` (only the entries the press keeps).
 
 Path states
 -----------
