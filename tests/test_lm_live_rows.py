@@ -151,3 +151,15 @@ def test_live_rows_equal_generate_over_256_positions(tiny_llama):
     assert tokens == want
     assert float((lps - want_lps).abs().max()) < LOGPROB_TOL
     assert max(slots[32:]) == 79 and slots[31::32] == [48] * 8
+
+
+def test_unreached_target_gives_tv_exactly_zero(tiny_llama):
+    # fewer live entries than the target: a compression evicts nothing, the row goes on
+    # reading the shared prompt as P's rows do, so delta_t is exactly 0 at every position
+    pair = LMKernelPair(tiny_llama, prompt(N_PROMPT), "decoding-knorm:interval=2,target=500")
+    p, q = pair.start("p", 1, rewind=False), pair.start("q", 1, rewind=False)
+    for tok in prompt(12, seed=5)[0].tolist():
+        assert torch.equal(pair.logprobs(p), pair.logprobs(q))
+        p, q = pair.advance(p, torch.tensor([tok])), pair.advance(q, torch.tensor([tok]))
+    assert torch.equal(pair.logprobs(p), pair.logprobs(q))
+    assert q.evictions.prompt_read and q.cache.get_seq_length() == 12

@@ -132,7 +132,7 @@ class LiveRows:
 def compact_rows(
     rule: DecodingRule,
     state: LiveRows,
-    rows: torch.Tensor,  # [r] long: rows that compress now
+    rows: torch.Tensor,  # [r] long: rows that reach a compression now
     lengths: torch.Tensor,  # [n] long: lengths after the step just taken
     mask: torch.Tensor,  # [n, G] long: the state's valid slots (the new one included)
     slot_step: torch.Tensor,  # [n, G] long: generated index held by each slot
@@ -141,7 +141,9 @@ def compact_rows(
     positions: dict[int, Any],  # layer -> (cos, sin) of the step just taken, [n, 1, dim]
 ) -> tuple[LiveRows, SharedPromptCache, torch.Tensor, torch.Tensor]:
     """Compress the given rows (the rule's step on their live entries) and compact every row
-    to the slots it holds; returns the new ``(rows, cache, mask, slot_step)``."""
+    to the slots it holds; returns the new ``(rows, cache, mask, slot_step)``. A row that
+    still reads the prompt and whose step evicts nothing (fewer live entries than the target)
+    is left as it is: it attends exactly as P's rows do, so ``delta_t`` stays exactly 0."""
     valid = mask.bool()
     window = state.inputs[0].shape[1]
     blocks: dict[int, list[LiveEntries]] = {}
@@ -149,11 +151,15 @@ def compact_rows(
         length = int(lengths[i])
         ring = torch.arange(length - rule.window, length, device=mask.device) % window
         reads = bool(state.reads_prompt[i])
-        blocks[i] = [
-            compress_live(rule, module, _live_of_row(state, cache, layer_idx, i, valid[i], reads),
-                          state.inputs[layer_idx][i:i + 1].index_select(1, ring),
-                          tuple(t[i:i + 1] for t in positions[layer_idx]))
-            for layer_idx, module in enumerate(modules)]
+        lives = [_live_of_row(state, cache, layer_idx, i, valid[i], reads)
+                 for layer_idx in range(len(modules))]
+        kept = [compress_live(rule, module, live,
+                              state.inputs[layer_idx][i:i + 1].index_select(1, ring),
+                              tuple(t[i:i + 1] for t in positions[layer_idx]))
+                for layer_idx, (module, live) in enumerate(zip(modules, lives, strict=True))]
+        if reads and all(k is live for k, live in zip(kept, lives, strict=True)):
+            continue  # nothing evicted: the row goes on reading the prompt, as P's rows do
+        blocks[i] = kept
     n, width = valid.shape
     used = valid.sum(1).tolist()
     widths = [max(b.width for b in blocks[i]) if i in blocks else used[i] for i in range(n)]
@@ -191,7 +197,7 @@ def compact_rows(
         layers.append(layer.adopt(key_buf, value_buf, new_width))
         owns.append(own)
     compressed = torch.zeros(n, dtype=torch.bool, device=mask.device)
-    compressed[rows] = True
+    compressed[list(blocks)] = True
     reads_prompt = state.reads_prompt & ~compressed
     new_state = dataclasses.replace(
         state, reads_prompt=reads_prompt, prompt_read=bool(reads_prompt.any()), own=tuple(owns),

@@ -177,7 +177,8 @@ def _prompt_part(
     n_prompt = prompt_keys.shape[1]
     if all(live is not None and live[0] is UNREAD for *_, live in parts):
         # every row holds its live entries itself (compacted decode-time eviction): no prompt
-        return q.new_zeros(m, kv_heads, g, dim), q.new_full((m, kv_heads, g), float("-inf"))
+        return q.new_zeros(m, kv_heads, g, dim), torch.full(
+            (m, kv_heads, g), float("-inf"), dtype=torch.float32, device=q.device)
     hidden = None  # [kv, 1 or m g, P] bool: prompt entries a row does not attend
     if layer.prompt_live is not None:
         hidden = ~layer.prompt_live[0][:, None, :]
