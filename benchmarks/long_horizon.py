@@ -7,22 +7,25 @@ horizon, one decoding step per position:
 - ``full``: P's rows (the full cache: every generated entry stays);
 - ``press``: Q's rows under ``decoding-knorm:interval=I,target=T`` started with
   ``rewind=False`` (lm/engine/live_rows.py: a row holds what the press keeps);
-- ``masked``: the same press with ``rewind=True`` (every slot kept and masked: kvdrift before
-  issue 49, and what SWRB's states still hold so that branches can go back).
+- ``masked`` (to H = 1,024 by default): the same press with ``rewind=True`` (every slot kept
+  and masked: kvdrift before issue 49, and what SWRB's states still hold so that its branches
+  can go back).
 
-At H = 256, 1,024 and 4,096 it prints the seconds per position (mean of the 32 steps before
-H), the bytes the rows' state holds at its peak up to H (generated keys and values with their
-spare slots, masks, attention inputs, token history: everything per row; the shared prompt
-is printed once, it does not depend on H) and the process's peak resident memory above its
-resident memory before the first step (``VmHWM``, reset through ``/proc/self/clear_refs``;
-the child returns freed blocks to the system, ``MALLOC_MMAP_THRESHOLD_``). Then the ratios
-H = 4,096 / H = 256 (goal under the press: at most 1.3x for time and memory), the state-bytes
-formula (:func:`state_bytes`) against the measurement (goal: within 15%), and that formula at
+The modes run at once, one process and one thread each. At H = 256, 1,024 and 4,096 it prints
+the seconds per position (mean of the 32 steps before H; CPU seconds of the process, which the
+other work on a shared machine distorts less than wall seconds, and wall seconds), the bytes
+the rows' state holds at its peak up to H (generated keys and values with their spare slots,
+masks, attention inputs, token history: everything per row; the shared prompt is printed once,
+it does not depend on H) and the process's peak resident memory above its resident memory
+before the first step (``VmHWM``, reset through ``/proc/self/clear_refs``; the child returns
+freed blocks to the system, ``MALLOC_MMAP_THRESHOLD_``). Then the ratios to H = 256 (goal
+under the press: at most 1.3x for time and memory at H = 4,096), the state-bytes formula
+(:func:`state_bytes`) against the measurement (goal: within 15%), and that formula at
 Llama-3-8B's shape (32 layers, 8 KV heads, head_dim 128, hidden 4096, bfloat16) with a 32K
 prompt: what one replicate of a rollout holds (P's row full, Q along Y and Q forced along X
 under the press) and how many replicates fit one 80 GB batch (``--batch``).
 
-Run: ``nice python benchmarks/long_horizon.py`` (about 20 minutes on 2 CPU cores);
+Run: ``nice python benchmarks/long_horizon.py`` (about 30 minutes on 2 idle CPU cores);
 ``--quick`` (H = 64, 128, 256 with T = 32, I = 16) to try it.
 """
 
@@ -169,28 +172,39 @@ def child(mode: str, args: argparse.Namespace) -> dict:
     ctypes.CDLL("libc.so.6").malloc_trim(0)
     Path("/proc/self/clear_refs").write_text("5")
     before = _status("VmRSS")
-    seconds, peak, out = [], 0, {}
+    seconds, cpu, peak, out = [], [], 0, {}
     for t in range(horizons[-1]):
-        started = time.perf_counter()
+        started, started_cpu = time.perf_counter(), time.process_time()
         state = pair.advance(state, tokens[t])
         pair.logprobs(state)
         seconds.append(time.perf_counter() - started)
+        cpu.append(time.process_time() - started_cpu)
         peak = max(peak, held_bytes(state))
         if t + 1 in horizons:
             out[t + 1] = {"seconds": sum(seconds[-WINDOW:]) / len(seconds[-WINDOW:]),
+                          "cpu": sum(cpu[-WINDOW:]) / len(cpu[-WINDOW:]),
                           "state": peak, "rss": _status("VmHWM") - before,
                           "slots": state.cache.get_seq_length()}
     prompt_bytes = sum(t.untyped_storage().nbytes() for t in pair.prompt_cache(side).keys) * 2
     return {"mode": mode, "prompt_bytes": prompt_bytes, "at": out}
 
 
-def measure(mode: str, argv: list[str]) -> dict:
-    """:func:`child` in a fresh process."""
+def measure(runs: dict[str, list[str]]) -> dict[str, dict]:
+    """:func:`child` of each mode in a fresh process, all at once (each one thread: the
+    seconds per position are CPU seconds of the process, which other processes on the
+    machine slow less than wall time)."""
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072", MALLOC_TRIM_THRESHOLD_="131072",
                OMP_WAIT_POLICY="PASSIVE", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    out = subprocess.run([sys.executable, __file__, "--child", mode, *argv], env=env,
-                         check=True, capture_output=True, text=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    procs = {mode: subprocess.Popen([sys.executable, __file__, "--child", mode, *argv], env=env,
+                                    stdout=subprocess.PIPE, text=True)
+             for mode, argv in runs.items()}
+    results = {}
+    for mode, proc in procs.items():
+        stdout, _ = proc.communicate()
+        if proc.returncode != 0:
+            raise SystemExit(f"the {mode} measurement failed (exit {proc.returncode})")
+        results[mode] = json.loads(stdout.strip().splitlines()[-1])
+    return results
 
 
 def fits_80gb(s: Shape, h: int, prompt: int) -> dict[str, float]:
@@ -211,7 +225,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="H = 64, 128, 256; T = 32, I = 16")
     parser.add_argument("--rows", type=int, default=1, help="rows per state (K)")
     parser.add_argument("--prompt", type=int, default=512, help="prompt tokens")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1, help="threads of each process")
     parser.add_argument("--masked-up-to", type=int, default=1024,
                         help="longest H of the masked mode (it grows with H; default 1024)")
     parser.add_argument("--save", default=None, help="write the measurements to this JSON file")
@@ -239,19 +253,18 @@ def main() -> None:
     if args.load is not None:  # print a saved measurement again (e.g. with a new formula)
         results = json.loads(Path(args.load).read_text())
     else:
-        results = {}
-        for mode in MODES:
-            started = time.perf_counter()
-            horizons = [h for h in args.horizons if mode != "masked" or h <= args.masked_up_to]
-            results[mode] = measure(mode, [*argv, "--horizons", *map(str, horizons)])
-            print(f"  {mode}: {time.perf_counter() - started:.0f} s", flush=True)
+        started = time.perf_counter()
+        results = measure({mode: [*argv, "--horizons", *map(str, [
+            h for h in args.horizons if mode != "masked" or h <= args.masked_up_to])]
+            for mode in MODES})
+        print(f"  measured in {time.perf_counter() - started:.0f} s", flush=True)
         if args.save is not None:
             Path(args.save).write_text(json.dumps(results))
     print(f"\nshared prompt (P's, stored once): "
           f"{results['full']['prompt_bytes'] / MIB:.1f} MiB\n")
-    print("| mode | H | s / position | state MiB (peak) | formula MiB | formula / measured "
-          "| RSS growth MiB | slots held |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| mode | H | CPU s / position | wall s / position | state MiB (peak) | formula MiB "
+          "| formula / measured | RSS growth MiB | slots held |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     worst = 0.0
     for mode in MODES:
         for h in hs:
@@ -261,13 +274,15 @@ def main() -> None:
             formula = sum(state_bytes(shape, mode, h, args.prompt).values()) * args.rows
             ratio = formula / r["state"]
             worst = max(worst, abs(ratio - 1))
-            print(f"| {mode} | {h:,} | {r['seconds']:.4f} | {r['state'] / MIB:.2f} | "
+            print(f"| {mode} | {h:,} | {r['cpu']:.4f} | {r['seconds']:.4f} | "
+                  f"{r['state'] / MIB:.2f} | "
                   f"{formula / MIB:.2f} | {ratio:.2f} | {r['rss'] / MIB:.1f} | {r['slots']} |")
     print(f"\nratios to H = {hs[0]:,}:")
     for mode in MODES:
         top = max(int(h) for h in results[mode]["at"])
         a, b = results[mode]["at"][str(hs[0])], results[mode]["at"][str(top)]
-        print(f"  {mode}, H = {top:,}: time {b['seconds'] / a['seconds']:.2f}x, state "
+        print(f"  {mode}, H = {top:,}: CPU time {b['cpu'] / a['cpu']:.2f}x (wall "
+              f"{b['seconds'] / a['seconds']:.2f}x), state "
               f"{b['state'] / a['state']:.2f}x, RSS growth "
               f"{b['rss'] / max(a['rss'], 1):.2f}x")
     print(f"state formula against the measurement: largest gap {100 * worst:.1f}% "

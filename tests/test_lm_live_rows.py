@@ -163,3 +163,28 @@ def test_unreached_target_gives_tv_exactly_zero(tiny_llama):
         p, q = pair.advance(p, torch.tensor([tok])), pair.advance(q, torch.tensor([tok]))
     assert torch.equal(pair.logprobs(p), pair.logprobs(q))
     assert q.evictions.prompt_read and q.cache.get_seq_length() == 12
+
+
+def test_a_users_decoding_press_object_holds_only_live_entries(tiny_llama):
+    # the general path (a press object): a PrefillDecodingPress with a user's DecodingPress
+    # subclass, Q's rows started with rewind=False, equals generate inside the same press
+    import kvpress
+
+    from tests.test_lm_press_path import EOS, EveryFewTokensPress, general_pair, generate_in
+
+    def make():
+        return kvpress.PrefillDecodingPress(
+            prefilling_press=kvpress.KnormPress(compression_ratio=0.5),
+            decoding_press=EveryFewTokensPress(base_press=kvpress.KnormPress(),
+                                               compression_interval=4, target_size=20))
+    ids = prompt(60)
+    pair = general_pair(tiny_llama, ids, make())
+    state, tokens = pair.start("q", 1, rewind=False), []
+    for _ in range(24):
+        lp = pair.logprobs(state)[0].clone()
+        lp[EOS] = -torch.inf
+        tokens.append(int(lp.argmax()))
+        state = pair.advance(state, torch.tensor([tokens[-1]]))
+    assert isinstance(state.evictions, LiveRows)
+    assert state.cache.get_seq_length() == 20  # 24 steps: compressed at 24 to the target
+    assert tokens == generate_in(tiny_llama, ids, make(), 24)
