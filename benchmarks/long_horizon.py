@@ -167,6 +167,7 @@ def child(mode: str, args: argparse.Namespace) -> dict:
     side = "p" if mode == "full" else "q"
     state = pair.start(side, args.rows, rewind=mode == "masked")
     horizons = sorted(args.horizons)
+    prompt_bytes = sum(t.untyped_storage().nbytes() for t in pair.prompt_cache(side).keys) * 2
     tokens = torch.randint(3, 40000, (horizons[-1], args.rows), generator=gen)
     gc.collect()
     ctypes.CDLL("libc.so.6").malloc_trim(0)
@@ -185,7 +186,9 @@ def child(mode: str, args: argparse.Namespace) -> dict:
                           "cpu": sum(cpu[-WINDOW:]) / len(cpu[-WINDOW:]),
                           "state": peak, "rss": _status("VmHWM") - before,
                           "slots": state.cache.get_seq_length()}
-    prompt_bytes = sum(t.untyped_storage().nbytes() for t in pair.prompt_cache(side).keys) * 2
+            if args.partial is not None:  # what is measured so far, should the run be stopped
+                result = {"mode": mode, "prompt_bytes": prompt_bytes, "at": out}
+                Path(args.partial, f"{mode}.json").write_text(json.dumps(result))
     return {"mode": mode, "prompt_bytes": prompt_bytes, "at": out}
 
 
@@ -230,6 +233,10 @@ def main() -> None:
                         help="longest H of the masked mode (it grows with H; default 1024)")
     parser.add_argument("--save", default=None, help="write the measurements to this JSON file")
     parser.add_argument("--load", default=None, help="print saved measurements, measure nothing")
+    parser.add_argument("--partial", default=None,
+                        help="a folder where each mode writes what it measured so far")
+    parser.add_argument("--print-partial", action="store_true",
+                        help="print what the modes wrote to --partial, measure nothing")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--target", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--interval", type=int, default=None, help=argparse.SUPPRESS)
@@ -243,7 +250,8 @@ def main() -> None:
         print(json.dumps(child(args.child, args)))
         return
     argv = ["--rows", str(args.rows), "--prompt", str(args.prompt), "--threads",
-            str(args.threads), "--target", str(args.target), "--interval", str(args.interval)]
+            str(args.threads), "--target", str(args.target), "--interval", str(args.interval),
+            *(["--partial", args.partial] if args.partial is not None else [])]
     shape = replace(SMOLLM2, target=args.target, interval=args.interval,
                     window=min(args.interval, 257))
     hs = sorted(args.horizons)
@@ -252,6 +260,8 @@ def main() -> None:
           f"target={args.target}")
     if args.load is not None:  # print a saved measurement again (e.g. with a new formula)
         results = json.loads(Path(args.load).read_text())
+    elif args.partial is not None and args.print_partial:
+        results = {m: json.loads(Path(args.partial, f"{m}.json").read_text()) for m in MODES}
     else:
         started = time.perf_counter()
         results = measure({mode: [*argv, "--horizons", *map(str, [
