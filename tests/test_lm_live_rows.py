@@ -30,12 +30,14 @@ SPECS = [
 
 
 def greedy_live(pair: LMKernelPair, steps: int) -> tuple[list[int], torch.Tensor, list[int]]:
-    """Greedy Y on a state holding only its live entries; also its generated slots per step."""
+    """Greedy Y on a state holding only its live entries, EOS never chosen (as generate's
+    ``min_new_tokens``); also its generated slots per step."""
     state = pair.start("q", 1, rewind=False)
     tokens, lps, slots = [], [], []
     for _ in range(steps):
         lp = pair.logprobs(state)[0]
-        tokens.append(int(lp.argmax()))
+        tokens.append(int(lp.index_fill(0, torch.tensor([pair.eos_token_id]), -torch.inf)
+                          .argmax()))
         lps.append(lp)
         state = pair.advance(state, torch.tensor([tokens[-1]]))
         slots.append(state.cache.get_seq_length())
@@ -121,6 +123,15 @@ def test_join_select_and_truncate_after_the_last_compression(tiny_llama):
     with pytest.raises(ValueError, match="row 0 cannot go back to length 6: .* last "
                                          "compression was at length 6; .*rewind=True"):
         pair.truncate(pair.select(both, torch.tensor([1])), torch.tensor([6]))
+    # a row not compressed yet may go back anywhere, to the empty history included
+    fresh = pair.start("q", 2, rewind=False)
+    for t in range(2):
+        fresh = pair.advance(fresh, torch.stack([xs[t], xs[t + 1]]))
+    back = pair.truncate(fresh, torch.tensor([0, 1]))
+    want = pair.start("q", 2, rewind=False)
+    assert torch.equal(pair.logprobs(back)[0], pair.logprobs(want)[0])
+    want = pair.advance(want, torch.stack([xs[0], xs[1]]))
+    assert torch.allclose(pair.logprobs(back)[1], pair.logprobs(want)[1], atol=LOGPROB_TOL)
     with pytest.raises(ValueError, match="cannot join states started with rewind"):
         pair.join([pair.select(both, torch.tensor([0])), ref_long])
 
@@ -188,3 +199,25 @@ def test_a_users_decoding_press_object_holds_only_live_entries(tiny_llama):
     assert isinstance(state.evictions, LiveRows)
     assert state.cache.get_seq_length() == 20  # 24 steps: compressed at 24 to the target
     assert tokens == generate_in(tiny_llama, ids, make(), 24)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", ["decoding-knorm:interval=16,target=96",
+                                  "snapkv:ratio=0.6+decoding-snapkv:interval=16,target=64,"
+                                  "window_size=4,buffer=32"])
+def test_smollm2_live_rows_equal_generate(spec):
+    # the embedded model, 64 greedy steps, four compressions that cut into the prompt's and
+    # the generated entries
+    from kvdrift.lm.loading.model import encode_prompt, load_model, load_tokenizer
+
+    model = load_model("smollm2").model
+    text = ("Rivers carve valleys over millennia; glaciers widen them, and the sea floods "
+            "their mouths when the ice melts. ") * 6 + "Explain how a fjord forms."
+    ids = encode_prompt(load_tokenizer("smollm2"), text)
+    action = parse_action(spec)
+    pair = LMKernelPair(model, ids, action)
+    tokens, lps, slots = greedy_live(pair, 64)
+    want, want_lps = greedy_generate(model, ids, action.make_press(ids.shape[1]), 64, False)
+    assert tokens == want
+    assert float((lps - want_lps).abs().max()) < LOGPROB_TOL
+    assert slots[15::16] == [pair._rule.target] * 4

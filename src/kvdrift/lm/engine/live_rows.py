@@ -116,10 +116,10 @@ class LiveRows:
             last=torch.cat([p.last for p in parts]))
 
     def truncated(self, new: torch.Tensor, lengths: torch.Tensor) -> LiveRows:
-        """Rows shortened from ``lengths`` to ``new``: allowed only after each row's last
-        compression (what came before it is no longer held); the state's mask hides the
-        later slots, nothing else changes."""
-        back = (new < lengths) & (new <= self.last)
+        """Rows shortened from ``lengths`` to ``new``: allowed to any length before a row's
+        first compression and after its last one (what came before that is no longer held);
+        the state's mask hides the later slots, nothing else changes."""
+        back = (new < lengths) & (new <= self.last) & (self.last > 0)
         if bool(back.any()):
             i = int(torch.nonzero(back)[0])
             raise ValueError(
