@@ -7,9 +7,9 @@ row and the generated part per row; :mod:`~kvdrift.lm.engine.shared_attention` i
 attention over both (registered with transformers); :mod:`~kvdrift.lm.engine.decoding` compresses
 each row during generation as a decoding-time press would (every slot kept and masked, so a row
 can go back), :mod:`~kvdrift.lm.engine.live_rows` holds rows that keep only what the press keeps
-(memory O(target)) and :mod:`~kvdrift.lm.engine.live_entries` is what one compression step
-takes and returns; :mod:`~kvdrift.lm.engine.pair` is the
-``LMKernelPair`` the estimators step; :mod:`~kvdrift.lm.engine.press_path` is the general path
+(memory O(target + interval)) and :mod:`~kvdrift.lm.engine.live_entries` is what one
+compression step takes and returns; :mod:`~kvdrift.lm.engine.pair` is the ``LMKernelPair`` the
+estimators step; :mod:`~kvdrift.lm.engine.press_path` is the general path
 beside the fast one (any kvpress press object, its cache as the press left it); and
 :mod:`~kvdrift.lm.engine.entry_positions` says which prompt position each of Q's entries holds.
 """

@@ -1,4 +1,4 @@
-"""Rows under a decoding-time press that hold only their live entries (memory O(target)).
+"""Rows under a decoding-time press that hold only their live entries: O(target) memory.
 
 A Q state started with ``rewind=False`` (:meth:`~kvdrift.lm.engine.pair.LMKernelPair.start`)
 stores what kvpress's cache would hold for each row, nothing more. Before its first

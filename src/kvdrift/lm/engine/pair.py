@@ -19,7 +19,8 @@ attention of :mod:`kvdrift.lm.engine.shared_attention`::
     cache      SharedPromptCache: per layer the shared prompt [1, kv_heads, kept, head_dim]
                and generated slots [n, kv_heads, G, head_dim]
     mask       [n, G] long, 1 = valid generated slot, 0 = hole
-    slot_step  [n, G] long, generated index held by each slot
+    slot_step  [n, G] long, generated index held by each slot (-1: an entry a row holding
+               only its live entries kept at its last compression, lm/engine/live_rows.py)
     tokens     [n, T] long, generated tokens (row i valid up to lengths[i])
     lengths    [n] long, generated length per row
     logits     [n, V] float32, next-token logits of each row (temperature 1)
@@ -226,9 +227,9 @@ class LMKernelPair:
         """``n`` rows with the empty history over the side's prompt cache (shared, not copied).
 
         Under a decoding-time press, ``rewind=False`` keeps only what the press keeps (memory
-        O(target), :mod:`~kvdrift.lm.engine.live_rows`): the rows can then be truncated only
-        to lengths after their last compression. ``rewind=True`` keeps every slot, masked,
-        so a row can go back to any length (:mod:`~kvdrift.lm.engine.decoding`)."""
+        O(target + interval), :mod:`~kvdrift.lm.engine.live_rows`): the rows can then be
+        truncated only to lengths after their last compression. ``rewind=True`` keeps every
+        slot, masked, so a row can go back to any length (:mod:`~kvdrift.lm.engine.decoding`)."""
         pc = self._prompt[check_side(side)]
         n = checks.integer(n, "number of rows", 1)
         dev = self.device
