@@ -31,6 +31,10 @@ class KernelPair(Protocol):
     Contract
     --------
     - ``start(side, n)`` returns ``n`` rows, each with the empty generated history.
+      ``rewind=False`` (keyword) tells the pair that no row of the state, nor of a state made
+      from it, will be truncated to a length it held long ago; a pair may then drop what only
+      going back needs (a language model under a decoding-time press keeps only the entries
+      the press keeps; it can go back only to lengths after each row's last compression).
     - ``logprobs(state)`` returns ``[n, vocab_size]`` float64 log-probabilities of the
       next token at temperature 1 (``-inf`` where a token is impossible), as a new tensor
       the caller may overwrite (the rollouts write Q's forced rows into Q's in place).
@@ -67,7 +71,7 @@ class KernelPair(Protocol):
     @property
     def device(self) -> torch.device: ...
 
-    def start(self, side: Side, n: int) -> PathState: ...
+    def start(self, side: Side, n: int, *, rewind: bool = True) -> PathState: ...
 
     def logprobs(self, state: PathState) -> torch.Tensor: ...
 

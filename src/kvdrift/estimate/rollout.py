@@ -93,8 +93,9 @@ def coupled_rollouts(
     H = check_horizon(horizon)
     gen = make_generator(seed, pair.device)
     eos = pair.eos_token_id
-    p_state = pair.start("p", K)
-    q_state = pair.start("q", K)  # Y branch
+    # a rollout never goes back: its states may keep only what a decoding-time press keeps
+    p_state = pair.start("p", K, rewind=False)
+    q_state = pair.start("q", K, rewind=False)  # Y branch
     forced = None  # Q forced along X, diverged rows only (rows `forced_rows`, in that order)
     forced_rows = torch.empty(0, dtype=torch.long, device=pair.device)
 

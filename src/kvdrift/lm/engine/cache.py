@@ -22,6 +22,7 @@ from transformers.cache_utils import DynamicLayer
 
 MIN_SPARE = 32  # spare generated slots allocated beyond the current length, at least
 SEQ = 2  # the sequence axis of every key/value tensor [rows, kv_heads, entries, head_dim]
+HOLE_STEP = torch.iinfo(torch.long).max  # slot_step of a slot that holds no generated token
 
 
 def spare_slots(length: int) -> int:
@@ -110,8 +111,8 @@ class SharedPromptLayer(DynamicLayer):
         """Generated slots held (the prompt is not counted: it is not part of the buffers)."""
         return self.keys.shape[SEQ]
 
-    def _adopt(self, key_buf: torch.Tensor, value_buf: torch.Tensor,
-               length: int) -> SharedPromptLayer:
+    def adopt(self, key_buf: torch.Tensor, value_buf: torch.Tensor,
+              length: int) -> SharedPromptLayer:
         """A layer over this one's prompt whose generated buffers are ``key_buf``/``value_buf``
         (``[rows, kv_heads, capacity, head_dim]``, the first ``length`` slots filled), taken
         as they are: no copy."""
@@ -128,7 +129,7 @@ class SharedPromptLayer(DynamicLayer):
     def take(self, rows: torch.Tensor) -> SharedPromptLayer:
         """A layer of the given rows: shares the prompt, copies only the generated entries
         (the rows of the buffers, spare slots included: one operator per buffer)."""
-        return self._adopt(self._key_buf.index_select(0, rows),
+        return self.adopt(self._key_buf.index_select(0, rows),
                            self._value_buf.index_select(0, rows), self.keys.shape[SEQ])
 
     @staticmethod
@@ -153,7 +154,7 @@ class SharedPromptLayer(DynamicLayer):
             sources += [layer.keys, layer.values]
             start = stop
         torch._foreach_copy_(targets, sources)  # every part's entries in one operator
-        return first._adopt(key_buf, value_buf, width)
+        return first.adopt(key_buf, value_buf, width)
 
 
 class SharedPromptCache(DynamicCache):

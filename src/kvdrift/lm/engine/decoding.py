@@ -41,6 +41,7 @@ from kvpress.utils import compute_n_kept
 
 from kvdrift.limits import MAX_HORIZON
 from kvdrift.lm.actions.presses import Stage, clamp_to_length, fixed_press_randomness
+from kvdrift.lm.engine.live_entries import LiveEntries
 from kvdrift.lm.engine.press_rules import problems
 from kvdrift.lm.engine.row_compression import RowEntries, RowKept
 
@@ -389,5 +390,25 @@ def _kept_entries(
     return p_live, o_live, order.gather(1, kept.order)
 
 
+def compress_live(
+    rule: DecodingRule, module: Any, live: LiveEntries, hidden: torch.Tensor,
+    position_embeddings: Any, length: int,
+) -> LiveEntries:
+    """One compression of one row and layer as a step of the storage contract
+    (:class:`~kvdrift.lm.engine.live_entries.LiveEntries` in, the new live entries out):
+    :meth:`DecodingRule.compress_row` on the row's live entries (``hidden`` ``[1, w, hidden]``:
+    the attention inputs of the last steps), in kvpress's new cache order (all of them, in
+    the same order, when the row holds the target or fewer)."""
+    if live.valid is not None:
+        raise RuntimeError(f"{rule.label}: a scorer rule needs every KV head to hold the same "
+                           f"entries count; got {live.valid.sum(-1).tolist()}")
+    if live.width <= rule.target_at(length):
+        return live
+    kept = rule.compress_row(module, RowEntries(live.keys, live.values, hidden[0],
+                                                position_embeddings, length))
+    idx = kept.order[:, :, None].expand(-1, -1, live.keys.shape[-1])
+    return LiveEntries(live.keys.gather(1, idx), live.values.gather(1, idx))
+
+
 __all__ = ["NEVER", "DecodeEvictions", "DecodingRule", "capture_attention_inputs",
-           "compress_rows", "scoring"]
+           "compress_live", "compress_rows", "scoring"]

@@ -5,7 +5,9 @@ One document, one action. :func:`~kvdrift.lm.engine.prefill.prefill` gives the f
 ``"q"``); this module steps path states over them. The first generated position is computed
 before eviction, so both sides start from the full-cache prefill logits (``delta_1 = 0``).
 Generated entries are kept, except under a ``decoding-*`` action, whose per-row compressions
-during generation are in :mod:`kvdrift.lm.engine.decoding` (``evictions`` of a Q state).
+during generation are in :mod:`kvdrift.lm.engine.decoding` (``evictions`` of a Q state: every
+slot kept and masked) or, for a state started with ``rewind=False``, in
+:mod:`kvdrift.lm.engine.live_rows` (only the entries the press keeps).
 
 Path states
 -----------
@@ -17,7 +19,8 @@ attention of :mod:`kvdrift.lm.engine.shared_attention`::
     cache      SharedPromptCache: per layer the shared prompt [1, kv_heads, kept, head_dim]
                and generated slots [n, kv_heads, G, head_dim]
     mask       [n, G] long, 1 = valid generated slot, 0 = hole
-    slot_step  [n, G] long, generated index held by each slot
+    slot_step  [n, G] long, generated index held by each slot (-1: an entry a row holding
+               only its live entries kept at its last compression, lm/engine/live_rows.py)
     tokens     [n, T] long, generated tokens (row i valid up to lengths[i])
     lengths    [n] long, generated length per row
     logits     [n, V] float32, next-token logits of each row (temperature 1)
@@ -48,13 +51,14 @@ import torch
 from kvdrift import checks
 from kvdrift.kernel import Side, check_side
 from kvdrift.lm.actions.spec import Action, parse_action
-from kvdrift.lm.engine.cache import GroupedCache, SharedPromptCache
+from kvdrift.lm.engine.cache import HOLE_STEP, GroupedCache, SharedPromptCache
 from kvdrift.lm.engine.decoding import (
     DecodeEvictions,
     DecodingRule,
     capture_attention_inputs,
     compress_rows,
 )
+from kvdrift.lm.engine.live_rows import LiveRows, compact_rows
 from kvdrift.lm.engine.prefill import (
     PromptCache,
     as_prompt,
@@ -69,8 +73,6 @@ from kvdrift.lm.engine.press_path import KEPT_ENTRIES, STORED_BYTES, PressCache
 from kvdrift.lm.engine.shared_attention import ATTENTION_NAME, attention_implementation, hidden_bias
 from kvdrift.lm.quantized.transform import GeneratedView, kv_memory
 
-HOLE_STEP = torch.iinfo(torch.long).max  # slot_step of a slot that never holds a generated token
-
 
 @dataclass(frozen=True, eq=False)
 class LMPathState:
@@ -84,10 +86,15 @@ class LMPathState:
     lengths: torch.Tensor  # [n] long
     logits: torch.Tensor  # [n, V] float32 (rows flagged in ``stale`` hold old values)
     stale: torch.Tensor  # [n] bool, rows whose logits must be recomputed (after truncate)
-    evictions: DecodeEvictions | None = None  # Q rows under decode-time eviction
+    # Q rows under decode-time eviction: every slot kept and masked (rewindable), or only
+    # the live entries (lm/engine/live_rows.py)
+    evictions: DecodeEvictions | LiveRows | None = None
     # host-side: whether any row may be stale (False: ``logprobs`` reads nothing from ``stale``,
     # so a decoding loop without truncation never waits for the device)
     maybe_stale: bool = False
+    # host-side: an upper bound of ``lengths`` (rows holding only live entries have fewer
+    # generated slots than tokens, so the slots no longer bound the history)
+    longest: int = 0
 
     @property
     def n(self) -> int:
@@ -228,15 +235,25 @@ class LMKernelPair:
         return self._prompt[check_side(side)]
 
     # --- protocol methods -------------------------------------------------------------------
-    def start(self, side: Side, n: int) -> LMPathState:
-        """``n`` rows with the empty history over the side's prompt cache (shared, not copied)."""
+    def start(self, side: Side, n: int, *, rewind: bool = True) -> LMPathState:
+        """``n`` rows with the empty history over the side's prompt cache (shared, not copied).
+
+        Under a decoding-time press, ``rewind=False`` keeps only what the press keeps (memory
+        O(target + interval), :mod:`~kvdrift.lm.engine.live_rows`): the rows can then be
+        truncated only to lengths after their last compression. ``rewind=True`` keeps every
+        slot, masked, so a row can go back to any length (:mod:`~kvdrift.lm.engine.decoding`)."""
         pc = self._prompt[check_side(side)]
         n = checks.integer(n, "number of rows", 1)
         dev = self.device
-        evictions = None
+        evictions: DecodeEvictions | LiveRows | None = None
         if self._rule is not None and side == "q":
-            evictions = DecodeEvictions.start(pc.keys, n, self.model.config.hidden_size,
-                                              pc.keys[0].dtype, self._rule.target)
+            # a threshold rule (DMS) hides entries per head as they leave its window: its rows
+            # stay rewindable, every slot kept and masked
+            masked = rewind or not isinstance(self._rule, DecodingRule)
+            hidden = self.model.config.hidden_size
+            evictions = (DecodeEvictions.start(pc.keys, n, hidden, pc.keys[0].dtype,
+                                               self._rule.target) if masked else
+                         LiveRows.start(pc.keys, n, hidden, pc.keys[0].dtype, self._rule.window))
         return LMPathState(
             side=side,
             cache=SharedPromptCache.empty(pc.keys, pc.values, n, pc.live),
@@ -320,26 +337,31 @@ class LMKernelPair:
                   mask: torch.Tensor, seen: dict[int, Any]) -> LMPathState:
         """The state after its decoding step wrote ``tok``'s slot (logits ``[n, V]``)."""
         history = state.tokens
-        # lengths <= generated slots (every advance adds one slot to every row, truncate only
+        # lengths <= longest (every advance adds one token to every row, truncate only
         # shortens): a bound the host knows, so growing the history never reads the device
-        if history.shape[1] <= state.mask.shape[1]:
+        if history.shape[1] <= state.longest:
             grow = max(16, history.shape[1])
             history = torch.cat([history, history.new_zeros(state.n, grow)], dim=1)
         history = history.scatter(1, state.lengths[:, None], tok[:, None])
         lengths = state.lengths + 1
         slot_step = torch.cat([state.slot_step, state.lengths[:, None]], dim=1)
-        evictions = state.evictions
+        evictions, cache = state.evictions, state.cache
         if evictions is not None:
             evictions = evictions.appended(state.lengths, [seen[i][0][:, -1]
                                                            for i in range(len(self._modules))])
             rows = torch.nonzero(self._rule.compresses(lengths)).squeeze(-1)
-            if rows.numel():
+            positions = {i: seen[i][1] for i in seen}
+            if rows.numel() and isinstance(evictions, LiveRows):
+                evictions, cache, mask, slot_step = compact_rows(
+                    self._rule, evictions, rows, lengths, mask, slot_step, cache,
+                    self._modules, positions)
+            elif rows.numel():
                 evictions = compress_rows(self._rule, evictions, rows, lengths, mask.bool(),
-                                          slot_step, state.cache, self._modules,
-                                          {i: seen[i][1] for i in seen})
+                                          slot_step, cache, self._modules, positions)
         return dataclasses.replace(
-            state, mask=mask, slot_step=slot_step, tokens=history, lengths=lengths, logits=logits,
-            stale=torch.zeros_like(state.stale), evictions=evictions, maybe_stale=False,
+            state, cache=cache, mask=mask, slot_step=slot_step, tokens=history, lengths=lengths,
+            logits=logits, stale=torch.zeros_like(state.stale), evictions=evictions,
+            maybe_stale=False, longest=state.longest + 1,
         )
 
     def truncate(self, state: LMPathState, lengths: torch.Tensor) -> LMPathState:
@@ -356,7 +378,11 @@ class LMKernelPair:
         logits = state.logits
         if bool(empty.any()):
             logits = torch.where(empty[:, None], self._prompt[state.side].logits, logits)
-        evictions = state.evictions.truncated(new) if state.evictions is not None else None
+        evictions = state.evictions
+        if isinstance(evictions, LiveRows):
+            evictions = evictions.truncated(new, state.lengths)
+        elif evictions is not None:
+            evictions = evictions.truncated(new)
         return dataclasses.replace(state, mask=mask, lengths=new, logits=logits, stale=stale,
                                    evictions=evictions, maybe_stale=bool(stale.any()))
 
@@ -377,7 +403,7 @@ class LMKernelPair:
             logits=state.logits.index_select(0, idx),
             stale=state.stale.index_select(0, idx),
             evictions=state.evictions.take(idx) if state.evictions is not None else None,
-            maybe_stale=state.maybe_stale,
+            maybe_stale=state.maybe_stale, longest=state.longest,
         )
 
     def join(self, states: list[LMPathState]) -> LMPathState:
@@ -406,10 +432,9 @@ class LMKernelPair:
             lengths=torch.cat([s.lengths for s in states]),
             logits=torch.cat([s.logits for s in states]),
             stale=torch.cat([s.stale for s in states]),
-            evictions=None if states[0].evictions is None else DecodeEvictions.join(
-                [s.evictions for s in states], width,
-                max(s.evictions.inputs[0].shape[1] for s in states)),
+            evictions=_joined_evictions([s.evictions for s in states], width),
             maybe_stale=any(s.maybe_stale for s in states),
+            longest=max(s.longest for s in states),
         )
 
     # --- internals ----------------------------------------------------------------------------
@@ -510,6 +535,20 @@ class _Rows:
     positions: torch.Tensor  # [n] long, true positions
     valid: torch.Tensor  # [n] bool, whether the new slot counts for later steps
     live_after: torch.Tensor  # [n] long, decode-time evictions up to this step apply
+
+
+def _joined_evictions(parts: list[Any], width: int) -> DecodeEvictions | LiveRows | None:
+    """The decode-time eviction records of joined states (one kind: all rewindable or all
+    holding only their live entries)."""
+    kinds = {type(p) for p in parts}
+    if len(kinds) > 1:
+        raise ValueError("cannot join states started with rewind=True and rewind=False (one "
+                         "keeps every slot, the other only the live entries)")
+    if parts[0] is None:
+        return None
+    if isinstance(parts[0], LiveRows):
+        return LiveRows.join(parts, width)
+    return DecodeEvictions.join(parts, width, max(p.inputs[0].shape[1] for p in parts))
 
 
 def _primary_eos(model: Any) -> int | None:

@@ -24,7 +24,9 @@ Eviction that differs per KV head is a mask, never a copy: the layer's ``prompt_
 (``[1, kv_heads, P]``, head-adaptive presses, shared by all rows) and, for decode-time
 eviction, ``kvdrift_live=`` (per layer a pair of per-row masks ``[n, kv_heads, P]`` over the
 prompt and ``[n, kv_heads, G]`` over the generated slots). Hidden entries get score ``-inf``
-before the softmax, so they take exactly zero weight.
+before the softmax, so they take exactly zero weight. A state whose rows hold their live
+entries themselves (:mod:`~kvdrift.lm.engine.live_rows`) passes :data:`UNREAD` as its prompt
+mask: when no row of a group reads the prompt, the prompt is not read at all.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from transformers import AttentionInterface
 from kvdrift.lm.engine.cache import GroupedCache, SharedPromptCache
 
 ATTENTION_NAME = "kvdrift_shared_prompt"
+UNREAD = "unread"  # a state's prompt mask when none of its rows reads the prompt any more
 
 
 def shared_prompt_attention(
@@ -172,6 +175,10 @@ def _prompt_part(
     layer = parts[0][0]
     prompt_keys, prompt_values = layer.prompt_keys[0], layer.prompt_values[0]  # [kv, P, dim]
     n_prompt = prompt_keys.shape[1]
+    if all(live is not None and live[0] is UNREAD for *_, live in parts):
+        # every row holds its live entries itself (compacted decode-time eviction): no prompt
+        return q.new_zeros(m, kv_heads, g, dim), torch.full(
+            (m, kv_heads, g), float("-inf"), dtype=torch.float32, device=q.device)
     hidden = None  # [kv, 1 or m g, P] bool: prompt entries a row does not attend
     if layer.prompt_live is not None:
         hidden = ~layer.prompt_live[0][:, None, :]
@@ -179,9 +186,9 @@ def _prompt_part(
         per_row = []
         for _, key, _, _, live in parts:
             rows = key.shape[0]
-            if live is None:
-                per_row.append(torch.zeros(kv_heads, rows * g, n_prompt, dtype=torch.bool,
-                                           device=q.device))
+            if live is None or live[0] is UNREAD:
+                per_row.append(torch.full((kv_heads, rows * g, n_prompt), live is not None,
+                                          dtype=torch.bool, device=q.device))
             else:  # [rows, kv, P] -> [kv, rows g, P]
                 rows_hidden = ~live[0].permute(1, 0, 2)[:, :, None, :].expand(-1, -1, g, -1)
                 per_row.append(rows_hidden.reshape(kv_heads, rows * g, n_prompt))
