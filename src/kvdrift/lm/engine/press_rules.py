@@ -12,14 +12,11 @@ prompt (SnapKV asserts its window is below the prompt; a named spec clamps it in
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 import kvpress
 
 from kvdrift.lm.actions.presses import wrapper_problem
-
-if TYPE_CHECKING:
-    from kvdrift.lm.engine.decoding import DecodingRule
 
 # Scorers that read the layer's attention weights, which kvpress's decoding hook never has
 # (it passes the attention output's weights, None under SDPA, and the prefill's eager
@@ -47,7 +44,7 @@ def scorer_problem(scorer: object, who: str) -> str | None:
     return None
 
 
-def problems(rule: DecodingRule, horizon: int | None = None) -> list[str]:
+def problems(rule: Any, horizon: int | None = None) -> list[str]:  # a decoding.DecodingRule
     """Each rule of ``rule``'s press that cannot hold (one line each, with the fix); with
     ``horizon``, also a press that cannot compress within ``horizon`` generated positions."""
     spec = rule.spec
