@@ -15,6 +15,7 @@ import pytest
 
 from kvdrift.lm.loading import converted_cache
 from kvdrift.lm.loading import model as lm_model
+from kvdrift.lm.loading.embedded import SMOLLM2_CACHE_NAME
 from tests.messages import whole
 
 
@@ -146,7 +147,7 @@ def test_a_folder_others_can_write_is_refused(cache):
 
 
 def test_a_cache_of_an_older_kvdrift_is_converted_again_beside_it(cache, tmp_path):
-    old = tmp_path / "cache" / lm_model.SMOLLM2_CACHE_NAME  # no manifest, the old name
+    old = tmp_path / "cache" / SMOLLM2_CACHE_NAME  # no manifest, the old name
     old.mkdir(parents=True)
     _fake_convert(old)
     folder = lm_model.smollm2_path()

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from kvdrift.lm.loading import model as lm_model
+from kvdrift.lm.loading.embedded import SMOLLM2_CACHE_NAME
 from kvdrift.lm.loading.model import (
     cache_root,
     encode_prompt,
@@ -105,7 +106,7 @@ def test_smollm2_conversion_is_cached_once(monkeypatch, tmp_path):
     first = lm_model.smollm2_path()
     second = lm_model.smollm2_path()
     assert first == second == lm_model.smollm2_cache_dir()
-    assert first.parent == tmp_path and first.name.startswith(lm_model.SMOLLM2_CACHE_NAME)
+    assert first.parent == tmp_path and first.name.startswith(SMOLLM2_CACHE_NAME)
     assert len(calls) == 1
     with pytest.raises(FileNotFoundError):
         monkeypatch.setenv("KVDRIFT_CACHE", str(tmp_path / "empty"))

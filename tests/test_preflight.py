@@ -240,3 +240,41 @@ def test_the_python_api_checks_its_arguments_before_any_work(tmp_path):
         "bootstrap draws must be an integer >= 0; got -5",
         "alpha must be within (0, 1); got 2", "alpha must be within (0, 1); got 2", "[]"], (
         done.stdout + done.stderr[-2000:])
+
+
+def test_a_loose_cache_root_is_refused_before_torch(tmp_path, monkeypatch):
+    """The converted cache's refusals need no model: a cache root others can write is refused
+    by `kvdrift run` on the embedded model before torch, transformers or kvpress load."""
+    import os
+
+    root = tmp_path / "cache"
+    root.mkdir()
+    os.chmod(root, 0o777)  # writable by others, no sticky bit
+    monkeypatch.setenv("KVDRIFT_CACHE", str(root))
+    (tmp_path / "docs.jsonl").write_text(DOCS)
+    code, loaded, stderr, _ = fresh_cli("run", "--docs", "docs.jsonl", "--actions",
+                                        "snapkv-half", "--out", "out", cwd=tmp_path)
+    assert code == 2 and stderr.startswith(f"error: cache folder {root}: {root} is writable "
+                                           f"by its group or others"), stderr
+    assert loaded == [], f"imported {loaded} before refusing"
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_converted_folder_its_manifest_does_not_vouch_for_is_refused_before_torch(
+        tmp_path, monkeypatch):
+    """A converted folder holding a file the conversion did not write (and no sealed manifest)
+    is refused before any model loads, in one line naming the folder."""
+    from kvdrift.lm.loading import embedded
+
+    root = tmp_path / "cache"
+    monkeypatch.setenv("KVDRIFT_CACHE", str(root))
+    folder = embedded.smollm2_cache_dir()
+    folder.mkdir(parents=True, mode=0o700)
+    root.chmod(0o700)
+    (folder / "config.json").write_text("{}")
+    (tmp_path / "docs.jsonl").write_text(DOCS)
+    code, loaded, stderr, _ = fresh_cli("run", "--docs", "docs.jsonl", "--actions",
+                                        "snapkv-half", "--out", "out", cwd=tmp_path)
+    assert code == 2 and str(folder) in stderr and "kvdrift-manifest.json" in stderr, stderr
+    assert len(stderr.strip().splitlines()) == 1, stderr
+    assert loaded == [], f"imported {loaded} before refusing"

@@ -20,6 +20,7 @@ from typing import Any
 from kvdrift.data.sources import DocumentSource, JsonlSource
 from kvdrift.lm.grammar.names import check_action_names
 from kvdrift.lm.grammar.values import check_action_values
+from kvdrift.lm.loading.embedded import DEFAULT_MODEL, check_cache
 from kvdrift.lm.loading.settings import check_device_name, check_dtype_name
 from kvdrift.run.lock import StoreLock
 from kvdrift.run.run_file import RUN_FILE, other_configuration, read_run_file
@@ -38,6 +39,14 @@ def check_settings(*, estimator: Any, attribution: bool, dtype: Any, device: Any
     check_estimator_name(estimator, attribution)
     check_dtype_name(dtype)
     check_device_name(device)
+
+
+def check_models(models: Iterable[Any]) -> None:
+    """The embedded model's converted cache, where a study uses it: a cache root others can
+    write, a link, or a converted folder its sealed manifest does not vouch for is refused
+    before torch is imported (:func:`kvdrift.lm.loading.embedded.check_cache`)."""
+    if any(str(m) == DEFAULT_MODEL for m in models):
+        check_cache()
 
 
 def check_documents(sources: Iterable[DocumentSource]) -> None:

@@ -218,6 +218,8 @@ def parse_study(data: dict, source: str | None = None, presses: UserPresses | No
     preflight.check_settings(
         estimator=study.get("estimator", "rollout"), attribution=study.get("attribution", False),
         dtype=study.get("dtype", "float32"), device=study.get("device", "auto"))
+    if isinstance(study.get("models"), list):
+        preflight.check_models(study["models"])
     options = AnalysisOptions.from_table(analysis)
     from kvdrift.analysis.endpoints import parse_endpoint
 

