@@ -338,25 +338,6 @@ def test_make_generator_defaults_to_a_cpu_generator():
     assert make_generator(gen) is gen
 
 
-def test_a_cpu_generator_is_keyed_by_every_bit_of_its_seed():
-    """torch's CPU twister keeps the low 32 bits of a seed: 2**32 + 5 drew what 5 draws.
-    Seeds that differ only above bit 32 (hashed look and document seeds) now draw different
-    streams; the same seed draws the same stream, normals and categorical draws included;
-    a seed below 2**32 keeps torch's own stream (checked above)."""
-    def draws(seed):
-        gen = make_generator(seed)
-        return torch.cat([torch.rand(64, generator=gen), torch.randn(8, generator=gen),
-                          torch.multinomial(torch.ones(50), 8, generator=gen).double()])
-
-    plain = torch.rand(64, generator=torch.Generator().manual_seed(5))
-    assert torch.equal(torch.rand(64, generator=torch.Generator().manual_seed(2**32 + 5)), plain)
-    high = [draws(5 + k * 2**32) for k in range(1, 5)] + [draws(2**62 + 5)]
-    assert all(not torch.equal(h[:64], plain) for h in high)
-    assert len({tuple(h.tolist()) for h in high}) == len(high)
-    assert torch.equal(draws(2**40 + 7), draws(2**40 + 7))
-    assert make_generator(2**40 + 7).initial_seed() == 2**40 + 7
-
-
 @pytest.mark.parametrize("replicates", [1, 2])
 def test_swrb_continuation_runs_from_j_to_the_horizon(replicates):
     # Each diverging row holds continuation tokens exactly at positions J..H (-1 before J),

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import numpy as np
 import torch
 
 from kvdrift import checks, limits
@@ -26,31 +25,14 @@ def check_depths(depths: tuple[int, ...] | list[int], horizon: int) -> tuple[int
     return checks.depths(depths, horizon)
 
 
-#: Where the CPU generator's state holds its Mersenne Twister words (one uint64 each, after
-#: the initial seed, the count left and the next index), and how many words.
-_MT_OFFSET, _MT_WORDS = 24, 624
-
-
 def make_generator(
     seed: int | torch.Generator, device: torch.device | str = "cpu"
 ) -> torch.Generator:
-    """A torch.Generator on ``device`` seeded with ``seed`` (a Generator passes through).
-
-    On the CPU, torch seeds its Mersenne Twister with the low 32 bits of the seed only, so
-    the 63-bit seeds of documents and looks (hashes) would share streams whenever their low
-    bits agree; a seed of 2**32 or more therefore sets the whole twister state from every
-    bit of the seed (numpy's ``SeedSequence``). A smaller seed keeps torch's own stream."""
+    """A torch.Generator on ``device`` seeded with ``seed`` (a Generator passes through)."""
     if isinstance(seed, torch.Generator):
         return seed
-    seed = int(seed)
     gen = torch.Generator(device=device)
-    gen.manual_seed(seed)
-    if gen.device.type == "cpu" and seed >= 2**32:
-        words = np.random.SeedSequence(seed).generate_state(_MT_WORDS, np.uint32)
-        state = gen.get_state().clone()
-        state[_MT_OFFSET:_MT_OFFSET + 8 * _MT_WORDS] = torch.from_numpy(
-            words.astype("<u8").view(np.uint8).copy())
-        gen.set_state(state)
+    gen.manual_seed(int(seed))
     return gen
 
 
