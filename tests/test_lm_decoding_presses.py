@@ -213,6 +213,25 @@ def test_an_adakv_press_showing_a_hidden_entry_again_fails_in_one_line(tiny_llam
     assert "\n" not in str(info.value)
 
 
+def test_where_kvpress_finds_no_fake_key_the_unit_fails_at_the_same_step(tiny_llama):
+    """kvpress searches a fake key at every step of a layer that hides entries (here from the
+    prefill on) and its generate raises when the search does not end: after token 43 here."""
+    ids = prompt(N)
+
+    def make():
+        return kvpress.PrefillDecodingPress(
+            prefilling_press=kvpress.AdaKVPress(kvpress.KnormPress(0.5)), decoding_press=adakv())
+
+    assert len(generate_in(tiny_llama, ids, make(), 43)) == 43
+    with pytest.raises(ValueError, match="Could not find fake keys"):
+        generate_in(tiny_llama, ids, make(), 44)
+    pair = general_pair(tiny_llama, ids, make())
+    with pytest.raises(ValueError, match=r"its DecodingPress: kvpress hides entries at each step "
+                                         r"by a fake key, and finds none after generated token "
+                                         r"43 \(ValueError: Could not find fake keys"):
+        greedy_q(pair, 44)
+
+
 def test_the_ratio_target_follows_the_tokens_seen():
     """kvpress's own target at each step: max(1, int((n + L) (1 - c))), compressing at every
     step while it is at most 1, then every ``interval`` steps from there."""
@@ -371,6 +390,13 @@ def test_a_spec_whose_press_rules_cannot_hold_is_refused_at_start(spec, says):
                                              compression_interval=8, target_size=40)),
      r"^action 'mine': its DecodingPress scores with LeverageScorePress, which scores only a "
      r"prefill"),
+    (adakv(kvpress.SnapKVPress(window_size=64), 32, 40),
+     r"^action 'mine': its DecodingPress compresses every 32 generated tokens from the hidden "
+     r"states of the last min\(compression_interval, hidden_states_buffer_size \+ 1\) = 17 "
+     r"steps, but its SnapKVPress looks at the last window_size=64"),
+    (adakv(kvpress.ObservedAttentionPress(), 8, 40),
+     r"^action 'mine': its DecodingPress scores with ObservedAttentionPress, which reads "
+     r"attention weights"),
     (crdp(300, 0.5), r"^action 'mine': its CompressionRatioDecodingPress compresses first after "
                      r"compression_interval=300 generated tokens, beyond the horizon H = 256"),
     (REFUSED["cam"][0](), r"^action 'mine': kvpress's CAMPress is not offered: it merges"),
@@ -405,6 +431,8 @@ def test_a_press_object_s_prefill_window_above_the_shortest_prompt_is_refused(pr
     # a decoding scorer's window is checked against its interval, not the prompt
     decoding = kvpress.DecodingPress(base_press=kvpress.SnapKVPress(window_size=64),
                                      compression_interval=65, target_size=40)
+    check_actions_fit(["mine"], SIDE, {"mine": decoding}, 256, [("d1", 60)])
+    decoding.base_press = kvpress.AdaKVPress(decoding.base_press)  # the scorer AdaKV wraps too
     check_actions_fit(["mine"], SIDE, {"mine": decoding}, 256, [("d1", 60)])
 
 
@@ -472,6 +500,22 @@ def test_dms_with_decoding_on_smollm2_equals_generate_over_256_positions():
     got = greedy_q(general_pair(loaded.model, ids, make()), LONG)
     assert got == generate_in(loaded.model, ids, make(), LONG)
     assert got != generate_in(loaded.model, ids, None, LONG)
+
+
+@pytest.mark.slow
+def test_a_decoding_press_over_adakv_on_smollm2_equals_generate():
+    """Head-adaptive hiding during decoding on a real model: 4 compressions over 128 positions,
+    the later ones scoring the fake keys kvpress wrote over the entries hidden before."""
+    from kvdrift.lm.loading.model import encode_prompt, load_model
+
+    loaded = load_model("smollm2")
+    ids = encode_prompt(loaded.tokenizer, "Rivers carve valleys over millennia; glaciers widen "
+                                          "them. Explain how a fjord forms.")
+    pair = general_pair(loaded.model, ids, adakv(interval=32, target=24))
+    assert compressions(pair._rule, 128) == 4
+    got, state = greedy_q_state(pair, 128)
+    assert got == generate_in(loaded.model, ids, adakv(interval=32, target=24), 128)
+    assert sum(int((o != NEVER).sum()) for o in state.evictions.own) > 0
 
 
 # --- a wrapper that cannot take a scorer reading attention weights -----------------------------
