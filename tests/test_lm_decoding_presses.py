@@ -550,7 +550,7 @@ def test_a_press_object_wrapping_attention_weights_wrongly_is_refused_at_start(t
 
 # --- through the runner: every Q row of a batch equals generate on that row alone ---------------
 
-@pytest.mark.parametrize("action", ["decoding-knorm:interval=64,ratio=0.5", "dms"])
+@pytest.mark.parametrize("action", ["decoding-knorm:interval=64,ratio=0.5", "dms", "adakv"])
 def test_through_the_runner_every_q_row_equals_generate_alone(tiny_model_dir, action):
     """At temperature 0 the K = 3 rows of Y are stepped as one batch; each equals kvpress's
     generate inside the press on the prompt alone, over 256 positions."""
@@ -559,7 +559,7 @@ def test_through_the_runner_every_q_row_equals_generate_alone(tiny_model_dir, ac
     from kvdrift.run.runner import RunConfig, unit_records
 
     loaded = load_model(str(tiny_model_dir), "cpu", "float32")
-    presses = {"dms": dms(-1.2, 16)}
+    presses = {"dms": dms(-1.2, 16), "adakv": adakv()}
     factory = LMPairFactory(loaded, presses=presses)
     doc = Document(id="d0", prompt=" ".join(f"word{i} is here, and the story goes on"
                                             for i in range(8)))
@@ -567,8 +567,8 @@ def test_through_the_runner_every_q_row_equals_generate_alone(tiny_model_dir, ac
                        temperature=0.0)
     steps, _ = unit_records(config, doc, action, factory)
     ids = factory.prompt_ids(doc)
-    press = presses["dms"] if action == "dms" else parse_action(action).make_press(
-        ids.shape[-1])
+    press = {"dms": dms(-1.2, 16), "adakv": adakv()}.get(action) or parse_action(
+        action).make_press(ids.shape[-1])
     want = generate_in(loaded.model, ids, press, LONG, eos_allowed=True)
     assert len(want) == LONG
     rows = steps.to_pylist()
