@@ -15,8 +15,9 @@ the entry's key. kvdrift replays exactly that: at each compression it computes t
 key per KV head from the step's queries, with kvpress's own function, puts it in place of every
 entry hidden until then, and lets the press's own ``compress`` choose the new hidden entries
 (read from its ``masked_key_indices``). Between compressions it masks hidden entries exactly
-(equal up to float noise, as for head-adaptive prefill presses). Entries hidden by a
-head-adaptive prefill press are hidden from the start, like kvpress's.
+(equal up to float noise, as for head-adaptive prefill presses), and searches the step's fake
+keys as kvpress does (:meth:`HeadAdaptiveRule.check_step`) only to fail where kvpress fails.
+Entries hidden by a head-adaptive prefill press are hidden from the start, like kvpress's.
 
 Hidden entries are recorded as evictions at the compression's step (:class:`~kvdrift.lm.engine.
 decoding.DecodeEvictions`), so truncation and forks replay them like a ``DecodingPress``'s.
