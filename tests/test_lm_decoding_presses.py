@@ -121,6 +121,117 @@ def test_dms_rows_forked_and_truncated_replay_their_own_hidden_entries(tiny_llam
         assert torch.allclose(pair.logprobs(cut), final, atol=1e-5), keep
 
 
+def adakv(scorer=None, interval: int = 64, target: int = 48) -> kvpress.DecodingPress:
+    return kvpress.DecodingPress(base_press=kvpress.AdaKVPress(scorer or kvpress.KnormPress()),
+                                 compression_interval=interval, target_size=target,
+                                 hidden_states_buffer_size=16)
+
+
+HEAD_ADAPTIVE = {
+    "decoding-adakv-knorm": lambda: adakv(),
+    "ratio-adakv-tova": lambda: kvpress.CompressionRatioDecodingPress(
+        base_press=kvpress.AdaKVPress(kvpress.TOVAPress()), compression_interval=64,
+        target_compression_ratio=0.5),
+    "prefill-dms-then-adakv-knorm": lambda: kvpress.PrefillDecodingPress(
+        prefilling_press=kvpress.DMSPress(press=kvpress.KnormPress(), threshold=-1.0),
+        decoding_press=adakv()),
+}
+
+
+def greedy_q_state(pair: LMKernelPair, steps: int):
+    state, got = pair.start("q", 1), []
+    for _ in range(steps):
+        lp = pair.logprobs(state)[0].clone()
+        lp[2] = -torch.inf
+        got.append(int(lp.argmax()))
+        state = pair.advance(state, torch.tensor([got[-1]]))
+    return got, state
+
+
+@pytest.mark.parametrize("name", sorted(HEAD_ADAPTIVE))
+def test_a_decoding_press_over_adakv_equals_generate_inside_it(tiny_llama, name):
+    """AdaKV hides entries per KV head at each compression, each later one scoring the fake
+    keys kvpress wrote over the hidden entries; under KnormPress, which scores each head on
+    its own (TOVA scores all heads alike), the KV heads hide different counts."""
+    ids = prompt(N)
+    pair = general_pair(tiny_llama, ids, HEAD_ADAPTIVE[name]())
+    assert compressions(pair._rule, LONG) >= 3
+    got, state = greedy_q_state(pair, LONG)
+    assert got == generate_in(tiny_llama, ids, HEAD_ADAPTIVE[name](), LONG)
+    assert got != generate_in(tiny_llama, ids, None, LONG)
+    hidden = [torch.cat([p[0], o[0]], dim=1) != NEVER
+              for p, o in zip(state.evictions.prompt, state.evictions.own, strict=True)]
+    per_head = torch.stack([h.sum(-1) for h in hidden])  # [layers, kv]
+    assert int(per_head.sum()) > 0
+    assert "knorm" not in name or bool((per_head[:, 0] != per_head[:, 1]).any())
+    # hidden only at the compressions' steps, never undone
+    steps = torch.cat([torch.cat([p[0], o[0]], dim=1).flatten()
+                       for p, o in zip(state.evictions.prompt, state.evictions.own,
+                                       strict=True)])
+    steps = set(steps[steps != NEVER].tolist())
+    assert steps <= {s for s in range(1, LONG + 1) if bool(pair._rule.compresses(
+        torch.tensor([s]))[0])}
+
+
+def test_adakv_rows_forked_and_truncated_replay_their_own_hidden_entries(tiny_llama):
+    pair = general_pair(tiny_llama, prompt(N), adakv(interval=4, target=40))
+    xs, others = prompt(20, seed=11)[0], prompt(20, seed=12)[0]
+    alone, batch, logprobs = pair.start("q", 1), pair.start("q", 2), []
+    for t in range(20):
+        logprobs.append(pair.logprobs(alone)[0])
+        alone = pair.advance(alone, xs[t:t + 1])
+        batch = pair.advance(batch, torch.stack([xs[t], others[t]]))
+        assert torch.allclose(pair.logprobs(alone)[0], pair.logprobs(batch)[0], atol=1e-5)
+    final = pair.logprobs(alone)
+    assert not torch.allclose(pair.logprobs(batch)[1], final[0], atol=1e-2)  # own histories
+    for keep in (15, 9, 3):
+        cut = pair.truncate(pair.select(batch, torch.tensor([0])), torch.tensor([keep]))
+        assert torch.allclose(pair.logprobs(cut)[0], logprobs[keep], atol=1e-5), keep
+        for t in range(keep, 20):
+            cut = pair.advance(cut, xs[t:t + 1])
+        assert torch.allclose(pair.logprobs(cut), final, atol=1e-5), keep
+
+
+class LargestKeyPress(kvpress.ScorerPress):
+    """Keeps the keys of largest norm: a fake key (norm ~1e4) is always kept."""
+
+    def score(self, module, hidden_states, keys, values, attentions, kwargs):
+        return keys.norm(dim=-1)
+
+
+def test_an_adakv_press_showing_a_hidden_entry_again_fails_in_one_line(tiny_llama):
+    """kvpress's generate runs, attending to the shown entries through their fake keys; kvdrift
+    does not store those keys, so the unit fails at that compression."""
+    ids = prompt(N)
+    assert len(generate_in(tiny_llama, ids, adakv(LargestKeyPress(), 8, 40), 24)) == 24
+    pair = general_pair(tiny_llama, ids, adakv(LargestKeyPress(), 8, 40))
+    with pytest.raises(ValueError, match=r"its DecodingPress: its AdaKVPress shows again, after "
+                                         r"generated token 16, \d+ entries it hid before; "
+                                         r"kvpress then attends to each through the fake key") \
+            as info:
+        greedy_q(pair, 24)
+    assert "\n" not in str(info.value)
+
+
+def test_where_kvpress_finds_no_fake_key_the_unit_fails_at_the_same_step(tiny_llama):
+    """kvpress searches a fake key at every step of a layer that hides entries (here from the
+    prefill on) and its generate raises when the search does not end: after token 43 here."""
+    ids = prompt(N)
+
+    def make():
+        return kvpress.PrefillDecodingPress(
+            prefilling_press=kvpress.AdaKVPress(kvpress.KnormPress(0.5)), decoding_press=adakv())
+
+    assert len(generate_in(tiny_llama, ids, make(), 43)) == 43
+    with pytest.raises(ValueError, match="Could not find fake keys"):
+        generate_in(tiny_llama, ids, make(), 44)
+    pair = general_pair(tiny_llama, ids, make())
+    with pytest.raises(ValueError, match=r"its DecodingPress: kvpress hides entries at each step "
+                                         r"by a fake key, and finds none after generated token "
+                                         r"43 \(ValueError: Could not find fake keys"):
+        greedy_q(pair, 44)
+
+
 def test_the_ratio_target_follows_the_tokens_seen():
     """kvpress's own target at each step: max(1, int((n + L) (1 - c))), compressing at every
     step while it is at most 1, then every ``interval`` steps from there."""
@@ -189,10 +300,6 @@ REFUSED = {
     "dms-as-decoding-press": (lambda: kvpress.PrefillDecodingPress(
         prefilling_press=kvpress.KnormPress(0.5), decoding_press=dms(-1.2, 16)),
         r"^action 'p': its decoding_press DMSPress scores the prompt at prefill itself"),
-    "adakv-base": (lambda: kvpress.DecodingPress(base_press=kvpress.AdaKVPress(
-        kvpress.KnormPress())), r"^action 'p': its DecodingPress scores with AdaKVPress, which "
-                                r"hides entries per KV head without removing them: kvpress "
-                                r"then overwrites their keys"),
     "head-adaptive-prefill": (lambda: kvpress.PrefillDecodingPress(
         prefilling_press=kvpress.AdaKVPress(kvpress.KnormPress(0.5)),
         decoding_press=kvpress.DecodingPress(base_press=kvpress.KnormPress())),
@@ -218,12 +325,16 @@ def test_a_decoding_press_kvdrift_does_not_replay_says_why_in_its_own_terms(name
     assert decoding_rule(kvpress.SnapKVPress(0.5), "s") is None  # compresses at prefill only
 
 
-def test_kvpress_itself_fails_on_a_head_adaptive_prefill_then_decoding(tiny_llama):
-    """Why the head-adaptive prefill is refused: kvpress's own generate hides positions the
-    compressed cache no longer has."""
-    make, _ = REFUSED["head-adaptive-prefill"]
+@pytest.mark.parametrize("prefill", [kvpress.AdaKVPress, kvpress.CriticalAdaKVPress])
+def test_kvpress_itself_fails_on_a_head_adaptive_prefill_then_decoding(tiny_llama, prefill):
+    """Why the head-adaptive prefill is refused: kvpress's own generate (0.5.5) hides positions
+    the compressed cache no longer has."""
+    make, says = REFUSED["head-adaptive-prefill"]
     press = make()
+    press.prefilling_press = prefill(kvpress.KnormPress(0.5))
     press.decoding_press.compression_interval, press.decoding_press.target_size = 4, 20
+    with pytest.raises(ValueError, match=says.replace("AdaKVPress", prefill.__name__)):
+        decoding_rule(press, "p")
     with pytest.raises(IndexError):
         generate_in(tiny_llama, prompt(N), press, 12)
 
@@ -279,6 +390,13 @@ def test_a_spec_whose_press_rules_cannot_hold_is_refused_at_start(spec, says):
                                              compression_interval=8, target_size=40)),
      r"^action 'mine': its DecodingPress scores with LeverageScorePress, which scores only a "
      r"prefill"),
+    (adakv(kvpress.SnapKVPress(window_size=64), 32, 40),
+     r"^action 'mine': its DecodingPress compresses every 32 generated tokens from the hidden "
+     r"states of the last min\(compression_interval, hidden_states_buffer_size \+ 1\) = 17 "
+     r"steps, but its SnapKVPress looks at the last window_size=64"),
+    (adakv(kvpress.ObservedAttentionPress(), 8, 40),
+     r"^action 'mine': its DecodingPress scores with ObservedAttentionPress, which reads "
+     r"attention weights"),
     (crdp(300, 0.5), r"^action 'mine': its CompressionRatioDecodingPress compresses first after "
                      r"compression_interval=300 generated tokens, beyond the horizon H = 256"),
     (REFUSED["cam"][0](), r"^action 'mine': kvpress's CAMPress is not offered: it merges"),
@@ -313,6 +431,8 @@ def test_a_press_object_s_prefill_window_above_the_shortest_prompt_is_refused(pr
     # a decoding scorer's window is checked against its interval, not the prompt
     decoding = kvpress.DecodingPress(base_press=kvpress.SnapKVPress(window_size=64),
                                      compression_interval=65, target_size=40)
+    check_actions_fit(["mine"], SIDE, {"mine": decoding}, 256, [("d1", 60)])
+    decoding.base_press = kvpress.AdaKVPress(decoding.base_press)  # the scorer AdaKV wraps too
     check_actions_fit(["mine"], SIDE, {"mine": decoding}, 256, [("d1", 60)])
 
 
@@ -382,6 +502,23 @@ def test_dms_with_decoding_on_smollm2_equals_generate_over_256_positions():
     assert got != generate_in(loaded.model, ids, None, LONG)
 
 
+@pytest.mark.slow
+def test_a_decoding_press_over_adakv_on_smollm2_equals_generate():
+    """Head-adaptive hiding during decoding on a real model: 4 compressions over 64 positions,
+    the later ones scoring the fake keys kvpress wrote over the entries hidden before."""
+    from kvdrift.lm.loading.model import encode_prompt, load_model
+
+    loaded = load_model("smollm2")
+    ids = encode_prompt(loaded.tokenizer, "Rivers carve valleys over millennia; glaciers widen "
+                                          "them. Explain how a fjord forms.")
+    pair = general_pair(loaded.model, ids, adakv(interval=16, target=24))
+    assert compressions(pair._rule, 64) == 4
+    got, state = greedy_q_state(pair, 64)
+    assert got == generate_in(loaded.model, ids, adakv(interval=16, target=24), 64)
+    ev = state.evictions
+    assert sum(int((h != NEVER).sum()) for h in ev.prompt + ev.own) > 0
+
+
 # --- a wrapper that cannot take a scorer reading attention weights -----------------------------
 
 @pytest.mark.parametrize("spec, wrapper, why", [
@@ -413,7 +550,7 @@ def test_a_press_object_wrapping_attention_weights_wrongly_is_refused_at_start(t
 
 # --- through the runner: every Q row of a batch equals generate on that row alone ---------------
 
-@pytest.mark.parametrize("action", ["decoding-knorm:interval=64,ratio=0.5", "dms"])
+@pytest.mark.parametrize("action", ["decoding-knorm:interval=64,ratio=0.5", "dms", "adakv"])
 def test_through_the_runner_every_q_row_equals_generate_alone(tiny_model_dir, action):
     """At temperature 0 the K = 3 rows of Y are stepped as one batch; each equals kvpress's
     generate inside the press on the prompt alone, over 256 positions."""
@@ -422,7 +559,7 @@ def test_through_the_runner_every_q_row_equals_generate_alone(tiny_model_dir, ac
     from kvdrift.run.runner import RunConfig, unit_records
 
     loaded = load_model(str(tiny_model_dir), "cpu", "float32")
-    presses = {"dms": dms(-1.2, 16)}
+    presses = {"dms": dms(-1.2, 16), "adakv": adakv()}
     factory = LMPairFactory(loaded, presses=presses)
     doc = Document(id="d0", prompt=" ".join(f"word{i} is here, and the story goes on"
                                             for i in range(8)))
@@ -430,8 +567,8 @@ def test_through_the_runner_every_q_row_equals_generate_alone(tiny_model_dir, ac
                        temperature=0.0)
     steps, _ = unit_records(config, doc, action, factory)
     ids = factory.prompt_ids(doc)
-    press = presses["dms"] if action == "dms" else parse_action(action).make_press(
-        ids.shape[-1])
+    press = {"dms": dms(-1.2, 16), "adakv": adakv()}.get(action) or parse_action(
+        action).make_press(ids.shape[-1])
     want = generate_in(loaded.model, ids, press, LONG, eos_allowed=True)
     assert len(want) == LONG
     rows = steps.to_pylist()

@@ -379,8 +379,9 @@ def check_actions_fit(actions: Sequence[str], side: DriverSide,
         if rule is not None:
             rule.for_prompt(shortest[1] if shortest else 0).check(name, horizon)
         if press is not None:
-            decoding = () if rule is None else (rule.press, getattr(rule.press, "base_press",
-                                                                      None))
+            base = None if rule is None else getattr(rule.press, "base_press", None)
+            # the decoding press, its scorer and the scorer an AdaKVPress wraps
+            decoding = () if rule is None else (rule.press, base, getattr(base, "press", None))
             prefill = [p for p in nested_presses(press) if all(p is not d for d in decoding)]
             found = wrapped_problem(prefill) or (
                 prompt_problem(prefill, *shortest) if shortest is not None else None)

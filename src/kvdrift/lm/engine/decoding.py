@@ -302,10 +302,10 @@ def compress_rows(
     positions: dict[int, Any],  # layer -> (cos, sin) of the step just taken, [n, 1, dim]
 ) -> DecodeEvictions:
     """Compress the given rows' caches as kvpress's ``DecodingPress`` does (module docstring);
-    another rule (:class:`~kvdrift.lm.engine.decoding_threshold.ThresholdRule`) applies its own
-    ``compress``."""
+    another rule (:class:`~kvdrift.lm.engine.decoding_threshold.ThresholdRule`,
+    :class:`~kvdrift.lm.engine.decoding_adakv.HeadAdaptiveRule`) applies its own ``compress``."""
     if not isinstance(rule, DecodingRule):
-        return rule.compress(ev, rows, lengths, slots, slot_step, cache, modules)
+        return rule.compress(ev, rows, lengths, slots, slot_step, cache, modules, positions)
     prompt = [p.clone() for p in ev.prompt]
     own = [o.clone() for o in ev.own]
     order = list(ev.order)

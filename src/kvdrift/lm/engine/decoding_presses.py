@@ -3,7 +3,9 @@
 A press object given as an action may compress during generation: a ``DecodingPress`` (or
 ``CompressionRatioDecodingPress``, whose target is a fraction of the tokens seen) over any
 ``ScorerPress``, alone or as ``PrefillDecodingPress``'s ``decoding_press``, becomes a
-:class:`~kvdrift.lm.engine.decoding.DecodingRule`; a ``DMSPress`` with ``decoding=True`` a
+:class:`~kvdrift.lm.engine.decoding.DecodingRule`; over an ``AdaKVPress``, which hides entries
+per KV head instead, a :class:`~kvdrift.lm.engine.decoding_adakv.HeadAdaptiveRule`; a
+``DMSPress`` with ``decoding=True`` a
 :class:`~kvdrift.lm.engine.decoding_threshold.ThresholdRule`. Each replays kvpress's
 compressions on every row exactly. A press kvdrift does not replay is refused in one line
 that says what the press itself does that stands in the way.
@@ -19,6 +21,7 @@ from kvdrift.lm.actions.attention_use import nested_presses
 from kvdrift.lm.actions.identity import check_press
 from kvdrift.lm.actions.presses import NOT_OFFERED
 from kvdrift.lm.engine.decoding import DecodingRule
+from kvdrift.lm.engine.decoding_adakv import HeadAdaptiveRule
 from kvdrift.lm.engine.decoding_threshold import ThresholdRule
 
 # DecodingPress methods a replayed press must inherit unchanged (its target may follow
@@ -29,12 +32,14 @@ _TARGET_RULES = tuple({cls._resolve_target_size for cls in (
 
 # Prefill presses that hide entries per KV head by their cache positions (kvpress's
 # ``masked_key_indices``) instead of removing them.
-_HIDES_BY_POSITION: tuple[type, ...] = (kvpress.AdaKVPress, kvpress.DMSPress)
+_HIDES_BY_POSITION: tuple[type, ...] = (kvpress.AdaKVPress, kvpress.CriticalAdaKVPress,
+                                         kvpress.DMSPress)
 
 CAM_REASON = f"CAMPress {NOT_OFFERED['CAMPress'].removeprefix('it ')}, so it is not measured"
 
 
-def decoding_rule(press: Any, name: str) -> DecodingRule | ThresholdRule | None:
+def decoding_rule(press: Any, name: str
+                  ) -> DecodingRule | ThresholdRule | HeadAdaptiveRule | None:
     """The decoding-time compression of ``press`` (None: it compresses at prefill only);
     one-line ValueError, in the press's own terms, for one kvdrift does not replay."""
     check_press(press, name)
@@ -49,6 +54,8 @@ def decoding_rule(press: Any, name: str) -> DecodingRule | ThresholdRule | None:
         raise ValueError(f"action {name!r}: {refused}")
     if isinstance(decoding, kvpress.DMSPress):
         return ThresholdRule(decoding, name)
+    if isinstance(decoding.base_press, kvpress.AdaKVPress):
+        return HeadAdaptiveRule(decoding, name)
     return DecodingRule(decoding, name)
 
 
@@ -71,15 +78,11 @@ def _refusal(decoding: Any, prefill: Any) -> str | None:
         return (f"{cls} overrides DecodingPress's {', '.join(overridden)}, so it compresses "
                 f"during decoding in its own way, which kvdrift cannot replay; subclass "
                 f"DecodingPress (or CompressionRatioDecodingPress) without overriding them")
-    if isinstance(decoding.base_press, kvpress.AdaKVPress):
-        return (f"its {cls} scores with {type(decoding.base_press).__name__}, which hides "
-                f"entries per KV head without removing them: kvpress then overwrites their keys "
-                f"in the cache with a fake key made from each step's queries, so each later "
-                f"compression scores those fake keys and an entry shown again attends through "
-                f"one; give base_press a ScorerPress")
-    if not isinstance(decoding.base_press, kvpress.ScorerPress):
+    if not isinstance(decoding.base_press, (kvpress.ScorerPress, kvpress.AdaKVPress)):
         return (f"its {cls} scores with a {type(decoding.base_press).__qualname__}; kvpress's "
-                f"DecodingPress takes a ScorerPress as base_press")
+                f"DecodingPress takes a ScorerPress or an AdaKVPress as base_press")
+    if isinstance(decoding.base_press, kvpress.AdaKVPress):
+        return None  # it hides per head too, in the cache's own order, which never changes
     hider = next((p for p in nested_presses(prefill) if isinstance(p, _HIDES_BY_POSITION)), None)
     if hider is not None:
         return (f"its prefilling_press {type(hider).__name__} hides entries per KV head by "

@@ -75,9 +75,9 @@ class ThresholdRule:
 
     def compress(self, ev: Any, rows: torch.Tensor, lengths: torch.Tensor,
                  slots: torch.Tensor, slot_step: torch.Tensor, cache: Any,
-                 modules: list[Any]) -> Any:
+                 modules: list[Any], positions: Any = None) -> Any:
         """``ev`` with the entry leaving each row's window hidden where it scores below the
-        threshold (module docstring)."""
+        threshold (module docstring; ``positions`` is not needed)."""
         prompt = [p.clone() for p in ev.prompt]
         own = [o.clone() for o in ev.own]
         n, threshold = self.n_prompt, self.press.threshold

@@ -351,6 +351,8 @@ class LMKernelPair:
                                                            for i in range(len(self._modules))])
             rows = torch.nonzero(self._rule.compresses(lengths)).squeeze(-1)
             positions = {i: seen[i][1] for i in seen}
+            if hasattr(self._rule, "check_step"):  # a press that may fail at any step
+                self._rule.check_step(evictions, lengths, cache, self._modules, positions)
             if rows.numel() and isinstance(evictions, LiveRows):
                 evictions, cache, mask, slot_step = compact_rows(
                     self._rule, evictions, rows, lengths, mask, slot_step, cache,
