@@ -88,8 +88,8 @@ def _refusal(decoding: Any, prefill: Any) -> str | None:
         return (f"its prefilling_press {type(hider).__name__} hides entries per KV head by "
                 f"their positions in the cache, and its {cls}'s first compression reorders and "
                 f"shortens that cache, so kvpress then hides positions that hold other entries "
-                f"or no longer exist (its own generate raises IndexError); use a prefill press "
-                f"that evicts, or the {cls} alone")
+                f"or no longer exist (or fails with IndexError); use a prefill press that "
+                f"evicts, a {cls} over an AdaKVPress, or the {cls} alone")
     return None
 
 
