@@ -28,6 +28,16 @@ def tiny_llama():
     return LlamaForCausalLM(config).eval()
 
 
+@pytest.fixture(scope="session")
+def embedded_smollm2():
+    """The embedded SmolLM2 (a ``LoadedModel``), loaded once for the whole session: each load
+    reads and checks 540 MB of weights. Tests leave it as they found it (presses remove their
+    hooks on exit; attention switches are restored)."""
+    from kvdrift.lm.loading.model import load_model
+
+    return load_model("smollm2")
+
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
                    "generation_config.json")
 
