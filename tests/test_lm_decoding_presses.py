@@ -350,10 +350,11 @@ SMOL = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize("press_class", sorted(SMOL))
-def test_decoding_presses_on_smollm2_equal_generate_over_256_positions(press_class):
-    from kvdrift.lm.loading.model import encode_prompt, load_model
+def test_decoding_presses_on_smollm2_equal_generate_over_256_positions(embedded_smollm2,
+                                                                      press_class):
+    from kvdrift.lm.loading.model import encode_prompt
 
-    loaded = load_model("smollm2")
+    loaded = embedded_smollm2
     text = ("Rivers carve valleys over millennia; glaciers widen them, and the sea floods "
             "their mouths when the ice melts. ") * 6 + "Explain how a fjord forms."
     ids = encode_prompt(loaded.tokenizer, text)
@@ -366,10 +367,10 @@ def test_decoding_presses_on_smollm2_equal_generate_over_256_positions(press_cla
 
 
 @pytest.mark.slow
-def test_dms_with_decoding_on_smollm2_equals_generate_over_256_positions():
-    from kvdrift.lm.loading.model import encode_prompt, load_model
+def test_dms_with_decoding_on_smollm2_equals_generate_over_256_positions(embedded_smollm2):
+    from kvdrift.lm.loading.model import encode_prompt
 
-    loaded = load_model("smollm2")
+    loaded = embedded_smollm2
     text = ("Rivers carve valleys over millennia; glaciers widen them, and the sea floods "
             "their mouths when the ice melts. ") * 6 + "Explain how a fjord forms."
     ids = encode_prompt(loaded.tokenizer, text)
