@@ -253,10 +253,8 @@ def test_a_run_measures_and_names_the_protocol(tiny_model_dir, loaded, tmp_path)
 # --- SmolLM2 (slow lane) -------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def smollm2_loaded():
-    from kvdrift.lm.loading.model import load_model
-
-    return load_model("smollm2")
+def smollm2_loaded(embedded_smollm2):
+    return embedded_smollm2
 
 
 SMOLLM2_CONTEXT = ("Rivers carve valleys over millennia; glaciers widen them, and the sea floods "
