@@ -380,7 +380,8 @@ def test_dms_with_decoding_on_smollm2_equals_generate_over_256_positions(embedde
 
     got = greedy_q(general_pair(loaded.model, ids, make()), LONG)
     assert got == generate_in(loaded.model, ids, make(), LONG)
-    assert got != generate_in(loaded.model, ids, None, LONG)
+    # the press changed Q's tokens, already among the first 32 (from the 5th on, 244 of 256)
+    assert got[:32] != generate_in(loaded.model, ids, None, 32)
 
 
 # --- a wrapper that cannot take a scorer reading attention weights -----------------------------
