@@ -28,6 +28,30 @@ def tiny_llama():
     return LlamaForCausalLM(config).eval()
 
 
+@pytest.fixture(scope="session")
+def embedded_smollm2():
+    """The embedded SmolLM2 (a ``LoadedModel``), loaded once for the whole session: each load
+    reads and checks 540 MB of weights. Tests leave it as they found it (presses remove their
+    hooks on exit; attention switches are restored)."""
+    from kvdrift.lm.loading.model import load_model
+
+    return load_model("smollm2")
+
+
+#: What the docs' examples run on in the tests: the default documents at one task per family
+#: (three 512-token tasks, not six). Every line of an example still runs, on half the documents.
+ONE_TASK_PER_FAMILY = {"per_stratum": 1}
+
+
+@pytest.fixture
+def one_task_per_family(monkeypatch):
+    """``kvdrift run`` and ``kvdrift.measure`` without documents generate one task per family."""
+    from kvdrift import study_config
+
+    monkeypatch.setattr(study_config, "DEFAULT_DOCUMENTS",
+                        study_config.DEFAULT_DOCUMENTS | ONE_TASK_PER_FAMILY)
+
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
                    "generation_config.json")
 

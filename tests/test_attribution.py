@@ -285,11 +285,11 @@ def test_the_nearest_entries_are_matched_in_bounded_chunks(monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("action", ["snapkv-half", "adakv-snapkv:ratio=0.5"])
-def test_the_attribution_on_smollm2_equals_the_old_algorithm(action):
+def test_the_attribution_on_smollm2_equals_the_old_algorithm(embedded_smollm2, action):
     """On the embedded model: loss weights exactly, positions identical, masses within 1e-6."""
-    from kvdrift.lm.loading.model import encode_prompt, load_model
+    from kvdrift.lm.loading.model import encode_prompt
 
-    loaded = load_model("smollm2")
+    loaded = embedded_smollm2
     text = ("The archive kept one ledger per harbour. The ledger of Ostend recorded the code "
             "VERMILION-42 on the third page, between two cargo lists. ") * 8
     ids = encode_prompt(loaded.tokenizer, text + "What code did the ledger of Ostend record?")

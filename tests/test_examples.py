@@ -318,9 +318,10 @@ def test_attribution_is_a_study_setting_recorded_only_when_on():
 
 @pytest.mark.slow
 def test_show_on_a_small_demo_prints_the_records_and_rebuilt_prompts(tmp_path):
-    """The demo's study (SmolLM2, generated RULER tasks) at K = 2, H = 8 with attribution:
-    show's tokens are the tokenizer's decoding of the records, its prompts are the ones the
-    units ran on (their fingerprints' hashes), the lost tokens are the prompts' tokens."""
+    """The demo's study (SmolLM2, generated RULER tasks, one per family) at K = 2, H = 8 with
+    attribution: show's tokens are the tokenizer's decoding of the records, its prompts are the
+    ones the units ran on (their fingerprints' hashes), the lost tokens are the prompts'
+    tokens."""
     from transformers import AutoTokenizer
 
     import kvdrift
@@ -329,8 +330,12 @@ def test_show_on_a_small_demo_prints_the_records_and_rebuilt_prompts(tmp_path):
     from kvdrift.run.fingerprint import prompt_sha256
     from kvdrift.study import fixed_documents, model_documents
 
-    config = kvdrift.load_study(kvdrift.shipped_config("cpu-demo"), replicates=2, horizon=8,
-                                depths=[4], attribution=True)
+    shipped = kvdrift.shipped_config("cpu-demo").read_text(encoding="utf-8")
+    assert shipped.count("\nper_stratum = 2\n") == 1
+    demo = tmp_path / "cpu-demo.toml"  # three of its six documents
+    demo.write_text(shipped.replace("\nper_stratum = 2\n", "\nper_stratum = 1\n"),
+                    encoding="utf-8")
+    config = kvdrift.load_study(demo, replicates=2, horizon=8, depths=[4], attribution=True)
     out = kvdrift.run_study(config, tmp_path / "demo")
     tokenizer = AutoTokenizer.from_pretrained(smollm2_path(), local_files_only=True)
     result = runner.invoke(app, ["show", str(out), "--prompt-tokens", "16"])

@@ -205,12 +205,12 @@ def test_a_users_decoding_press_object_holds_only_live_entries(tiny_llama):
 @pytest.mark.parametrize("spec", ["decoding-knorm:interval=16,target=96",
                                   "snapkv:ratio=0.6+decoding-snapkv:interval=16,target=64,"
                                   "window_size=4,buffer=32"])
-def test_smollm2_live_rows_equal_generate(spec):
+def test_smollm2_live_rows_equal_generate(embedded_smollm2, spec):
     # the embedded model, 64 greedy steps, four compressions that cut into the prompt's and
     # the generated entries
-    from kvdrift.lm.loading.model import encode_prompt, load_model, load_tokenizer
+    from kvdrift.lm.loading.model import encode_prompt, load_tokenizer
 
-    model = load_model("smollm2").model
+    model = embedded_smollm2.model
     text = ("Rivers carve valleys over millennia; glaciers widen them, and the sea floods "
             "their mouths when the ice melts. ") * 6 + "Explain how a fjord forms."
     ids = encode_prompt(load_tokenizer("smollm2"), text)

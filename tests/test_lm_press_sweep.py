@@ -187,14 +187,14 @@ SMOLLM2_FAMILIES = ("snapkv", "recent", "adakv", "chunk", "chunkkv", "pyramidkv"
 
 
 @pytest.fixture(scope="module")
-def smollm2_long():
-    from kvdrift.lm.loading.model import encode_prompt, load_model, load_tokenizer
+def smollm2_long(embedded_smollm2):
+    from kvdrift.lm.loading.model import encode_prompt, load_tokenizer
 
     text = " ".join(f"Section {i}: rivers carve valleys over millennia; glaciers widen them, "
                     f"and the sea floods their mouths when the ice melts." for i in range(120))
     ids = encode_prompt(load_tokenizer("smollm2"), text + " Explain how a fjord forms.")
     assert ids.shape[1] >= max(LENGTHS_SMOLLM2)
-    return load_model("smollm2").model, ids
+    return embedded_smollm2.model, ids
 
 
 @pytest.mark.slow

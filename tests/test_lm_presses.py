@@ -272,10 +272,8 @@ def test_decoding_window_larger_than_snapkv_window_is_required(tiny_llama):
 
 
 @pytest.fixture(scope="module")
-def smollm2():
-    from kvdrift.lm.loading.model import load_model
-
-    return load_model("smollm2").model
+def smollm2(embedded_smollm2):
+    return embedded_smollm2.model
 
 
 @pytest.fixture(scope="module")

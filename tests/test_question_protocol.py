@@ -253,10 +253,8 @@ def test_a_run_measures_and_names_the_protocol(tiny_model_dir, loaded, tmp_path)
 # --- SmolLM2 (slow lane) -------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def smollm2_loaded():
-    from kvdrift.lm.loading.model import load_model
-
-    return load_model("smollm2")
+def smollm2_loaded(embedded_smollm2):
+    return embedded_smollm2
 
 
 SMOLLM2_CONTEXT = ("Rivers carve valleys over millennia; glaciers widen them, and the sea floods "
@@ -264,10 +262,17 @@ SMOLLM2_CONTEXT = ("Rivers carve valleys over millennia; glaciers widen them, an
 SMOLLM2_QUESTIONS = ("Explain how a fjord forms.", "What widens a valley?")
 
 
+@pytest.fixture(scope="module")
+def smollm2_pipeline_without_press(smollm2_loaded):
+    """kvpress's pipeline's answers without a press: P's reference, the same for every action."""
+    return _pipeline_tokens(smollm2_loaded, None, SMOLLM2_QUESTIONS, SMOLLM2_CONTEXT)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("action", ["snapkv-half", "recent-half", "adakv-snapkv:ratio=0.5",
                                     "expected_attention:ratio=0.5", "mine"])
-def test_smollm2_answers_as_kvpress_pipeline(smollm2_loaded, action):
+def test_smollm2_answers_as_kvpress_pipeline(smollm2_loaded, smollm2_pipeline_without_press,
+                                             action):
     """On SmolLM2, Q's greedy answer to each of two questions over one compressed context
     is kvpress's pipeline's, token for token: named actions (head-adaptive included) and a
     press object; P's is the pipeline's without a press."""
@@ -281,8 +286,8 @@ def test_smollm2_answers_as_kvpress_pipeline(smollm2_loaded, action):
     n_context = int(factory._split(docs[0])[0].shape[1])
     press = mine if action == "mine" else parse_action(action).make_press(n_context)
     wanted = _pipeline_tokens(smollm2_loaded, press, SMOLLM2_QUESTIONS, SMOLLM2_CONTEXT)
-    reference = _pipeline_tokens(smollm2_loaded, None, SMOLLM2_QUESTIONS, SMOLLM2_CONTEXT)
-    for doc, q_tokens, p_tokens in zip(docs, wanted, reference, strict=True):
+    for doc, q_tokens, p_tokens in zip(docs, wanted, smollm2_pipeline_without_press,
+                                       strict=True):
         pair = factory(doc, action)
         assert _greedy(pair, "q") == q_tokens
         assert _greedy(pair, "p") == p_tokens

@@ -452,11 +452,11 @@ SPEC_Z = 3.89  # two-sided false alarm 1e-4 per comparison, three comparisons
 
 
 @pytest.mark.slow
-def test_smollm2_speculative_sampler_agrees_with_predictions():
+def test_smollm2_speculative_sampler_agrees_with_predictions(embedded_smollm2):
     from kvdrift.lm.engine.pair import LMKernelPair
-    from kvdrift.lm.loading.model import encode_prompt, load_model
+    from kvdrift.lm.loading.model import encode_prompt
 
-    lm = load_model("smollm2")
+    lm = embedded_smollm2
     text = ("The printing press spread across Europe within decades. Printers moved from city "
             "to city, carrying type, presses and skills; books became cheaper and more "
             "plentiful, and readers multiplied. ") * 5

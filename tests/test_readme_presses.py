@@ -62,7 +62,8 @@ def test_the_presses_file_defines_what_the_commands_name(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_readme_press_runs_as_written(tmp_path, monkeypatch, capsys):
+def test_the_readme_press_runs_as_written(tmp_path, monkeypatch, capsys, one_task_per_family):
+    """Both run as written, on three of the six default documents."""
     import kvdrift
     from kvdrift.directory import StudyDirectory
 
@@ -79,6 +80,7 @@ def test_the_readme_press_runs_as_written(tmp_path, monkeypatch, capsys):
     assert result.exit_code == 0, result.output
     records = StudyDirectory(tmp_path / option(run, "--out")).records()
     assert set(records.replicates["action"]) == {"vnorm-half", "snapkv-half"}
+    assert records.replicates["doc_id"].nunique() == 3
 
     namespace: dict = {}
     exec(compile(example, "README.md (Measure your own press)", "exec"), namespace)  # noqa: S102
@@ -89,6 +91,7 @@ def test_the_readme_press_runs_as_written(tmp_path, monkeypatch, capsys):
     table = measured.to_frame().set_index("action")
     assert set(table.index) == {"vnorm-half", "snapkv-half"}
     assert (table["kv_fraction"] < 0.51).all() and measured.out is None
+    assert measured.records.replicates["doc_id"].nunique() == 3
     assert "<table" in measured._repr_html_()
     assert "vnorm-half" in capsys.readouterr().out
     assert sorted(p.name for p in tmp_path.iterdir() if p.name != "__pycache__") == [

@@ -19,10 +19,8 @@ H = 16
 
 
 @pytest.fixture(scope="module")
-def smollm2():
-    from kvdrift.lm.loading.model import load_model
-
-    return load_model("smollm2")
+def smollm2(embedded_smollm2):
+    return embedded_smollm2
 
 
 @pytest.fixture(scope="module")
