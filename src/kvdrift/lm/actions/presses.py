@@ -96,10 +96,6 @@ def wrapper_problem(wrapper: type | None, scorer: type) -> str | None:
 NOT_OFFERED: dict[str, str] = {
     "FinchPress": "it deletes its delimiter token from the prompt inside the model, so Q would "
                   "read another prompt, at other positions, than P",
-    "CAMPress": "it merges each evicted value into the kept entries after it, each merge drawn "
-                "with torch.bernoulli from torch's global random generator at every compression "
-                "with probabilities from the attention each entry received at every step; "
-                "kvdrift does not replay these merges",
 }
 
 _HUB = ("hub-trained: runs when its files are in the local Hugging Face cache, under the hub "
