@@ -13,14 +13,17 @@ import pytest
 import torch
 
 from kvdrift.data.document import Document
+from kvdrift.lm.actions.spec import parse_action
 from kvdrift.lm.engine.decoding_cam import SWRB_REFUSAL, CamRule, merge_seed
 from kvdrift.lm.engine.decoding_presses import decoding_rule
+from kvdrift.lm.engine.pair import LMKernelPair
 from kvdrift.lm.factory import DriverSide, check_actions_fit
 from tests.test_lm_press_path import general_pair, generate_in, greedy_q
 from tests.test_lm_presses import prompt
 
 LONG = 256  # generated positions of the equality tests
 N = 60  # prompt tokens
+SIDE = DriverSide(name="m", tokenizer=None, build=lambda: None, context_window=None, layers=2)
 
 
 def cam(interval: int = 64, target: int = 48, merge: int = 8, buffer: int = 4,
@@ -67,6 +70,38 @@ def test_a_cam_press_object_equals_generate_inside_it(tiny_llama, monkeypatch):
     assert draws.merges > 0  # values were merged
     assert got == generate_seeded(tiny_llama, ids, cam(), LONG, merge_seed(0, 0))
     assert got != generate_in(tiny_llama, ids, None, LONG)  # the press changed Q's tokens
+
+
+def test_a_named_cam_spec_and_its_press_object_agree_token_for_token(tiny_llama):
+    ids = prompt(N)
+    spec = "cam-knorm:interval=64,target=48,merge=8,buffer=4"
+    action = parse_action(spec)
+    assert action.kvpress_call() == ("CAMPress(base_press=KnormPress(), "
+                                     "hidden_states_buffer_size=4, compression_interval=64, "
+                                     "merge_budget=8, target_size=48)")
+    pair = LMKernelPair(tiny_llama, ids, spec)
+    assert isinstance(pair.decoding_rule, CamRule) and pair.decoding_rule.spec
+    assert greedy_q(pair, LONG) == greedy_q(general_pair(tiny_llama, ids, cam()), LONG)
+
+
+@pytest.mark.parametrize("spec, says", [
+    ("cam-knorm:interval=64", r"give target=T"),
+    ("cam-knorm:interval=64,ratio=0.5", r"CAMPress takes target= .* not ratio=$"),
+    ("cam-knorm:interval=64,target=40,merge=0", r"merge must be an integer >= 1; got 0$"),
+])
+def test_a_cam_spec_without_its_fields_is_refused_when_parsed(spec, says):
+    with pytest.raises(ValueError, match=says):
+        parse_action(spec)
+
+
+def test_a_cam_spec_under_swrb_or_beyond_the_horizon_is_refused_at_start():
+    with pytest.raises(ValueError, match=r"^action 'cam-knorm:interval=64,target=40': its "
+                                         r"CAMPress merges evicted values"):
+        check_actions_fit(["cam-knorm:interval=64,target=40"], SIDE, horizon=256,
+                          estimator="swrb")
+    with pytest.raises(ValueError, match=r"its CAMPress compresses first after interval=300 "
+                                         r"generated tokens, beyond the horizon H = 256"):
+        check_actions_fit(["cam-knorm:interval=300,target=40"], SIDE, horizon=256)
 
 
 def test_merge_seeds_depend_on_the_key_and_the_row():
@@ -127,8 +162,6 @@ def test_through_the_runner_every_q_row_equals_generate_alone(tiny_model_dir):
         assert [s["y_token"] for s in rows if s["replicate"] == r] == wants[r]
     assert len({tuple(w) for w in wants}) > 1  # the rows' merges differ
 
-
-SIDE = DriverSide(name="m", tokenizer=None, build=lambda: None, context_window=None, layers=2)
 
 
 def test_swrb_under_cam_is_refused_at_start_and_rollouts_run():

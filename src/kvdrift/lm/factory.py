@@ -33,9 +33,8 @@ from kvdrift.data.document import Document
 from kvdrift.lm.actions.attention_use import nested_presses
 from kvdrift.lm.actions.identity import check_press
 from kvdrift.lm.actions.spec import Action, parse_action
-from kvdrift.lm.engine.decoding import DecodingRule
 from kvdrift.lm.engine.decoding_cam import SWRB_REFUSAL, CamRule
-from kvdrift.lm.engine.decoding_presses import decoding_rule
+from kvdrift.lm.engine.decoding_presses import decoding_rule, stage_rule
 from kvdrift.lm.engine.pair import LMKernelPair
 from kvdrift.lm.engine.prefill import PromptCache, own_prefill_reason, prefill, prefill_shared
 from kvdrift.lm.engine.press_path import (
@@ -375,7 +374,7 @@ def check_actions_fit(actions: Sequence[str], side: DriverSide,
             action = parse_action(name)
             if side.layers is not None:
                 action.check_layers(side.layers)
-            rule = None if action.decoding is None else DecodingRule.of_stage(action.decoding)
+            rule = None if action.decoding is None else stage_rule(action.decoding)
         else:
             rule = decoding_rule(press, name)
         if rule is not None:

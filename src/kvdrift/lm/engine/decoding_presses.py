@@ -57,6 +57,14 @@ def decoding_rule(press: Any, name: str) -> DecodingRule | ThresholdRule | CamRu
     return DecodingRule(decoding, name)
 
 
+def stage_rule(stage: Any) -> DecodingRule | CamRule:
+    """The rule of a spec's decoding stage (``decoding-<scorer>`` or ``cam-<scorer>``)."""
+    press = stage.build(1)
+    if isinstance(press, kvpress.CAMPress):
+        return CamRule(press, stage.label, spec=True)
+    return DecodingRule.of_stage(stage)
+
+
 def _refusal(decoding: Any, prefill: Any) -> str | None:
     """Why kvdrift does not replay ``decoding`` (after ``prefill``), or None."""
     cls = type(decoding).__name__
@@ -124,4 +132,4 @@ def _decodes(press: Any) -> bool:
     return isinstance(press, kvpress.DMSPress) and bool(press.decoding)
 
 
-__all__ = ["decoding_rule"]
+__all__ = ["decoding_rule", "stage_rule"]

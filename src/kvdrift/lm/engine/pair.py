@@ -59,6 +59,7 @@ from kvdrift.lm.engine.decoding import (
     compress_rows,
 )
 from kvdrift.lm.engine.decoding_cam import CamRows, CamRule, merge_seed
+from kvdrift.lm.engine.decoding_presses import stage_rule
 from kvdrift.lm.engine.live_rows import LiveRows, compact_rows
 from kvdrift.lm.engine.prefill import (
     PromptCache,
@@ -178,7 +179,7 @@ class LMKernelPair:
         self._prompt: dict[str, PromptCache] = {"p": reference, "q": compressed}
         self._rule = general.rule if general is not None else None
         if self.action.decoding is not None:
-            self._rule = DecodingRule.of_stage(self.action.decoding)
+            self._rule = stage_rule(self.action.decoding)
         if self._rule is not None:
             self._rule = self._rule.for_prompt(self.n_prompt)
             self._rule.check(None if general is not None else self.action.name)
@@ -229,7 +230,7 @@ class LMKernelPair:
         return STORED_BYTES if self.general is not None else KEPT_ENTRIES
 
     @property
-    def decoding_rule(self) -> DecodingRule | None:
+    def decoding_rule(self) -> DecodingRule | CamRule | None:
         """How Q's rows are compressed during generation (None: they are not)."""
         return self._rule
 
