@@ -197,3 +197,23 @@ def test_a_cam_press_kvdrift_does_not_replay_is_refused_in_its_own_terms(make, s
     with pytest.raises(ValueError, match=says):
         rule = decoding_rule(make(), "p")
         rule.check("p", 256)
+
+
+@pytest.mark.slow
+def test_cam_on_smollm2_equals_generate_over_256_positions(monkeypatch):
+    """The named spec on SmolLM2 (30 layers), a short prompt: four compressions in every layer
+    with merges drawn, tokens equal generate's inside the same CAMPress with the row's seed."""
+    from kvdrift.lm.loading.model import encode_prompt, load_model
+
+    loaded = load_model("smollm2")
+    ids = encode_prompt(loaded.tokenizer, "Rivers carve valleys; explain how a fjord forms.")
+    spec = "cam-knorm:interval=64,target=48,merge=8,buffer=0"
+    pair = LMKernelPair(loaded.model, ids, spec)
+    draws = Draws()
+    monkeypatch.setattr(torch, "bernoulli", draws)
+    got = greedy_q(pair, LONG)
+    monkeypatch.undo()
+    assert draws.calls == 4 * loaded.model.config.num_hidden_layers and draws.merges > 0
+    want = generate_seeded(loaded.model, ids, parse_action(spec).make_press(ids.shape[-1]),
+                           LONG, merge_seed(0, 0))
+    assert got == want
