@@ -104,6 +104,25 @@ def test_a_cam_spec_under_swrb_or_beyond_the_horizon_is_refused_at_start():
         check_actions_fit(["cam-knorm:interval=300,target=40"], SIDE, horizon=256)
 
 
+def test_the_recorded_schedule_is_when_cam_compresses(tiny_llama):
+    """CAMPress compresses once a layer has taken interval steps and holds more than target
+    entries: 60 prompt tokens, target 70, interval 8 compress after 11 (the first step above
+    70 entries), 19 and 27; the records' schedule says so."""
+    from kvdrift.records.generation import Schedule
+
+    pair = general_pair(tiny_llama, prompt(N), cam(interval=8, target=70))
+    state, seen = pair.start("q", 1), []
+    for t, token in enumerate(prompt(30, seed=11)[0].tolist()):
+        state = pair.advance(state, torch.tensor([token]))
+        if int(state.evictions.steps.max()) == 0:
+            seen.append(t + 1)
+    assert seen == [11, 19, 27]
+    assert Schedule.of_rule(pair.decoding_rule, 30).compressions == ((11, 70), (19, 70),
+                                                                     (27, 70))
+    assert Schedule.of_rule(general_pair(tiny_llama, prompt(N), cam()).decoding_rule,
+                            LONG).compressions == ((64, 48), (128, 48), (192, 48), (256, 48))
+
+
 def test_merge_seeds_depend_on_the_key_and_the_row():
     seeds = {merge_seed(key, row) for key in (0, 1, 2**62) for row in range(50)}
     assert len(seeds) == 150 and all(0 <= s < 2**63 for s in seeds)

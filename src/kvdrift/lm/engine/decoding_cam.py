@@ -73,9 +73,25 @@ class CamRule:
     failure: Callable[[str], Exception] = ValueError
     spec: bool = False  # named by a spec (fields interval=, buffer=), not a press object
     n_prompt: int = 0
+    # prompt entries every layer holds after the prefill (None: not known, or they differ)
+    prompt_kept: int | None = None
 
     def for_prompt(self, n_prompt: int) -> CamRule:
         return dataclasses.replace(self, n_prompt=n_prompt)
+
+    def index(self, length: int) -> int:
+        """Compressions at generated steps ``1..length`` (every layer alike): the first once
+        ``interval`` steps are taken and the cache holds more than ``target``, then every
+        ``interval`` steps; ValueError where layers kept different prompt counts."""
+        if self.every_step:
+            return length
+        if self.prompt_kept is None:
+            raise ValueError("layers compress at different steps")
+        first = max(self.interval, self.target - self.prompt_kept + 1)
+        return 0 if length < first else 1 + (length - first) // self.interval
+
+    def target_at(self, length: int) -> int:
+        return self.target
 
     @property
     def scorer_name(self) -> str:

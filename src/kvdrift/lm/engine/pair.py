@@ -182,6 +182,10 @@ class LMKernelPair:
             self._rule = stage_rule(self.action.decoding)
         if self._rule is not None:
             self._rule = self._rule.for_prompt(self.n_prompt)
+            if isinstance(self._rule, CamRule):  # when its layers compress (records' schedule)
+                kept = {int(k.shape[2]) for k in self._prompt["q"].keys}
+                self._rule = dataclasses.replace(
+                    self._rule, prompt_kept=kept.pop() if len(kept) == 1 else None)
             self._rule.check(None if general is not None else self.action.name)
             prepare_presses(self.model, [self._rule.press])  # as kvpress's context would
         self._modules = sorted(attention_modules(self.model), key=lambda m: m.layer_idx)
