@@ -192,6 +192,33 @@ def test_swrb_under_cam_is_refused_at_start_and_rollouts_run():
         prefilling_press=kvpress.KnormPress(0.5), decoding_press=cam())}, 256)
 
 
+def test_kvdrift_run_with_swrb_under_cam_writes_nothing_and_rollouts_run(tiny_model_dir,
+                                                                         tmp_path):
+    from typer.testing import CliRunner
+
+    from kvdrift.cli import app
+    from kvdrift.data.loaders import write_jsonl
+
+    docs = tmp_path / "docs.jsonl"
+    write_jsonl([Document(id="d0", prompt="The cat sat on the mat. " * 12)], docs)
+    out = tmp_path / "run"
+    spec = "cam-knorm:interval=4,target=40,merge=2"
+
+    def run(estimator: str):
+        return CliRunner().invoke(app, ["run", "--model", str(tiny_model_dir), "--docs",
+                                        str(docs), "--actions", spec, "--replicates", "2",
+                                        "--horizon", "12", "--estimator", estimator,
+                                        "--out", str(out)])
+
+    bad = run("swrb")
+    assert bad.exit_code == 2, bad.output
+    assert f"action '{spec}': its CAMPress merges evicted values" in bad.output
+    assert "Traceback" not in bad.output and not out.exists()
+    good = run("rollout")
+    assert good.exit_code == 0, good.output
+    assert (out / "run.json").exists()
+
+
 class OwnCompress(kvpress.CAMPress):
     def compress(self, module, hidden_states, keys, values, attentions, kwargs):
         return keys, values
