@@ -182,7 +182,7 @@ def rebuilt_rows(
     (they stop reading the prompt), every other row compacted to its valid slots
     (:func:`slot_order`); returns the new ``(rows, cache, mask, slot_step)``."""
     valid = mask.bool()
-    n, width = valid.shape
+    n = valid.shape[0]
     used = valid.sum(1).tolist()
     widths = [max(b.width for b in blocks[i]) if i in blocks else used[i] for i in range(n)]
     new_width = max(widths)
