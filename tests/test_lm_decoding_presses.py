@@ -292,11 +292,6 @@ def test_the_ratio_spec_builds_kvpress_s_press():
 # --- refused, in the press's own terms -------------------------------------------------------
 
 REFUSED = {
-    "cam": (lambda: kvpress.CAMPress(base_press=kvpress.KnormPress(), compression_interval=4,
-                                     target_size=40),
-            r"^action 'p': kvpress's CAMPress is not offered: it merges each evicted value into "
-            r"the kept entries after it, "
-            r"each merge drawn with torch\.bernoulli"),
     "dms-as-decoding-press": (lambda: kvpress.PrefillDecodingPress(
         prefilling_press=kvpress.KnormPress(0.5), decoding_press=dms(-1.2, 16)),
         r"^action 'p': its decoding_press DMSPress scores the prompt at prefill itself"),
@@ -339,12 +334,14 @@ def test_kvpress_itself_fails_on_a_head_adaptive_prefill_then_decoding(tiny_llam
         generate_in(tiny_llama, prompt(N), press, 12)
 
 
-def test_kvdrift_actions_lists_the_ratio_spec_and_cam_s_reason():
+def test_kvdrift_actions_lists_the_ratio_spec_and_cam_as_measured():
     text = actions_help()
     line = next(row for row in text.splitlines()
                 if row.strip().startswith("CompressionRatioDecodingPress "))
     assert "shared prefill: decoding-<scorer>:interval=I,ratio=R" in line
-    assert "CAMPress: it merges each evicted value" in text
+    cam = next(row for row in text.splitlines() if row.strip().startswith("CAMPress "))
+    assert "shared prefill: cam-<scorer>:interval=I,target=T" in cam
+    assert "CAMPress:" not in text.split("Not offered:")[1]
 
 
 # --- a press's rules, checked before anything is written ---------------------------------------
@@ -399,7 +396,11 @@ def test_a_spec_whose_press_rules_cannot_hold_is_refused_at_start(spec, says):
      r"attention weights"),
     (crdp(300, 0.5), r"^action 'mine': its CompressionRatioDecodingPress compresses first after "
                      r"compression_interval=300 generated tokens, beyond the horizon H = 256"),
-    (REFUSED["cam"][0](), r"^action 'mine': kvpress's CAMPress is not offered: it merges"),
+    (kvpress.CAMPress(base_press=kvpress.SnapKVPress(), compression_interval=32,
+                      target_size=40),
+     r"^action 'mine': its CAMPress compresses every 32 generated tokens from the hidden "
+     r"states of the last min\(compression_interval, hidden_states_buffer_size \+ 1\) = 32 "
+     r"steps, but its SnapKVPress looks at the last window_size=64"),
     (dms(0.0, 8, kvpress.SnapKVPress()),
      r"^action 'mine': its DMSPress scores each generated token alone \(one hidden state\), "
      r"but its SnapKVPress looks at the last window_size=64"),

@@ -15,7 +15,6 @@ from kvdrift.lm.actions.spec import parse_action
 
 @pytest.mark.parametrize("press", [
     kvpress.FinchPress(compression_ratio=0.5),
-    kvpress.CAMPress(base_press=kvpress.KnormPress(), compression_interval=4, target_size=40),
     kvpress.ComposedPress([kvpress.KnormPress(0.2), kvpress.FinchPress(0.2)]),
 ])
 def test_a_press_object_of_a_class_not_offered_is_refused_as_its_spec(press):

@@ -95,7 +95,7 @@ def _prepared(config: StudyConfig, run: RunConfig, fixed: list[Document], in_pro
     docs = model_documents(config, fixed, side.tokenizer)
     prompts = check_fits(docs, run.horizon, side, config.chat_template)
     check_questions_fit(docs, run.actions, presses)  # before the press's own rules
-    check_actions_fit(run.actions, side, presses, run.horizon, prompts)
+    check_actions_fit(run.actions, side, presses, run.horizon, prompts, run.estimator)
     limits.batch_memory(min(run.batch or run.replicates, run.replicates),
                         len(side.tokenizer), run.model)  # a batch holds <= K rows
     return side, docs

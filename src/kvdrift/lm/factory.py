@@ -33,8 +33,8 @@ from kvdrift.data.document import Document
 from kvdrift.lm.actions.attention_use import nested_presses
 from kvdrift.lm.actions.identity import check_press
 from kvdrift.lm.actions.spec import Action, parse_action
-from kvdrift.lm.engine.decoding import DecodingRule
-from kvdrift.lm.engine.decoding_presses import decoding_rule
+from kvdrift.lm.engine.decoding_cam import SWRB_REFUSAL, CamRule
+from kvdrift.lm.engine.decoding_presses import decoding_rule, stage_rule
 from kvdrift.lm.engine.pair import LMKernelPair
 from kvdrift.lm.engine.prefill import PromptCache, own_prefill_reason, prefill, prefill_shared
 from kvdrift.lm.engine.press_path import (
@@ -358,14 +358,15 @@ def _refuse_sliding(config: Any, name: str) -> None:
 def check_actions_fit(actions: Sequence[str], side: DriverSide,
                       presses: Mapping[str, object] | None = None,
                       horizon: int | None = None,
-                      prompts: Sequence[tuple[str, int]] = ()) -> None:
+                      prompts: Sequence[tuple[str, int]] = (),
+                      estimator: object = "rollout") -> None:
     """Raise a one-line ValueError, naming the action and the fix, if an action cannot run on
     the model (per-layer ratios for another number of layers) or its press's own rules cannot
     hold (:mod:`~kvdrift.lm.engine.press_rules`: a decoding press's scorer window, a scorer
     decoding cannot feed, no compression within ``horizon``, a press object's window above
     the shortest of ``prompts`` ``(document id, prompt tokens)``; a decoding press kvdrift does
-    not replay); meant to run before anything is written. Actions named in ``presses`` are
-    press objects."""
+    not replay; a CAMPress under the ``estimator`` swrb, whose branches go back); meant to run
+    before anything is written. Actions named in ``presses`` are press objects."""
     shortest = min(prompts, key=lambda p: p[1]) if prompts else None
     for name in actions:
         press = (presses or {}).get(name)
@@ -373,11 +374,13 @@ def check_actions_fit(actions: Sequence[str], side: DriverSide,
             action = parse_action(name)
             if side.layers is not None:
                 action.check_layers(side.layers)
-            rule = None if action.decoding is None else DecodingRule.of_stage(action.decoding)
+            rule = None if action.decoding is None else stage_rule(action.decoding)
         else:
             rule = decoding_rule(press, name)
         if rule is not None:
             rule.for_prompt(shortest[1] if shortest else 0).check(name, horizon)
+        if isinstance(rule, CamRule) and str(getattr(estimator, "name", estimator)) == "swrb":
+            raise ValueError(f"action {name!r}: {SWRB_REFUSAL}")
         if press is not None:
             base = None if rule is None else getattr(rule.press, "base_press", None)
             # the decoding press, its scorer and the scorer an AdaKVPress wraps

@@ -152,6 +152,9 @@ def run_estimator(config: RunConfig, pair: KernelPair, seed: int):
     (it is part of the stored configuration) but never on anything else.
     """
     gen = make_generator(seed, pair.device)
+    key_merges = getattr(pair, "key_merges", None)  # CAMPress: Q row r's merges keyed by seed
+    if key_merges is not None:
+        key_merges(seed)
     K = config.replicates
     size = config.batch or K
     results = []

@@ -96,10 +96,6 @@ def wrapper_problem(wrapper: type | None, scorer: type) -> str | None:
 NOT_OFFERED: dict[str, str] = {
     "FinchPress": "it deletes its delimiter token from the prompt inside the model, so Q would "
                   "read another prompt, at other positions, than P",
-    "CAMPress": "it merges each evicted value into the kept entries after it, each merge drawn "
-                "with torch.bernoulli from torch's global random generator at every compression "
-                "with probabilities from the attention each entry received at every step; "
-                "kvdrift does not replay these merges",
 }
 
 _HUB = ("hub-trained: runs when its files are in the local Hugging Face cache, under the hub "
@@ -464,6 +460,27 @@ class Decoding(Family):
         return f"{self.name}-<scorer>:interval=I,target=T", self.press_name, self.keeps
 
 
+class Cam(Decoding):
+    """kvpress's ``CAMPress``: prefill untouched; after every ``interval`` generated tokens
+    (once the cache holds more than ``target``) the cache is cut to ``target`` entries, evicted
+    values merged into the next ``merge`` kept ones, each merge drawn from the row's own
+    generator; the rule itself is :mod:`kvdrift.lm.engine.decoding_cam`."""
+
+    also_presses: ClassVar[dict[str, str]] = {}
+
+    def check_budget(self, stage: Stage, given: list[str]) -> None:
+        if given:
+            raise ValueError(f"{stage.label}: CAMPress takes target= (entries kept per layer "
+                             f"and KV head) and interval=, not {given[0]}=")
+        if "target" not in dict(stage.kwargs):
+            raise ValueError(f"{stage.label}: give target=T (entries kept after each "
+                             f"compression, >= 1) and interval=I (generated tokens between "
+                             f"compressions)")
+
+    def _press(self, stage: Stage) -> tuple[type, dict[str, Any]]:
+        return self.press, self.wrapper_kwargs(stage)
+
+
 # kvdrift's departures from the kvpress press (each family's ``departs``)
 _EXACT = ("keeps floor(r n) (at least 1) where kvpress's float int(n (1 - c)) lands lower "
           "(r=0.1, n=20: 2, not 1); window_size and n_sink clamped to n - 1 where kvpress "
@@ -519,6 +536,14 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
              "CompressionRatioDecodingPress)",
              (("interval", "compression_interval"), ("target", "target_size"),
               ("buffer", "hidden_states_buffer_size"))),
+    Cam("cam", kvpress.CAMPress,
+        "prompt untouched at prefill; after every `interval` generated tokens, once a layer "
+        "holds more than `target` entries, its cache is cut to `target` entries per layer and "
+        "KV head, each evicted value merged into the next `merge` kept ones with a probability "
+        "from the attention it received (kvpress's CAMPress; each row draws its merges from "
+        "its own generator)",
+        (("interval", "compression_interval"), ("target", "target_size"),
+         ("buffer", "hidden_states_buffer_size"), ("merge", "merge_budget"))),
 )}
 
 

@@ -114,7 +114,8 @@ class Action:
             if any(s.head_adaptive for s in stages):
                 raise ValueError(f"action {self.name!r}: a head-adaptive press hides entries "
                                  f"per KV head by their positions in the cache, and the "
-                                 f"DecodingPress's first compression reorders and shortens that "
+                                 f"{self.decoding.family.press_name}'s first compression "
+                                 f"reorders and shortens that "
                                  f"cache, so kvpress then hides positions that hold other "
                                  f"entries or no longer exist; use a prefill press that evicts")
 

@@ -5,7 +5,8 @@ A press object given as an action may compress during generation: a ``DecodingPr
 ``ScorerPress``, alone or as ``PrefillDecodingPress``'s ``decoding_press``, becomes a
 :class:`~kvdrift.lm.engine.decoding.DecodingRule`; over an ``AdaKVPress``, which hides entries
 per KV head instead, a :class:`~kvdrift.lm.engine.decoding_adakv.HeadAdaptiveRule`; a
-``DMSPress`` with ``decoding=True`` a
+``CAMPress`` a :class:`~kvdrift.lm.engine.decoding_cam.CamRule`; a ``DMSPress`` with
+``decoding=True`` a
 :class:`~kvdrift.lm.engine.decoding_threshold.ThresholdRule`. Each replays kvpress's
 compressions on every row exactly. A press kvdrift does not replay is refused in one line
 that says what the press itself does that stands in the way.
@@ -19,9 +20,9 @@ import kvpress
 
 from kvdrift.lm.actions.attention_use import nested_presses
 from kvdrift.lm.actions.identity import check_press
-from kvdrift.lm.actions.presses import NOT_OFFERED
 from kvdrift.lm.engine.decoding import DecodingRule
 from kvdrift.lm.engine.decoding_adakv import HeadAdaptiveRule
+from kvdrift.lm.engine.decoding_cam import CamRule
 from kvdrift.lm.engine.decoding_threshold import ThresholdRule
 
 # DecodingPress methods a replayed press must inherit unchanged (its target may follow
@@ -35,11 +36,13 @@ _TARGET_RULES = tuple({cls._resolve_target_size for cls in (
 _HIDES_BY_POSITION: tuple[type, ...] = (kvpress.AdaKVPress, kvpress.CriticalAdaKVPress,
                                          kvpress.DMSPress)
 
-CAM_REASON = f"CAMPress {NOT_OFFERED['CAMPress'].removeprefix('it ')}, so it is not measured"
+# CAMPress methods a replayed CAMPress must inherit unchanged.
+_CAM_METHODS = ("forward_hook", "compress", "_compute_current_token_attention",
+                "_aggregate_attention_per_kv_head", "_find_target_compression_ratio")
 
 
 def decoding_rule(press: Any, name: str
-                  ) -> DecodingRule | ThresholdRule | HeadAdaptiveRule | None:
+                  ) -> DecodingRule | ThresholdRule | HeadAdaptiveRule | CamRule | None:
     """The decoding-time compression of ``press`` (None: it compresses at prefill only);
     one-line ValueError, in the press's own terms, for one kvdrift does not replay."""
     check_press(press, name)
@@ -54,16 +57,26 @@ def decoding_rule(press: Any, name: str
         raise ValueError(f"action {name!r}: {refused}")
     if isinstance(decoding, kvpress.DMSPress):
         return ThresholdRule(decoding, name)
+    if isinstance(decoding, kvpress.CAMPress):
+        return CamRule(decoding, name)
     if isinstance(decoding.base_press, kvpress.AdaKVPress):
         return HeadAdaptiveRule(decoding, name)
     return DecodingRule(decoding, name)
+
+
+def stage_rule(stage: Any) -> DecodingRule | CamRule:
+    """The rule of a spec's decoding stage (``decoding-<scorer>`` or ``cam-<scorer>``)."""
+    press = stage.build(1)
+    if isinstance(press, kvpress.CAMPress):
+        return CamRule(press, stage.label, spec=True)
+    return DecodingRule.of_stage(stage)
 
 
 def _refusal(decoding: Any, prefill: Any) -> str | None:
     """Why kvdrift does not replay ``decoding`` (after ``prefill``), or None."""
     cls = type(decoding).__name__
     if isinstance(decoding, kvpress.CAMPress):
-        return CAM_REASON
+        return _cam_refusal(decoding, prefill)
     if isinstance(decoding, kvpress.DMSPress):
         if prefill is not None:
             return ("its decoding_press DMSPress scores the prompt at prefill itself (kvpress "
@@ -93,6 +106,27 @@ def _refusal(decoding: Any, prefill: Any) -> str | None:
     return None
 
 
+def _cam_refusal(cam: Any, prefill: Any) -> str | None:
+    """Why kvdrift does not replay the CAMPress ``cam`` (after ``prefill``), or None."""
+    cls = type(cam).__name__
+    overridden = [m for m in _CAM_METHODS
+                  if getattr(type(cam), m) is not getattr(kvpress.CAMPress, m)]
+    if overridden:
+        return (f"{cls} overrides CAMPress's {', '.join(overridden)}, so it compresses during "
+                f"decoding in its own way, which kvdrift cannot replay; subclass CAMPress "
+                f"without overriding them")
+    if not isinstance(cam.base_press, kvpress.ScorerPress):
+        return (f"its {cls} scores with {type(cam.base_press).__name__}, but CAMPress calls "
+                f"its base_press's score, which only a ScorerPress has; give base_press a "
+                f"ScorerPress")
+    hider = next((p for p in nested_presses(prefill) if isinstance(p, _HIDES_BY_POSITION)), None)
+    if hider is not None:
+        return (f"its prefilling_press {type(hider).__name__} hides entries per KV head, and "
+                f"its {cls} keeps and merges the same entries in every KV head; use a prefill "
+                f"press that evicts, or the {cls} alone")
+    return None
+
+
 def _decodes(press: Any) -> bool:
     """Whether a press acts on the cache during generation (kvpress's decoding presses, and
     DMSPress with decoding=True)."""
@@ -101,4 +135,4 @@ def _decodes(press: Any) -> bool:
     return isinstance(press, kvpress.DMSPress) and bool(press.decoding)
 
 
-__all__ = ["CAM_REASON", "decoding_rule"]
+__all__ = ["decoding_rule", "stage_rule"]

@@ -160,12 +160,34 @@ def compact_rows(
         if reads and all(k is live for k, live in zip(kept, lives, strict=True)):
             continue  # nothing evicted: the row goes on reading the prompt, as P's rows do
         blocks[i] = kept
-    n, width = valid.shape
+    return rebuilt_rows(state, blocks, lengths, mask, slot_step, cache)
+
+
+def slot_order(valid: torch.Tensor, width: int) -> torch.Tensor:
+    """``[n, min(G, width)]``: each row's valid slots first, in slot order (how
+    :func:`rebuilt_rows` compacts a row it does not replace)."""
+    g = min(valid.shape[1], width)
+    return torch.sort((~valid).to(torch.int8), dim=1, stable=True).indices[:, :g]
+
+
+def rebuilt_rows(
+    state: LiveRows,
+    blocks: dict[int, list[LiveEntries]],  # row -> its new live entries, per layer
+    lengths: torch.Tensor,  # [n] long: lengths after the step just taken
+    mask: torch.Tensor,  # [n, G] long: the state's valid slots
+    slot_step: torch.Tensor,  # [n, G] long
+    cache: SharedPromptCache,
+) -> tuple[LiveRows, SharedPromptCache, torch.Tensor, torch.Tensor]:
+    """The rows of ``blocks`` holding their new live entries at the front of their buffers
+    (they stop reading the prompt), every other row compacted to its valid slots
+    (:func:`slot_order`); returns the new ``(rows, cache, mask, slot_step)``."""
+    valid = mask.bool()
+    n = valid.shape[0]
     used = valid.sum(1).tolist()
     widths = [max(b.width for b in blocks[i]) if i in blocks else used[i] for i in range(n)]
     new_width = max(widths)
-    g = min(width, new_width)
-    order = torch.sort((~valid).to(torch.int8), dim=1, stable=True).indices[:, :g]  # [n, g]
+    order = slot_order(valid, new_width)  # [n, g]
+    g = order.shape[1]
     new_mask = torch.zeros(n, new_width, dtype=torch.long, device=mask.device)
     new_mask[:, :g] = mask.gather(1, order)
     new_steps = torch.full((n, new_width), HOLE_STEP, dtype=torch.long, device=mask.device)
@@ -228,4 +250,4 @@ def _live_of_row(state: LiveRows, cache: SharedPromptCache, layer_idx: int, i: i
     return LiveEntries(live_keys, live_values, held.gather(1, order) if ragged else None)
 
 
-__all__ = ["KEPT_STEP", "LiveRows", "compact_rows"]
+__all__ = ["KEPT_STEP", "LiveRows", "compact_rows", "rebuilt_rows", "slot_order"]

@@ -58,6 +58,8 @@ from kvdrift.lm.engine.decoding import (
     capture_attention_inputs,
     compress_rows,
 )
+from kvdrift.lm.engine.decoding_cam import CamRows, CamRule, merge_seed
+from kvdrift.lm.engine.decoding_presses import stage_rule
 from kvdrift.lm.engine.live_rows import LiveRows, compact_rows
 from kvdrift.lm.engine.prefill import (
     PromptCache,
@@ -88,7 +90,7 @@ class LMPathState:
     stale: torch.Tensor  # [n] bool, rows whose logits must be recomputed (after truncate)
     # Q rows under decode-time eviction: every slot kept and masked (rewindable), or only
     # the live entries (lm/engine/live_rows.py)
-    evictions: DecodeEvictions | LiveRows | None = None
+    evictions: DecodeEvictions | LiveRows | CamRows | None = None
     # host-side: whether any row may be stale (False: ``logprobs`` reads nothing from ``stale``,
     # so a decoding loop without truncation never waits for the device)
     maybe_stale: bool = False
@@ -177,15 +179,21 @@ class LMKernelPair:
         self._prompt: dict[str, PromptCache] = {"p": reference, "q": compressed}
         self._rule = general.rule if general is not None else None
         if self.action.decoding is not None:
-            self._rule = DecodingRule.of_stage(self.action.decoding)
+            self._rule = stage_rule(self.action.decoding)
         if self._rule is not None:
             self._rule = self._rule.for_prompt(self.n_prompt)
+            if isinstance(self._rule, CamRule):  # when its layers compress (records' schedule)
+                kept = {int(k.shape[2]) for k in self._prompt["q"].keys}
+                self._rule = dataclasses.replace(
+                    self._rule, prompt_kept=kept.pop() if len(kept) == 1 else None)
             self._rule.check(None if general is not None else self.action.name)
             prepare_presses(self.model, [self._rule.press])  # as kvpress's context would
         self._modules = sorted(attention_modules(self.model), key=lambda m: m.layer_idx)
         self._eos = eos_token_id if eos_token_id is not None else _primary_eos(self.model)
         self._vocab = self.model.get_output_embeddings().weight.shape[0]
         self._dtype = reference.keys[0].dtype  # the attention's queries and keys
+        self._merge_key = 0  # CAMPress: the key of Q rows' merge seeds (key_merges)
+        self._q_rows = 0  # CAMPress: Q rows started so far (the next row's number)
 
     # --- protocol properties -------------------------------------------------------------
     @property
@@ -226,9 +234,15 @@ class LMKernelPair:
         return STORED_BYTES if self.general is not None else KEPT_ENTRIES
 
     @property
-    def decoding_rule(self) -> DecodingRule | None:
+    def decoding_rule(self) -> DecodingRule | CamRule | None:
         """How Q's rows are compressed during generation (None: they are not)."""
         return self._rule
+
+    def key_merges(self, key: int) -> None:
+        """Key the merge draws of the Q rows started from now on (a ``CAMPress``'s, a random
+        part of Q, :mod:`~kvdrift.lm.engine.decoding_cam`) with ``key`` (the runner gives the
+        unit's seed); rows are numbered from 0 again."""
+        self._merge_key, self._q_rows = int(key), 0
 
     def prompt_cache(self, side: Side) -> PromptCache:
         """The side's prompt cache (``"q"``: after eviction)."""
@@ -245,8 +259,14 @@ class LMKernelPair:
         pc = self._prompt[check_side(side)]
         n = checks.integer(n, "number of rows", 1)
         dev = self.device
-        evictions: DecodeEvictions | LiveRows | None = None
-        if self._rule is not None and side == "q":
+        evictions: DecodeEvictions | LiveRows | CamRows | None = None
+        if isinstance(self._rule, CamRule) and side == "q":
+            # merged values live in the row: it holds only its live entries, whatever rewind
+            seeds = [merge_seed(self._merge_key, self._q_rows + i) for i in range(n)]
+            self._q_rows += n
+            evictions = self._rule.start_rows(pc.keys, n, self.model.config.hidden_size,
+                                              pc.keys[0].dtype, seeds)
+        elif self._rule is not None and side == "q":
             # a threshold rule (DMS) hides entries per head as they leave its window: its rows
             # stay rewindable, every slot kept and masked
             masked = rewind or not isinstance(self._rule, DecodingRule)
@@ -346,7 +366,10 @@ class LMKernelPair:
         lengths = state.lengths + 1
         slot_step = torch.cat([state.slot_step, state.lengths[:, None]], dim=1)
         evictions, cache = state.evictions, state.cache
-        if evictions is not None:
+        if isinstance(evictions, CamRows):
+            evictions, cache, mask, slot_step = self._rule.advanced(
+                evictions, lengths, mask, slot_step, cache, self._modules, seen)
+        elif evictions is not None:
             evictions = evictions.appended(state.lengths, [seen[i][0][:, -1]
                                                            for i in range(len(self._modules))])
             rows = torch.nonzero(self._rule.compresses(lengths)).squeeze(-1)
@@ -381,7 +404,7 @@ class LMKernelPair:
         if bool(empty.any()):
             logits = torch.where(empty[:, None], self._prompt[state.side].logits, logits)
         evictions = state.evictions
-        if isinstance(evictions, LiveRows):
+        if isinstance(evictions, (LiveRows, CamRows)):
             evictions = evictions.truncated(new, state.lengths)
         elif evictions is not None:
             evictions = evictions.truncated(new)
@@ -539,7 +562,8 @@ class _Rows:
     live_after: torch.Tensor  # [n] long, decode-time evictions up to this step apply
 
 
-def _joined_evictions(parts: list[Any], width: int) -> DecodeEvictions | LiveRows | None:
+def _joined_evictions(parts: list[Any], width: int
+                      ) -> DecodeEvictions | LiveRows | CamRows | None:
     """The decode-time eviction records of joined states (one kind: all rewindable or all
     holding only their live entries)."""
     kinds = {type(p) for p in parts}
@@ -550,6 +574,8 @@ def _joined_evictions(parts: list[Any], width: int) -> DecodeEvictions | LiveRow
         return None
     if isinstance(parts[0], LiveRows):
         return LiveRows.join(parts, width)
+    if isinstance(parts[0], CamRows):
+        return CamRows.join(parts, width)
     return DecodeEvictions.join(parts, width, max(p.inputs[0].shape[1] for p in parts))
 
 

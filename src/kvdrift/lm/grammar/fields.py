@@ -66,6 +66,7 @@ FIELD_RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "sketch_dimension": ("an integer >= 1", _int_at_least(1)),
     "n_future_positions": ("an integer >= 0", _int_at_least(0)),
     "buffer": ("an integer >= 0", _int_at_least(0)),
+    "merge": ("an integer >= 1", _int_at_least(1)),
     "alpha_safeguard": ("a number within [0, 1]", _within(0.0, 1.0)),
     "first_stage_ratio": ("a number within (0, 1]", _within(0.0, 1.0, open_lo=True)),
     "epsilon": ("a finite number >= 0", lambda v: is_number(v) and v >= 0),

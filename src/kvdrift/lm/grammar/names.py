@@ -29,9 +29,9 @@ SCORER_NAMES = ("cap", "cur", "expected_attention", "keydiff", "knorm", "lagkv",
 #: The families in registry order (:data:`kvdrift.lm.actions.presses.FAMILIES`); those written as
 #: ``<family>-<scorer>``, and those that are one press named alone (by name or class name).
 FAMILY_NAMES = ("adakv", "criticaladakv", "criticalkv", "block", "rerotate", "chunk", "chunkkv",
-                "pyramidkv", "perlayer", "decoding")
+                "pyramidkv", "perlayer", "decoding", "cam")
 PREFIX_FAMILIES = ("adakv", "criticaladakv", "criticalkv", "block", "rerotate", "chunk",
-                   "chunkkv", "perlayer", "decoding")
+                   "chunkkv", "perlayer", "decoding", "cam")
 OWN_SCORER_FAMILIES = {"pyramidkv": "PyramidKVPress"}
 #: Every press class the installed kvpress exports; such a name is left to the full parser.
 KVPRESS_PRESSES = (
