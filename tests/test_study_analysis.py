@@ -139,7 +139,11 @@ def test_analysis_matches_exact_quantities(finite_study):
     for entry in analysis["actions"]:
         t, s = truth[entry["action"]], entry["scalars"]
         # 1,200 trajectories per action; 95% intervals should cover the truth. Each check
-        # allows a margin of half an interval width so the test's false-alarm rate is tiny.
+        # allows a margin of half an interval width (|z| up to about 3.9); with 20 documents
+        # the intervals run a little narrow (z-scores' sd 1.16 over config seeds 0-99, 95%
+        # coverage 0.90), and this test fails at 1 of those 100 seeds (seed 37; with torch's
+        # own 32-bit CPU seeding also 1 of 100, seed 55): a false-alarm rate of about 1% for
+        # the fixed seed 5.
         for name, value in (("R", t.R), ("O", t.O), ("E", t.E), ("Pi", t.Pi), ("F", t.F),
                             ("p_diverge", t.p_tau.sum())):
             iv = s[name]

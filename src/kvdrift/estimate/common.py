@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import numpy as np
 import torch
 
 from kvdrift import checks, limits
@@ -25,15 +26,49 @@ def check_depths(depths: tuple[int, ...] | list[int], horizon: int) -> tuple[int
     return checks.depths(depths, horizon)
 
 
+#: Where torch's CPU generator state (``get_state``) holds the twister's fields, as bytes:
+#: ``left`` (int32 at 8), ``next`` (uint64 at 16) and the 624 state words (one uint64 each,
+#: low 32 bits used, from 24). The normal-sample caches after the words stay as a fresh
+#: ``manual_seed`` leaves them (empty).
+_LEFT, _NEXT, _WORDS, _MT_N = 8, 16, 24, 624
+
+#: The smallest seed torch's CPU generator would fold onto a smaller one (it keeps 32 bits).
+_WIDE_SEED = 2**32
+
+
 def make_generator(
     seed: int | torch.Generator, device: torch.device | str = "cpu"
 ) -> torch.Generator:
-    """A torch.Generator on ``device`` seeded with ``seed`` (a Generator passes through)."""
+    """A torch.Generator on ``device`` seeded with ``seed`` (a Generator passes through).
+
+    Every bit of the seed keys the stream. torch's CUDA generator (Philox) takes all 64 bits,
+    but its CPU twister keeps the low 32 only, so hashed document and look seeds whose low
+    bits agree would share a stream; on the CPU a seed of 2**32 or more therefore draws the
+    stream of numpy's ``MT19937(seed)`` (its state from every bit of the seed through
+    ``SeedSequence``), word for word. A smaller seed keeps torch's own stream."""
     if isinstance(seed, torch.Generator):
         return seed
+    seed = int(seed)
     gen = torch.Generator(device=device)
-    gen.manual_seed(int(seed))
+    gen.manual_seed(seed)
+    if gen.device.type == "cpu" and seed >= _WIDE_SEED:
+        gen.set_state(_twister_state(gen.get_state(), seed))
     return gen
+
+
+def _twister_state(fresh: torch.Tensor, seed: int) -> torch.Tensor:
+    """``fresh`` (a just-seeded CPU generator's state) holding numpy's ``MT19937(seed)``
+    twister: its 624 words and its position (numpy reads word ``pos`` next and twists at
+    624; torch reads word ``next`` and twists when ``left`` counts down to 0)."""
+    numpy_state = np.random.MT19937(seed).state["state"]
+    position = int(numpy_state["pos"])
+    state = fresh.clone()
+    fields = state.numpy()
+    fields[_LEFT:_LEFT + 4] = np.frombuffer(np.int32(_MT_N + 1 - position).tobytes(), np.uint8)
+    fields[_NEXT:_NEXT + 8] = np.frombuffer(np.uint64(position).tobytes(), np.uint8)
+    words = numpy_state["key"].astype(np.uint64).view(np.uint8)  # native, as torch writes
+    fields[_WORDS:_WORDS + words.size] = words
+    return state
 
 
 def concat_results(results: list[Any]) -> Any:
