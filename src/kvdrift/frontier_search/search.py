@@ -163,6 +163,16 @@ def look_size(values: np.ndarray, measure: Measure, scheme: Scheme, most: int,
     return int(min(most, max(1, math.ceil(min(finite)))))
 
 
+def to_next_multiple(drawn: int, most: int) -> int:
+    """Replicates from ``drawn`` to the next multiple of ``most`` (``most`` at a multiple).
+
+    A sized look never runs past a multiple of ``--replicates``: every such multiple is a look
+    of its own, so a budget decided at round ``t`` has drawn no more than looks of ``most``
+    would have, ``most * ceil(t / most)``, whatever the sizes before (a first look of 3 then
+    one of 8 passed round 8, and a decision due there was seen at round 11)."""
+    return most - drawn % most
+
+
 @dataclass
 class _Tried:
     budget: Budget
@@ -201,8 +211,9 @@ class _FamilySearch:
         with looks of 8, twenty documents that could be certified after 3 rounds drew 8)."""
         t, most = self.tried[index], self.settings.replicates
         if self.settings.sized_looks and t.samples:
-            most = look_size(rounds_of([s.values for s in t.samples]), self.measure,
-                             self.scheme, most, self.settings.bet)
+            most = min(look_size(rounds_of([s.values for s in t.samples]), self.measure,
+                                 self.scheme, most, self.settings.bet),
+                       to_next_multiple(t.drawn, most))
         elif self.settings.sized_looks and documents:
             fewest = fewest_replicates(self.measure, documents, self.settings.alpha,
                                        self.scheme.families, self.settings.bet)
