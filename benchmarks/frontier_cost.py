@@ -14,7 +14,13 @@ test that knows the true variance certifies in half of the cases at the same lev
 sqrt(2 var log(1/a) / N) + (1 - mean) log(1/a) / (3 N) <= 0.1``, from 20,000 simulated
 means per ``N``); a ratio's interval is the median's interval over it. Beside it, the best
 constant stake known in advance (the least median over constant fractions, no looks): no bet
-of this form can need fewer values, whatever it learns.
+of this form can need fewer values, whatever it learns. Below both, the information floor
+(``frontier_floor.py``): the fewest values by which any test valid at the same level decides
+in half the cases, even one that knows the law; a row whose best constant stake sits below it
+is flagged (it never should; a median at the cap is no decision). This bet runs three look
+plans: looks of 8, sized looks as before (a look may run past a multiple of 8) and the
+search's sized looks now (the same plan's stops and every multiple of 8 as well, so case by
+case no more values than either, ``search.to_next_multiple``).
 
     python benchmarks/frontier_cost.py [--searches 1000]
 """
@@ -30,7 +36,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from frontier_floor import floors  # noqa: E402
 from frontier_worlds import (  # noqa: E402
     Issue44Bet,
     TodaysBet,
@@ -45,7 +53,7 @@ from kvdrift.frontier_search.betting import Bet, first_round_beyond  # noqa: E40
 from kvdrift.frontier_search.feasibility import fewest_replicates  # noqa: E402
 from kvdrift.frontier_search.measure import parse_measure  # noqa: E402
 from kvdrift.frontier_search.result import Scheme  # noqa: E402
-from kvdrift.frontier_search.search import look_size  # noqa: E402
+from kvdrift.frontier_search.search import look_size, to_next_multiple  # noqa: E402
 
 TOL, CAP, LOOK = 0.1, 128, 8
 SCHEME = Scheme(0.05, 3, 33)
@@ -78,20 +86,28 @@ def decision_rounds(values: np.ndarray, bet: Bet) -> np.ndarray:
     return np.where(both <= CAP, both, 0)
 
 
-def drawn_rounds(values: np.ndarray, decided: np.ndarray, bet: Bet, sized: bool
+def drawn_rounds(values: np.ndarray, decided: np.ndarray, bet: Bet, plan: str
                  ) -> tuple[np.ndarray, np.ndarray]:
-    """Rounds drawn per search until its decision (or the cap), and its looks."""
+    """Rounds drawn per search until its decision (or the cap), and its looks: ``plan`` is
+    "fixed" (looks of 8), "sized" (sized looks as before this change: a look may run past a
+    multiple of 8) or "aligned" (the search's sized looks: the same plan's stops, and every
+    multiple of 8 too)."""
     end = np.where(decided > 0, decided, CAP)
-    if not sized:
+    if plan == "fixed":
         drawn = np.minimum(np.ceil(end / LOOK) * LOOK, CAP)
         return drawn, np.ceil(drawn / LOOK)
     drawn, looks = np.empty(len(end)), np.empty(len(end))
     first = min(LOOK, fewest_replicates(MEASURE, values.shape[-1], SCHEME.alpha,
                                         SCHEME.families, bet))
     for s, t in enumerate(end):
-        at, n = first, 1
+        at, n, planned = first, 1, first
         while at < t:
-            at += min(CAP - at, look_size(values[s, :at], MEASURE, SCHEME, LOOK, bet))
+            if at >= planned:  # the sized plan's next stop
+                planned = at + look_size(values[s, :at], MEASURE, SCHEME, LOOK, bet)
+            step = planned - at
+            if plan == "aligned":  # and every multiple of 8 as well
+                step = min(step, to_next_multiple(at, LOOK))
+            at += min(CAP - at, step)
             n += 1
         drawn[s], looks[s] = at, n
     return drawn, looks
@@ -144,35 +160,60 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--searches", type=int, default=1000)
     parser.add_argument("--documents", default="1,6,20")
+    parser.add_argument("--laws", default="", help="the table's rows to run, e.g. 0,2 (all)")
     args = parser.parse_args()
+    rows = [int(i) for i in args.laws.split(",")] if args.laws else range(len(LAWS))
     documents = [int(d) for d in args.documents.split(",")]
     print(f"values drawn per search until the decision (median [95% interval], share at the "
           f"cap), R_tv <= {TOL}, cap {CAP}, {args.searches} searches per cell; "
           f"levels {SCHEME.certify_level:.3g} (within) and {SCHEME.fail_level:.3g} (beyond)")
     start = time.process_time()
-    for name, law, mean in LAWS:
+    for name, law, mean in [LAWS[i] for i in rows]:
         within = mean < TOL
         bench = oracle(law, mean, SCHEME.certify_level) if within else None
+        level = SCHEME.certify_level if within else SCHEME.fail_level
+        floor = floors(law, mean, TOL, level)
+        print(f"{name}: information floor (median, any valid test) {floor['np_median']:.0f} "
+              f"values (Neyman-Pearson), {floor['wald_median']:.0f} (Wald), KL_inf "
+              f"{floor['kl_inf']:.4f} per value"
+              + (f"; oracle {bench}, floor / oracle {floor['np_median'] / bench:.2f}x"
+                 if bench else ""), flush=True)
         for docs in documents:
             values = draw(law, mean, (args.searches, CAP, docs), 1000 * docs + int(mean * 1e4))
-            cells = []
+            cells, per_search = [], {}
             for bet_name, bet in BETS:
                 decided = decision_rounds(values, bet)
-                plans = [("looks of 8", False)] + ([("sized looks", True)]
-                                                  if bet_name == "this bet" else [])
-                for plan, sized in plans:
-                    drawn, looks = drawn_rounds(values, decided, bet, sized)
+                plans = [("looks of 8", "fixed")] + ([("sized looks before", "sized"),
+                                                      ("sized looks now", "aligned")]
+                                                     if bet_name == "this bet" else [])
+                for plan_name, plan in plans:
+                    drawn, looks = drawn_rounds(values, decided, bet, plan)
+                    per_search[bet_name, plan] = drawn
                     med, lo, hi = median_interval(drawn * docs)
-                    cell = (f"{bet_name}, {plan}: {med:.0f} [{lo:.0f}, {hi:.0f}], "
+                    cell = (f"{bet_name}, {plan_name}: {med:.0f} [{lo:.0f}, {hi:.0f}], "
                             f"{np.mean(decided == 0):.0%} at the cap, "
-                            f"{np.mean(looks):.1f} looks")
+                            f"{np.mean(looks):.1f} looks, {med / floor['np_median']:.2f}x the "
+                            "floor")
                     if bench:
                         cell += f", {med / bench:.2f}x [{lo / bench:.2f}, {hi / bench:.2f}]"
                     cells.append(cell)
-            floor = constant_floor(values, within)
+            now = per_search["this bet", "aligned"]
+            for other, label in ((("this bet", "sized"), "sized looks before"),
+                                 (("this bet", "fixed"), "looks of 8")):
+                cells.append(f"search by search, now against this bet's {label}: more values "
+                             f"in {np.sum(now > per_search[other])} of {len(now)}, fewer in "
+                             f"{np.sum(now < per_search[other])}")
+            olds = [float(np.median(per_search[k])) for k in
+                    (("this bet", "sized"), ("issue 44", "fixed"), ("before 44", "fixed"))]
+            cells.append(f"cell: median now {np.median(now) * docs:.0f}, the best of sized "
+                         f"looks before and both earlier bets {min(olds) * docs:.0f}: "
+                         + ("as fast or faster" if np.median(now) <= min(olds) else "SLOWER"))
+            best = constant_floor(values, within)
             head = (f"{name}, {docs} document(s)" + (f", oracle {bench}" if bench else "")
-                    + f", best constant stake {floor:.0f}"
-                    + (f" ({floor / bench:.2f}x)" if bench else ""))
+                    + f", floor {floor['np_median']:.0f}, best constant stake {best:.0f}"
+                    + (f" ({best / bench:.2f}x)" if bench else "")
+                    + ("" if best >= floor["np_median"] or best >= CAP * docs
+                       else "  BELOW THE FLOOR"))
             print(head + "\n    " + "\n    ".join(cells), flush=True)
     print(f"({time.process_time() - start:.0f} CPU s)")
 

@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from frontier_worlds import Issue44Bet, TodaysBet, rare_large, zero_one
+from frontier_worlds import (
+    Issue44Bet,
+    SyntheticCase,
+    SyntheticEvaluator,
+    TodaysBet,
+    rare_large,
+    zero_one,
+)
 
 from kvdrift.frontier_search.betting import BET, first_round_beyond
 from kvdrift.frontier_search.families import parse_family
@@ -96,3 +103,36 @@ def test_the_first_look_is_no_longer_than_the_fewest_rounds_that_could_certify()
     r = frontier_search([fam], R_TV, unknown, SearchSettings())
     assert unknown.sizes[0] == 8 and r.families[0].budgets[0].replicates == 8
     assert unknown.sizes[1:] == [3] * (len(unknown.sizes) - 1)  # later budgets: known by then
+
+
+class _Recorder:
+    """Wraps an evaluator; records every look's size per budget."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.sizes = inner, {}
+
+    def evaluate(self, budgets, look, replicates):
+        for b in budgets:
+            self.sizes.setdefault(b, []).append(replicates)
+        return self.inner.evaluate(budgets, look, replicates)
+
+
+@pytest.mark.parametrize(("law", "mean"), [(zero_one, 0.2), (zero_one, 0.15), (zero_one, 0.05),
+                                           (rare_large, 0.03)])
+def test_sized_looks_never_draw_more_than_looks_of_the_most(law, mean):
+    """Twenty documents (the first look is 3 rounds): every multiple of 8 below a budget's
+    last round is the end of a look of its own, so a budget decided at round ``t`` drew at most
+    ``8 ceil(t / 8)``, what looks of 8 draw (before, a look of 3 then one of 8 saw a decision
+    due at round 8 at round 11: {0,1} values at 2x the tolerance, 160 values became 220). A
+    deterministic property of every search: 10 searches per law, every budget checked."""
+    fam = parse_family("kivi")
+    case = SyntheticCase("cell", law, mean, documents=20)
+    for seed in range(10):
+        rec = _Recorder(SyntheticEvaluator({"kivi": fam}, {"kivi": [mean] * 3}, case, 8, seed))
+        r = frontier_search([fam], R_TV, rec, SearchSettings(), documents=20)
+        for row in r.families[0].budgets:
+            sizes = rec.sizes[fam.budgets[row.index]]
+            ends = set(np.cumsum(sizes).tolist())
+            assert all(k in ends for k in range(8, row.replicates, 8)), sizes
+            if row.decided_at:
+                assert row.replicates <= 8 * -(-row.decided_at // 8), (row, sizes)

@@ -163,11 +163,24 @@ def look_size(values: np.ndarray, measure: Measure, scheme: Scheme, most: int,
     return int(min(most, max(1, math.ceil(min(finite)))))
 
 
+def to_next_multiple(drawn: int, most: int) -> int:
+    """Replicates from ``drawn`` to the next multiple of ``most`` (``most`` at a multiple).
+
+    A sized look never runs past a multiple of ``--replicates``: every such multiple ends a
+    look, so a budget decided at round ``t`` has drawn no more than looks of ``most`` would
+    have, ``most * ceil(t / most)`` (a first look of 3 then one of 8 passed round 8, and a
+    decision due there was seen at round 11). These stops do not move the sized plan's own
+    (``_Tried.planned``): every round at which sized looks alone would stop still ends a
+    look, so a budget never draws more than either plan alone would."""
+    return most - drawn % most
+
+
 @dataclass
 class _Tried:
     budget: Budget
     samples: list[Sample] = field(default_factory=list)
     judgement: Judgement | None = None
+    planned: int = 0  # the round at which the sized plan's next look ends
 
     @property
     def outcome(self) -> str:
@@ -193,6 +206,10 @@ class _FamilySearch:
             sample = replace(sample, values={d: v[:left] for d, v in sample.values.items()})
         t.samples.append(sample)
         t.judgement = judge(t.samples, self.measure, self.scheme, self.settings.bet)
+        if self.settings.sized_looks and t.outcome == "undecided" and t.drawn >= t.planned:
+            t.planned = t.drawn + look_size(rounds_of([s.values for s in t.samples]),
+                                            self.measure, self.scheme,
+                                            self.settings.replicates, self.settings.bet)
 
     def size(self, index: int, documents: int | None) -> int:
         """Replicates per document the next look at budget ``index`` should run; its first
@@ -200,9 +217,8 @@ class _FamilySearch:
         values could certify it (:func:`~kvdrift.frontier_search.feasibility.fewest_replicates`:
         with looks of 8, twenty documents that could be certified after 3 rounds drew 8)."""
         t, most = self.tried[index], self.settings.replicates
-        if self.settings.sized_looks and t.samples:
-            most = look_size(rounds_of([s.values for s in t.samples]), self.measure,
-                             self.scheme, most, self.settings.bet)
+        if self.settings.sized_looks and t.samples:  # the sized plan's next stop, or sooner
+            most = min(max(1, t.planned - t.drawn), to_next_multiple(t.drawn, most))
         elif self.settings.sized_looks and documents:
             fewest = fewest_replicates(self.measure, documents, self.settings.alpha,
                                        self.scheme.families, self.settings.bet)

@@ -1,0 +1,149 @@
+"""The information floor: the fewest values any valid test needs to decide one budget.
+
+For a law ``P`` of per-replicate values on ``[0, 1]`` with mean below the tolerance ``m``, a
+test of the null "mean >= m" at level ``a`` must hold its level against every law of the null,
+in particular against ``Q*``, the law of mean ``m`` nearest ``P`` in Kullback-Leibler divergence
+(the KL projection; Honda & Takemura 2010, Agrawal et al. 2021):
+
+    KL_inf(P) = min {KL(P, Q) : E_Q X >= m} = max_{0 <= lam <= 1/(1 - m)} E_P log(1 + lam (m - X)),
+
+``dQ*/dP = 1 / (1 + lam* (m - X))`` plus an atom at 1 when ``lam*`` is at the end of its range.
+Documents do not change it: the search's null is "the documents' average mean >= m", which
+holds when every document's law is ``Q*``, and with every document's law ``P`` the round's
+divergence is ``n KL_inf(P)``, the least over every split of the documents' means (``KL_inf``
+is convex in ``m``), so the floor per *value* is the same for one document or twenty.
+
+Two floors, both for any test valid at level ``a`` (sequential or not, knowing ``P`` or not):
+
+- *Wald's* (the data-processing inequality applied to the stopped sample): a test that decides
+  with probability ``p`` under ``P`` draws on average at least ``kl(p, a) / KL_inf(P)`` values.
+  Truncated at ``t`` values, a test that has decided by ``t`` in half the cases needs ``t >=
+  kl(1/2, a) / KL_inf(P)``: a floor for the median.
+- *Neyman-Pearson's* (sharper for the median, which the cost table reports): a test that has
+  decided within ``t`` values in half the cases is a fixed-sample test on ``t`` values, so ``t``
+  is at least the fewest values at which the most powerful test of ``Q*`` against ``P``
+  (reject when ``S_t = sum log(dP/dQ*)(X_i) = sum log(1 + lam* (m - X_i))`` is large) has power
+  1/2 at level ``a``. Its level at threshold ``k`` is ``E_P[exp(-S_t) 1{S_t >= k}]`` (an atom of
+  ``Q*`` at 1 never rejects), so both sides are computed from draws of ``P`` alone.
+
+The "fails" side (mean above ``m``, null "mean <= m", the fails level) is the same on the
+reflected values. The oracle of ``frontier_cost.py`` knows ``P``'s variance, which a test valid
+for every law on ``[0, 1]`` cannot use (``Q*`` has a larger one), so the oracle may sit below
+the floor.
+
+    python benchmarks/frontier_floor.py
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+#: Grid of the two uniforms a law is drawn from (midpoints): the law's "exact" quadrature.
+GRID_U, GRID_V = 100_000, 64
+
+
+def quadrature(law, mean: float) -> np.ndarray:
+    """Values of ``law`` on a midpoint grid of its two uniforms, each with equal weight (the
+    integral of any smooth function of a value to about 1e-5)."""
+    u = (np.arange(GRID_U) + 0.5) / GRID_U
+    v = (np.arange(GRID_V) + 0.5) / GRID_V
+    return law(u[:, None], v[None, :], mean).reshape(-1)
+
+
+def _oriented(x: np.ndarray, tol: float, within: bool) -> tuple[np.ndarray, float]:
+    """Values and tolerance turned so that the null is always "mean >= tol" on [0, 1]."""
+    return (x, tol) if within else (1 - x, 1 - tol)
+
+
+def kl_inf(x: np.ndarray, tol: float, within: bool) -> tuple[float, float]:
+    """``(KL_inf, lam*)`` of the law whose quadrature values are ``x``, against the null on
+    the side that ``within`` names (the mean is ``>= tol`` for ``within``, ``<= tol`` else);
+    ``E log(1 + lam (tol - X))`` is concave in ``lam``: bisection on its derivative."""
+    y, t = _oriented(x, tol, within)
+    top = 1 / (1 - t)
+    lo, hi = 0.0, top * (1 - 1e-12)
+
+    def slope(lam: float) -> float:
+        return float(np.mean((t - y) / (1 + lam * (t - y))))
+
+    if slope(hi) >= 0:
+        lam = hi
+    else:
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if slope(mid) > 0 else (lo, mid)
+        lam = (lo + hi) / 2
+    return float(np.mean(np.log1p(lam * (t - y)))), lam
+
+
+def bernoulli_kl(p: float, q: float) -> float:
+    """``kl(p, q)``, the divergence between coins of means ``p`` and ``q``."""
+    out = 0.0
+    for a, b in ((p, q), (1 - p, 1 - q)):
+        if a > 0:
+            out += a * math.log(a / b)
+    return out
+
+
+def wald_floor(divergence: float, level: float, power: float = 0.5) -> float:
+    """Wald's floor on the values (in expectation; with ``power = 1/2``, on the median)."""
+    return bernoulli_kl(power, level) / divergence if divergence > 0 else math.inf
+
+
+def neyman_pearson_floor(law, mean: float, tol: float, level: float, within: bool,
+                         draws: int = 10_000, seed: int = 5, limit: int = 20_000) -> int:
+    """The fewest values ``t`` at which the most powerful test of ``Q*`` against ``P`` at
+    ``level`` decides in half the cases (bisection over ``t``, the same draws at every ``t``:
+    ``draws`` sums of ``t`` log-likelihood ratios)."""
+    _, lam = kl_inf(quadrature(law, mean), tol, within)
+
+    def decides(t: int) -> bool:
+        rng = np.random.default_rng(seed)
+        sums = np.zeros(draws)
+        for start in range(0, t, max(1, 4_000_000 // draws)):
+            k = min(t - start, max(1, 4_000_000 // draws))
+            x = law(rng.random((draws, k)), rng.random((draws, k)), mean)
+            y, m = _oriented(x, tol, within)
+            sums += np.log1p(lam * (m - y)).sum(axis=1)
+        # power exactly 1/2: reject the half of the draws with the largest sums (ties split
+        # at random, as the randomised test does); its size under Q* is their mean exp(-S)
+        top = np.partition(sums, draws // 2)[draws // 2:]
+        return float(np.exp(-top).sum() / draws) <= level
+
+    hi = 16
+    while hi < limit and not decides(hi):  # doubling, then bisection
+        hi *= 2
+    lo, hi = hi // 2 + 1 if hi > 16 else 1, min(hi, limit)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if decides(mid) else (mid + 1, hi)
+    return lo
+
+
+def floors(law, mean: float, tol: float, level: float) -> dict[str, float]:
+    """Both floors of a law, in values (the side its mean lies on)."""
+    within = mean < tol
+    divergence, lam = kl_inf(quadrature(law, mean), tol, within)
+    return {"kl_inf": divergence, "lam": lam,
+            "wald_median": wald_floor(divergence, level),
+            "np_median": float(neyman_pearson_floor(law, mean, tol, level, within))}
+
+
+def main() -> None:
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from frontier_cost import LAWS, SCHEME, TOL  # noqa: PLC0415
+
+    for name, law, mean in LAWS:
+        level = SCHEME.certify_level if mean < TOL else SCHEME.fail_level
+        f = floors(law, mean, TOL, level)
+        print(f"{name}: KL_inf {f['kl_inf']:.5f} per value (lam* {f['lam']:.3f}), "
+              f"Wald's median floor {f['wald_median']:.0f}, Neyman-Pearson's {f['np_median']:.0f}"
+              f" values", flush=True)
+
+
+if __name__ == "__main__":
+    main()
