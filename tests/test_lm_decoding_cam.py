@@ -246,12 +246,12 @@ def test_a_cam_press_kvdrift_does_not_replay_is_refused_in_its_own_terms(make, s
 
 
 @pytest.mark.slow
-def test_cam_on_smollm2_equals_generate_over_256_positions(monkeypatch):
+def test_cam_on_smollm2_equals_generate_over_256_positions(monkeypatch, embedded_smollm2):
     """The named spec on SmolLM2 (30 layers), a short prompt: four compressions in every layer
     with merges drawn, tokens equal generate's inside the same CAMPress with the row's seed."""
-    from kvdrift.lm.loading.model import encode_prompt, load_model
+    from kvdrift.lm.loading.model import encode_prompt
 
-    loaded = load_model("smollm2")
+    loaded = embedded_smollm2
     ids = encode_prompt(loaded.tokenizer, "Rivers carve valleys; explain how a fjord forms.")
     spec = "cam-knorm:interval=64,target=48,merge=8,buffer=0"
     pair = LMKernelPair(loaded.model, ids, spec)

@@ -506,18 +506,18 @@ def test_dms_with_decoding_on_smollm2_equals_generate_over_256_positions(embedde
 
 
 @pytest.mark.slow
-def test_a_decoding_press_over_adakv_on_smollm2_equals_generate():
-    """Head-adaptive hiding during decoding on a real model: 4 compressions over 64 positions,
+def test_a_decoding_press_over_adakv_on_smollm2_equals_generate(embedded_smollm2):
+    """Head-adaptive hiding during decoding on a real model: 4 compressions over 256 positions,
     the later ones scoring the fake keys kvpress wrote over the entries hidden before."""
-    from kvdrift.lm.loading.model import encode_prompt, load_model
+    from kvdrift.lm.loading.model import encode_prompt
 
-    loaded = load_model("smollm2")
+    loaded = embedded_smollm2
     ids = encode_prompt(loaded.tokenizer, "Rivers carve valleys over millennia; glaciers widen "
                                           "them. Explain how a fjord forms.")
-    pair = general_pair(loaded.model, ids, adakv(interval=16, target=24))
-    assert compressions(pair._rule, 64) == 4
-    got, state = greedy_q_state(pair, 64)
-    assert got == generate_in(loaded.model, ids, adakv(interval=16, target=24), 64)
+    pair = general_pair(loaded.model, ids, adakv(interval=64, target=24))
+    assert compressions(pair._rule, 256) == 4
+    got, state = greedy_q_state(pair, 256)
+    assert got == generate_in(loaded.model, ids, adakv(interval=64, target=24), 256)
     ev = state.evictions
     assert sum(int((h != NEVER).sum()) for h in ev.prompt + ev.own) > 0
 

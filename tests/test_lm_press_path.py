@@ -408,10 +408,10 @@ def test_kvdrift_actions_says_how_each_class_is_measured():
     lambda: kvpress.ThinKPress(key_channel_compression_ratio=0.5),
     lambda: kvpress.MergingPress(press=kvpress.SnapKVPress(compression_ratio=0.5)),
 ], ids=["users-scorer", "think", "merging"])
-def test_presses_on_smollm2_equal_generate_inside_them(make):
+def test_presses_on_smollm2_equal_generate_inside_them(make, embedded_smollm2):
     from kvdrift.lm.loading.model import encode_prompt
 
-    loaded = load_model("smollm2")
+    loaded = embedded_smollm2
     text = ("Rivers carve valleys over millennia; glaciers widen them, and the sea floods "
             "their mouths when the ice melts. ") * 6 + "Explain how a fjord forms."
     ids = encode_prompt(loaded.tokenizer, text)
