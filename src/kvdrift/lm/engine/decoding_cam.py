@@ -47,7 +47,7 @@ from transformers.models.llama.modeling_llama import repeat_kv, rotate_half
 from kvdrift.lm.engine.cache import SharedPromptCache
 from kvdrift.lm.engine.decoding import scoring
 from kvdrift.lm.engine.live_entries import LiveEntries
-from kvdrift.lm.engine.live_rows import LiveRows, rebuilt_rows, slot_order
+from kvdrift.lm.engine.live_rows import LiveRows, held_entries, rebuilt_rows, slot_order
 from kvdrift.lm.engine.press_rules import problems
 
 SWRB_REFUSAL = ("its CAMPress merges evicted values into kept ones and sums the attention "
@@ -310,24 +310,15 @@ def _row_live(state: CamRows, cache: SharedPromptCache, layer_idx: int, i: int,
               valid: torch.Tensor, reads_prompt: bool) -> tuple[LiveEntries, torch.Tensor]:
     """Row ``i``'s live entries of one layer in kvpress's cache order (the prompt if the row
     still reads it, then its held slots) and their running sums ``[kv, m]``."""
-    layer = cache.layers[layer_idx]
-    keys, values = layer.keys[i], layer.values[i]  # [kv, G, dim]
-    held = state.rows.own[layer_idx][i] & valid[None, :]
+    keys, values, held, order = held_entries(state.rows, cache, layer_idx, i, valid,
+                                             reads_prompt)
     attn = state.own_attn[layer_idx][i]
     if reads_prompt:
-        prompt_held = (layer.prompt_live[0] if layer.prompt_live is not None else
-                       torch.ones(layer.prompt_keys.shape[1:3], dtype=torch.bool,
-                                  device=held.device))
-        keys = torch.cat([layer.prompt_keys[0], keys], dim=1)
-        values = torch.cat([layer.prompt_values[0], values], dim=1)
         attn = torch.cat([state.prompt_attn[layer_idx][i], attn], dim=1)
-        held = torch.cat([prompt_held, held], dim=1)
     counts = held.sum(-1)
-    m = int(counts.max())
-    if bool((counts != m).any()):
+    if bool((counts != order.shape[1]).any()):
         raise RuntimeError(f"CAMPress needs every KV head to hold the same number of entries; "
                            f"got {counts.tolist()}")
-    order = torch.sort((~held).to(torch.int8), dim=1, stable=True).indices[:, :m]  # [kv, m]
     at = order[:, :, None].expand(-1, -1, keys.shape[-1])
     return LiveEntries(keys.gather(1, at), values.gather(1, at)), attn.gather(1, order)
 

@@ -227,10 +227,13 @@ def rebuilt_rows(
     return new_state, SharedPromptCache(layers), new_mask, new_steps
 
 
-def _live_of_row(state: LiveRows, cache: SharedPromptCache, layer_idx: int, i: int,
-                 valid: torch.Tensor, reads_prompt: bool) -> LiveEntries:
-    """Row ``i``'s live entries of one layer in kvpress's cache order: the prompt entries (if
-    the row still reads the prompt) and then its held slots, each head's in slot order."""
+def held_entries(state: LiveRows, cache: SharedPromptCache, layer_idx: int, i: int,
+                 valid: torch.Tensor, reads_prompt: bool
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Row ``i``'s entries of one layer in kvpress's cache order: ``keys``/``values``
+    ``[kv, E, dim]`` and ``held`` ``[kv, E]`` over the prompt entries (if the row still reads
+    the prompt) and then its slots, and ``order`` ``[kv, m]``: each head's held entries in that
+    order, first (``m`` the most any head holds; a head holding fewer ends on unheld ones)."""
     layer = cache.layers[layer_idx]
     keys, values = layer.keys[i], layer.values[i]  # [kv, G, dim]
     held = state.own[layer_idx][i] & valid[None, :]  # [kv, G]
@@ -241,13 +244,21 @@ def _live_of_row(state: LiveRows, cache: SharedPromptCache, layer_idx: int, i: i
         keys = torch.cat([layer.prompt_keys[0], keys], dim=1)
         values = torch.cat([layer.prompt_values[0], values], dim=1)
         held = torch.cat([prompt_held, held], dim=1)
-    counts = held.sum(-1)
-    m = int(counts.max())
+    m = int(held.sum(-1).max())
     order = torch.sort((~held).to(torch.int8), dim=1, stable=True).indices[:, :m]  # [kv, m]
+    return keys, values, held, order
+
+
+def _live_of_row(state: LiveRows, cache: SharedPromptCache, layer_idx: int, i: int,
+                 valid: torch.Tensor, reads_prompt: bool) -> LiveEntries:
+    """Row ``i``'s live entries of one layer in kvpress's cache order: the prompt entries (if
+    the row still reads the prompt) and then its held slots, each head's in slot order."""
+    keys, values, held, order = held_entries(state, cache, layer_idx, i, valid, reads_prompt)
     live_keys = keys.gather(1, order[:, :, None].expand(-1, -1, keys.shape[-1]))
     live_values = values.gather(1, order[:, :, None].expand(-1, -1, values.shape[-1]))
-    ragged = bool((counts != m).any())
+    counts = held.sum(-1)
+    ragged = bool((counts != order.shape[1]).any())
     return LiveEntries(live_keys, live_values, held.gather(1, order) if ragged else None)
 
 
-__all__ = ["KEPT_STEP", "LiveRows", "compact_rows", "rebuilt_rows", "slot_order"]
+__all__ = ["KEPT_STEP", "LiveRows", "compact_rows", "held_entries", "rebuilt_rows", "slot_order"]
