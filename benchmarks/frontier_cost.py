@@ -17,10 +17,12 @@ constant stake known in advance (the least median over constant fractions, no lo
 of this form can need fewer values, whatever it learns. Below both, the information floor
 (``frontier_floor.py``): the fewest values by which any test valid at the same level decides
 in half the cases, even one that knows the law; a row whose best constant stake sits below it
-is flagged (it never should; a median at the cap is no decision). This bet runs three look
-plans: looks of 8, sized looks as before (a look may run past a multiple of 8) and the
-search's sized looks now (the same plan's stops and every multiple of 8 as well, so case by
-case no more values than either, ``search.to_next_multiple``).
+is flagged (it never should; a median at the cap is no decision). Beside the floor, the
+mean-only fixed-sample test (Bentkus 2004, ``frontier_floor.py``) placed at the best single
+look for the law: the best that one look of a valid test that does not bet reaches. This bet
+runs three look plans: looks of 8, sized looks as before (a look may run past a multiple of
+8) and the search's sized looks now (the same plan's stops and every multiple of 8 as well, so
+case by case no more values than either, ``search.to_next_multiple``).
 
     python benchmarks/frontier_cost.py [--searches 1000]
 """
@@ -177,7 +179,10 @@ def main() -> None:
               f"values (Neyman-Pearson), {floor['wald_median']:.0f} (Wald), KL_inf "
               f"{floor['kl_inf']:.4f} per value"
               + (f"; oracle {bench}, floor / oracle {floor['np_median'] / bench:.2f}x"
-                 if bench else ""), flush=True)
+                 if bench else "")
+              + f"; the mean-only test (not a bet) at its best single look "
+                f"{floor['mean_only']:.0f}"
+              + (f" ({floor['mean_only'] / bench:.2f}x)" if bench else ""), flush=True)
         for docs in documents:
             values = draw(law, mean, (args.searches, CAP, docs), 1000 * docs + int(mean * 1e4))
             cells, per_search = [], {}

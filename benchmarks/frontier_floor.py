@@ -26,6 +26,16 @@ Two floors, both for any test valid at level ``a`` (sequential or not, knowing `
   1/2 at level ``a``. Its level at threshold ``k`` is ``E_P[exp(-S_t) 1{S_t >= k}]`` (an atom of
   ``Q*`` at 1 never rejects), so both sides are computed from draws of ``P`` alone.
 
+Beside the floors, a valid test that is not a bet: the *mean-only* fixed-sample test (Bentkus,
+"On Hoeffding's inequalities", Ann. Probab. 2004). For independent values on ``[0, 1]`` whose
+means average ``m`` or more, ``E (h - S)_+ <= E (h - B)_+`` for every ``h``, where ``S`` is their
+sum and ``B`` is binomial with ``N`` trials of ``m`` (Hoeffding 1963: ``(h - x)_+`` is convex, so
+coins are extremal, and decreasing, so the least mean is), and Markov's inequality gives the
+p-value ``min_{h > S} E (h - B)_+ / (h - S)``. It pays a binomial tail (a normal quantile, not
+``log(1/alpha)``) times at most ``e``, but knows only the mean: placed at the best single look
+for the law, at the full level, it is what one fixed-sample look of the kind that does not
+bet can do (:func:`mean_only_look`).
+
 The "fails" side (mean above ``m``, null "mean <= m", the fails level) is the same on the
 reflected values. The oracle of ``frontier_cost.py`` knows ``P``'s variance, which a test valid
 for every law on ``[0, 1]`` cannot use (``Q*`` has a larger one), so the oracle may sit below
@@ -39,6 +49,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from scipy import stats
 
 #: Grid of the two uniforms a law is drawn from (midpoints): the law's "exact" quadrature.
 GRID_U, GRID_V = 100_000, 64
@@ -122,13 +133,53 @@ def neyman_pearson_floor(law, mean: float, tol: float, level: float, within: boo
     return lo
 
 
+def mean_only_p_values(sums: np.ndarray, n: int, tol: float) -> np.ndarray:
+    """Bentkus's p-values of the null "mean >= tol" for sums of ``n`` values on ``[0, 1]``:
+    ``min_{h > S} E (h - B)_+ / (h - S)``, ``B`` binomial with ``n`` trials of ``tol`` (see the
+    module docstring). Both numerator and denominator are linear in ``h`` between integers, so
+    the least ratio over ``h > S`` is at an integer."""
+    k = np.arange(n + 1)
+    pmf = stats.binom.pmf(k, n, tol)
+    h = np.arange(1, n + 1)
+    below = np.cumsum(pmf)[:-1]  # P(B <= h - 1)
+    partial = np.cumsum(k * pmf)[:-1]  # E[B; B <= h - 1]
+    expected = h * below - partial  # E (h - B)_+
+    gap = h - np.asarray(sums, dtype=np.float64)[..., None]
+    ratio = np.where(gap > 0, expected / np.where(gap > 0, gap, 1.0), np.inf)
+    return np.minimum(ratio.min(axis=-1), 1.0)
+
+
+def mean_only_look(law, mean: float, tol: float, level: float, within: bool,
+                   draws: int = 4_000, seed: int = 9, limit: int = 20_000) -> int:
+    """The fewest values ``N`` at which the mean-only test (:func:`mean_only_p_values`), at
+    ``level`` on one look of ``N`` values, decides in half the cases (bisection, the same
+    draws at every ``N``)."""
+
+    def decides(n: int) -> bool:
+        rng = np.random.default_rng(seed)
+        x = law(rng.random((draws, n)), rng.random((draws, n)), mean)
+        y, m = _oriented(x, tol, within)
+        return float(np.mean(mean_only_p_values(y.sum(axis=1), n, m) <= level)) >= 0.5
+
+    hi = 16
+    while hi < limit and not decides(hi):
+        hi *= 2
+    lo, hi = hi // 2 + 1 if hi > 16 else 1, min(hi, limit)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if decides(mid) else (mid + 1, hi)
+    return lo
+
+
 def floors(law, mean: float, tol: float, level: float) -> dict[str, float]:
-    """Both floors of a law, in values (the side its mean lies on)."""
+    """Both floors of a law, in values (the side its mean lies on), and the mean-only test's
+    best single look."""
     within = mean < tol
     divergence, lam = kl_inf(quadrature(law, mean), tol, within)
     return {"kl_inf": divergence, "lam": lam,
             "wald_median": wald_floor(divergence, level),
-            "np_median": float(neyman_pearson_floor(law, mean, tol, level, within))}
+            "np_median": float(neyman_pearson_floor(law, mean, tol, level, within)),
+            "mean_only": float(mean_only_look(law, mean, tol, level, within))}
 
 
 def main() -> None:
@@ -142,7 +193,8 @@ def main() -> None:
         f = floors(law, mean, TOL, level)
         print(f"{name}: KL_inf {f['kl_inf']:.5f} per value (lam* {f['lam']:.3f}), "
               f"Wald's median floor {f['wald_median']:.0f}, Neyman-Pearson's {f['np_median']:.0f}"
-              f" values", flush=True)
+              f" values; the mean-only test at its best single look {f['mean_only']:.0f}",
+              flush=True)
 
 
 if __name__ == "__main__":
