@@ -103,6 +103,19 @@ def wald_floor(divergence: float, level: float, power: float = 0.5) -> float:
     return bernoulli_kl(power, level) / divergence if divergence > 0 else math.inf
 
 
+def fewest(decides, limit: int) -> int:
+    """The least ``t`` (up to ``limit``) at which ``decides(t)`` holds, for a ``decides`` that
+    holds from some ``t`` on: doubling from 16, then bisection."""
+    hi = 16
+    while hi < limit and not decides(hi):
+        hi *= 2
+    lo, hi = hi // 2 + 1 if hi > 16 else 1, min(hi, limit)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if decides(mid) else (mid + 1, hi)
+    return lo
+
+
 def neyman_pearson_floor(law, mean: float, tol: float, level: float, within: bool,
                          draws: int = 10_000, seed: int = 5, limit: int = 20_000) -> int:
     """The fewest values ``t`` at which the most powerful test of ``Q*`` against ``P`` at
@@ -123,14 +136,7 @@ def neyman_pearson_floor(law, mean: float, tol: float, level: float, within: boo
         top = np.partition(sums, draws // 2)[draws // 2:]
         return float(np.exp(-top).sum() / draws) <= level
 
-    hi = 16
-    while hi < limit and not decides(hi):  # doubling, then bisection
-        hi *= 2
-    lo, hi = hi // 2 + 1 if hi > 16 else 1, min(hi, limit)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if decides(mid) else (mid + 1, hi)
-    return lo
+    return fewest(decides, limit)
 
 
 def mean_only_p_values(sums: np.ndarray, n: int, tol: float) -> np.ndarray:
@@ -161,14 +167,7 @@ def mean_only_look(law, mean: float, tol: float, level: float, within: bool,
         y, m = _oriented(x, tol, within)
         return float(np.mean(mean_only_p_values(y.sum(axis=1), n, m) <= level)) >= 0.5
 
-    hi = 16
-    while hi < limit and not decides(hi):
-        hi *= 2
-    lo, hi = hi // 2 + 1 if hi > 16 else 1, min(hi, limit)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if decides(mid) else (mid + 1, hi)
-    return lo
+    return fewest(decides, limit)
 
 
 def floors(law, mean: float, tol: float, level: float) -> dict[str, float]:
