@@ -175,10 +175,11 @@ def main() -> None:
         bench = oracle(law, mean, SCHEME.certify_level) if within else None
         level = SCHEME.certify_level if within else SCHEME.fail_level
         floor = floors(law, mean, TOL, level)
-        print(f"{name}: information floor (median, any valid test) {floor['np_median']:.0f} "
-              f"values (Neyman-Pearson), {floor['wald_median']:.0f} (Wald), KL_inf "
+        print(f"{name}: information floor (median, any valid test) {floor['median']:.0f} "
+              f"values (Neyman-Pearson {floor['np_median']:.0f}, the atom's "
+              f"{floor['atom_median']:.0f}), {floor['wald_median']:.0f} (Wald), KL_inf "
               f"{floor['kl_inf']:.4f} per value"
-              + (f"; oracle {bench}, floor / oracle {floor['np_median'] / bench:.2f}x"
+              + (f"; oracle {bench}, floor / oracle {floor['median'] / bench:.2f}x"
                  if bench else "")
               + f"; the mean-only test (not a bet) at its best single look "
                 f"{floor['mean_only']:.0f}"
@@ -197,7 +198,7 @@ def main() -> None:
                     med, lo, hi = median_interval(drawn * docs)
                     cell = (f"{bet_name}, {plan_name}: {med:.0f} [{lo:.0f}, {hi:.0f}], "
                             f"{np.mean(decided == 0):.0%} at the cap, "
-                            f"{np.mean(looks):.1f} looks, {med / floor['np_median']:.2f}x the "
+                            f"{np.mean(looks):.1f} looks, {med / floor['median']:.2f}x the "
                             "floor")
                     if bench:
                         cell += f", {med / bench:.2f}x [{lo / bench:.2f}, {hi / bench:.2f}]"
@@ -215,9 +216,9 @@ def main() -> None:
                          + ("as fast or faster" if np.median(now) <= min(olds) else "SLOWER"))
             best = constant_floor(values, within)
             head = (f"{name}, {docs} document(s)" + (f", oracle {bench}" if bench else "")
-                    + f", floor {floor['np_median']:.0f}, best constant stake {best:.0f}"
+                    + f", floor {floor['median']:.0f}, best constant stake {best:.0f}"
                     + (f" ({best / bench:.2f}x)" if bench else "")
-                    + ("" if best >= floor["np_median"] or best >= CAP * docs
+                    + ("" if best >= floor["median"] or best >= CAP * docs
                        else "  BELOW THE FLOOR"))
             print(head + "\n    " + "\n    ".join(cells), flush=True)
     print(f"({time.process_time() - start:.0f} CPU s)")

@@ -13,7 +13,7 @@ from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from frontier_floor import mean_only_p_values  # noqa: E402
+from frontier_floor import atom_floor, mean_only_p_values  # noqa: E402
 
 
 @pytest.mark.parametrize("m", [0.1, 0.3])
@@ -48,3 +48,20 @@ def test_level_holds_at_the_null_edge(law):
          "rare-large": np.where(u < 0.1 / 0.75, 0.5 + 0.5 * rng.random((draws, n)), 0.0)}[law]
     rejected = int(np.sum(mean_only_p_values(x.sum(axis=1), n, m) <= level))
     assert rejected <= stats.binom.ppf(1 - 1e-4, draws, level)
+
+
+def test_the_atoms_floor():
+    """Mean 0.05 against 0.1 at 0.05 / 3: (1 - q)^t <= 2a first at t = 63 with q = 0.05 /
+    0.95; the fails side is the same reflected; and it never exceeds what the exact binomial
+    test needs on coins (a valid test cannot beat a floor)."""
+    level = 0.05 / 3
+    assert atom_floor(0.05, 0.1, level, True) == 63
+    assert atom_floor(0.95, 0.9, level, False) == 63
+    q = 0.05 / 0.95
+    assert (1 - q) ** 63 <= 2 * level < (1 - q) ** 62
+    # coins of mean 0.05: the test that rejects when the count of ones is at most the median
+    # of Bin(t, 0.05) has power at least one half, and is valid once Bin(t, 0.1) falls there
+    # with probability at most the level
+    t = next(t for t in range(1, 1000)
+             if stats.binom.cdf(stats.binom.median(t, 0.05), t, 0.1) <= level)
+    assert 63 <= t < 1000
