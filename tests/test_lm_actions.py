@@ -176,7 +176,7 @@ def test_unknown_name_lists_named_actions():
     ("AdaKVPress:ratio=0.5", r"adakv-<scorer>"),
     ("nosuchfamily-knorm:ratio=0.5", r"^press must be one of cap, cur, .*, tova \(or a kvpress "
      r"class name: CURPress, .*\), or <family>-<scorer> with family one of adakv, .*, "
-     r"decoding, cam; got 'nosuchfamily-knorm'$"),
+     r"decoding, decoding-adakv, cam; got 'nosuchfamily-knorm'$"),
     ("help", r"--actions help"),
     ("nosuchpress:ratio=0.5", r"^press must be one of cap, .* snapkv, .*; "
      r"got 'nosuchpress'$"),

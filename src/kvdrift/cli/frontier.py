@@ -25,7 +25,8 @@ def frontier(
                                  "varies: eviction presses (snapkv, recent, pyramidkv, "
                                  "adakv-snapkv, ...), kivi, gguf, chains (snapkv+kivi:bits=4), "
                                  "or a decoding-time press over its target "
-                                 "(decoding-knorm, decoding-snapkv:interval=64,window_size=4)."),
+                                 "(decoding-knorm, decoding-snapkv:interval=64,window_size=4, "
+                                 "cam-knorm:interval=64,merge=8)."),
     measure: str = typer.Option("R_tv <= 0.1", help="The measure and its tolerance: "
                                 "'R_tv <= x', 'R <= x', 'F <= x', 'kl <= x', "
                                 "'acceptance >= x' or 'task >= x'."),

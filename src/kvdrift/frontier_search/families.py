@@ -5,9 +5,11 @@ ratio kept on a fine grid of sixteenths; a quantization family (``kivi``, ``gguf
 walks its ladder of bits, cache types or formats; a chain (``snapkv+kivi:bits=4``) varies the
 ratio of its eviction and keeps the rest; a family of the user's own presses (a function of the
 ratio kept, :func:`user_family`) takes the eviction grid; a decoding-time family
-(``decoding-knorm``, ``decoding-snapkv:interval=64``) walks the entries a row keeps during
-generation (``target``, :data:`DECODING_TARGETS`), its other fields kept as written. Budgets
-are ordered from the most cache to the least.
+(``decoding-knorm``, ``decoding-snapkv:interval=64``, ``cam-knorm:interval=64,merge=8``) walks
+the entries a row keeps during generation (``target``, :data:`DECODING_TARGETS`), its other
+fields kept as written. Budgets are ordered from the most cache to the least. A decoding press
+over AdaKV (``decoding-adakv-<scorer>``) is no family: it hides entries but removes none, so
+its budgets hold no less cache (its records carry no memory over the generation).
 
 A decoding-time press leaves the prompt cache whole, so its memory is Q's whole cache averaged
 over the generation (``kv_fraction_generation``, :mod:`kvdrift.records.generation`): a frontier
@@ -33,7 +35,10 @@ GGUF_TYPES = ("q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
 FP8_FORMATS = ("e5m2", "e4m3")
 #: The entries per KV head a decoding family's row keeps (``target``), most memory first.
 DECODING_TARGETS = (4096, 2048, 1024, 512, 256, 128, 64, 32)
-DECODING_PREFIX = "decoding-"
+#: The spec prefixes of the decoding-time presses a family may walk (``DecodingPress``,
+#: ``CAMPress``), and the one refused (AdaKV under a ``DecodingPress``: nothing removed).
+DECODING_PREFIXES = ("decoding-", "cam-")
+HIDING_PREFIX = "decoding-adakv-"
 
 
 @dataclass(frozen=True)
@@ -87,10 +92,17 @@ def _ratio_family(name: str, head: str, tail: str) -> Family:
 
 def _decoding_family(name: str) -> Family:
     press, colon, fields = name.partition(":")
+    if press.strip().lower().startswith(HIDING_PREFIX):
+        raise ValueError(f"a decoding press over AdaKV hides entries but removes none (kvpress's "
+                         f"cache never shrinks, so its records carry no memory over the "
+                         f"generation), so a lower target holds no less cache and no frontier "
+                         f"can rank it; measure its targets with `kvdrift run --actions`, or "
+                         f"walk a press that removes entries ('decoding-knorm', "
+                         f"'cam-knorm'); got {name!r}")
     if any(f.strip().startswith("target=") for f in fields.split(",")):
         raise ValueError(f"a decoding family names its press without target= (the frontier "
                          f"varies the entries kept): 'decoding-knorm', "
-                         f"'decoding-knorm:interval=64'; got {name!r}")
+                         f"'decoding-knorm:interval=64', 'cam-knorm:merge=8'; got {name!r}")
     head = f"{press}:{fields}," if colon and fields.strip() else f"{press}:"
     return Family(name, tuple(Budget(name, i, str(t), f"{head}target={t}")
                               for i, t in enumerate(DECODING_TARGETS)))
@@ -98,7 +110,12 @@ def _decoding_family(name: str) -> Family:
 
 def is_decoding(family: Family) -> bool:
     """Whether ``family`` compresses during generation (its axis is ``target``)."""
-    return family.name.startswith(DECODING_PREFIX)
+    return _decodes(family.name)
+
+
+def _decodes(name: str) -> bool:
+    """Whether a family named ``name`` is a decoding-time press (``decoding-``, ``cam-``)."""
+    return name.strip().lower().startswith(DECODING_PREFIXES)
 
 
 def memory_column(families: Sequence[Family]) -> str:
@@ -150,7 +167,7 @@ def family_budgets(text: str) -> Family:
     name = checks.text(text, "a family (a press or quantization name)", visible=True).strip()
     head, plus, rest = name.partition("+")
     tail = plus + rest
-    if head.startswith(DECODING_PREFIX):
+    if _decodes(head):
         if tail:
             raise ValueError(f"a decoding family compresses during generation and takes no "
                              f"'+' (a decoding press comes last); got {name!r}")

@@ -23,6 +23,9 @@ pyramidkv       PyramidKVPress              kvpress's layer budgets for compress
 perlayer        PerLayerCompressionPress    floor(r_l n) in layer l (ratios=r_0/r_1/...)
 decoding        DecodingPress               prefill untouched; every `interval` generated tokens
                                             the cache (prompt + generated) is cut to `target`
+decoding-adakv  DecodingPress(AdaKVPress)   as decoding, all but `target` per KV head on average
+                                            hidden per head instead of cut
+cam             CAMPress                    as decoding, evicted values merged into kept ones
 ==============  ==========================  =====================================================
 
 Head-adaptive presses (adakv, criticaladakv) keep every entry in the cache and name the ones
@@ -417,6 +420,7 @@ class Decoding(Family):
     uniform = False
     is_decoding = True
     also_presses = {"CompressionRatioDecodingPress": "decoding-<scorer>:interval=I,ratio=R"}
+    reorders: ClassVar[bool] = True  # its compressions reorder and shorten the cache
 
     def check_budget(self, stage: Stage, given: list[str]) -> None:
         target = "target" in dict(stage.kwargs)
@@ -446,15 +450,23 @@ class Decoding(Family):
         ratio = removed_fraction(Fraction(repr(stage.ratio)))
         return kvpress.CompressionRatioDecodingPress, {**kwargs, "target_compression_ratio": ratio}
 
+    def base_press(self, stage: Stage) -> Any:
+        """The press it compresses with (kvpress's ``base_press``): the scorer."""
+        return stage.scorer_press()
+
+    def base_call(self, stage: Stage) -> str:
+        """:meth:`base_press` as the Python call that rebuilds it."""
+        return scorer_call(stage, None)
+
     def build(self, stage: Stage, n: int) -> Any:
         cls, kwargs = self._press(stage)
-        return cls(base_press=stage.scorer_press(), **kwargs)
+        return cls(base_press=self.base_press(stage), **kwargs)
 
     def kvpress_call(self, stage: Stage) -> str:
         cls, kwargs = self._press(stage)
         wrapper = [f"{k}={v!r}" for k, v in kwargs.items()]
         return (f"{cls.__name__}("
-                f"{', '.join([f'base_press={scorer_call(stage, None)}', *wrapper])})")
+                f"{', '.join([f'base_press={self.base_call(stage)}', *wrapper])})")
 
     def table_row(self) -> tuple[str, str, str]:
         return f"{self.name}-<scorer>:interval=I,target=T", self.press_name, self.keeps
@@ -479,6 +491,44 @@ class Cam(Decoding):
 
     def _press(self, stage: Stage) -> tuple[type, dict[str, Any]]:
         return self.press, self.wrapper_kwargs(stage)
+
+
+class HeadAdaptiveDecoding(Decoding):
+    """kvpress's ``DecodingPress`` (with ``ratio=``, ``CompressionRatioDecodingPress``) over an
+    ``AdaKVPress`` over the scorer: it compresses on a ``DecodingPress``'s schedule but removes
+    nothing, hiding all but ``target`` entries per KV head on average (each head at least its
+    ``alpha_safeguard`` share), per KV head; ``adaptive`` maps the spec fields that go to the
+    ``AdaKVPress``. The rule itself is :mod:`kvdrift.lm.engine.decoding_adakv`."""
+
+    also_presses: ClassVar[dict[str, str]] = {}
+    reorders: ClassVar[bool] = False  # it hides in place: it follows a head-adaptive prefill
+    adaptive: ClassVar[tuple[tuple[str, str], ...]] = (("alpha_safeguard", "alpha_safeguard"),)
+
+    @property
+    def field_map(self) -> dict[str, str]:
+        return {**dict(self.fields), **dict(self.adaptive)}
+
+    def wrapper_defaults(self) -> dict[str, Any]:
+        by_name = {f.name: f.default for f in dataclasses.fields(kvpress.AdaKVPress)}
+        return {**super().wrapper_defaults(),
+                **{spec: by_name.get(press) for spec, press in self.adaptive}}
+
+    def wrapper_kwargs(self, stage: Stage) -> dict[str, Any]:
+        """The decoding press's fields (the ``AdaKVPress``'s go to :meth:`adaptive_kwargs`)."""
+        fields = dict(self.fields)
+        return {fields[k]: v for k, v in stage.kwargs if k in fields}
+
+    def adaptive_kwargs(self, stage: Stage) -> dict[str, Any]:
+        """The ``AdaKVPress``'s fields given, by their kvpress names."""
+        fields = dict(self.adaptive)
+        return {fields[k]: v for k, v in stage.kwargs if k in fields}
+
+    def base_press(self, stage: Stage) -> Any:
+        return kvpress.AdaKVPress(press=stage.scorer_press(), **self.adaptive_kwargs(stage))
+
+    def base_call(self, stage: Stage) -> str:
+        fields = [f"{k}={v!r}" for k, v in self.adaptive_kwargs(stage).items()]
+        return f"AdaKVPress({', '.join([f'press={scorer_call(stage, None)}', *fields])})"
 
 
 # kvdrift's departures from the kvpress press (each family's ``departs``)
@@ -536,6 +586,17 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
              "CompressionRatioDecodingPress)",
              (("interval", "compression_interval"), ("target", "target_size"),
               ("buffer", "hidden_states_buffer_size"))),
+    HeadAdaptiveDecoding(
+        "decoding-adakv", kvpress.DecodingPress,
+        "prompt untouched at prefill; after every `interval` generated tokens nothing is "
+        "removed: AdaKV scores the row's whole cache (prompt + generated) and hides all but "
+        "`target` entries per KV head on average, split across KV heads by score (each head "
+        "keeps at least alpha_safeguard of `target`; ratio=R: kvpress's "
+        "CompressionRatioDecodingPress's target)",
+        (("interval", "compression_interval"), ("target", "target_size"),
+         ("buffer", "hidden_states_buffer_size")),
+        departs="hidden entries are masked exactly where kvpress writes fake keys (equal up "
+        "to float noise)"),
     Cam("cam", kvpress.CAMPress,
         "prompt untouched at prefill; after every `interval` generated tokens, once a layer "
         "holds more than `target` entries, its cache is cut to `target` entries per layer and "

@@ -53,6 +53,7 @@ from kvdrift.lm.actions.presses import (
     wrapper_problem,
 )
 from kvdrift.lm.grammar.fields import ActionError, split_actions, split_fields
+from kvdrift.lm.grammar.names import split_prefix
 from kvdrift.lm.quantized.transform import (
     Quantization,
     is_quantization,
@@ -111,13 +112,14 @@ class Action:
             if self.decoding.needs_attention_weights:
                 raise ValueError(f"action {self.name!r}: {self.decoding.scorer_name} needs "
                                  f"attention weights, which decoding steps do not return")
-            if any(s.head_adaptive for s in stages):
+            if any(s.head_adaptive for s in stages) and self.decoding.family.reorders:
                 raise ValueError(f"action {self.name!r}: a head-adaptive press hides entries "
                                  f"per KV head by their positions in the cache, and the "
                                  f"{self.decoding.family.press_name}'s first compression "
                                  f"reorders and shortens that "
                                  f"cache, so kvpress then hides positions that hold other "
-                                 f"entries or no longer exist; use a prefill press that evicts")
+                                 f"entries or no longer exist; use a prefill press that "
+                                 f"evicts, or decoding-adakv-<scorer>, which hides in place")
 
     def __str__(self) -> str:
         return self.name
@@ -271,9 +273,9 @@ def _parse_head(head: str) -> tuple[Family, type]:
             return fam, fam.own_scorer
     if not_a_spec(text):
         raise ValueError(not_a_spec(text))
-    prefix, dash, rest = text.partition("-")
-    if dash and prefix.lower() in _PREFIXES:
-        return _PREFIXES[prefix.lower()], resolve_scorer(rest)
+    prefix, rest = split_prefix(text)
+    if prefix:
+        return _PREFIXES[prefix], resolve_scorer(rest)
     for fam in _PREFIXES.values():
         if fam.press_name == text:
             raise ValueError(f"{text} wraps a scorer: write {fam.name}-<scorer>:..., e.g. "
@@ -415,8 +417,10 @@ def actions_help() -> str:
 def press_classes() -> list[tuple[str, str]]:
     """(kvpress press class, how kvdrift measures it) for every class kvpress exports: the
     shared prefill (a spec names it), the general path (a press object) or not offered."""
-    spec = {f.press_name: f"shared prefill: {f.table_row()[0]}" for f in FAMILIES.values()
-            if f.press is not None}
+    spec = {}
+    for f in FAMILIES.values():  # a class two families build: the first names it
+        if f.press is not None:
+            spec.setdefault(f.press_name, f"shared prefill: {f.table_row()[0]}")
     spec |= {f.own_scorer.__name__: f"shared prefill: {f.table_row()[0]}"
              for f in FAMILIES.values() if f.own_scorer is not None}
     spec |= {cls: f"shared prefill: {form}"

@@ -1,7 +1,8 @@
 """Decode-time hiding per KV head (kvpress's ``DecodingPress`` over an ``AdaKVPress``) on every row.
 
 A ``DecodingPress`` (or ``CompressionRatioDecodingPress``) whose ``base_press`` is an
-``AdaKVPress`` compresses on the schedule of any other (:class:`~kvdrift.lm.engine.decoding.
+``AdaKVPress`` (a press object, or the spec ``decoding-adakv-<scorer>:interval=I,target=T``)
+compresses on the schedule of any other (:class:`~kvdrift.lm.engine.decoding.
 DecodingRule`: same steps, same target), but removes nothing: AdaKV scores every entry of the
 cache, keeps the ``target`` best per KV head on average (each head at least its safeguard) and
 *hides* the others in the KV heads where they lost, by their positions in the cache. The cache

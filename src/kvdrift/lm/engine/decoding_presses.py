@@ -4,7 +4,8 @@ A press object given as an action may compress during generation: a ``DecodingPr
 ``CompressionRatioDecodingPress``, whose target is a fraction of the tokens seen) over any
 ``ScorerPress``, alone or as ``PrefillDecodingPress``'s ``decoding_press``, becomes a
 :class:`~kvdrift.lm.engine.decoding.DecodingRule`; over an ``AdaKVPress``, which hides entries
-per KV head instead, a :class:`~kvdrift.lm.engine.decoding_adakv.HeadAdaptiveRule`; a
+per KV head instead (the spec ``decoding-adakv-<scorer>``), a
+:class:`~kvdrift.lm.engine.decoding_adakv.HeadAdaptiveRule`; a
 ``CAMPress`` a :class:`~kvdrift.lm.engine.decoding_cam.CamRule`; a ``DMSPress`` with
 ``decoding=True`` a
 :class:`~kvdrift.lm.engine.decoding_threshold.ThresholdRule`. Each replays kvpress's
@@ -64,11 +65,14 @@ def decoding_rule(press: Any, name: str
     return DecodingRule(decoding, name)
 
 
-def stage_rule(stage: Any) -> DecodingRule | CamRule:
-    """The rule of a spec's decoding stage (``decoding-<scorer>`` or ``cam-<scorer>``)."""
+def stage_rule(stage: Any) -> DecodingRule | HeadAdaptiveRule | CamRule:
+    """The rule of a spec's decoding stage (``decoding-<scorer>``, ``decoding-adakv-<scorer>``
+    or ``cam-<scorer>``): the rule its press would get as a press object."""
     press = stage.build(1)
     if isinstance(press, kvpress.CAMPress):
         return CamRule(press, stage.label, spec=True)
+    if isinstance(press.base_press, kvpress.AdaKVPress):
+        return HeadAdaptiveRule(press, stage.label, spec=True)
     return DecodingRule.of_stage(stage)
 
 

@@ -29,9 +29,9 @@ SCORER_NAMES = ("cap", "cur", "expected_attention", "keydiff", "knorm", "lagkv",
 #: The families in registry order (:data:`kvdrift.lm.actions.presses.FAMILIES`); those written as
 #: ``<family>-<scorer>``, and those that are one press named alone (by name or class name).
 FAMILY_NAMES = ("adakv", "criticaladakv", "criticalkv", "block", "rerotate", "chunk", "chunkkv",
-                "pyramidkv", "perlayer", "decoding", "cam")
+                "pyramidkv", "perlayer", "decoding", "decoding-adakv", "cam")
 PREFIX_FAMILIES = ("adakv", "criticaladakv", "criticalkv", "block", "rerotate", "chunk",
-                   "chunkkv", "perlayer", "decoding", "cam")
+                   "chunkkv", "perlayer", "decoding", "decoding-adakv", "cam")
 OWN_SCORER_FAMILIES = {"pyramidkv": "PyramidKVPress"}
 #: Every press class the installed kvpress exports; such a name is left to the full parser.
 KVPRESS_PRESSES = (
@@ -61,6 +61,17 @@ def action_rule() -> str:
             f"family one of {', '.join(FAMILY_NAMES)} (see `kvdrift run --actions help`)")
 
 
+def split_prefix(head: str) -> tuple[str, str]:
+    """``[<family>-]<scorer>`` -> (the family prefix, lower case, or ``""``; the scorer), the
+    longest family that prefixes it winning (``decoding-adakv-knorm`` is ``decoding-adakv``'s
+    KnormPress, not ``decoding``'s ``adakv-knorm``)."""
+    text = head.strip()
+    for family in sorted(PREFIX_FAMILIES, key=len, reverse=True):
+        if text.lower().startswith(f"{family}-"):
+            return family, text[len(family) + 1:]
+    return "", text
+
+
 def _check_scorer(name: str) -> None:
     if name in KVPRESS_PRESSES or name.strip().lower().replace("-", "_") in SCORER_NAMES:
         return
@@ -77,8 +88,8 @@ def _check_part(part: str) -> None:
     text = head.strip()
     if text.lower() in OWN_SCORER_FAMILIES or text in OWN_SCORER_FAMILIES.values():
         return
-    prefix, dash, rest = text.partition("-")
-    if dash and prefix.lower() in PREFIX_FAMILIES:
+    prefix, rest = split_prefix(text)
+    if prefix:
         _check_scorer(rest)
     elif text not in KVPRESS_PRESSES:
         _check_scorer(text)

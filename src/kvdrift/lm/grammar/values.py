@@ -16,8 +16,8 @@ from kvdrift.lm.grammar.fields import ActionError, check_field, split_fields
 from kvdrift.lm.grammar.names import (
     KVPRESS_PRESSES,
     OWN_SCORER_FAMILIES,
-    PREFIX_FAMILIES,
     QUANTIZATIONS,
+    split_prefix,
 )
 
 #: Each offered scorer's kvpress class by short name (:data:`kvdrift.lm.actions.presses.SCORERS`).
@@ -52,9 +52,7 @@ def stage_label(head: str) -> str:
     for family, own in OWN_SCORER_FAMILIES.items():
         if text.lower() == family or text == own:
             return f"{family}-{own}"
-    prefix, dash, rest = text.partition("-")
-    family = prefix.lower() if dash and prefix.lower() in PREFIX_FAMILIES else ""
-    scorer = rest if family else text
+    family, scorer = split_prefix(text)
     if scorer not in KVPRESS_PRESSES:
         scorer = SCORER_CLASS_NAMES.get(scorer.strip().lower().replace("-", "_"), scorer)
     return f"{family}-{scorer}" if family else scorer
