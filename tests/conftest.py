@@ -38,6 +38,15 @@ def embedded_smollm2():
     return load_model("smollm2")
 
 
+@pytest.fixture(scope="session")
+def kvpress_runs():
+    """kvpress's greedy runs kept for the session (``tests.test_lm_presses.generate_once``):
+    the SmolLM2 tests of test_lm_presses and test_lm_shared_prefill compare kvdrift against
+    the same runs, each made once (a test module imported twice keeps two copies of its own
+    globals; a session fixture is one)."""
+    return {}
+
+
 #: What the docs' examples run on in the tests: the default documents at one task per family
 #: (three 512-token tasks, not six). Every line of an example still runs, on half the documents.
 ONE_TASK_PER_FAMILY = {"per_stratum": 1}

@@ -24,6 +24,7 @@ import torch
 from kvdrift.lm.actions.presses import PRESS_SEED
 from kvdrift.lm.actions.spec import parse_action
 from kvdrift.lm.engine.pair import LMKernelPair
+from kvdrift.lm.engine.prefill import SharedPrefill, own_prefill_reason, prefill_shared
 from tests.test_lm_presses import greedy_generate, greedy_pair, prompt
 
 LOGPROB_TOL = 1e-4
@@ -109,16 +110,22 @@ def kvpress_run(model, ids: torch.Tensor, press, steps: int, eager: bool
     return tokens, lps, counts
 
 
-def compare(model, ids: torch.Tensor, spec: str, press, steps: int, counts: bool = True
-            ) -> bool:
-    """Check kvdrift's Q against kvpress's press on ``ids``; False where kvpress refuses."""
+def compare(model, ids: torch.Tensor, spec: str, press, steps: int, counts: bool = True,
+            shared: SharedPrefill | None = None) -> bool:
+    """Check kvdrift's Q against kvpress's press on ``ids``; False where kvpress refuses.
+    ``shared``: P's and Q's caches from one prefill of several actions, as the runner makes
+    them (``lm/factory.py``); by default the pair prefills its own."""
     action = parse_action(spec)
     for layer in model.model.layers:
         layer.self_attn.masked_key_indices = None
     want = kvpress_run(model, ids, press, steps, action.needs_attention_weights)
     if want is None:
         return False
-    pair = LMKernelPair(model, ids, action)
+    if shared is None:
+        pair = LMKernelPair(model, ids, action)
+    else:
+        pair = LMKernelPair(model, ids, action, reference=shared.reference,
+                            compressed=shared.compressed[action.name])
     tokens, lps = greedy_pair(pair, steps)
     where = f"{spec} at n={ids.shape[1]}"
     if EOS in tokens[:-1]:  # generate's min_new_tokens forbids EOS: compare up to it
@@ -136,13 +143,18 @@ def compare(model, ids: torch.Tensor, spec: str, press, steps: int, counts: bool
 
 
 def sweep(model, family: str, lengths, ratios, steps: int, make_ids) -> int:
-    """Compare ``family`` at every length and ratio; the number of comparisons made."""
+    """Compare ``family`` at every length and ratio; the number of comparisons made. kvdrift's
+    caches of a length's ratios come from one prefill (``prefill_shared``, the runner's way);
+    kvpress runs its own press once per ratio."""
     to_spec, to_press = SWEEP[family]
     done = 0
     for n in lengths:
         ids = make_ids(n)
+        actions = [parse_action(to_spec(r)) for r in ratios]
+        shared = (prefill_shared(model, ids, actions)
+                  if all(own_prefill_reason(a) is None for a in actions) else None)
         for r in ratios:
-            done += compare(model, ids, to_spec(r), to_press(removed(r)), steps)
+            done += compare(model, ids, to_spec(r), to_press(removed(r)), steps, shared=shared)
     return done
 
 

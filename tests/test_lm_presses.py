@@ -13,6 +13,7 @@ first compression and positive right after it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from fractions import Fraction
 from types import SimpleNamespace
@@ -22,7 +23,7 @@ import pytest
 import torch
 
 from kvdrift.lm.actions.presses import PRESS_SEED, SCORERS
-from kvdrift.lm.actions.spec import parse_action
+from kvdrift.lm.actions.spec import Action, parse_action
 from kvdrift.lm.engine.decoding import NEVER
 from kvdrift.lm.engine.pair import LMKernelPair
 
@@ -136,13 +137,32 @@ def greedy_generate(model, ids: torch.Tensor, press, steps: int, eager: bool,
     return (tokens, lps, out.past_key_values) if with_cache else (tokens, lps)
 
 
-def check_against_generate(model, ids: torch.Tensor, spec: str, steps: int) -> LMKernelPair:
+def kvpress_generate(model, ids: torch.Tensor, action: Action, steps: int
+                     ) -> tuple[list[int], torch.Tensor]:
+    """Greedy tokens and log-probabilities of ``generate`` inside the action's press, with
+    torch's generator seeded as kvdrift seeds it (a press's random numbers: leverage)."""
+    torch.manual_seed(PRESS_SEED)
+    return greedy_generate(model, ids, action.make_press(ids.shape[1]), steps,
+                           action.needs_attention_weights)
+
+
+def generate_once(runs: dict, model, ids: torch.Tensor, action: Action, steps: int
+                  ) -> tuple[list[int], torch.Tensor]:
+    """:func:`kvpress_generate`, run once per model, prompt, action and length and kept in
+    ``runs`` (the ``kvpress_runs`` session fixture): a run is deterministic, the same press
+    on the same seed."""
+    key = (id(model), tuple(ids.flatten().tolist()), action.name, steps)
+    if key not in runs:
+        runs[key] = kvpress_generate(model, ids, action, steps)
+    return runs[key]
+
+
+def check_against_generate(model, ids: torch.Tensor, spec: str, steps: int,
+                           generate=kvpress_generate) -> LMKernelPair:
     action = parse_action(spec)
     pair = LMKernelPair(model, ids, action)
     tokens, lps = greedy_pair(pair, steps)
-    torch.manual_seed(PRESS_SEED)  # kvdrift draws a press's random numbers (leverage) from it
-    want, want_lps = greedy_generate(model, ids, action.make_press(ids.shape[1]), steps,
-                                     action.needs_attention_weights)
+    want, want_lps = generate(model, ids, action, steps)
     assert tokens == want, spec
     assert float((lps - want_lps).abs().max()) < LOGPROB_TOL, spec
     return pair
@@ -300,8 +320,9 @@ SMOLLM2 = PLAIN + [
 
 @pytest.mark.slow
 @pytest.mark.parametrize("spec", SMOLLM2)
-def test_presses_on_smollm2(smollm2, smollm2_ids, spec):
-    pair = check_against_generate(smollm2, smollm2_ids, spec, 8)
+def test_presses_on_smollm2(smollm2, smollm2_ids, kvpress_runs, spec):
+    pair = check_against_generate(smollm2, smollm2_ids, spec, 8,
+                                  functools.partial(generate_once, kvpress_runs))
     if "decoding-" not in spec:
         check_counts(spec, pair.prompt_cache("q").counts, smollm2_ids.shape[1])
 

@@ -17,7 +17,6 @@ import pytest
 import torch
 
 from kvdrift.data.document import Document
-from kvdrift.lm.actions.presses import PRESS_SEED
 from kvdrift.lm.actions.spec import parse_action
 from kvdrift.lm.engine.pair import LMKernelPair
 from kvdrift.lm.engine.prefill import PromptCache, own_prefill_reason, prefill, prefill_shared
@@ -29,7 +28,7 @@ from tests.test_lm_presses import (
     N_TINY,
     PLAIN,
     SMOLLM2,
-    greedy_generate,
+    generate_once,
     greedy_pair,
     prompt,
 )
@@ -205,7 +204,7 @@ def smollm2_shared(smollm2, smollm2_ids):  # noqa: F811
                                                         "snapkv-512"]
                                   if own_prefill_reason(parse_action(s)) is None])
 def test_shared_caches_on_smollm2_equal_own_prefill_and_generate(
-        smollm2, smollm2_ids, smollm2_shared, spec):  # noqa: F811
+        smollm2, smollm2_ids, smollm2_shared, kvpress_runs, spec):  # noqa: F811
     action = parse_action(spec)
     n = smollm2_ids.shape[1]
     if spec not in smollm2_shared.compressed:
@@ -218,8 +217,7 @@ def test_shared_caches_on_smollm2_equal_own_prefill_and_generate(
     pair = LMKernelPair(smollm2, smollm2_ids, action, reference=shared.reference,
                         compressed=shared.compressed[spec])
     tokens, lps = greedy_pair(pair, 8)
-    torch.manual_seed(PRESS_SEED)
-    gen, gen_lps = greedy_generate(smollm2, smollm2_ids, action.make_press(n), 8, False)
+    gen, gen_lps = generate_once(kvpress_runs, smollm2, smollm2_ids, action, 8)
     assert tokens == gen, spec
     assert float((lps - gen_lps).abs().max()) < LOGPROB_TOL, spec
 

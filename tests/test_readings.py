@@ -366,79 +366,83 @@ def test_lm_per_step_numbers_match_transformers_and_kvpress(tiny_llama):
 
 
 class _Decoder:
-    """One model with its own cache, fed one token at a time (real positions for RoPE)."""
+    """One model with its own cache, ``rows`` histories after one prompt, each fed one token per
+    step (real positions for RoPE): the prompt is prefilled once, then repeated per row."""
 
-    def __init__(self, model, ids, press=None):
+    def __init__(self, model, ids, rows: int, press=None):
         import contextlib
 
         from transformers import DynamicCache
 
-        self.model, self.n = model, ids.shape[1]
+        self.model, self.n, self.fed = model, ids.shape[1], 0
         self.cache = DynamicCache()
         with torch.no_grad(), (press(model) if press is not None else contextlib.nullcontext()):
-            self.logits = model(ids, past_key_values=self.cache, use_cache=True).logits[0, -1]
-        self.fed = 0
+            logits = model(ids, past_key_values=self.cache, use_cache=True).logits[0, -1]
+        self.cache.batch_repeat_interleave(rows)
+        self.logits = logits.expand(rows, -1)
 
-    def fresh(self) -> _Decoder:
-        """A copy right after the prompt (its own cache), for the next independent run."""
-        import copy
-
-        assert self.fed == 0
-        out = copy.copy(self)  # shares the model
-        out.cache = copy.deepcopy(self.cache)
-        return out
-
-    def feed(self, token: int) -> None:
-        phys = self.cache.get_seq_length()
+    def feed(self, tokens: torch.Tensor) -> None:
+        """Every row takes its next token (``tokens`` [rows]) at the next true position."""
+        phys, rows = self.cache.get_seq_length(), tokens.shape[0]
         with torch.no_grad():
-            out = self.model(torch.tensor([[token]]), past_key_values=self.cache, use_cache=True,
-                             position_ids=torch.tensor([[self.n + self.fed]]),
+            out = self.model(tokens[:, None], past_key_values=self.cache, use_cache=True,
+                             position_ids=torch.full((rows, 1), self.n + self.fed),
                              cache_position=torch.tensor([phys]))
         self.fed += 1
-        self.logits = out.logits[0, -1]
+        self.logits = out.logits[:, -1]
 
 
-def speculative_run(prefilled, gamma, horizon, eos, gen) -> dict[str, int]:
-    """Leviathan et al. 2023, Algorithm 1: target = full cache, drafter = the action's cache
-    plus its own entries for the accepted tokens; temperature 1.
+def speculative_runs(target, drafter, gammas, horizon, eos, seed) -> list[dict[str, int]]:
+    """Leviathan et al. 2023, Algorithm 1, one independent run per row of ``gammas`` (its
+    draft length): target = full cache, drafter = the action's cache plus its own entries for
+    the accepted tokens; temperature 1.
 
     Drafts are drawn and verified one at a time (a draft after a rejection is never looked at,
     so the outcomes are exactly the algorithm's; only the target's batched verification is
-    unrolled). The generation stops after EOS or at ``horizon`` tokens. ``prefilled``: the
-    target's and the drafter's decoders right after the prompt (copied, not consumed).
+    unrolled). Each run emits one token per step (an accepted draft, a residual draw after a
+    rejection, or the bonus token after ``gamma`` accepted drafts), so the runs advance in
+    lockstep through one batched forward per model and step; each draws from its own generator
+    (``seed + row``). A run stops after EOS or at ``horizon`` tokens. ``target``, ``drafter``:
+    :class:`_Decoder` s right after the prompt with one row per run.
     """
-    target, drafter = (d.fresh() for d in prefilled)
-    out = {"tokens": 0, "rounds": 0, "accepted": 0, "evaluated": 0}
-    done = False
+    runs = [{"tokens": 0, "rounds": 0, "accepted": 0, "evaluated": 0} for _ in gammas]
+    gens = [torch.Generator().manual_seed(seed + i) for i in range(len(gammas))]
+    drafts = [0] * len(gammas)  # drafts accepted in the run's current round
+    done = [False] * len(gammas)
 
-    def emit(token: int) -> bool:
-        out["tokens"] += 1
-        target.feed(token)
-        drafter.feed(token)
-        return token == eos or out["tokens"] == horizon
-
-    def draw(probs: torch.Tensor) -> int:
+    def draw(probs: torch.Tensor, gen: torch.Generator) -> int:
         return int(torch.multinomial(probs, 1, generator=gen))
 
-    while not done:
-        out["rounds"] += 1
-        for _ in range(gamma):
-            p = torch.softmax(target.logits.double(), -1)
-            q = torch.softmax(drafter.logits.double(), -1)
-            d = draw(q)
-            out["evaluated"] += 1
-            u = float(torch.rand(1, generator=gen, dtype=torch.float64))
-            if u < min(1.0, float(p[d] / q[d])):
-                out["accepted"] += 1
-                done = emit(d)
-                if done:
-                    break
+    for _ in range(horizon):
+        ps = torch.softmax(target.logits.double(), -1)
+        qs = torch.softmax(drafter.logits.double(), -1)
+        emitted = []
+        for i, (out, gen, gamma) in enumerate(zip(runs, gens, gammas, strict=True)):
+            p, q = ps[i], qs[i]
+            if done[i]:
+                token = eos  # a finished run's row is fed on and never read
+            elif drafts[i] == gamma:  # all gamma drafts accepted: the bonus token from the target
+                token, drafts[i] = draw(p, gen), 0
             else:
-                done = emit(draw((p - q).clamp_min(0.0)))
-                break
-        else:  # all gamma drafts accepted: the bonus token from the target
-            done = emit(draw(torch.softmax(target.logits.double(), -1)))
-    return out
+                if drafts[i] == 0:
+                    out["rounds"] += 1
+                d = draw(q, gen)
+                out["evaluated"] += 1
+                u = float(torch.rand(1, generator=gen, dtype=torch.float64))
+                if u < min(1.0, float(p[d] / q[d])):
+                    out["accepted"] += 1
+                    token, drafts[i] = d, drafts[i] + 1
+                else:
+                    token, drafts[i] = draw((p - q).clamp_min(0.0), gen), 0
+            if not done[i]:
+                out["tokens"] += 1
+                done[i] = token == eos or out["tokens"] == horizon
+            emitted.append(token)
+        if all(done):
+            break
+        target.feed(torch.tensor(emitted))
+        drafter.feed(torch.tensor(emitted))
+    return runs
 
 
 def ratio_and_se(num: np.ndarray, den: np.ndarray) -> tuple[float, float]:
@@ -470,14 +474,15 @@ def test_smollm2_speculative_sampler_agrees_with_predictions(embedded_smollm2):
     rejections = np.where(live, r.f.numpy(), 0).sum(1)
     predicted = {"acceptance": ratio_and_se(N - rejections, N)}
     press = pair.action.make_press(ids.shape[1])
-    prefilled = (_Decoder(lm.model, ids), _Decoder(lm.model, ids, press))
-    assert prefilled[1].cache.get_seq_length() == ids.shape[1] // 2
-    gen = torch.Generator().manual_seed(2)
+    gammas = [4] * runs + [steps] * runs
+    target, drafter = (_Decoder(lm.model, ids, len(gammas)),
+                       _Decoder(lm.model, ids, len(gammas), press))
+    assert drafter.cache.get_seq_length() == ids.shape[1] // 2
+    results = speculative_runs(target, drafter, gammas, steps, pair.eos_token_id, seed=2)
     measured = {}
     for gamma in (4, steps):
         predicted[gamma] = ratio_and_se(N, expected_rounds(a, N, gamma))
-        res = [speculative_run(prefilled, gamma, steps, pair.eos_token_id, gen)
-               for _ in range(runs)]
+        res = [x for x, g in zip(results, gammas, strict=True) if g == gamma]
         tokens = np.array([x["tokens"] for x in res])
         measured[gamma] = ratio_and_se(tokens, np.array([x["rounds"] for x in res]))
         if gamma >= steps:  # every position is a draft: acceptance per evaluated draft
