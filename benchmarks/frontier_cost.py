@@ -41,36 +41,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from frontier_floor import floors  # noqa: E402
-from frontier_worlds import (  # noqa: E402
-    Issue44Bet,
-    TodaysBet,
-    beta_1_19,
-    near_rare_one,
-    rare_large,
-    rare_spread,
-    zero_one,
-)
+from frontier_laws import LAWS, SCHEME, TOL  # noqa: E402
+from frontier_worlds import Issue44Bet, TodaysBet  # noqa: E402
 
 from kvdrift.frontier_search.betting import Bet, first_round_beyond  # noqa: E402
 from kvdrift.frontier_search.feasibility import fewest_replicates  # noqa: E402
 from kvdrift.frontier_search.measure import parse_measure  # noqa: E402
-from kvdrift.frontier_search.result import Scheme  # noqa: E402
 from kvdrift.frontier_search.search import look_size, to_next_multiple  # noqa: E402
 
-TOL, CAP, LOOK = 0.1, 128, 8
-SCHEME = Scheme(0.05, 3, 33)
+CAP, LOOK = 128, 8
 MEASURE = parse_measure(f"R_tv <= {TOL}")
-LAWS = [  # name, law, mean
-    ("rare-large 0.03", rare_large, 0.03),
-    ("rare-spread 0.03", rare_spread, 0.03),
-    ("{0,1} 0.05", zero_one, 0.05),
-    ("Beta(1,19)", beta_1_19, 0.05),
-    ("near, rare 1, 0.08", near_rare_one, 0.08),
-    ("{0,1} 0.12 (1.2x)", zero_one, 0.12),
-    ("{0,1} 0.15 (1.5x)", zero_one, 0.15),
-    ("rare-large 0.15 (1.5x)", rare_large, 0.15),
-    ("{0,1} 0.20 (2x)", zero_one, 0.20),
-]
 BETS = [("this bet", Bet()), ("issue 44", Issue44Bet()), ("before 44", TodaysBet())]
 
 

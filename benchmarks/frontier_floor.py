@@ -208,7 +208,7 @@ def main() -> None:
     import sys
     from pathlib import Path
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from frontier_cost import LAWS, SCHEME, TOL  # noqa: PLC0415
+    from frontier_laws import LAWS, SCHEME, TOL  # noqa: PLC0415
 
     for name, law, mean in LAWS:
         level = SCHEME.certify_level if mean < TOL else SCHEME.fail_level
