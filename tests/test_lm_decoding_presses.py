@@ -103,8 +103,11 @@ def test_dms_with_decoding_equals_generate_inside_it(tiny_llama, threshold, wind
             assert int(steps[head, slot]) == slot + window + 1
 
 
-def test_dms_rows_forked_and_truncated_replay_their_own_hidden_entries(tiny_llama):
-    pair = general_pair(tiny_llama, prompt(N), dms(-1.2, 6))
+def check_forks_replay_own_hidden_entries(pair: LMKernelPair) -> tuple[torch.Tensor, ...]:
+    """A row run alone and the same row in a batch beside another history agree at every
+    step; the batch's row, selected and truncated to 15, 9 and 3 tokens, gives the logprobs
+    it had there and, fed the same tokens again, the same last logprobs. Returns (the lone
+    row's last logprobs, the batch's)."""
     xs, others = prompt(20, seed=11)[0], prompt(20, seed=12)[0]
     alone, batch, logprobs = pair.start("q", 1), pair.start("q", 2), []
     for t in range(20):
@@ -112,13 +115,18 @@ def test_dms_rows_forked_and_truncated_replay_their_own_hidden_entries(tiny_llam
         alone = pair.advance(alone, xs[t:t + 1])
         batch = pair.advance(batch, torch.stack([xs[t], others[t]]))
         assert torch.allclose(pair.logprobs(alone)[0], pair.logprobs(batch)[0], atol=1e-5)
-    final = pair.logprobs(alone)
+    final, together = pair.logprobs(alone), pair.logprobs(batch)
     for keep in (15, 9, 3):
         cut = pair.truncate(pair.select(batch, torch.tensor([0])), torch.tensor([keep]))
         assert torch.allclose(pair.logprobs(cut)[0], logprobs[keep], atol=1e-5), keep
         for t in range(keep, 20):
             cut = pair.advance(cut, xs[t:t + 1])
         assert torch.allclose(pair.logprobs(cut), final, atol=1e-5), keep
+    return final, together
+
+
+def test_dms_rows_forked_and_truncated_replay_their_own_hidden_entries(tiny_llama):
+    check_forks_replay_own_hidden_entries(general_pair(tiny_llama, prompt(N), dms(-1.2, 6)))
 
 
 def adakv(scorer=None, interval: int = 64, target: int = 48) -> kvpress.DecodingPress:
@@ -174,22 +182,9 @@ def test_a_decoding_press_over_adakv_equals_generate_inside_it(tiny_llama, name)
 
 
 def test_adakv_rows_forked_and_truncated_replay_their_own_hidden_entries(tiny_llama):
-    pair = general_pair(tiny_llama, prompt(N), adakv(interval=4, target=40))
-    xs, others = prompt(20, seed=11)[0], prompt(20, seed=12)[0]
-    alone, batch, logprobs = pair.start("q", 1), pair.start("q", 2), []
-    for t in range(20):
-        logprobs.append(pair.logprobs(alone)[0])
-        alone = pair.advance(alone, xs[t:t + 1])
-        batch = pair.advance(batch, torch.stack([xs[t], others[t]]))
-        assert torch.allclose(pair.logprobs(alone)[0], pair.logprobs(batch)[0], atol=1e-5)
-    final = pair.logprobs(alone)
-    assert not torch.allclose(pair.logprobs(batch)[1], final[0], atol=1e-2)  # own histories
-    for keep in (15, 9, 3):
-        cut = pair.truncate(pair.select(batch, torch.tensor([0])), torch.tensor([keep]))
-        assert torch.allclose(pair.logprobs(cut)[0], logprobs[keep], atol=1e-5), keep
-        for t in range(keep, 20):
-            cut = pair.advance(cut, xs[t:t + 1])
-        assert torch.allclose(pair.logprobs(cut), final, atol=1e-5), keep
+    final, batch = check_forks_replay_own_hidden_entries(
+        general_pair(tiny_llama, prompt(N), adakv(interval=4, target=40)))
+    assert not torch.allclose(batch[1], final[0], atol=1e-2)  # own histories
 
 
 class LargestKeyPress(kvpress.ScorerPress):
