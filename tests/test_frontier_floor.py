@@ -26,6 +26,22 @@ def test_exact_values_on_one_and_two_values(m):
     assert mean_only_p_values(np.array([2 * m, 2.0]), 2, m) == pytest.approx([1.0, 1.0])
 
 
+def test_equals_the_ratio_minimised_over_every_h():
+    """Against a direct computation: E (h - B)_+ summed over the binomial law, the least
+    ratio over a fine grid of h past S and every integer past it, at sums where the best h is
+    not the first integer past S."""
+    n, m = 40, 0.1
+    k = np.arange(n + 1)
+    pmf = stats.binom.pmf(k, n, m)
+    sums = np.array([0.0, 0.7, 1.5, 2.0, 3.25, 5.9])
+    want = []
+    for s in sums:
+        h = np.concatenate([np.linspace(s + 1e-6, n, 40_001), np.arange(np.floor(s) + 1, n + 1)])
+        expected = (np.clip(h[:, None] - k[None, :], 0, None) * pmf).sum(axis=1)
+        want.append(min(1.0, float((expected / (h - s)).min())))
+    assert mean_only_p_values(sums, n, m) == pytest.approx(want, rel=1e-9)
+
+
 def test_never_below_the_binomial_tail_and_monotone():
     n, m = 60, 0.1
     sums = np.arange(0, 7, dtype=float)
