@@ -81,12 +81,28 @@ def study_from_arguments(
     from kvdrift.study_config import single_model_study
     from kvdrift.user_presses import from_actions
 
+    actions, given = _given_models(actions)
     names, presses = from_actions(actions)
     return single_model_study(
         model=model, actions=names, docs=docs, replicates=replicates,
         horizon=horizon, temperature=temperature, estimator=estimator, depths=tuple(depths),
         seed=seed, batch=batch, device=device, dtype=dtype, chat_template=chat_template,
-        name=name, attribution=attribution, presses=presses, attention=attention)
+        name=name, attribution=attribution, presses=presses, attention=attention, given=given)
+
+
+def _given_models(actions: Actions) -> tuple[Actions, dict[str, object]]:
+    """The actions with the models handed over as Q (``{"int4": kvdrift.Model(...)}``) put
+    aside: their names stay (as names), the models as kvdrift holds one come back."""
+    if not isinstance(actions, Mapping):
+        return actions, {}
+    from kvdrift.lm.loading.user_model import Model
+
+    if not any(isinstance(v, Model) for v in actions.values()):
+        return actions, {}
+    given = {name: value.loaded() for name, value in actions.items()
+             if isinstance(value, Model)}
+    rest = {name: (name if name in given else value) for name, value in actions.items()}
+    return rest, given
 
 
 def _model_settings(model: object, study: dict) -> tuple[str, object]:
@@ -150,7 +166,10 @@ def measure(
     given = model if isinstance(model, Model) else None
     name, loaded = _model_settings(model, study)
     config = study_from_arguments(name, actions, docs, **study)  # type: ignore[arg-type]
-    keep = left_as_found(given.model) if given is not None else contextlib.nullcontext()
+    keep = contextlib.ExitStack()
+    for handed in [given, *(actions.values() if isinstance(actions, Mapping) else ())]:
+        if isinstance(handed, Model):  # P, and every Q handed over, given back as found
+            keep.enter_context(left_as_found(handed.model))
     with keep:
         if out is not None:
             run(config, out, recompute=recompute, on_unit=on_unit,

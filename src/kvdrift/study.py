@@ -84,18 +84,22 @@ def _prepared(config: StudyConfig, run: RunConfig, fixed: list[Document], in_pro
         LMPairSource,
         check_actions_fit,
         check_fits,
+        check_generators_fit,
         check_questions_fit,
         driver_side,
     )
 
     presses = config.presses.only(run.actions)  # the press objects this study runs
     source = LMPairSource(run.model, config.device, config.dtype, config.chat_template,
-                          allow_download, presses, eager=frozenset(run.extra.get("eager", ())))
+                          allow_download, presses, eager=frozenset(run.extra.get("eager", ())),
+                          generators=config.generators or None)
     side = driver_side(source, in_process, load)
     docs = model_documents(config, fixed, side.tokenizer)
     prompts = check_fits(docs, run.horizon, side, config.chat_template)
-    check_questions_fit(docs, run.actions, presses)  # before the press's own rules
-    check_actions_fit(run.actions, side, presses, run.horizon, prompts, run.estimator)
+    specs = [a for a in run.actions if a not in config.generators]  # spec strings, presses
+    check_questions_fit(docs, specs, presses)  # before the press's own rules
+    check_actions_fit(specs, side, presses, run.horizon, prompts, run.estimator)
+    check_generators_fit(specs, side, allow_download)
     limits.batch_memory(min(run.batch or run.replicates, run.replicates),
                         len(side.tokenizer), run.model)  # a batch holds <= K rows
     return side, docs
@@ -148,7 +152,7 @@ def run_study(
     if config.presses.only(config.run.actions) and config.executor.kind != "local":
         raise ValueError(f"press objects of your own run in this process; use the local "
                          f"executor for them, not {config.executor.kind!r}")
-    if models and config.executor.kind != "local":
+    if (models or config.generators) and config.executor.kind != "local":
         raise ValueError(f"models given in memory run in this process; use the local executor, "
                          f"not {config.executor.kind!r}")
     for name in config.models:  # no network, no model code, no download without a network

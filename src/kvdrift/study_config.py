@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import sys
 import tomllib
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -80,6 +80,8 @@ class StudyConfig:
     presses: UserPresses = field(default_factory=UserPresses, compare=False)  # press objects
     press_names: frozenset[str] = field(default=frozenset(), compare=False)  # recorded only
     attention: str = "auto"  # press objects' prefill: eager where they read weights, or all
+    # models handed over as Q by action name (Python: ``{"mine": kvdrift.Model(...)}``)
+    generators: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
     @property
     def press_actions(self) -> tuple[str, ...]:
@@ -96,7 +98,19 @@ class StudyConfig:
                  "eager": self.presses.eager(self.run.actions, self.attention)}
         return RunConfig(**(asdict(self.run) | {
             "model": model, "extra": extra,
-            "presses": self.presses.identities(self.run.actions)}))
+            "presses": self.presses.identities(self.run.actions),
+            "generators": self.generator_identities()}))
+
+    def generator_identities(self) -> dict[str, dict]:
+        """Each action's Q model where it is not P's (:mod:`kvdrift.lm.generators.identity`)."""
+        from kvdrift.lm.grammar.model_spec import split_model
+
+        if not self.generators and not any(split_model(a)[1] is not None
+                                           for a in self.run.actions):
+            return {}  # nothing to import
+        from kvdrift.lm.generators.identity import q_identities
+
+        return q_identities(self.run.actions, self.generators)
 
     def as_dict(self) -> dict:
         """The configuration that a study directory records and checks on resume.
@@ -173,7 +187,8 @@ def _check_source(i: int, source: dict) -> DocumentSource:
 
 def parse_study(data: dict, source: str | None = None, presses: UserPresses | None = None,
                 press_names: frozenset[str] = frozenset(), read_documents: bool = False,
-                before_torch: Callable[[dict[str, Any]], None] | None = None) -> StudyConfig:
+                before_torch: Callable[[dict[str, Any]], None] | None = None,
+                given: frozenset[str] = frozenset()) -> StudyConfig:
     """Validate a parsed TOML document and build the study configuration; everything that
     needs no model is checked before torch or kvpress is imported (:mod:`kvdrift.preflight`;
     ``read_documents``: JSONL document files too, for a study about to run; ``before_torch``
@@ -181,7 +196,8 @@ def parse_study(data: dict, source: str | None = None, presses: UserPresses | No
     :func:`kvdrift.preflight.check_resume`).
 
     ``presses`` are the press objects some actions name (:mod:`kvdrift.user_presses`);
-    ``press_names`` are actions a store recorded as press objects, read back without them.
+    ``press_names`` are actions a store recorded as press objects, read back without them;
+    ``given`` are actions whose Q is a model handed over in Python (not spec strings).
     [study].presses names a file that only :func:`load_study` executes.
     """
     presses = presses or UserPresses()
@@ -214,10 +230,18 @@ def parse_study(data: dict, source: str | None = None, presses: UserPresses | No
         temperature=study.get("temperature", 1.0), seed=study.get("seed", 0))
     # every check that needs no model, before torch, transformers or kvpress (preflight.py);
     # names the user's own presses define are parsed once they are loaded
-    preflight.check_actions(actions, defined=set(presses.presses) | press_names)
+    preflight.check_actions(actions, defined=set(presses.presses) | press_names | set(given))
     preflight.check_settings(
         estimator=study.get("estimator", "rollout"), attribution=study.get("attribution", False),
         dtype=study.get("dtype", "float32"), device=study.get("device", "auto"))
+    if study.get("attribution", False):
+        from kvdrift.lm.grammar.model_spec import split_model
+
+        other = next((a for a in actions if a in given or split_model(a)[1] is not None), None)
+        if other is not None:
+            raise ValueError(f"attribution compares P's and Q's prompt caches on one model; "
+                             f"action {other!r} runs Q on another model (drop attribution "
+                             f"or that action)")
     if isinstance(study.get("models"), list):
         preflight.check_models(study["models"])
     options = AnalysisOptions.from_table(analysis)
@@ -259,7 +283,7 @@ def parse_study(data: dict, source: str | None = None, presses: UserPresses | No
     from kvdrift.lm.actions.spec import parse_action  # validates names without loading a model
 
     for a in actions:
-        if not presses.only([a]) and a not in press_names:
+        if not presses.only([a]) and a not in press_names and a not in given:
             try:
                 parse_action(a)
             except ValueError as exc:
@@ -376,12 +400,13 @@ def single_model_study(
     batch: int, device: str, dtype: str, chat_template: bool, name: str = "run",
     attribution: bool = False, presses: UserPresses | None = None, attention: str = "auto",
     before_torch: Callable[[dict[str, Any]], None] | None = None,
+    given: Mapping[str, Any] | None = None,
 ) -> StudyConfig:
     """The one-model study that ``kvdrift run`` builds from its arguments: the same checks
     and the same pipeline as a study from a TOML file (``presses``: press objects some
-    actions name)."""
+    actions name; ``given``: models handed over as Q, by action name)."""
     source = {"source": "jsonl", "path": str(docs)} if docs is not None else DEFAULT_DOCUMENTS
-    return parse_study({
+    config = parse_study({
         "study": {"name": name, "models": [model], "actions": list(actions),
                   "replicates": replicates, "horizon": horizon, "temperature": temperature,
                   "estimator": estimator, "depths": list(depths), "seed": seed, "batch": batch,
@@ -389,4 +414,5 @@ def single_model_study(
                   "attribution": attribution}
         | ({"attention": attention} if attention != "auto" else {}),
         "documents": [dict(source)]}, presses=presses, read_documents=True,
-        before_torch=before_torch)
+        before_torch=before_torch, given=frozenset(given or ()))
+    return replace(config, generators=dict(given)) if given else config

@@ -45,6 +45,14 @@ from kvdrift.lm.engine.press_path import (
 )
 from kvdrift.lm.engine.press_rules import prompt_problem, wrapped_problem
 from kvdrift.lm.engine.question import after_context_refusal, append_question
+from kvdrift.lm.generators.build import (
+    Generator,
+    build_generator,
+    check_spec_fits,
+    given_generator,
+)
+from kvdrift.lm.generators.pair import GeneratorPair
+from kvdrift.lm.grammar.model_spec import parse_model, split_model
 from kvdrift.lm.loading.model import (
     LoadedModel,
     encode_prompt,
@@ -71,13 +79,26 @@ class LMPairFactory:
     pair still gets P's and its own cache from one forward. ``presses`` maps action names to
     kvpress press objects, which take the general path (module docstring); those named in
     ``eager`` prefill with eager attention (as do presses that read attention weights).
+
+    An action whose Q is another model (``<action>@<model>``, or a name in ``generators``: a
+    model handed over, measured with its full cache) gets a
+    :class:`~kvdrift.lm.generators.pair.GeneratorPair`: P's side from this factory, Q's from a
+    factory of Q's model (built once: :mod:`~kvdrift.lm.generators.build`), which shares its
+    prefill between the document's actions on that model as this one does.
     """
 
     def __init__(self, loaded: LoadedModel, chat_template: bool = True,
                  cache_fraction: float = SHARED_CACHE_FRACTION,
                  presses: Mapping[str, object] | None = None,
-                 eager: Sequence[str] = ()):
+                 eager: Sequence[str] = (),
+                 generators: Mapping[str, LoadedModel] | None = None,
+                 allow_download: bool = False):
         self.loaded = loaded
+        self.allow_download = allow_download
+        # Q's models: handed over by action name, or built from ``@<model>`` on first use
+        self.given = dict(generators or {})
+        self._generators: dict[str, Generator] = {}  # by model spec text or given name
+        self._q_factories: dict[str, LMPairFactory] = {}
         self.eager = frozenset(eager)  # press actions whose prefill runs eager attention
         self.chat_template = chat_template
         self.cache_fraction = cache_fraction
@@ -121,7 +142,15 @@ class LMPairFactory:
     def prepare(self, doc: Document, actions: Sequence[str]) -> None:
         """The actions of ``doc`` about to be asked for, in order (replaces an earlier plan)."""
         self._document(doc)
-        self._planned = [str(a).strip() for a in actions if str(a).strip() not in self.presses]
+        names = [str(a).strip() for a in actions]
+        self._planned = [a for a in names if a not in self.presses and not self._two_models(a)]
+        by_model: dict[str, list[str]] = {}
+        for name in filter(self._two_models, names):
+            label, cache = self._q_parts(name)
+            by_model.setdefault(label, []).append(cache)
+        for label, caches in by_model.items():
+            if label in self._q_factories:  # built models only: a plan never builds one
+                self._q_factories[label].prepare(doc, caches)
 
     def _document(self, doc: Document) -> None:
         if doc.id == self._doc_id:
@@ -142,8 +171,47 @@ class LMPairFactory:
         self._ids = context if question is None else torch.cat([context, question], dim=1)
         self._doc_id = doc.id
 
-    def __call__(self, doc: Document, action: str) -> LMKernelPair:
+    def _two_models(self, action: str) -> bool:
+        """Whether ``action``'s Q runs on another model than P's."""
+        return action in self.given or split_model(action)[1] is not None
+
+    def _q_parts(self, action: str) -> tuple[str, str]:
+        """(Q's model label, the cache action run on it) of a two-model action."""
+        if action in self.given:
+            return action, "full"
+        cache, model = split_model(action)
+        return parse_model(model, action).text, cache
+
+    def generator(self, action: str) -> Generator:
+        """Q's model of a two-model action (built on first use, then kept)."""
+        label, _ = self._q_parts(action)
+        if label not in self._generators:
+            if action in self.given:
+                built = given_generator(self.loaded, self.given[action], action)
+            else:
+                built = build_generator(self.loaded, parse_model(label, action),
+                                        self.allow_download)
+            self._generators[label] = built
+        return self._generators[label]
+
+    def _generator_pair(self, doc: Document, action: str) -> GeneratorPair:
+        """P's full cache on P's model against the action's cache on Q's model."""
+        label, cache = self._q_parts(action)
+        generator = self.generator(action)
+        if label not in self._q_factories:
+            self._q_factories[label] = LMPairFactory(
+                generator.loaded, self.chat_template, self.cache_fraction,
+                presses=self.presses, eager=self.eager)
+        q_factory = self._q_factories[label]
+        full = self(doc, "full")
+        q_pair = q_factory(doc, cache)
+        whole = parse_action(action) if action not in self.given else Action(name=action)
+        return GeneratorPair(full, q_pair, whole, generator)
+
+    def __call__(self, doc: Document, action: str) -> LMKernelPair | GeneratorPair:
         self._document(doc)
+        if self._two_models(action):
+            return self._generator_pair(doc, action)
         if action in self.presses:
             return self._general(doc, action)
         parsed = parse_action(action)
@@ -226,7 +294,7 @@ class LMPairFactory:
         records and every later unit would silently be computed with (a ``score`` that writes
         ``o_proj.weight``, issue 52). The weights are digested again and held against the
         digest taken when the model loaded, which the records carry."""
-        if action not in self.presses:
+        if action not in self.presses or self._two_models(action):
             return
         from kvdrift.lm.loading.digest import short, weights_digest
 
@@ -292,6 +360,8 @@ class LMPairSource:
     allow_download: bool = False  # fetch a hub id that is not in the local cache
     presses: Mapping[str, object] | None = None  # action name -> press object (general path)
     eager: frozenset[str] = frozenset()  # press actions whose prefill runs eager attention
+    # models handed over as Q by action name (in this process only)
+    generators: Mapping[str, LoadedModel] | None = None
 
     def load(self) -> LoadedModel:
         return load_model(self.model, self.device, self.dtype,
@@ -299,7 +369,8 @@ class LMPairSource:
 
     def __call__(self) -> LMPairFactory:
         return LMPairFactory(self.load(), self.chat_template, presses=self.presses,
-                             eager=self.eager)
+                             eager=self.eager, generators=self.generators,
+                             allow_download=self.allow_download)
 
 
 @dataclass(frozen=True)
@@ -313,6 +384,7 @@ class DriverSide:
     context_window: int | None
     layers: int | None = None  # the model's layers (per-layer actions are checked against it)
     attention_window: int | None = None  # every layer's sliding window (Mistral v0.1), if any
+    config: Any = None  # the model's (text) config
 
 
 def driver_side(
@@ -329,14 +401,17 @@ def driver_side(
         config = text_config(source.model, source.allow_download)
         _refuse_sliding(config, source.model)
         return DriverSide(source.model, load_tokenizer(source.model, source.allow_download),
-                          source, window_of(config), layers_of(config), _uniform_window(config))
+                          source, window_of(config), layers_of(config), _uniform_window(config),
+                          config)
     loaded = load() if load else source.load()
     config = loaded.model.config.get_text_config()
     _refuse_sliding(config, source.model)
     return DriverSide(source.model, loaded.tokenizer,
                       functools.partial(LMPairFactory, loaded, source.chat_template,
-                                        presses=source.presses, eager=source.eager),
-                      window_of(config), layers_of(config), _uniform_window(config))
+                                        presses=source.presses, eager=source.eager,
+                                        generators=source.generators,
+                                        allow_download=source.allow_download),
+                      window_of(config), layers_of(config), _uniform_window(config), config)
 
 
 def _uniform_window(config: Any) -> int | None:
@@ -390,6 +465,25 @@ def check_actions_fit(actions: Sequence[str], side: DriverSide,
                 prompt_problem(prefill, *shortest) if shortest is not None else None)
             if found:
                 raise ValueError(f"action {name!r}: {found}")
+
+
+def check_generators_fit(actions: Sequence[str], side: DriverSide,
+                         allow_download: bool = False) -> None:
+    """Raise a one-line ValueError, before anything is written and before Q's weights load,
+    if an ``<action>@<model>``'s Q cannot run beside P: another checkpoint on another
+    tokenizer, a weight type whose blocks do not fit P's layers
+    (:func:`~kvdrift.lm.generators.build.check_spec_fits`)."""
+    seen = set()
+    for name in actions:
+        _, model = split_model(name)
+        if model is None or model in seen:
+            continue
+        seen.add(model)
+        try:
+            check_spec_fits(parse_model(model, name), side.tokenizer, side.config,
+                            allow_download)
+        except ValueError as exc:
+            raise ValueError(f"action {name!r}: {exc}") from None
 
 
 def check_questions_fit(documents: Sequence[Document], actions: Sequence[str],

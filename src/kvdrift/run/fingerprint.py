@@ -34,6 +34,7 @@ LABELS = {
     "prompt_sha256": "the document's prompt text", "kvdrift": "kvdrift version",
     "attribution": "attribution", "weights_sha256": "weights", "tokenizer_sha256": "tokenizer",
     "press": "press", "protocol": "protocol", "attention": "prefill attention",
+    "q_model": "Q's model",
 }
 #: Settings a fingerprint records only when not at this value (so earlier stores resume).
 UNRECORDED = {"attribution": False, "protocol": "whole prompt", "attention": None}
@@ -93,6 +94,11 @@ def first_difference(stored: Mapping[str, Any] | None, wanted: Mapping[str, Any]
 
                 return (f"its press has changed since it was stored "
                         f"({identity_changes(was, now)})")
+            if key == "q_model" and isinstance(was, dict) and isinstance(now, dict):
+                changed = sorted(k for k in set(was) | set(now) if was.get(k) != now.get(k))
+                shown = ", ".join(f"{k} {short(str(was.get(k)))} -> {short(str(now.get(k)))}"
+                                  for k in changed)
+                return f"its Q model has changed since it was stored ({shown})"
             return f"it was computed with {label} = {was!r}, this run has {label} = {now!r}"
     return None
 

@@ -58,6 +58,9 @@ class RunConfig:
     attribution: bool = False  # record what Q's cache had lost at each divergence (lm only)
     extra: dict = field(default_factory=dict)  # e.g. device, dtype, chat template, doc source
     presses: dict = field(default_factory=dict)  # action name -> identity, for press objects
+    # action name -> identity of Q's model, where it is not P's (``<action>@<model>``, or a
+    # model handed over: :mod:`kvdrift.lm.generators.identity`)
+    generators: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "depths", check_run_numbers(
@@ -76,6 +79,8 @@ class RunConfig:
         identity (:mod:`kvdrift.lm.actions.identity`)."""
         extra = self.extra or {}
         press = {"press": self.presses[action]} if action in self.presses else {}
+        if action in self.generators:
+            press["q_model"] = self.generators[action]
         return press | {
             "model": self.model, "dtype": extra.get("dtype"), "estimator": self.estimator.name,
             "replicates": self.replicates, "horizon": self.horizon,
@@ -94,6 +99,7 @@ class RunConfig:
         out["actions"], out["depths"] = list(self.actions), list(self.depths)
         out["estimator"] = self.estimator.name
         del out["presses"]  # each unit holds its press's identity (a changed press: per unit)
+        del out["generators"]  # and its Q model's
         if not self.attribution:  # recorded only when on, so earlier stores still resume
             del out["attribution"]
         return out
@@ -253,6 +259,8 @@ def with_memory(replicates: pa.Table, pair: KernelPair) -> pa.Table:
     ``kv_fraction_generation``, ``compression_positions``: :mod:`kvdrift.records.generation`)
     and ``kept_per_layer`` (prompt entries each layer keeps per KV head: for a head-adaptive
     cache, the mean over its KV heads), on each row."""
+    # two models: Q's cache on Q's own model (``kv_fraction`` of Q's full cache)
+    pair = getattr(pair, "memory_pair", pair)
     memory = getattr(pair, "kv_memory", None)
     if memory is None:
         return replicates

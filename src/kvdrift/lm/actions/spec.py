@@ -28,6 +28,7 @@ with ``+`` run one after the other at prefill (kvpress's ``ComposedPress``); a f
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -53,6 +54,7 @@ from kvdrift.lm.actions.presses import (
     wrapper_problem,
 )
 from kvdrift.lm.grammar.fields import ActionError, split_actions, split_fields
+from kvdrift.lm.grammar.model_spec import ModelSpec, parse_model_action, split_model
 from kvdrift.lm.grammar.names import split_prefix
 from kvdrift.lm.quantized.transform import (
     Quantization,
@@ -81,12 +83,15 @@ NAMED_ACTIONS: dict[str, _Named] = {
 class Action:
     """A cache policy: prefill ``stages`` applied in order, then an optional ``decoding``
     stage that compresses every row's cache during generation, or an optional
-    ``quantization`` of what is kept (:mod:`kvdrift.lm.quantized.transform`). None: ``full``."""
+    ``quantization`` of what is kept (:mod:`kvdrift.lm.quantized.transform`). None: ``full``.
+    ``model``: the model Q runs on (``<action>@<model>``,
+    :mod:`kvdrift.lm.grammar.model_spec`); None: P's own."""
 
     name: str
     stages: tuple[Stage, ...] = ()
     decoding: Stage | None = None
     quantization: Quantization | None = None
+    model: ModelSpec | None = None
 
     def __post_init__(self) -> None:
         stages = tuple(self.stages)
@@ -125,6 +130,14 @@ class Action:
         return self.name
 
     @property
+    def cache_action(self) -> Action:
+        """What is done to Q's cache, on Q's own model (this action without ``@<model>``)."""
+        if self.model is None:
+            return self
+        return Action(name=split_model(self.name)[0], stages=self.stages,
+                      decoding=self.decoding, quantization=self.quantization)
+
+    @property
     def evicts_during_decoding(self) -> bool:
         return self.decoding is not None
 
@@ -156,15 +169,16 @@ class Action:
         return n
 
     def is_noop(self, n_prompt: int) -> bool:
-        """Whether Q is P for this prompt length (nothing evicted or quantized, ever)."""
-        if self.decoding is not None or self.quantization is not None:
+        """Whether Q is P for this prompt length (nothing evicted or quantized, ever, on P's
+        own model)."""
+        if self.decoding is not None or self.quantization is not None or self.model is not None:
             return False
         return all(s.is_noop(m) for s, m in zip(self.stages, self.stage_inputs(n_prompt),
                                                  strict=True))
 
     def prefill_is_noop(self, n_prompt: int) -> bool:
-        """Whether no prompt entry is evicted (or quantized) at prefill."""
-        if self.quantization is not None:
+        """Whether no prompt entry is evicted (or quantized) at prefill, on P's own model."""
+        if self.quantization is not None or self.model is not None:
             return False
         return all(s.is_noop(m) for s, m in zip(self.stages, self.stage_inputs(n_prompt),
                                                  strict=True))
@@ -203,8 +217,9 @@ class Action:
                 f"PrefillDecodingPress(prefilling_press={press}, decoding_press={decoding})"
         if self.quantization is not None:
             quantized = f"kvdrift's {self.quantization.label} quantization (no kvpress press)"
-            return quantized if press is None else f"{press}, then {quantized}"
-        return press or "no press (every entry kept)"
+            press = quantized if press is None else f"{press}, then {quantized}"
+        press = press or "no press (every entry kept)"
+        return press if self.model is None else f"{press}, on Q's model: {self.model.describe()}"
 
     def departures(self) -> list[str]:
         """Where this action departs from its kvpress press on purpose, one line per family."""
@@ -346,6 +361,14 @@ def _parse_action(spec: str) -> Action:
     text = spec.strip()
     if text == "help":
         raise ValueError("'help' is not an action; `kvdrift run --actions help` lists them")
+    head, model = parse_model_action(text)
+    if model is not None:  # <action>@<model>: the action on Q's own model
+        try:
+            cache = _parse_action(head)
+        except ValueError as exc:  # named by the whole spec, as the user wrote it
+            said = str(exc).removeprefix(f"action {head!r}: ")
+            raise type(exc)(f"action {text!r}: {said}") from None
+        return dataclasses.replace(cache, name=text, model=model)
     if text in NAMED_ACTIONS:
         named = NAMED_ACTIONS[text].spec
         if named is None:

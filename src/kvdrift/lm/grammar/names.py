@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from kvdrift import checks
+from kvdrift.lm.grammar.model_spec import parse_model_action
 
 #: The named actions (:data:`kvdrift.lm.actions.spec.NAMED_ACTIONS`).
 NAMED_ACTIONS = ("full", "snapkv-half", "snapkv-90", "snapkv-512", "recent-half", "recent-90")
@@ -114,6 +115,10 @@ def check_action_names(spec: object, defined: Collection[str] = ()) -> None:
     wrong with it (the full parser sees that). ``defined``: names the user's own presses
     define (a ``--presses`` file), left to the parser once that file is loaded."""
     if not isinstance(spec, str) or not spec.strip() or spec.strip() in NAMED_ACTIONS:
+        return
+    head, model = parse_model_action(spec)
+    if model is not None:  # <action>@<model>: Q's model, then its cache action
+        check_action_names(head, defined)
         return
     if spec.strip() in defined or press_chain(spec, defined) is not None:
         return

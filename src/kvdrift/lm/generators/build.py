@@ -1,0 +1,140 @@
+"""Q's model: built from P's (another dtype, attention or weight type) or loaded (another
+checkpoint), or handed over in memory, with the identity a store records for it.
+
+A derived Q is a copy of P's model, changed as its spec says; P's model is never touched.
+Another checkpoint's tokenizer is checked against P's before its weights load, and a model
+that would not fit in memory is refused before it is copied or loaded (one line each).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kvdrift.lm.generators.tokenizers import check_one_tokenizer
+from kvdrift.lm.generators.weights import (
+    BLOCK,
+    check_quantizable,
+    parameter_bytes,
+    quantize_weights,
+)
+from kvdrift.lm.grammar.model_spec import ModelSpec
+from kvdrift.lm.loading.model import DTYPES, LoadedModel, load_model, load_tokenizer
+
+
+@dataclass(frozen=True)
+class Generator:
+    """Q's model as its side runs it: the loaded model, what it is (``label``: the spec
+    after ``@`` or the name of a model handed over) and the bytes of its weights (as the
+    weight type stores them, for a quantized copy). What a store records of it is
+    :mod:`~kvdrift.lm.generators.identity`'s."""
+
+    loaded: LoadedModel
+    label: str
+    weights_bytes: int
+
+
+def _available_bytes(device: torch.device) -> int | None:
+    """Memory free for a new model on ``device`` (None where it cannot be read)."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def check_fits_memory(needed: int, device: torch.device, what: str) -> None:
+    """One-line ValueError if ``needed`` bytes do not fit in what ``device`` has free."""
+    free = _available_bytes(device)
+    if free is not None and needed > free:
+        raise ValueError(f"Q's model {what} needs about {needed / 2**30:.1f} GiB for its "
+                         f"weights, more than the {free / 2**30:.1f} GiB free on {device}; "
+                         f"free memory or use a smaller model")
+
+
+def _checkpoint_bytes(name: str) -> int | None:
+    """Bytes of a local checkpoint's weight files (None for a hub id)."""
+    folder = Path(name).expanduser()
+    if not folder.is_dir():
+        return None
+    return sum(p.stat().st_size for p in folder.glob("*.safetensors")) or \
+        sum(p.stat().st_size for p in folder.glob("*.bin")) or None
+
+
+def config_linear_inputs(config: Any) -> dict[str, int]:
+    """The input sizes of a Llama-like decoder block's linear layers, from its config alone."""
+    heads = getattr(config, "num_attention_heads", None)
+    head_dim = getattr(config, "head_dim", None) or (
+        config.hidden_size // heads if heads else None)
+    sizes = {"attention projections": config.hidden_size,
+             "MLP gate and up projections": config.hidden_size,
+             "MLP down projection": getattr(config, "intermediate_size", None)}
+    if heads and head_dim:
+        sizes["attention output projection"] = heads * head_dim
+    return {k: int(v) for k, v in sizes.items() if v}
+
+
+def check_spec_fits(spec: ModelSpec, p_tokenizer: Any, p_config: Any,
+                    allow_download: bool = False) -> None:
+    """What can be checked of Q's model before any weights load (one-line ValueError): another
+    checkpoint's tokenizer is P's; a weight type's blocks fit every linear layer's rows (from
+    P's config)."""
+    if spec.checkpoint is not None:
+        check_one_tokenizer(p_tokenizer, load_tokenizer(spec.checkpoint, allow_download),
+                            spec.checkpoint)
+    if spec.weights is not None and spec.checkpoint is None and p_config is not None:
+        for what, size in config_linear_inputs(p_config).items():
+            if size % BLOCK:
+                raise ValueError(f"weight type {spec.weights} quantizes rows in blocks of "
+                                 f"{BLOCK}; the model's {what} have {size} inputs, not a "
+                                 f"multiple of {BLOCK} (use a dtype instead, e.g. @bfloat16)")
+
+
+def build_generator(p: LoadedModel, spec: ModelSpec, allow_download: bool = False) -> Generator:
+    """Q's model for ``spec`` beside P's loaded model ``p`` (same device)."""
+    dtype = DTYPES[spec.dtype] if spec.dtype else p.dtype
+    if spec.checkpoint is not None:
+        tokenizer = load_tokenizer(spec.checkpoint, allow_download)
+        check_one_tokenizer(p.tokenizer, tokenizer, spec.checkpoint)
+        size = _checkpoint_bytes(spec.checkpoint)
+        if size is not None:
+            check_fits_memory(size, p.device, spec.checkpoint)
+        loaded = load_model(spec.checkpoint, p.device, dtype,
+                            attn_implementation=spec.attention or "sdpa",
+                            allow_download=allow_download)
+        model = loaded.model
+    else:
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        check_fits_memory(sum(q.numel() for q in p.model.parameters()) * itemsize, p.device,
+                          spec.text)
+        if spec.weights is not None:
+            check_quantizable(p.model, spec.weights)
+        model = copy.deepcopy(p.model).to(dtype=dtype).eval()
+        if spec.attention is not None:
+            model.set_attn_implementation(spec.attention)
+        loaded = LoadedModel(model, p.tokenizer, f"{p.name}@{spec.text}", p.device, dtype)
+    weights_bytes = parameter_bytes(model)
+    if spec.weights is not None:
+        weights_bytes = quantize_weights(model, spec.weights).total_bytes
+    return Generator(loaded, spec.text, weights_bytes)
+
+
+def given_generator(p: LoadedModel, given: LoadedModel, name: str) -> Generator:
+    """A model the user handed over (``kvdrift.Model``) as Q: on P's tokenizer and device."""
+    check_one_tokenizer(p.tokenizer, given.tokenizer, name)
+    if given.device != p.device:
+        raise ValueError(f"Q's model {name!r} is on {given.device} and P's on {p.device}; "
+                         f"move them to one device")
+    return Generator(given, name, parameter_bytes(given.model))
+
+
