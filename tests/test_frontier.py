@@ -361,3 +361,34 @@ def test_kl_without_a_cap_never_says_certified(tiny_model_dir_hd64, frontier_doc
     assert frontier["certifiable"] and "(stated cap)" in frontier["measure_range"]
     assert {b["status"] for b in frontier["families"]["kivi"]["budgets"]} <= {
         "certified", "blocked", "fails", "undecided"}
+
+
+def test_weights_family_walks_weight_types_and_reads_weights_memory(tiny_model_dir,
+                                                                    frontier_docs, tmp_path):
+    """The ``weights`` family walks P's weights as llama.cpp's types, most bits first; its
+    memory is Q's weights as each type stores them over P's weights (by hand: Q8_0 holds 34
+    bytes per 32 weights of the decoder blocks' linear layers; the rest stays at float32);
+    it joins no cache family."""
+    import torch
+
+    import kvdrift
+    from kvdrift.lm.loading.model import load_model
+
+    fam = parse_family("weights")
+    assert [b.action for b in fam.budgets][:2] == ["full@q8_0", "full@q5_1"]
+    assert fam.budgets[-1].action == "full@mxfp4"
+    with pytest.raises(ValueError, match="one frontier ranks one memory"):
+        from kvdrift.frontier_search.families import memory_column
+
+        memory_column([fam, parse_family("snapkv")])
+    r = kvdrift.frontier(["weights"], "R_tv <= 0.9", tmp_path / "fr", replicates=2,
+                         max_replicates=4, model=str(tiny_model_dir), docs=frontier_docs,
+                         horizon=3, device="cpu")
+    model = load_model(str(tiny_model_dir)).model
+    linear = sum(m.weight.numel() for n, m in model.named_modules()
+                 if isinstance(m, torch.nn.Linear) and n != "lm_head")
+    total = sum(p.numel() for p in model.parameters())
+    q8 = (linear // 32 * 34 + (total - linear) * 4) / (total * 4)
+    first = next(b for b in r.families[0].budgets if b.action == "full@q8_0")
+    assert first.kv_fraction == pytest.approx(q8, rel=1e-12)
+    assert r.best is None or r.best.action.startswith("full@")

@@ -422,8 +422,53 @@ def test_refusals_write_nothing(tmp_path, tiny_model_dir_hd64):
         kvdrift.measure(str(tiny_model_dir_hd64), ["full@int3"], docs, out, replicates=2,
                         horizon=4)
     assert not out.exists()
+    other = tmp_path / "other-template"  # another chat template: refused before weights load
+    import shutil
+
+    shutil.copytree(tiny_model_dir_hd64, other)
+    template = other / "chat_template.jinja"
+    template.write_text(template.read_text() + "{# another template #}")
+    (other / "model.safetensors").write_bytes(b"not weights")  # never read
+    with pytest.raises(ValueError, match=whole(
+            f"action 'full@{other}': Q's model '{other}' is not on P's tokenizer: the chat "
+            f"templates differ; kvdrift compares two generators over one vocabulary and one "
+            f"prompt")):
+        kvdrift.measure(str(tiny_model_dir_hd64), [f"full@{other}"], docs, out, replicates=2,
+                        horizon=4)
+    assert not out.exists()
     with pytest.raises(ValueError, match="attribution compares P's and Q's prompt caches on one "
                                          "model; action 'full@int8' runs Q on another model"):
         kvdrift.measure(str(tiny_model_dir_hd64), ["full@int8"], docs, out, replicates=2,
                         horizon=4, attribution=True)
     assert not out.exists()
+
+
+# --- the embedded model (slow lane) ---------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_smollm2_sides_are_each_models_own_generate(embedded_smollm2):
+    """The embedded SmolLM2 against its int8 and int4 copies, bfloat16 and eager attention
+    (int4 also under SnapKV): each side's greedy tokens over 256 positions are its own
+    model's ``generate`` (bfloat16: up to a tie at its resolution)."""
+    from kvdrift.lm.loading.model import encode_prompt
+
+    lm = embedded_smollm2
+    text = ("Here is a licence: permission is granted to use, copy, modify and distribute this "
+            "software for any purpose, provided that the notice above appears in all copies. ")
+    ids = encode_prompt(lm.tokenizer, text * 3 + "Write a long commentary on this licence.")
+    steps = 256
+    assert greedy(LMKernelPair(lm, ids, "full"), "p", steps) == generate_greedy(lm.model, ids,
+                                                                                 steps)
+    for action in ("full@int8", "full@int4", "snapkv-half@int4", "full@bfloat16", "full@eager"):
+        whole_action = parse_action(action)
+        q = build_generator(lm, whole_action.model).loaded.model
+        pair = two_models(lm.model, q, ids, action)
+        press = whole_action.cache_action.make_press(ids.shape[1])
+        want, logits = generate_with_logits(q, ids, steps, press)
+        got = greedy(pair, "q", steps)
+        if whole_action.model.dtype == "bfloat16":
+            assert_equal_up_to_a_tie(got, want, logits)
+        else:
+            assert got == want, action
+        del pair, q

@@ -91,7 +91,10 @@ def assert_same_units(a: Path, b: Path, units: int) -> None:
     for kind in KINDS:
         assert len(left[kind]) == units and left[kind].keys() == right[kind].keys()
         for name, table in left[kind].items():
-            assert table.equals(right[kind][name]), (kind, name)
+            other = right[kind][name]
+            differ = [(c, table.column(c).to_pylist(), other.column(c).to_pylist())
+                      for c in table.column_names if not table.column(c).equals(other.column(c))]
+            assert table.equals(other), (kind, name, differ)
 
 
 def test_study_on_ray_stores_the_local_records(ray_cluster, tiny_model_dir, tmp_path):
@@ -104,7 +107,7 @@ def test_study_on_ray_stores_the_local_records(ray_cluster, tiny_model_dir, tmp_
     config.write_text(f"""
 [study]
 models = ["{tiny_model_dir}"]
-actions = ["snapkv-half", "recent-half"]
+actions = ["snapkv-half", "recent-half@int8"]
 replicates = 3
 horizon = 6
 depths = [2]

@@ -78,8 +78,10 @@ def model_documents(config: StudyConfig, fixed: list[Document], tokenizer) -> li
 
 
 def _prepared(config: StudyConfig, run: RunConfig, fixed: list[Document], in_process: bool,
-              allow_download: bool, load: Callable[[], object] | None):
-    """A model's driver side and documents, checked against its context window and layers."""
+              allow_download: bool, load: Callable[[], object] | None,
+              given: object | None = None):
+    """A model's driver side and documents, checked against its context window and layers
+    (``given``: the model, where it is in memory already)."""
     from kvdrift.lm.factory import (
         LMPairSource,
         check_actions_fit,
@@ -93,13 +95,14 @@ def _prepared(config: StudyConfig, run: RunConfig, fixed: list[Document], in_pro
     source = LMPairSource(run.model, config.device, config.dtype, config.chat_template,
                           allow_download, presses, eager=frozenset(run.extra.get("eager", ())),
                           generators=config.generators or None)
+    specs = [a for a in run.actions if a not in config.generators]  # spec strings, presses
+    # Q's tokenizer and layers against P's, before any weights load (P's too, where named)
+    check_generators_fit(specs, given if given is not None else run.model, allow_download)
     side = driver_side(source, in_process, load)
     docs = model_documents(config, fixed, side.tokenizer)
     prompts = check_fits(docs, run.horizon, side, config.chat_template)
-    specs = [a for a in run.actions if a not in config.generators]  # spec strings, presses
     check_questions_fit(docs, specs, presses)  # before the press's own rules
     check_actions_fit(specs, side, presses, run.horizon, prompts, run.estimator)
-    check_generators_fit(specs, side, allow_download)
     limits.batch_memory(min(run.batch or run.replicates, run.replicates),
                         len(side.tokenizer), run.model)  # a batch holds <= K rows
     return side, docs
@@ -170,7 +173,7 @@ def run_study(
         def prepared(run: RunConfig, in_process: bool):
             if run.model in models:
                 return _prepared(config, run, fixed, True, allow_download,
-                                 functools.partial(models.get, run.model))
+                                 functools.partial(models.get, run.model), models[run.model])
             return _prepared(config, run, fixed, in_process, allow_download,
                              functools.partial(load, run.model) if load else None)
 
@@ -218,6 +221,6 @@ def run_in_memory(
     for name in config.models:
         run = config.for_model(name)
         side, docs = _prepared(config, run, fixed, True, False,
-                               functools.partial(models.get, name))
+                               functools.partial(models.get, name), models[name])
         run_units(run, docs, side.build(), store, on_unit=on_unit)
     return store

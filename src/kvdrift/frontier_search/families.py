@@ -25,7 +25,9 @@ from fractions import Fraction
 from typing import Any
 
 from kvdrift import checks
+from kvdrift.lm.grammar.model_spec import WEIGHT_TYPES
 from kvdrift.lm.grammar.names import check_action_names
+from kvdrift.records.schema import WEIGHTS_COLUMNS
 
 #: The fine grid of ratios kept that an eviction family may be tried at (sixteenths).
 RATIO_STEPS = 16
@@ -50,11 +52,15 @@ class Ladder:
     actions: tuple[str, ...]
 
 
+WEIGHTS_FAMILY = "weights"
+"""The family of Q's models: P's weights as each llama.cpp weight type, most bits first
+(``full@q8_0`` ... ``full@mxfp4``); its memory is Q's weights (``weights_fraction``)."""
 LADDERS: dict[str, Ladder] = {
     "kivi": Ladder(tuple(f"{b} bits" for b in KIVI_BITS),
                    tuple(f"kivi:bits={b}" for b in KIVI_BITS)),
     "gguf": Ladder(GGUF_TYPES, tuple(f"gguf:k={t},v={t}" for t in GGUF_TYPES)),
     "fp8": Ladder(FP8_FORMATS, tuple(f"fp8:{f}" for f in FP8_FORMATS)),
+    WEIGHTS_FAMILY: Ladder(tuple(WEIGHT_TYPES), tuple(f"full@{t}" for t in WEIGHT_TYPES)),
 }
 """The quantization families by name; any other family is an eviction (a ratio axis)."""
 
@@ -120,8 +126,15 @@ def _decodes(name: str) -> bool:
 
 def memory_column(families: Sequence[Family]) -> str:
     """The replicate column a frontier of ``families`` measures memory by: Q's cache over the
-    generation when any family compresses during it, else Q's prompt cache (module
-    docstring)."""
+    generation when any family compresses during it, Q's weights for the weights family (which
+    no cache family joins), else Q's prompt cache (module docstring)."""
+    weights = [f.name == WEIGHTS_FAMILY for f in families]
+    if any(weights):
+        if not all(weights):
+            raise ValueError(f"the {WEIGHTS_FAMILY!r} family's memory is Q's weights and a "
+                             f"cache family's is Q's cache: one frontier ranks one memory; "
+                             f"search them in two frontiers")
+        return WEIGHTS_COLUMNS[1]
     return "kv_fraction_generation" if any(is_decoding(f) for f in families) else "kv_fraction"
 
 

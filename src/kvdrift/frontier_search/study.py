@@ -67,6 +67,7 @@ class FrontierConfig:
                     raise ValueError(f"{exc}; a family of your own needs its presses file "
                                      f"again (--presses FILE, with FAMILIES)") from None
             parsed.append(family)
+        memory_column(parsed)  # one memory axis: the weights family joins no cache family
         if made:
             study = replace(study, presses=user.merged(UserPresses(made, source=user.source)))
         return cls(study, tuple(parsed), parse_measure(measure, cap), settings)

@@ -1,4 +1,4 @@
-"""The language-model world behind the KernelPair protocol, in five rooms, lowest first.
+"""The language-model world behind the KernelPair protocol, in six rooms, lowest first.
 
 - :mod:`kvdrift.lm.grammar`: what an action spec may say, checked without torch or kvpress;
 - :mod:`kvdrift.lm.loading`: loading a model and its tokenizer, and digests of what was loaded;
@@ -7,6 +7,8 @@
   identity of a press object);
 - :mod:`kvdrift.lm.engine`: the decoding engine (prefill, the shared prompt cache, shared
   attention, decoding-time compression, ``LMKernelPair``, the general path for press objects).
+- :mod:`kvdrift.lm.generators`: Q as another model on P's tokenizer (a weight type, a dtype,
+  an attention implementation, another checkpoint, a model handed over) and the two-model pair.
 
 Above them, :mod:`kvdrift.lm.factory` hands out kernel pairs for (document, action) units on one
 loaded model and :mod:`kvdrift.lm.attribution` says what Q's cache had lost at a divergence.

@@ -384,7 +384,6 @@ class DriverSide:
     context_window: int | None
     layers: int | None = None  # the model's layers (per-layer actions are checked against it)
     attention_window: int | None = None  # every layer's sliding window (Mistral v0.1), if any
-    config: Any = None  # the model's (text) config
 
 
 def driver_side(
@@ -401,8 +400,7 @@ def driver_side(
         config = text_config(source.model, source.allow_download)
         _refuse_sliding(config, source.model)
         return DriverSide(source.model, load_tokenizer(source.model, source.allow_download),
-                          source, window_of(config), layers_of(config), _uniform_window(config),
-                          config)
+                          source, window_of(config), layers_of(config), _uniform_window(config))
     loaded = load() if load else source.load()
     config = loaded.model.config.get_text_config()
     _refuse_sliding(config, source.model)
@@ -411,7 +409,7 @@ def driver_side(
                                         presses=source.presses, eager=source.eager,
                                         generators=source.generators,
                                         allow_download=source.allow_download),
-                      window_of(config), layers_of(config), _uniform_window(config), config)
+                      window_of(config), layers_of(config), _uniform_window(config))
 
 
 def _uniform_window(config: Any) -> int | None:
@@ -467,21 +465,27 @@ def check_actions_fit(actions: Sequence[str], side: DriverSide,
                 raise ValueError(f"action {name!r}: {found}")
 
 
-def check_generators_fit(actions: Sequence[str], side: DriverSide,
+def check_generators_fit(actions: Sequence[str], p_model: str | LoadedModel,
                          allow_download: bool = False) -> None:
-    """Raise a one-line ValueError, before anything is written and before Q's weights load,
-    if an ``<action>@<model>``'s Q cannot run beside P: another checkpoint on another
-    tokenizer, a weight type whose blocks do not fit P's layers
-    (:func:`~kvdrift.lm.generators.build.check_spec_fits`)."""
-    seen = set()
+    """Raise a one-line ValueError, before anything is written and before any weights load
+    (P's model named: only its tokenizer and config are read), if an ``<action>@<model>``'s Q
+    cannot run beside P: another checkpoint on another tokenizer, a weight type whose blocks
+    do not fit P's layers (:func:`~kvdrift.lm.generators.build.check_spec_fits`)."""
+    specs = {}
     for name in actions:
         _, model = split_model(name)
-        if model is None or model in seen:
-            continue
-        seen.add(model)
+        if model is not None and model not in specs:
+            specs[model] = name
+    if not specs:
+        return
+    if isinstance(p_model, LoadedModel):
+        tokenizer, config = p_model.tokenizer, p_model.model.config.get_text_config()
+    else:
+        tokenizer = load_tokenizer(p_model, allow_download)
+        config = text_config(p_model, allow_download)
+    for model, name in specs.items():
         try:
-            check_spec_fits(parse_model(model, name), side.tokenizer, side.config,
-                            allow_download)
+            check_spec_fits(parse_model(model, name), tokenizer, config, allow_download)
         except ValueError as exc:
             raise ValueError(f"action {name!r}: {exc}") from None
 

@@ -93,6 +93,15 @@ GENERATION = (
 )
 """Q's cache over the generation (:mod:`kvdrift.records.generation`): the memory a
 decoding-time press bounds, which ``kv_bytes`` (the prompt cache) does not see."""
+WEIGHTS = (
+    Column("weights_bytes", pa.float64(),
+           "bytes of Q's model's weights (a llama.cpp weight type: as that type stores them; "
+           "else at their dtype)", _GENERATION_WHEN),
+    Column("weights_fraction", pa.float64(),
+           "weights_bytes over P's model's weights at their dtype (1 where Q runs on P's model)",
+           _GENERATION_WHEN),
+)
+"""Q's model's weights (:mod:`kvdrift.lm.generators`): the memory a weight type saves."""
 TIMING = (
     Column("setup_seconds", pa.float64(), "wall time to build the unit's pair"),
     Column("replicate_seconds", pa.float64(), "the estimator's wall time per replicate"),
@@ -149,7 +158,7 @@ REPLICATES = KEY + (
     *TERMS[1:5],
     Column("evaluations", pa.int64(), "kernel-pair evaluations of the replicate"),
     *TERMS[5:],
-) + DEPTH_TERMS + TIMING + MEMORY + (KV_MEASURE,) + GENERATION + SCORES + LOST
+) + DEPTH_TERMS + TIMING + MEMORY + (KV_MEASURE,) + GENERATION + WEIGHTS + SCORES + LOST
 """The replicate columns."""
 
 
@@ -183,6 +192,7 @@ def names(columns: Iterable[Column]) -> tuple[str, ...]:
 FORCED_COLUMNS = names(FORCED)
 MEMORY_COLUMNS = names(MEMORY)
 GENERATION_COLUMNS = names(GENERATION)
+WEIGHTS_COLUMNS = names(WEIGHTS)
 TIMING_COLUMNS = names(TIMING)
 """The only columns that differ between two runs of the same settings."""
 SCORE_COLUMNS = names(SCORES)

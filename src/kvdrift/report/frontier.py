@@ -9,11 +9,21 @@ from pathlib import Path
 import numpy as np
 
 from kvdrift import output
+from kvdrift.frontier_search.families import WEIGHTS_FAMILY
 from kvdrift.frontier_search.result import STATUS_TEXT, BudgetResult, FrontierResult
 from kvdrift.report import page
 from kvdrift.report.figures import plt, save_figure
 from kvdrift.report.numbers import number_text
 from kvdrift.text import printable
+
+
+def memory_words(result: FrontierResult) -> tuple[str, str, str]:
+    """How the frontier's memory axis reads: the axis title, what is held (``cache`` or
+    ``weights``) and what it is a share of (:func:`~kvdrift.frontier_search.families.
+    memory_column`)."""
+    if any(f.family == WEIGHTS_FAMILY for f in result.families):
+        return "Q's weights, % of P's weights (weights_fraction)", "weights", "P's weights"
+    return "Q's KV cache, % of the full cache (kv_fraction)", "cache", "the full cache"
 
 
 def plot_frontier(result: FrontierResult, path: str | Path) -> Path:
@@ -41,7 +51,7 @@ def plot_frontier(result: FrontierResult, path: str | Path) -> Path:
     if result.best is not None:
         ax.plot([100 * result.best.kv_fraction], [result.best.estimate], "*",
                 ms=16, color="gold", mec="black", label=f"best: {result.best.action}")
-    ax.set_xlabel("Q's KV cache, % of the full cache (kv_fraction)")
+    ax.set_xlabel(memory_words(result)[0])
     ax.set_ylabel(result.measure.split()[0])
     ax.set_xlim(0, 105)
     ax.grid(alpha=0.3)
@@ -85,9 +95,10 @@ def headline(result: FrontierResult) -> list[str]:
     else:
         side = "upper" if result.better == "<=" else "lower"
         ties = "".join(f", tied with <code>{escape(t.action)}</code>" for t in result.ties)
-        lines.append(f"<p><strong>Least cache certified for these {result.documents} "
+        _, held, whole = memory_words(result)
+        lines.append(f"<p><strong>Least {held} certified for these {result.documents} "
                      f"documents:</strong> <code>{escape(best.action)}</code>, "
-                     f"{number_text(best.kv_fraction, 100, 1)}% of the full cache{ties} "
+                     f"{number_text(best.kv_fraction, 100, 1)}% of {whole}{ties} "
                      f"(<code>{measure}</code>; {side} bound "
                      f"{number_text(best.bound(result.better), 1, 4)}).</p>")
     items = []
@@ -210,7 +221,8 @@ def frontier_table(result: FrontierResult):
                           f"{100 * b.kv_fraction:.1f}%", number_text(b.estimate, 1, 4),
                           bounds, Text(status_text(b)), str(b.rounds))
     best = "none" if result.best is None else (
-        f"{printable(result.best.action)} at {100 * result.best.kv_fraction:.1f}% of the cache")
+        f"{printable(result.best.action)} at {100 * result.best.kv_fraction:.1f}% of "
+        f"{memory_words(result)[2]}")
     dominated = printable(", ".join(result.dominated)) or "none"
     table.caption = (f"best: {best}; dominated (assuming monotone): {dominated}; "
                      f"{printable(result.guarantee())} {printable(result.scheme.describe())}; "

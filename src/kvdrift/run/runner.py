@@ -32,6 +32,7 @@ from kvdrift.records.schema import (
     KV_MEASURE,
     MEMORY_COLUMNS,
     TIMING_COLUMNS,
+    WEIGHTS_COLUMNS,
 )
 from kvdrift.run import UnitStopped
 from kvdrift.run.documents import document_table
@@ -259,6 +260,7 @@ def with_memory(replicates: pa.Table, pair: KernelPair) -> pa.Table:
     ``kv_fraction_generation``, ``compression_positions``: :mod:`kvdrift.records.generation`)
     and ``kept_per_layer`` (prompt entries each layer keeps per KV head: for a head-adaptive
     cache, the mean over its KV heads), on each row."""
+    weights = getattr(pair, "weights_memory", None)
     # two models: Q's cache on Q's own model (``kv_fraction`` of Q's full cache)
     pair = getattr(pair, "memory_pair", pair)
     memory = getattr(pair, "kv_memory", None)
@@ -278,6 +280,10 @@ def with_memory(replicates: pa.Table, pair: KernelPair) -> pa.Table:
         for column, value in zip(GENERATION, values, strict=True):
             replicates = replicates.append_column(column.name,
                                                   pa.array([value] * n, column.dtype))
+    if weights is not None:
+        for name, value in zip(WEIGHTS_COLUMNS, weights(), strict=True):
+            replicates = replicates.append_column(name, pa.array([float(value)] * n,
+                                                                 pa.float64()))
     return replicates.append_column("kept_per_layer", pa.array([kept] * n, pa.list_(pa.int64())))
 
 

@@ -228,6 +228,12 @@ class LMKernelPair:
         pc = self._prompt["q"]
         return kv_memory(pc.keys, pc.live, self.n_prompt, self.action.quantization)
 
+    def weights_memory(self) -> tuple[float, float]:
+        """``(weights_bytes, weights_fraction)``: the model's weights at their dtype, and 1
+        (Q runs on P's model; two models: :class:`~kvdrift.lm.generators.pair.GeneratorPair`)."""
+        held = {id(p): p.numel() * p.element_size() for p in self.model.parameters()}
+        return float(sum(held.values())), 1.0
+
     @property
     def kv_measure(self) -> str:
         """How :meth:`kv_memory` was obtained (the records' ``kv_measure``)."""

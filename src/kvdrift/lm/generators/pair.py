@@ -85,6 +85,12 @@ class GeneratorPair:
     def kv_measure(self) -> str:
         return self.sides["q"].kv_measure
 
+    def weights_memory(self) -> tuple[float, float]:
+        """``(weights_bytes, weights_fraction)`` of Q's model: its weights as built (a weight
+        type: as that type stores them) and their fraction of P's weights at their dtype."""
+        p_bytes, _ = self.sides["p"].weights_memory()
+        return float(self.generator.weights_bytes), self.generator.weights_bytes / p_bytes
+
     def key_merges(self, key: int) -> None:
         self.sides["q"].key_merges(key)
 
