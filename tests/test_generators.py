@@ -472,3 +472,78 @@ def test_smollm2_sides_are_each_models_own_generate(embedded_smollm2):
         else:
             assert got == want, action
         del pair, q
+
+
+def test_every_reading_runs_on_two_models(tmp_path, tiny_model_dir_hd64):
+    """Rollouts with depths (the interval), SWRB, the report, task-free analysis and ``show``
+    on a moved store run unchanged for a Q on another model; SWRB's and rollouts' R agree
+    with each other within their standard errors (|z| < 4.5, false alarm below 1e-5)."""
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from kvdrift.cli import app
+
+    docs = _docs(tmp_path)
+    runner = CliRunner()
+    runs = {}
+    for estimator in ("rollout", "swrb"):
+        out = tmp_path / estimator
+        result = runner.invoke(app, [
+            "run", "--model", str(tiny_model_dir_hd64), "--docs", str(docs), "--actions",
+            "full@int4,snapkv-half@int8", "--replicates", "24", "--horizon", "6", "--depths",
+            "2", "--estimator", estimator, "--device", "cpu", "--out", str(out), "--json"])
+        assert result.exit_code == 0, result.output
+        runs[estimator] = out
+    report = runner.invoke(app, ["report", str(runs["rollout"]), "--bootstrap", "50"])
+    assert report.exit_code == 0, report.output
+    html = (runs["rollout"] / "report" / "report.html").read_text()
+    assert "full@int4" in html and "snapkv-half@int8" in html
+    analysis = json.loads((runs["rollout"] / "report" / "analysis.json").read_text())
+    assert {a["action"] for a in analysis["actions"]} == {"full@int4", "snapkv-half@int8"}
+    moved = tmp_path / "moved"
+    shutil.move(runs["rollout"], moved)
+    shown = runner.invoke(app, ["show", str(moved), "--action", "full@int4"])
+    assert shown.exit_code == 0, shown.output
+    assert "· full@int4 · replicate" in shown.output and "\nP: " in shown.output
+    import kvdrift
+
+    r = {e: kvdrift.load_records(tmp_path / ("moved" if e == "rollout" else e)).replicates
+         for e in runs}
+    for action in ("full@int4", "snapkv-half@int8"):
+        a = r["rollout"][r["rollout"].action == action]["risk"].to_numpy()
+        b = r["swrb"][r["swrb"].action == action]["risk"].to_numpy()
+        se = np.hypot(a.std(ddof=1) / np.sqrt(a.size), b.std(ddof=1) / np.sqrt(b.size))
+        assert abs(a.mean() - b.mean()) < 4.5 * max(se, 1e-9), (action, a.mean(), b.mean())
+
+
+def test_models_that_do_not_fit_or_need_their_own_code_are_refused_first(
+        tmp_path, tiny_model_dir_hd64, monkeypatch):
+    """Before any weights load, nothing written: P and Q's weights larger than the memory
+    free (read from their files), and a checkpoint whose config asks for its own code."""
+    import shutil
+
+    import kvdrift
+    from kvdrift.lm.generators import build
+
+    docs, out = _docs(tmp_path), tmp_path / "refused"
+    monkeypatch.setattr(build, "_available_bytes", lambda device: 1000)
+    size = (tiny_model_dir_hd64 / "model.safetensors").stat().st_size
+    with pytest.raises(ValueError, match=whole(
+            f"Q's model q8_0 and bfloat16 (with P's {tiny_model_dir_hd64}) needs about "
+            f"{(2 * size + size // 2) / 2**20:.1f} MiB for the weights, more than the 0.0 MiB "
+            f"free on cpu; free memory or use a smaller model")):
+        kvdrift.measure(str(tiny_model_dir_hd64), ["full@int8", "full@bfloat16"], docs, out,
+                        replicates=2, horizon=4, device="cpu")
+    assert not out.exists()
+    monkeypatch.undo()
+    remote = tmp_path / "remote"
+    shutil.copytree(tiny_model_dir_hd64, remote)
+    config = json.loads((remote / "config.json").read_text())
+    config |= {"model_type": "kvdrift-unknown", "auto_map": {"AutoConfig": "mine.Config"}}
+    (remote / "config.json").write_text(json.dumps(config))
+    own_code = f"^action 'full@{re.escape(str(remote))}': .*its own Python code"
+    with pytest.raises(ValueError, match=own_code):
+        kvdrift.measure(str(tiny_model_dir_hd64), [f"full@{remote}"], docs, out, replicates=2,
+                        horizon=4, device="cpu")
+    assert not out.exists()

@@ -97,7 +97,8 @@ def _prepared(config: StudyConfig, run: RunConfig, fixed: list[Document], in_pro
                           generators=config.generators or None)
     specs = [a for a in run.actions if a not in config.generators]  # spec strings, presses
     # Q's tokenizer and layers against P's, before any weights load (P's too, where named)
-    check_generators_fit(specs, given if given is not None else run.model, allow_download)
+    check_generators_fit(specs, given if given is not None else run.model, allow_download,
+                         config.device, config.dtype)
     side = driver_side(source, in_process, load)
     docs = model_documents(config, fixed, side.tokenizer)
     prompts = check_fits(docs, run.horizon, side, config.chat_template)

@@ -48,6 +48,7 @@ from kvdrift.lm.engine.question import after_context_refusal, append_question
 from kvdrift.lm.generators.build import (
     Generator,
     build_generator,
+    check_models_fit_memory,
     check_spec_fits,
     given_generator,
 )
@@ -466,7 +467,8 @@ def check_actions_fit(actions: Sequence[str], side: DriverSide,
 
 
 def check_generators_fit(actions: Sequence[str], p_model: str | LoadedModel,
-                         allow_download: bool = False) -> None:
+                         allow_download: bool = False, device: str = "auto",
+                         dtype: str = "float32") -> None:
     """Raise a one-line ValueError, before anything is written and before any weights load
     (P's model named: only its tokenizer and config are read), if an ``<action>@<model>``'s Q
     cannot run beside P: another checkpoint on another tokenizer, a weight type whose blocks
@@ -488,6 +490,9 @@ def check_generators_fit(actions: Sequence[str], p_model: str | LoadedModel,
             check_spec_fits(parse_model(model, name), tokenizer, config, allow_download)
         except ValueError as exc:
             raise ValueError(f"action {name!r}: {exc}") from None
+    if not isinstance(p_model, LoadedModel):  # P and every Q in memory at once
+        check_models_fit_memory(p_model, [parse_model(m, n) for m, n in specs.items()], device,
+                                dtype)
 
 
 def check_questions_fit(documents: Sequence[Document], actions: Sequence[str],

@@ -54,7 +54,12 @@ from kvdrift.lm.actions.presses import (
     wrapper_problem,
 )
 from kvdrift.lm.grammar.fields import ActionError, split_actions, split_fields
-from kvdrift.lm.grammar.model_spec import ModelSpec, parse_model_action, split_model
+from kvdrift.lm.grammar.model_spec import (
+    ModelSpec,
+    model_rule,
+    parse_model_action,
+    split_model,
+)
 from kvdrift.lm.grammar.names import split_prefix
 from kvdrift.lm.quantized.transform import (
     Quantization,
@@ -417,6 +422,10 @@ def actions_help() -> str:
     lines.append("Quantizations (last in a chain; bits per element with scales, head_dim 64):")
     for form, what, bits in quantization_table():
         lines.append(f"  {form:<42} {bits:>5} bits  {what}")
+    lines.append("")
+    lines.append("Q on another model: <action>@<model>, the model's parts joined with '+':")
+    lines.append(f"  {model_rule()}")
+    lines.append("  e.g. full@int4, snapkv-half@q8_0, full@bfloat16, full@eager, full@./my-draft")
     lines.append("")
     lines.append("Scorers: " + ", ".join(
         f"{short} ({cls})" for short, cls in SCORERS.items() if cls in scorer_classes()))

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,7 +22,13 @@ from kvdrift.lm.generators.weights import (
     quantize_weights,
 )
 from kvdrift.lm.grammar.model_spec import ModelSpec
-from kvdrift.lm.loading.model import DTYPES, LoadedModel, load_model, load_tokenizer
+from kvdrift.lm.loading.model import (
+    DTYPES,
+    LoadedModel,
+    load_model,
+    load_tokenizer,
+    text_config,
+)
 
 
 @dataclass(frozen=True)
@@ -57,18 +62,49 @@ def check_fits_memory(needed: int, device: torch.device, what: str) -> None:
     """One-line ValueError if ``needed`` bytes do not fit in what ``device`` has free."""
     free = _available_bytes(device)
     if free is not None and needed > free:
-        raise ValueError(f"Q's model {what} needs about {needed / 2**30:.1f} GiB for its "
-                         f"weights, more than the {free / 2**30:.1f} GiB free on {device}; "
-                         f"free memory or use a smaller model")
+        raise ValueError(f"Q's model {what} needs about {_size(needed)} for the weights, more "
+                         f"than the {_size(free)} free on {device}; free memory or use a "
+                         f"smaller model")
 
 
-def _checkpoint_bytes(name: str) -> int | None:
-    """Bytes of a local checkpoint's weight files (None for a hub id)."""
-    folder = Path(name).expanduser()
-    if not folder.is_dir():
+def _size(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def checkpoint_bytes(name: str) -> int | None:
+    """Bytes of a checkpoint's weight files, where they are on this machine (a folder, the
+    embedded model's converted cache, a hub id in the local cache), else None."""
+    from kvdrift.lm.generators.identity import checkpoint_folder
+    from kvdrift.lm.loading.model import DEFAULT_MODEL, smollm2_cache_dir
+
+    folder = smollm2_cache_dir() if name == DEFAULT_MODEL else checkpoint_folder(name)
+    if folder is None or not folder.is_dir():
         return None
     return sum(p.stat().st_size for p in folder.glob("*.safetensors")) or \
         sum(p.stat().st_size for p in folder.glob("*.bin")) or None
+
+
+def check_models_fit_memory(p_name: str, specs: list[ModelSpec], device: str,
+                            p_dtype: str = "float32") -> None:
+    """One-line ValueError, before any weights load, if P's weights and every Q's (a copy of
+    P's at its dtype, or another checkpoint's files) would not fit in what ``device`` has
+    free; sizes are read from the files on disk (nothing is refused where they are not)."""
+    p_bytes = checkpoint_bytes(p_name)
+    total, named = p_bytes or 0, []
+    for spec in specs:
+        size = checkpoint_bytes(spec.checkpoint) if spec.checkpoint else p_bytes
+        if size is None:
+            continue
+        if spec.dtype is not None and spec.checkpoint is None:
+            size = (size * torch.empty((), dtype=DTYPES[spec.dtype]).element_size()
+                    // torch.empty((), dtype=DTYPES[p_dtype]).element_size())
+        total += size
+        named.append(spec.text)
+    if named:
+        from kvdrift.lm.loading.model import resolve_device
+
+        check_fits_memory(total, resolve_device(device),
+                          f"{' and '.join(named)} (with P's {p_name})")
 
 
 def config_linear_inputs(config: Any) -> dict[str, int]:
@@ -90,6 +126,7 @@ def check_spec_fits(spec: ModelSpec, p_tokenizer: Any, p_config: Any,
     checkpoint's tokenizer is P's; a weight type's blocks fit every linear layer's rows (from
     P's config)."""
     if spec.checkpoint is not None:
+        text_config(spec.checkpoint, allow_download)  # a config needing its own code: refused
         check_one_tokenizer(p_tokenizer, load_tokenizer(spec.checkpoint, allow_download),
                             spec.checkpoint)
     if spec.weights is not None and spec.checkpoint is None and p_config is not None:
@@ -106,7 +143,7 @@ def build_generator(p: LoadedModel, spec: ModelSpec, allow_download: bool = Fals
     if spec.checkpoint is not None:
         tokenizer = load_tokenizer(spec.checkpoint, allow_download)
         check_one_tokenizer(p.tokenizer, tokenizer, spec.checkpoint)
-        size = _checkpoint_bytes(spec.checkpoint)
+        size = checkpoint_bytes(spec.checkpoint)
         if size is not None:
             check_fits_memory(size, p.device, spec.checkpoint)
         loaded = load_model(spec.checkpoint, p.device, dtype,
