@@ -24,6 +24,8 @@ def frontier(
                                  help="Comma list of method families whose budget the search "
                                  "varies: eviction presses (snapkv, recent, pyramidkv, "
                                  "adakv-snapkv, ...), kivi, gguf, chains (snapkv+kivi:bits=4), "
+                                 "weights (P's weights as llama.cpp's weight types: Q's "
+                                 "weights are then the memory), "
                                  "or a decoding-time press over its target "
                                  "(decoding-knorm, decoding-snapkv:interval=64,window_size=4, "
                                  "cam-knorm:interval=64,merge=8)."),

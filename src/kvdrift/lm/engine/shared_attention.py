@@ -134,8 +134,8 @@ def _attend_groups(
     kv_heads = groups[0][0][0].prompt_keys.shape[1]
     g = heads // kv_heads
     q = query.reshape(n, kv_heads, g, dim)
-    if q.device.type == "cpu" and q.dtype in HALF:  # scaled in float32, as the kernels scale
-        q = q.float()
+    if q.device.type == "cpu" and q.dtype in HALF:
+        q = q.float()  # scaled in float32, as PyTorch's CPU kernels scale
     q = q * scale  # [n, kv, g, dim], once for all rows
     outs_p, lses_p, outs_o, lses_o = [], [], [], []
     start, index = 0, 0
@@ -238,11 +238,12 @@ def _fused_attention(
     ``_scaled_dot_product_efficient_attention`` (any mask); else, or if the kernel refuses the
     inputs, matrix products and a softmax (:func:`_softmax_attention`). The log-sum-exp of a
     row that sees no entry is not defined here (callers that allow such rows fix it)."""
+    if q.device.type == "cpu" and keys.dtype in HALF:
+        # both parts in float32, rounded once after the merge (as PyTorch's CPU kernel over
+        # the whole cache rounds its float32 result once)
+        q, keys, values = q.float(), keys.float(), values.float()
+        bias = None if bias is None else bias.float()
     if q.device.type == "cpu" and _FLASH_CPU is not None:
-        if keys.dtype in HALF:  # both parts in float32, rounded once after the merge (as
-            # PyTorch's CPU kernel over the whole cache rounds its float32 result once)
-            q, keys, values = q.float(), keys.float(), values.float()
-            bias = None if bias is None else bias.float()
         return _FLASH_CPU(q, keys, values, attn_mask=bias, scale=1.0)
     if q.device.type == "cuda" and _CUDA_KERNELS_OK[0]:
         try:
@@ -308,6 +309,8 @@ def _merge(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
     return torch.lerp(out_b.to(dtype), out_a.to(dtype), share)
 
 
+#: On CPU a half-precision model's attention runs in float32 and is rounded once (on a GPU the
+#: fused kernels take half precision themselves).
 HALF = (torch.bfloat16, torch.float16)
 _FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 _CUDA_KERNELS_OK = [True]  # cleared (with a warning) the first time a CUDA kernel refuses
