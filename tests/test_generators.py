@@ -547,3 +547,33 @@ def test_models_that_do_not_fit_or_need_their_own_code_are_refused_first(
         kvdrift.measure(str(tiny_model_dir_hd64), [f"full@{remote}"], docs, out, replicates=2,
                         horizon=4, device="cpu")
     assert not out.exists()
+
+
+def test_p_may_carry_a_model_part_too(tmp_path, tiny_model_dir_hd64):
+    """``--model NAME@PART``: P's checkpoint loads, then its part applies (here its weights as
+    Q8_0); the records carry the name, the fingerprint the digest of the quantized weights;
+    another checkpoint as P's part is refused in one line, nothing written."""
+    import kvdrift
+    from kvdrift.lm.generators.build import load_side_model
+    from kvdrift.lm.loading.digest import weights_digest
+    from kvdrift.lm.loading.model import load_model
+
+    name = f"{tiny_model_dir_hd64}@q8_0"
+    p = load_side_model(name)
+    plain = load_model(str(tiny_model_dir_hd64))
+    quantize_weights(plain.model, "q8_0")
+    assert weights_digest(p.model) == weights_digest(plain.model) and p.name == name
+    out = tmp_path / "run"
+    m = kvdrift.measure(name, ["full", "full@bfloat16"], _docs(tmp_path), out, replicates=2,
+                        horizon=4, bootstrap=0, device="cpu")
+    assert set(m.records.replicates["model"]) == {name}
+    fingerprint = json.loads(pq.read_schema(next((out / "replicates").glob("*.parquet")))
+                             .metadata[FINGERPRINT_KEY])
+    assert fingerprint["weights_sha256"] == weights_digest(plain.model)
+    with pytest.raises(ValueError, match=whole(
+            f"model '{tiny_model_dir_hd64}@./other': P's checkpoint is the name before '@'; its "
+            f"'@' part takes a weight type, a dtype or an attention, not another model "
+            f"('./other')")):
+        kvdrift.measure(f"{tiny_model_dir_hd64}@./other", ["full"], _docs(tmp_path),
+                        tmp_path / "refused", replicates=2, horizon=4)
+    assert not (tmp_path / "refused").exists()

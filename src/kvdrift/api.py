@@ -156,7 +156,7 @@ def measure(
     check_overrides(bootstrap, alpha)  # before any work, not after the whole study
     from kvdrift.analysis.study import analyze as analyze_records
     from kvdrift.directory import Records, StudyDirectory
-    from kvdrift.lm.loading.model import load_model
+    from kvdrift.lm.generators.build import load_side_model
     from kvdrift.lm.loading.user_model import Model, left_as_found
     from kvdrift.measurement import Measurement
     from kvdrift.run.store import package_versions
@@ -181,7 +181,7 @@ def measure(
             from kvdrift.lm.loading.pretrained import check_model_name
 
             check_model_name(name)
-            loaded = load_model(name, config.device, config.dtype)
+            loaded = load_side_model(name, config.device, config.dtype)
         store = run_in_memory(config, {name: loaded}, on_unit=on_unit)
     steps, replicates = store.read("steps").to_pandas(), store.read("replicates").to_pandas()
     options = replace(config.analysis, **{k: v for k, v in (("bootstrap", bootstrap),
@@ -336,9 +336,9 @@ def frontier(
 
     @functools.cache
     def load(name: str) -> object:  # every stage runs on the study's device and dtype
-        from kvdrift.lm.loading.model import load_model
+        from kvdrift.lm.generators.build import load_side_model
 
-        return load_model(name, config.study.device, config.study.dtype)
+        return load_side_model(name, config.study.device, config.study.dtype)
 
     def run_stage(stage: StudyConfig, where: Path) -> None:
         models = {given.name: loaded} if given is not None else None

@@ -45,7 +45,9 @@ def check_models(models: Iterable[Any]) -> None:
     """The embedded model's converted cache, where a study uses it: a cache root others can
     write, a link, or a converted folder its sealed manifest does not vouch for is refused
     before torch is imported (:func:`kvdrift.lm.loading.embedded.check_cache`)."""
-    if any(str(m) == DEFAULT_MODEL for m in models):
+    from kvdrift.lm.grammar.model_spec import split_p_model
+
+    if any(split_p_model(str(m))[0] == DEFAULT_MODEL for m in models):
         check_cache()
 
 

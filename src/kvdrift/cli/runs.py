@@ -72,13 +72,13 @@ def run_with_progress(config, out: Path, recompute: bool, allow_download: bool,
                 show()
 
             def load(name):
-                from kvdrift.lm.loading.model import load_model
+                from kvdrift.lm.generators.build import load_side_model
 
                 if models is not None and name in models:
                     return models[name]
                 progress.update(task, description=f"loading {escape(printable(name))}")
-                model = load_model(name, config.device, config.dtype,
-                                   allow_download=allow_download)
+                model = load_side_model(name, config.device, config.dtype,
+                                        allow_download=allow_download)
                 if models is not None:
                     models[name] = model
                 return model

@@ -51,6 +51,7 @@ from kvdrift.lm.generators.build import (
     check_models_fit_memory,
     check_spec_fits,
     given_generator,
+    load_side_model,
 )
 from kvdrift.lm.generators.pair import GeneratorPair
 from kvdrift.lm.grammar.model_spec import parse_model, split_model
@@ -59,7 +60,6 @@ from kvdrift.lm.loading.model import (
     encode_prompt,
     encode_split,
     layers_of,
-    load_model,
     load_tokenizer,
     sliding_window_refusal,
     text_config,
@@ -365,8 +365,8 @@ class LMPairSource:
     generators: Mapping[str, LoadedModel] | None = None
 
     def load(self) -> LoadedModel:
-        return load_model(self.model, self.device, self.dtype,
-                          allow_download=self.allow_download)
+        return load_side_model(self.model, self.device, self.dtype,
+                               allow_download=self.allow_download)
 
     def __call__(self) -> LMPairFactory:
         return LMPairFactory(self.load(), self.chat_template, presses=self.presses,

@@ -89,7 +89,9 @@ def check_models_fit_memory(p_name: str, specs: list[ModelSpec], device: str,
     """One-line ValueError, before any weights load, if P's weights and every Q's (a copy of
     P's at its dtype, or another checkpoint's files) would not fit in what ``device`` has
     free; sizes are read from the files on disk (nothing is refused where they are not)."""
-    p_bytes = checkpoint_bytes(p_name)
+    from kvdrift.lm.loading.model import base_model
+
+    p_bytes = checkpoint_bytes(base_model(p_name))
     total, named = p_bytes or 0, []
     for spec in specs:
         size = checkpoint_bytes(spec.checkpoint) if spec.checkpoint else p_bytes
@@ -175,3 +177,22 @@ def given_generator(p: LoadedModel, given: LoadedModel, name: str) -> Generator:
     return Generator(given, name, parameter_bytes(given.model))
 
 
+
+
+def load_side_model(name: str, device: str | torch.device = "cpu",
+                    dtype: str | torch.dtype = "float32",
+                    allow_download: bool = False) -> LoadedModel:
+    """P's model by name: a checkpoint, or one with an ``@`` part (``smollm2@q8_0``, its
+    weights as Q8_0; ``smollm2@eager``): the checkpoint loads, then the part applies to it in
+    place (a dtype part overrides ``dtype``)."""
+    from kvdrift.lm.grammar.model_spec import split_p_model
+
+    base, spec = split_p_model(name)
+    if spec is None:
+        return load_model(name, device, dtype, allow_download=allow_download)
+    loaded = load_model(base, device, spec.dtype or dtype,
+                        attn_implementation=spec.attention or "sdpa",
+                        allow_download=allow_download)
+    if spec.weights is not None:
+        quantize_weights(loaded.model, spec.weights)
+    return LoadedModel(loaded.model, loaded.tokenizer, name, loaded.device, loaded.dtype)

@@ -15,7 +15,8 @@ A part is a weight type (``q8_0``, ``q5_1``, ``q5_0``, ``q4_1``, ``q4_0``, ``mxf
 ``int8`` and ``int4`` name ``q8_0`` and ``q4_0``), a dtype (``float32``, ``bfloat16``,
 ``float16``), an attention implementation (``sdpa``, ``eager``), or any other text: a model
 name or path (taken before the other parts apply). Each kind at most once. P is the run's
-model (``--model``, ``--dtype``); without ``@`` Q runs on P's model.
+model (``--model``, ``--dtype``), whose name may carry a part too (``smollm2@q8_0``:
+:func:`split_p_model`); without ``@`` Q runs on P's model.
 """
 
 from __future__ import annotations
@@ -145,3 +146,23 @@ def parse_model(text: str, whole: str | None = None) -> ModelSpec:
             once("checkpoint", part, part)
     return ModelSpec(checkpoint=found.get("checkpoint"), dtype=found.get("dtype"),
                      attention=found.get("attention"), weights=found.get("weights"))
+
+
+def split_p_model(name: str) -> tuple[str, ModelSpec | None]:
+    """P's model name with an ``@`` part (``smollm2@q8_0``: the embedded model, its weights
+    as Q8_0) -> ``("smollm2", ModelSpec(weights="q8_0"))``; a one-line ValueError for a bad
+    part or a checkpoint part (P's checkpoint is the name before ``@``)."""
+    base, model = split_model(name)
+    if model is None:
+        return name, None
+    if not base:
+        raise ValueError(f"model {name!r}: name the model before '@' (e.g. smollm2@q8_0)")
+    try:
+        spec = parse_model(model, None)
+    except ValueError as exc:
+        raise ValueError(f"model {name!r}: {exc}") from None
+    if spec.checkpoint is not None:
+        raise ValueError(f"model {name!r}: P's checkpoint is the name before '@'; its '@' "
+                         f"part takes a weight type, a dtype or an attention, not another "
+                         f"model ({spec.checkpoint!r})")
+    return base, spec

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from kvdrift import checks
+from kvdrift.lm.grammar.model_spec import split_p_model
 from kvdrift.lm.loading import converted_cache, from_cache, pins
 from kvdrift.lm.loading.embedded import (  # re-exported: where the embedded model lives
     DEFAULT_MODEL,
@@ -210,12 +211,22 @@ def _model_source(name_or_path: str) -> str:
     return name_or_path
 
 
+def base_model(name_or_path: str) -> str:
+    """The checkpoint of a model name that carries an ``@`` part (``smollm2@q8_0`` ->
+    ``smollm2``): its tokenizer and config are the checkpoint's
+    (:mod:`kvdrift.lm.generators.build` applies the part once the weights load)."""
+    if not isinstance(name_or_path, str):
+        return name_or_path
+    return split_p_model(name_or_path)[0]
+
+
 def load_tokenizer(name_or_path: str = DEFAULT_MODEL, allow_download: bool = False) -> Any:
     """The tokenizer of a model, without its weights (what a driver needs to size documents,
     and what ``kvdrift show`` decodes with). The embedded model's comes from its converted
     cache where that exists, else from the GGUF file alone, without converting the weights."""
     from transformers import AutoTokenizer
 
+    name_or_path = base_model(name_or_path)
     if name_or_path == DEFAULT_MODEL:
         if not is_complete_model_dir(smollm2_cache_dir()):
             return _smollm2_gguf_tokenizer()
@@ -272,6 +283,7 @@ def text_config(name_or_path: str = DEFAULT_MODEL, allow_download: bool = False)
     """The model's (text) config alone, without its weights."""
     from transformers import AutoConfig
 
+    name_or_path = base_model(name_or_path)
     if name_or_path == DEFAULT_MODEL:
         with _embedded() as cache:
             return from_cache.config(cache).get_text_config()

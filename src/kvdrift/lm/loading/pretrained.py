@@ -125,7 +125,12 @@ def pretrained_options(name_or_path: str | Path, allow_download: bool = False) -
 def check_model_name(name: str, allow_download: bool = False) -> None:
     """Refuse, before anything heavy is imported, a model that cannot load without the network
     or that needs its own code (``"smollm2"``, the embedded model, always loads), and a
-    download when the hub cannot be reached (:class:`HubUnreachable`)."""
+    download when the hub cannot be reached (:class:`HubUnreachable`); a name with an ``@``
+    part (``smollm2@q8_0``) is checked as its checkpoint, the part by its grammar."""
+    from kvdrift.lm.grammar.model_spec import split_p_model
+
+    if isinstance(name, str):
+        name = split_p_model(name)[0]
     if name and name != EMBEDDED_MODEL:
         pretrained_options(name, allow_download)
         if not Path(name).is_dir() and cached_config(name) is None:
