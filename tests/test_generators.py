@@ -309,8 +309,7 @@ def test_draft_model_acceptance_matches_speculative_sampling(tiny_llama):
     """kvdrift's acceptance ``1 - F`` and tokens per round for a draft model (P's weights plus
     noise, another model) against Leviathan et al.'s sampler run with that draft; |z| < 3.89
     per comparison (false alarm 1e-4 each, three comparisons), fixed seeds."""
-    from kvdrift.analysis.speculative import acceptance_probs, expected_rounds, generated_lengths
-    from tests.test_readings import SPEC_Z, _Decoder, ratio_and_se, speculative_runs
+    from tests.test_readings import _Decoder, assert_speculative_agrees, speculative_runs
 
     draft = copy.deepcopy(tiny_llama)
     with torch.no_grad():
@@ -321,26 +320,11 @@ def test_draft_model_acceptance_matches_speculative_sampling(tiny_llama):
     steps, runs = 12, 200
     pair = two_models(tiny_llama, draft, ids, "full@draft")
     r = coupled_rollouts(pair, 400, steps, seed=1)
-    N = generated_lengths(r.x_eos.numpy())
-    live = np.arange(1, steps + 1) <= N[:, None]
-    a = acceptance_probs(r.logp_x.numpy(), r.logq_x.numpy())
-    predicted = {"acceptance": ratio_and_se(N - np.where(live, r.f.numpy(), 0).sum(1), N)}
     gammas = [4] * runs + [steps] * runs
     results = speculative_runs(_Decoder(tiny_llama, ids, len(gammas)),
                                _Decoder(draft, ids, len(gammas)), gammas, steps,
                                pair.eos_token_id, seed=2)
-    measured = {}
-    for gamma in (4, steps):
-        predicted[gamma] = ratio_and_se(N, expected_rounds(a, N, gamma))
-        res = [x for x, gg in zip(results, gammas, strict=True) if gg == gamma]
-        tokens = np.array([x["tokens"] for x in res])
-        measured[gamma] = ratio_and_se(tokens, np.array([x["rounds"] for x in res]))
-        if gamma >= steps:
-            measured["acceptance"] = ratio_and_se(np.array([x["accepted"] for x in res]),
-                                                  tokens)
-    for key in predicted:
-        (p, sp), (m, sm) = predicted[key], measured[key]
-        assert abs(p - m) < SPEC_Z * np.hypot(sp, sm), (key, p, m, sp, sm)
+    predicted = assert_speculative_agrees(r, results, gammas, steps)
     assert 0.2 < predicted["acceptance"][0] < 0.99  # a draft that is neither P nor useless
 
 

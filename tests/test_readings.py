@@ -455,30 +455,16 @@ def ratio_and_se(num: np.ndarray, den: np.ndarray) -> tuple[float, float]:
 SPEC_Z = 3.89  # two-sided false alarm 1e-4 per comparison, three comparisons
 
 
-@pytest.mark.slow
-def test_smollm2_speculative_sampler_agrees_with_predictions(embedded_smollm2):
-    from kvdrift.lm.engine.pair import LMKernelPair
-    from kvdrift.lm.loading.model import encode_prompt
-
-    lm = embedded_smollm2
-    text = ("The printing press spread across Europe within decades. Printers moved from city "
-            "to city, carrying type, presses and skills; books became cheaper and more "
-            "plentiful, and readers multiplied. ") * 5
-    ids = encode_prompt(lm.tokenizer, text + "Summarise the text above in two sentences.")
-    steps, runs = 16, 40
-    pair = LMKernelPair(lm, ids, "snapkv-half")
-    r = coupled_rollouts(pair, 64, steps, seed=1)
+def assert_speculative_agrees(r, results, gammas, steps) -> dict:
+    """kvdrift's predictions from coupled rollouts ``r`` (acceptance ``1 - F``, tokens per
+    round for draft lengths 4 and ``steps``) against the speculative sampler's ``results``
+    (its runs' draft lengths ``gammas``): |z| < :data:`SPEC_Z` each. Returns the predictions
+    (estimate, standard error) by key."""
     N = generated_lengths(r.x_eos.numpy())
     live = np.arange(1, steps + 1) <= N[:, None]
     a = acceptance_probs(r.logp_x.numpy(), r.logq_x.numpy())
     rejections = np.where(live, r.f.numpy(), 0).sum(1)
     predicted = {"acceptance": ratio_and_se(N - rejections, N)}
-    press = pair.action.make_press(ids.shape[1])
-    gammas = [4] * runs + [steps] * runs
-    target, drafter = (_Decoder(lm.model, ids, len(gammas)),
-                       _Decoder(lm.model, ids, len(gammas), press))
-    assert drafter.cache.get_seq_length() == ids.shape[1] // 2
-    results = speculative_runs(target, drafter, gammas, steps, pair.eos_token_id, seed=2)
     measured = {}
     for gamma in (4, steps):
         predicted[gamma] = ratio_and_se(N, expected_rounds(a, N, gamma))
@@ -493,6 +479,29 @@ def test_smollm2_speculative_sampler_agrees_with_predictions(embedded_smollm2):
     for key in predicted:
         (p, sp), (m, sm) = predicted[key], measured[key]
         assert abs(p - m) < SPEC_Z * np.hypot(sp, sm), (key, p, m, sp, sm)
+    return predicted
+
+
+@pytest.mark.slow
+def test_smollm2_speculative_sampler_agrees_with_predictions(embedded_smollm2):
+    from kvdrift.lm.engine.pair import LMKernelPair
+    from kvdrift.lm.loading.model import encode_prompt
+
+    lm = embedded_smollm2
+    text = ("The printing press spread across Europe within decades. Printers moved from city "
+            "to city, carrying type, presses and skills; books became cheaper and more "
+            "plentiful, and readers multiplied. ") * 5
+    ids = encode_prompt(lm.tokenizer, text + "Summarise the text above in two sentences.")
+    steps, runs = 16, 40
+    pair = LMKernelPair(lm, ids, "snapkv-half")
+    r = coupled_rollouts(pair, 64, steps, seed=1)
+    press = pair.action.make_press(ids.shape[1])
+    gammas = [4] * runs + [steps] * runs
+    target, drafter = (_Decoder(lm.model, ids, len(gammas)),
+                       _Decoder(lm.model, ids, len(gammas), press))
+    assert drafter.cache.get_seq_length() == ids.shape[1] // 2
+    results = speculative_runs(target, drafter, gammas, steps, pair.eos_token_id, seed=2)
+    predicted = assert_speculative_agrees(r, results, gammas, steps)
     assert predicted[4][0] > 1.5  # the drafter is useful: more than 1.5 tokens per round
 
 
