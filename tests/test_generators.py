@@ -393,6 +393,16 @@ def test_model_handed_over_as_q(tmp_path, tiny_model_dir_hd64):
     assert set(m.records.replicates["action"]) == {"bf16", "snapkv-half"}
     assert dict(q.model._forward_hooks) == hooks_before
     assert q.model.config._attn_implementation == "sdpa"
+    other = copy.deepcopy(q.tokenizer)
+    other.chat_template = "{{ messages }}"
+    out = tmp_path / "refused"
+    with pytest.raises(ValueError, match=whole(
+            "Q's model 'mine' is not on P's tokenizer: the chat templates differ; kvdrift "
+            "compares two generators over one vocabulary and one prompt")):
+        kvdrift.measure(kvdrift.Model(p.model, p.tokenizer, "tiny"),
+                        {"mine": kvdrift.Model(q.model, other, "mine")}, _docs(tmp_path), out,
+                        replicates=2, horizon=5)
+    assert not out.exists()
 
 
 def test_refusals_write_nothing(tmp_path, tiny_model_dir_hd64):

@@ -90,6 +90,7 @@ def _prepared(config: StudyConfig, run: RunConfig, fixed: list[Document], in_pro
         check_questions_fit,
         driver_side,
     )
+    from kvdrift.lm.generators.tokenizers import check_one_tokenizer
 
     presses = config.presses.only(run.actions)  # the press objects this study runs
     source = LMPairSource(run.model, config.device, config.dtype, config.chat_template,
@@ -100,6 +101,8 @@ def _prepared(config: StudyConfig, run: RunConfig, fixed: list[Document], in_pro
     check_generators_fit(specs, given if given is not None else run.model, allow_download,
                          config.device, config.dtype)
     side = driver_side(source, in_process, load)
+    for name, q in config.generators.items():  # models handed over as Q: P's tokenizer
+        check_one_tokenizer(side.tokenizer, q.tokenizer, name)
     docs = model_documents(config, fixed, side.tokenizer)
     prompts = check_fits(docs, run.horizon, side, config.chat_template)
     check_questions_fit(docs, specs, presses)  # before the press's own rules
