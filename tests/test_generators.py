@@ -571,3 +571,32 @@ def test_p_may_carry_a_model_part_too(tmp_path, tiny_model_dir_hd64):
         kvdrift.measure(f"{tiny_model_dir_hd64}@./other", ["full"], _docs(tmp_path),
                         tmp_path / "refused", replicates=2, horizon=4)
     assert not (tmp_path / "refused").exists()
+
+
+@pytest.mark.slow
+def test_smollm2_sampled_tvs_equal_an_independent_replay(embedded_smollm2):
+    """The embedded SmolLM2 against its int4 copy at temperature 1: every recorded TV,
+    fixed-history TV, KL and log-probability equals a plain forward of each model over prompt
+    + path, to 1e-4."""
+    from kvdrift.lm.loading.model import encode_prompt
+
+    lm = embedded_smollm2
+    ids = encode_prompt(lm.tokenizer, "Name three rivers of Europe and say one thing about "
+                                      "each of them.")
+    q = build_generator(lm, parse_model("int4")).loaded.model
+    pair = two_models(lm.model, q, ids, "full@int4")
+    K, H = 4, 32
+    r = coupled_rollouts(pair, K, H, temperature=1.0, seed=5)
+    assert (r.tau > 0).all()  # Q4_0 parts from P in every replicate here
+    worst = 0.0
+    for i in range(K):
+        lp_x, lq_y, lq_x = (replay(lm.model, ids, r.x[i], 1.0), replay(q, ids, r.y[i], 1.0),
+                            replay(q, ids, r.x[i], 1.0))
+        live = ~torch.cat([torch.zeros(1, dtype=torch.bool), r.x_eos[i, :-1] | r.y_eos[i, :-1]])
+        rows = torch.arange(H)
+        for got, want in ((r.delta[i], 0.5 * (lp_x.exp() - lq_y.exp()).abs().sum(-1)),
+                          (r.f[i], 0.5 * (lp_x.exp() - lq_x.exp()).abs().sum(-1)),
+                          (r.kl[i], (lp_x.exp() * (lp_x - lq_x)).sum(-1)),
+                          (r.logq_x[i], lq_x[rows, r.x[i]])):
+            worst = max(worst, float((got[live] - want[live]).abs().max()))
+    assert worst < 1e-4, worst
