@@ -600,3 +600,22 @@ def test_smollm2_sampled_tvs_equal_an_independent_replay(embedded_smollm2):
                           (r.logq_x[i], lq_x[rows, r.x[i]])):
             worst = max(worst, float((got[live] - want[live]).abs().max()))
     assert worst < 1e-4, worst
+
+
+def test_a_question_after_the_context_on_two_models(tmp_path, tiny_model_dir_hd64):
+    """kvpress's pipeline protocol with Q on another model: each side's context is
+    compressed on its own model, then the question appended; at temperature 0 the side
+    whose model equals P's (``full@float32``: a copy of P's weights) gives P's tokens."""
+    import kvdrift
+
+    path = tmp_path / "qa.jsonl"
+    context = "The ledger of the mill lists wheat, barley and oats for every month. " * 6
+    path.write_text(json.dumps({"id": "qa", "context": context,
+                                "questions": ["What does the ledger list?",
+                                              "For how long?"]}) + "\n")
+    m = kvdrift.measure(str(tiny_model_dir_hd64), ["snapkv-half@int8", "full@float32"], path,
+                        replicates=2, horizon=8, temperature=0.0, bootstrap=0, device="cpu")
+    steps = m.records.steps
+    same = steps[steps.action == "full@float32"]
+    assert (same["x_token"] == same["y_token"]).all() and (same["delta"] < 1e-5).all()
+    assert steps["doc_id"].nunique() == 2  # one unit per question

@@ -204,10 +204,22 @@ class LMPairFactory:
                 generator.loaded, self.chat_template, self.cache_fraction,
                 presses=self.presses, eager=self.eager)
         q_factory = self._q_factories[label]
-        full = self(doc, "full")
+        full = self._full_pair()
         q_pair = q_factory(doc, cache)
         whole = parse_action(action) if action not in self.given else Action(name=action)
         return GeneratorPair(full, q_pair, whole, generator)
+
+    def _full_pair(self) -> LMKernelPair:
+        """P's side of a two-model pair: P's full cache of the current document (its shared
+        reference prefill, with the question appended where the document has one)."""
+        full = Action(name="full")
+        if self._question_ids is not None:
+            answered = self._answered_reference()
+            return LMKernelPair(self.loaded.model, self._ids, full, reference=answered,
+                                compressed=answered, question_after=True)
+        if self._reference is None:
+            self._prefill(None)
+        return LMKernelPair(self.loaded.model, self._ids, full, reference=self._reference)
 
     def __call__(self, doc: Document, action: str) -> LMKernelPair | GeneratorPair:
         self._document(doc)
