@@ -1,9 +1,10 @@
 """Q's model: built from P's (another dtype, attention or weight type) or loaded (another
-checkpoint), or handed over in memory, with the identity a store records for it.
+checkpoint), or handed over in memory; and P's own model where its name carries an ``@`` part.
 
 A derived Q is a copy of P's model, changed as its spec says; P's model is never touched.
-Another checkpoint's tokenizer is checked against P's before its weights load, and a model
-that would not fit in memory is refused before it is copied or loaded (one line each).
+Another checkpoint's tokenizer and config are checked against P's before any weights load,
+and models that would not fit in memory are refused before they are loaded or copied (one
+line each). What a store records of Q is :mod:`~kvdrift.lm.generators.identity`'s.
 """
 
 from __future__ import annotations
