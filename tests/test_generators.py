@@ -89,8 +89,7 @@ def test_model_part_grammar_by_hand():
     spec = parse_model("./draft+bfloat16+eager+q5_1")
     assert (spec.checkpoint, spec.dtype, spec.attention, spec.weights) == (
         "./draft", "bfloat16", "eager", "q5_1")
-    assert spec.text == "./draft+q5_1+bfloat16+eager" and not spec.same_weights
-    assert parse_model("bfloat16").same_weights
+    assert spec.text == "./draft+q5_1+bfloat16+eager"
     assert "on Q's model: P's weights, linear weights as llama.cpp's Q4_0" in \
         parse_action("full@int4").kvpress_call()
     chained = parse_action("snapkv:ratio=0.5+kivi:bits=4@int8")

@@ -73,11 +73,6 @@ class ModelSpec:
         parts = [self.checkpoint] if self.checkpoint else []
         return "+".join(parts + [p for p in (self.weights, self.dtype, self.attention) if p])
 
-    @property
-    def same_weights(self) -> bool:
-        """Whether Q's weights are P's own (another dtype or attention may still apply)."""
-        return self.checkpoint is None and self.weights is None
-
     def describe(self) -> str:
         """One line for ``run.json``, ``kvdrift actions`` and reports."""
         what = [f"checkpoint {self.checkpoint}" if self.checkpoint else "P's weights"]
