@@ -82,6 +82,8 @@ def _prepared(config: StudyConfig, run: RunConfig, fixed: list[Document], in_pro
               given: object | None = None):
     """A model's driver side and documents, checked against its context window and layers
     (``given``: the model, where it is in memory already)."""
+    if config.engine == "llama.cpp":
+        return _prepared_llama(config, run, fixed)
     from kvdrift.lm.factory import (
         LMPairSource,
         check_actions_fit,
@@ -109,6 +111,25 @@ def _prepared(config: StudyConfig, run: RunConfig, fixed: list[Document], in_pro
     check_actions_fit(specs, side, presses, run.horizon, prompts, run.estimator)
     limits.batch_memory(min(run.batch or run.replicates, run.replicates),
                         len(side.tokenizer), run.model)  # a batch holds <= K rows
+    return side, docs
+
+
+def _prepared_llama(config: StudyConfig, run: RunConfig, fixed: list[Document]):
+    """The llama.cpp engine's driver side and documents: actions, GGUF files and prompts
+    checked before llama.cpp loads a model (:mod:`kvdrift.llamacpp`)."""
+    from kvdrift.llamacpp.binding import llama
+    from kvdrift.llamacpp.factory import LlamaCppFactory, check_llama_study, gguf_tokenizer
+    from kvdrift.lm.factory import DriverSide, check_fits
+
+    info = check_llama_study(run.actions, run.model, run.horizon)
+    llama()  # one line, before any work, where llama-cpp-python is missing
+    tokenizer = gguf_tokenizer(run.model)
+    rows = min(run.batch or run.replicates, run.replicates)
+    build = functools.partial(LlamaCppFactory, run.model, tokenizer, run.horizon, rows,
+                              config.chat_template)
+    side = DriverSide(run.model, tokenizer, build, info.context_length, info.layers)
+    docs = model_documents(config, fixed, tokenizer)
+    check_fits(docs, run.horizon, side, config.chat_template)
     return side, docs
 
 
@@ -162,8 +183,11 @@ def run_study(
     if (models or config.generators) and config.executor.kind != "local":
         raise ValueError(f"models given in memory run in this process; use the local executor, "
                          f"not {config.executor.kind!r}")
+    if config.engine == "llama.cpp" and (models or config.executor.kind != "local"):
+        raise ValueError("the llama.cpp engine runs GGUF files in this process: give model "
+                         "names or .gguf paths, with the local executor")
     for name in config.models:  # no network, no model code, no download without a network
-        if name not in models:
+        if name not in models and config.engine == "transformers":
             check_model_name(name, allow_download)
     fixed = fixed_documents(config) if fixed is None else fixed
     if not fixed and not any(s.needs_tokenizer for s in config.documents):

@@ -40,8 +40,9 @@ STUDY_KEYS = {
     "device": str,
     "dtype": str, "chat_template": bool, "cohort": str, "attribution": bool,
     "executor": str, "ray_address": str, "gpus_per_worker": float, "cpus_per_worker": float,
-    "presses": str, "attention": str,
+    "presses": str, "attention": str, "engine": str,
 }
+ENGINES = ("transformers", "llama.cpp")
 COHORTS = ("development", "evaluation")
 SOURCE_KEYS = {
     "ruler": {"source": str, "families": list, "needle_types": list, "lengths": list,
@@ -82,6 +83,7 @@ class StudyConfig:
     attention: str = "auto"  # press objects' prefill: eager where they read weights, or all
     # models handed over as Q by action name (Python: ``{"mine": kvdrift.Model(...)}``)
     generators: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    engine: str = "transformers"  # or "llama.cpp" (docs/llama-cpp.md)
 
     @property
     def press_actions(self) -> tuple[str, ...]:
@@ -96,6 +98,10 @@ class StudyConfig:
 
         extra = {"dtype": self.dtype, "chat_template": self.chat_template,
                  "eager": self.presses.eager(self.run.actions, self.attention)}
+        if self.engine != "transformers":  # recorded only then, so earlier stores resume
+            from kvdrift.llamacpp.binding import engine_record
+
+            extra["engine"] = engine_record()
         return RunConfig(**(asdict(self.run) | {
             "model": model, "extra": extra,
             "presses": self.presses.identities(self.run.actions),
@@ -105,6 +111,10 @@ class StudyConfig:
         """Each action's Q model where it is not P's (:mod:`kvdrift.lm.generators.identity`)."""
         from kvdrift.lm.grammar.model_spec import split_model
 
+        if self.engine == "llama.cpp":
+            from kvdrift.llamacpp.factory import llama_q_identities
+
+            return llama_q_identities(self.run.actions, self.models[0])
         if not self.generators and not any(split_model(a)[1] is not None
                                            for a in self.run.actions):
             return {}  # nothing to import
@@ -131,6 +141,8 @@ class StudyConfig:
             out[RECORDED_KEY] = list(self.press_actions)
         if self.attention != "auto":  # only when asked, so older stores still resume
             out["attention"] = self.attention
+        if self.engine != "transformers":
+            out["engine"] = self.engine
         eager = self.presses.eager(self.run.actions, self.attention)
         if eager:  # the press objects whose prefill ran with eager attention
             out["eager_prefill"] = eager
@@ -228,9 +240,13 @@ def parse_study(data: dict, source: str | None = None, presses: UserPresses | No
         replicates=study.get("replicates", 8), horizon=study.get("horizon", 32),
         depths=study.get("depths", ()), batch=study.get("batch", 0),
         temperature=study.get("temperature", 1.0), seed=study.get("seed", 0))
+    engine = checks.choice(study.get("engine", "transformers"), "[study].engine", ENGINES)
     # every check that needs no model, before torch, transformers or kvpress (preflight.py);
     # names the user's own presses define are parsed once they are loaded
-    preflight.check_actions(actions, defined=set(presses.presses) | press_names | set(given))
+    if engine == "llama.cpp":
+        _check_llama_study(study, actions, presses, given)
+    else:
+        preflight.check_actions(actions, defined=set(presses.presses) | press_names | set(given))
     preflight.check_settings(
         estimator=study.get("estimator", "rollout"), attribution=study.get("attribution", False),
         dtype=study.get("dtype", "float32"), device=study.get("device", "auto"))
@@ -242,7 +258,7 @@ def parse_study(data: dict, source: str | None = None, presses: UserPresses | No
             raise ValueError(f"attribution compares P's and Q's prompt caches on one model; "
                              f"action {other!r} runs Q on another model (drop attribution "
                              f"or that action)")
-    if isinstance(study.get("models"), list):
+    if isinstance(study.get("models"), list) and engine == "transformers":
         preflight.check_models(study["models"])
     options = AnalysisOptions.from_table(analysis)
     from kvdrift.analysis.endpoints import parse_endpoint
@@ -269,7 +285,8 @@ def parse_study(data: dict, source: str | None = None, presses: UserPresses | No
             "seed": study.get("seed", 0), "batch": study.get("batch", 0),
             "attribution": study.get("attribution", False),
             "device": study.get("device", "auto"), "dtype": study.get("dtype", "float32"),
-            "chat_template": study.get("chat_template", True)})
+            "chat_template": study.get("chat_template", True)}
+            | ({"engine": engine} if engine != "transformers" else {}))
     from kvdrift.run.runner import RunConfig
 
     run = RunConfig(
@@ -282,7 +299,7 @@ def parse_study(data: dict, source: str | None = None, presses: UserPresses | No
     )
     from kvdrift.lm.actions.spec import parse_action  # validates names without loading a model
 
-    for a in actions:
+    for a in actions if engine == "transformers" else ():
         if not presses.only([a]) and a not in press_names and a not in given:
             try:
                 parse_action(a)
@@ -298,7 +315,24 @@ def parse_study(data: dict, source: str | None = None, presses: UserPresses | No
         executor=executor, presses=presses, press_names=frozenset(press_names),
         attention=checks.choice(study.get("attention", "auto"), "[study].attention",
                                 ("auto", "eager")),
+        engine=engine,
     )
+
+
+def _check_llama_study(study: dict, actions: tuple[str, ...], presses: UserPresses,
+                       given: frozenset[str]) -> None:
+    """What the llama.cpp engine cannot run, refused before anything loads: actions that are
+    not its cache types, press objects and models handed over (transformers objects), and
+    attribution (it reads transformers' prompt caches)."""
+    from kvdrift.llamacpp.cache_types import check_llama_actions
+
+    if presses.presses or given:
+        raise ValueError("press objects and models given in Python run in the transformers "
+                         "engine; the llama.cpp engine runs cache types and GGUF files")
+    if study.get("attribution", False):
+        raise ValueError("attribution reads transformers' prompt caches; drop it or use the "
+                         "transformers engine")
+    check_llama_actions(actions)
 
 
 def recorded_study(recorded: dict[str, Any]) -> StudyConfig | None:
@@ -400,7 +434,7 @@ def single_model_study(
     batch: int, device: str, dtype: str, chat_template: bool, name: str = "run",
     attribution: bool = False, presses: UserPresses | None = None, attention: str = "auto",
     before_torch: Callable[[dict[str, Any]], None] | None = None,
-    given: Mapping[str, Any] | None = None,
+    given: Mapping[str, Any] | None = None, engine: str = "transformers",
 ) -> StudyConfig:
     """The one-model study that ``kvdrift run`` builds from its arguments: the same checks
     and the same pipeline as a study from a TOML file (``presses``: press objects some
@@ -412,7 +446,8 @@ def single_model_study(
                   "estimator": estimator, "depths": list(depths), "seed": seed, "batch": batch,
                   "device": device, "dtype": dtype, "chat_template": chat_template,
                   "attribution": attribution}
-        | ({"attention": attention} if attention != "auto" else {}),
+        | ({"attention": attention} if attention != "auto" else {})
+        | ({"engine": engine} if engine != "transformers" else {}),
         "documents": [dict(source)]}, presses=presses, read_documents=True,
         before_torch=before_torch, given=frozenset(given or ()))
     return replace(config, generators=dict(given)) if given else config

@@ -111,10 +111,12 @@ def _depths(text: str) -> tuple[int, ...]:
 
 @user_errors
 def run(
-    model: str = typer.Option("smollm2", help="'smollm2' (embedded) or a Hugging Face id/path."),
-    actions: str = typer.Option("snapkv-half,recent-half",
-                                help="Comma list of actions, e.g. snapkv-half,knorm:ratio=0.5,"
-                                "adakv-snapkv:ratio=0.5; 'help' lists every action."),
+    model: str = typer.Option("smollm2", help="'smollm2' (embedded) or a Hugging Face id/path "
+                              "(a .gguf file with --engine llama.cpp)."),
+    actions: str | None = typer.Option(
+        None, help="Comma list of actions, e.g. snapkv-half,knorm:ratio=0.5,"
+        "adakv-snapkv:ratio=0.5 (default snapkv-half,recent-half; with --engine llama.cpp: "
+        "gguf:k=q8_0,v=q8_0,gguf:k=q4_0,v=q4_0); 'help' lists every action."),
     docs: Path | None = typer.Option(None, help="JSONL file of {id, prompt, stratum?} objects, "
                                      "or {id, context, question(s)} (kvpress's protocol) "
                                      "(default: six generated 512-token RULER-style tasks)."),
@@ -141,17 +143,30 @@ def run(
     as_json: bool = typer.Option(False, "--json", help="Print the table as JSON."),
     recompute: bool = typer.Option(False, "--recompute", help=RECOMPUTE_HELP),
     allow_download: bool = typer.Option(False, "--allow-download", help=DOWNLOAD_HELP),
+    engine: str = typer.Option("transformers", help="transformers, or llama.cpp: the actions "
+                               "are llama.cpp's cache types, run inside llama.cpp on GGUF "
+                               "files (docs/llama-cpp.md)."),
 ) -> None:
     """Measure the given actions on one model over a set of documents (a one-model study)."""
     from kvdrift import checks
+    from kvdrift.study_config import ENGINES
 
     checks.choice(attention, "--attention", ("auto", "eager"))
+    checks.choice(engine, "--engine", ENGINES)
     from kvdrift.lm.loading.pretrained import check_model_name
 
+    if actions is None:
+        actions = ("gguf:k=q8_0,v=q8_0,gguf:k=q4_0,v=q4_0" if engine == "llama.cpp"
+                   else "snapkv-half,recent-half")
     if actions.strip() == "help":
         from kvdrift.lm.actions.spec import actions_help
 
-        print(actions_help())
+        if engine == "llama.cpp":
+            from kvdrift.llamacpp.cache_types import rule
+
+            print(f"llama.cpp actions: {rule()}")
+        else:
+            print(actions_help())
         return
     from kvdrift.run.outdir import check_output_dir
 
@@ -160,7 +175,8 @@ def run(
 
     check_run_numbers(replicates=replicates, horizon=horizon, depths=_depths(depths),
                       batch=batch, temperature=temperature, seed=seed, names=FLAGS)
-    check_model_name(model, allow_download)  # before torch and kvpress are imported
+    if engine == "transformers":
+        check_model_name(model, allow_download)  # before torch and kvpress are imported
     from kvdrift.lm.grammar.fields import split_actions
     from kvdrift.user_presses import load_presses_file, refuse_missing_presses
 
@@ -175,7 +191,7 @@ def run(
         temperature=temperature, estimator=estimator, depths=_depths(depths), seed=seed,
         batch=batch, device=device, dtype=dtype, chat_template=chat_template,
         name=_run_name(out), attribution=attribution, presses=user, attention=attention,
-        before_torch=functools.partial(check_resume, out))  # busy, or other settings
+        before_torch=functools.partial(check_resume, out), engine=engine)
     config = replace(config, executor=config.executor.overridden(executor, ray_address))
     from kvdrift.directory import StudyDirectory
     from kvdrift.lm.loading.model import resolve_device

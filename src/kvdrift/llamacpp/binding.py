@@ -20,6 +20,14 @@ INSTALL = (f"the llama.cpp engine needs llama-cpp-python=={LLAMA_CPP_PYTHON}: ru
            f"then pip reuses the build) or `pip install llama-cpp-python=={LLAMA_CPP_PYTHON}`")
 
 
+ENGINE = "llama.cpp"
+
+
+def engine_record() -> str:
+    """What a store records of the engine: its name and the binding's version."""
+    return f"{ENGINE} (llama-cpp-python {LLAMA_CPP_PYTHON})"
+
+
 class LlamaCppMissing(ImportError):
     """llama-cpp-python is not installed (or not the pinned version); the message says how."""
 

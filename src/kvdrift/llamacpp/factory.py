@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from kvdrift.data.document import Document
-from kvdrift.llamacpp.binding import LLAMA_CPP_PYTHON, llama
+from kvdrift.llamacpp.binding import ENGINE, LLAMA_CPP_PYTHON, llama
 from kvdrift.llamacpp.cache_types import BLOCKED, LlamaAction, parse_llama_action
 from kvdrift.llamacpp.files import (
     GgufInfo,
@@ -33,14 +33,8 @@ from kvdrift.llamacpp.pair import LlamaCppPair
 from kvdrift.llamacpp.sequences import SequencePool
 from kvdrift.lm.loading.model import encode_prompt, encode_split
 
-ENGINE = "llama.cpp"
 SLOTS_PER_ROW = 4  # a side's rows: its own and the other side's path (forced), and spares
 MAX_SLOTS = 255  # llama.cpp holds at most 256 sequences per context (one is the prompt)
-
-
-def engine_record() -> str:
-    """What a store records of the engine: its name and the binding's version."""
-    return f"{ENGINE} (llama-cpp-python {LLAMA_CPP_PYTHON})"
 
 
 def q_file(action: LlamaAction, p_file: Path) -> Path:
@@ -78,6 +72,36 @@ def q_identity(action: LlamaAction, p_file: Path) -> dict[str, str]:
                 f"(llama-cpp-python {LLAMA_CPP_PYTHON})"}
     path = model_file(action.model or "")
     return {"engine": ENGINE, "file": str(path), "file_sha256": digest(path)}
+
+
+def gguf_tokenizer(model: str) -> Any:
+    """The tokenizer of a GGUF model as transformers reads it from the file (the embedded
+    model's as the transformers engine loads it), so both engines run on the same ids."""
+    from kvdrift.lm.loading.embedded import DEFAULT_MODEL
+    from kvdrift.lm.loading.model import load_tokenizer
+
+    if model == DEFAULT_MODEL:
+        return load_tokenizer(model)
+    from transformers import AutoTokenizer
+
+    path = model_file(model)
+    try:
+        return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name,
+                                             local_files_only=True, trust_remote_code=False)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ValueError(f"transformers cannot read the tokenizer of {str(path)!r} "
+                         f"({str(exc).splitlines()[0][:120] if str(exc) else exc!r})") from None
+
+
+def llama_q_identities(actions: Sequence[str], p_model: str) -> dict[str, dict[str, str]]:
+    """``{action: identity}`` for every action whose Q runs another file than P's."""
+    p_file = model_file(p_model)
+    out = {}
+    for name in actions:
+        action = parse_llama_action(name)
+        if action.model is not None:
+            out[name] = q_identity(action, p_file)
+    return out
 
 
 class LlamaCppFactory:

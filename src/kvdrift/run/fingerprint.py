@@ -34,10 +34,11 @@ LABELS = {
     "prompt_sha256": "the document's prompt text", "kvdrift": "kvdrift version",
     "attribution": "attribution", "weights_sha256": "weights", "tokenizer_sha256": "tokenizer",
     "press": "press", "protocol": "protocol", "attention": "prefill attention",
-    "q_model": "Q's model",
+    "q_model": "Q's model", "engine": "engine",
 }
 #: Settings a fingerprint records only when not at this value (so earlier stores resume).
-UNRECORDED = {"attribution": False, "protocol": "whole prompt", "attention": None}
+UNRECORDED = {"attribution": False, "protocol": "whole prompt", "attention": None,
+              "engine": None}
 #: The model's identity (digests of what was loaded), and a difference in words: compared only
 #: where both sides record it (stores written before it, and a driver that has not loaded the
 #: weights, do not).

@@ -92,8 +92,8 @@ class RunConfig:
             "kvdrift": kvdrift_version(),
         } | ({"attribution": True} if self.attribution else {}) | (
             {"protocol": doc.protocol} if doc.question is not None else {}) | (
-            {"attention": "eager"} if action in extra.get("eager", ()) else {}) | dict(
-            identity or {})
+            {"attention": "eager"} if action in extra.get("eager", ()) else {}) | (
+            {"engine": extra["engine"]} if "engine" in extra else {}) | dict(identity or {})
 
     def as_dict(self) -> dict:
         out = asdict(self)
@@ -273,6 +273,8 @@ def with_memory(replicates: pa.Table, pair: KernelPair) -> pa.Table:
     if measure is not None:
         replicates = replicates.append_column(KV_MEASURE.name, pa.array([measure] * n,
                                                                         KV_MEASURE.dtype))
+    if not hasattr(pair, "prompt_cache"):  # an engine whose cache keeps every entry
+        return replicates
     kept = pair.prompt_cache("q").kept_per_layer
     if n:
         generation = pair_generation(pair, int(replicates.column("horizon")[0].as_py()))
