@@ -3,8 +3,8 @@
 P's model is a GGUF file (``smollm2``: the embedded one) loaded once; each Q model (another
 file, or P's file requantized) is loaded once on first use. Per document, P's context holds
 the prompt once and serves every action (one prefill for P); each action's Q gets its own
-context with its cache types, prefilled once, except ``full`` on P's own file, which is P's
-context itself. Prompts are tokenized by the model's tokenizer as the transformers engine
+context with its cache types, prefilled once (``full`` too: each side's cells lie as in
+llama.cpp's own run). Prompts are tokenized by the model's tokenizer as the transformers engine
 tokenizes them (chat template included), so both engines run on the same token ids.
 """
 
@@ -152,9 +152,9 @@ class LlamaCppFactory:
             self._doc_id = doc.id
         prompt = [int(t) for t in self._ids.reshape(-1).tolist()]
         full = LlamaAction(name="full")
-        p = self._pool(self.p_file, full, prompt)
+        p = self._pool("p", self.p_file, full, prompt)
         q_path = self._q_path(parsed)
-        q = self._pool(q_path, parsed, prompt)
+        q = self._pool(parsed.name, q_path, parsed, prompt)
         info = read_info(self.p_file)
         bits_k, bits_v = parsed.cache_bits
         fraction = (bits_k + bits_v) / 32.0
@@ -179,8 +179,10 @@ class LlamaCppFactory:
             self._models[path] = model
         return self._models[path]
 
-    def _pool(self, path: Path, action: LlamaAction, prompt: list[int]) -> SequencePool:
-        key = f"{path}|{action.type_k}|{action.type_v}|{action.flash_attention}"
+    def _pool(self, key: str, path: Path, action: LlamaAction, prompt: list[int]
+              ) -> SequencePool:
+        """The document's context ``key`` (P's, or an action's: Q never shares P's cells, so
+        each side's sequences lie in its context as in llama.cpp's own run of one)."""
         if key not in self._pools:
             model = self._model(path)
             lib = self.lib
