@@ -203,3 +203,136 @@ def test_sampled_tvs_equal_a_recomputation_from_llama_cpp_logits(tokenizer):
         assert (p[torch.arange(n), r.x[k, :n]] > 0).all()
         assert (q[torch.arange(n), r.y[k, :n]] > 0).all()
     assert worst <= 1e-12, worst
+
+
+# ---- studies: records, resume, refusals -----------------------------------------------
+
+def _cli(*args):
+    from typer.testing import CliRunner
+
+    from kvdrift.cli import app
+
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def _docs(tmp_path):
+    path = tmp_path / "docs.jsonl"
+    path.write_text('{"id": "a", "prompt": "Name three rivers."}\n'
+                    '{"id": "b", "context": "The sea is blue.", "question": "What colour?"}\n')
+    return path
+
+
+@needs_llama
+def test_run_inside_llama_cpp_records_the_engine_and_refuses_a_changed_q_file(tmp_path):
+    import json
+
+    import pyarrow.parquet as pq
+
+    from kvdrift.llamacpp.files import model_file
+
+    q_file = tmp_path / "q.gguf"
+    shutil.copyfile(model_file("smollm2"), q_file)
+    docs, out = _docs(tmp_path), tmp_path / "run"
+    actions = f"full,gguf:k=q4_0,v=q4_0,full@{q_file}"
+    args = ["run", "--engine", "llama.cpp", "--actions", actions, "--docs", docs,
+            "--replicates", 2, "--horizon", 6, "--out", out]
+    result = _cli(*args)
+    assert result.exit_code == 0, result.output
+    prints = {}
+    for path in (out / "replicates").glob("*.parquet"):
+        meta = pq.read_schema(path).metadata
+        prints[json.loads(meta[b"kvdrift.unit"])[2]] = json.loads(meta[b"kvdrift.fingerprint"])
+    assert set(prints) == {"full", "gguf:k=q4_0,v=q4_0", f"full@{q_file}"}
+    assert all(p["engine"].startswith("llama.cpp (llama-cpp-python 0.3.36") for p in
+               prints.values())
+    assert prints[f"full@{q_file}"]["q_model"]["file_sha256"] == \
+        prints["full"]["weights_sha256"]  # the same bytes as P's file
+    reps = pq.read_table(out / "replicates").to_pandas()
+    # the same bytes, the full cache: Q is P, row for row; q4_0 caches hold 9/32 of f16's
+    same = reps[reps.action == f"full@{q_file}"]
+    assert (same["tau"] == 0).all() and (same["kv_fraction"] == 1.0).all()
+    assert (reps[reps.action == "gguf:k=q4_0,v=q4_0"]["kv_fraction"] == 9 / 32).all()
+    with open(q_file, "r+b") as handle:  # one byte of Q's weights changes
+        handle.seek(-100, 2)
+        byte = handle.read(1)
+        handle.seek(-100, 2)
+        handle.write(bytes([byte[0] ^ 1]))
+    result = _cli(*args)
+    assert result.exit_code != 0
+    assert "its Q model has changed since it was stored (file_sha256" in result.output
+
+
+def _fake_gguf(path, tokens, head_dim=64):
+    """A GGUF file with a model's metadata and a vocabulary, and one small tensor."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(2)
+    writer.add_embedding_length(head_dim * 2)
+    writer.add_head_count(2)
+    writer.add_context_length(64)
+    writer.add_token_list(tokens)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 4), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@needs_llama
+def test_bad_files_and_settings_are_refused_in_one_line_with_nothing_written(tmp_path):
+    from kvdrift.llamacpp.files import model_file, read_info
+
+    tokens = list(read_info(model_file("smollm2")).tokens)
+    not_gguf = tmp_path / "text.gguf"
+    not_gguf.write_text("hello")
+    truncated = tmp_path / "cut.gguf"
+    truncated.write_bytes(model_file("smollm2").read_bytes()[:5_000_000])
+    other = _fake_gguf(tmp_path / "other.gguf", ["<a>", "<b>"] + tokens[2:])
+    docs = _docs(tmp_path)
+    cases = [
+        (["--actions", f"full@{not_gguf}"], "is not a GGUF file (it starts with b'hell'"),
+        (["--actions", f"full@{truncated}"], "truncated"),
+        (["--actions", f"full@{other}"], "has another vocabulary than P's model (token 0 is "
+                                         "'<a>' there"),
+        (["--actions", f"full@{tmp_path / 'none.gguf'}"], "does not exist"),
+        (["--actions", "gguf:k=q4_0,v=q4_0,fa=off"], "only with flash attention"),
+        (["--actions", "snapkv-half"], "is not a llama.cpp action"),
+        (["--actions", "full", "--horizon", 8190], "context window of 8192 tokens"),
+        (["--actions", "full", "--attribution"], "attribution reads transformers"),
+        (["--actions", "full", "--model", not_gguf], "is not a GGUF file"),
+    ]
+    for extra, words in cases:
+        out = tmp_path / "refused"
+        result = _cli("run", "--engine", "llama.cpp", "--docs", docs, "--replicates", 2,
+                      "--horizon", 4, "--out", out, *extra)
+        assert result.exit_code != 0, extra
+        assert words in result.output, (extra, result.output)
+        assert not out.exists() or not any(out.iterdir()), extra
+    narrow = _fake_gguf(tmp_path / "narrow.gguf", tokens, head_dim=48)
+    result = _cli("run", "--engine", "llama.cpp", "--model", narrow, "--docs", docs,
+                  "--actions", "gguf:k=q8_0,v=f16", "--replicates", 2, "--horizon", 4,
+                  "--out", tmp_path / "narrow-run")
+    assert "blocks of 32 along the head" in result.output
+
+
+@needs_llama
+def test_requantized_copy_is_made_once_with_its_digest_and_remade_when_changed(
+        tmp_path, monkeypatch):
+    from kvdrift.llamacpp.files import digest, model_file, quantized_copy, read_info
+
+    monkeypatch.setenv("KVDRIFT_CACHE", str(tmp_path / "cache"))
+    source = model_file("smollm2")
+    copy = quantized_copy(source, "Q8_0")
+    assert copy.parent == tmp_path / "cache" / "llama.cpp"
+    assert copy.with_suffix(".sha256").read_text().strip() == digest(copy)
+    assert read_info(copy).tokens == read_info(source).tokens
+    assert copy.stat().st_size > 1.3 * source.stat().st_size  # 8.5 bits a weight, not 5
+    made = copy.stat().st_mtime_ns
+    assert quantized_copy(source, "Q8_0").stat().st_mtime_ns == made  # reused
+    with open(copy, "r+b") as handle:
+        handle.seek(-10, 2)
+        handle.write(b"\0" * 4)
+    again = quantized_copy(source, "Q8_0")
+    assert again.with_suffix(".sha256").read_text().strip() == digest(again)
