@@ -16,7 +16,7 @@ LLAMA_CPP_PYTHON = "0.3.36"
 """The pinned ``llama-cpp-python`` (its llama.cpp is what kvdrift's llama.cpp figures measure)."""
 
 INSTALL = (f"the llama.cpp engine needs llama-cpp-python=={LLAMA_CPP_PYTHON}: run "
-           f"`bash scripts/setup.sh` (it builds llama.cpp once, about 15 minutes on two cores, "
+           f"`bash scripts/setup.sh` (it builds llama.cpp once, about 4 minutes on two cores, "
            f"then pip reuses the build) or `pip install llama-cpp-python=={LLAMA_CPP_PYTHON}`")
 
 
