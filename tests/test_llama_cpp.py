@@ -251,6 +251,8 @@ def test_run_inside_llama_cpp_records_the_engine_and_refuses_a_changed_q_file(tm
     # the same bytes, the full cache: Q is P, row for row; q4_0 caches hold 9/32 of f16's
     same = reps[reps.action == f"full@{q_file}"]
     assert (same["tau"] == 0).all() and (same["kv_fraction"] == 1.0).all()
+    assert (same["weights_fraction"] == 1.0).all()  # Q's file is as large as P's
+    assert (same["weights_bytes"] == q_file.stat().st_size).all()
     assert (reps[reps.action == "gguf:k=q4_0,v=q4_0"]["kv_fraction"] == 9 / 32).all()
     with open(q_file, "r+b") as handle:  # one byte of Q's weights changes
         handle.seek(-100, 2)
@@ -336,3 +338,55 @@ def test_requantized_copy_is_made_once_with_its_digest_and_remade_when_changed(
         handle.write(b"\0" * 4)
     again = quantized_copy(source, "Q8_0")
     assert again.with_suffix(".sha256").read_text().strip() == digest(again)
+
+
+def test_kl_statistics_are_llama_perplexitys_definitions():
+    """Mean with its standard error, percentiles (numpy's linear rule, as llama.cpp's
+    sorted-array interpolation), max, min and the same-top share with sqrt(p(1-p)/n)."""
+    import pandas as pd
+
+    from kvdrift.analysis.kl_statistics import KL_PERCENTILES, kl_statistics
+
+    kl = np.arange(101, dtype=float) / 100  # 0.00, 0.01, ..., 1.00
+    top = (np.arange(101) % 4 != 0).astype(float)  # 75 of 101 agree... 76 = 101 - 26 + 1
+    steps = pd.DataFrame({"action": ["a"] * 101 + ["b"] * 2,
+                          "kl": np.concatenate([kl, [np.nan, 0.5]]),
+                          "top1": np.concatenate([top, [1.0, 0.0]])})
+    a, b = kl_statistics(steps)
+    assert a.action == "a" and a.positions == 101
+    assert a.mean == pytest.approx(0.5) and a.maximum == 1.0 and a.minimum == 0.0
+    assert a.mean_se == pytest.approx(np.std(kl, ddof=1) / np.sqrt(101))
+    assert list(a.percentiles) == list(KL_PERCENTILES)
+    assert a.percentiles[50.0] == pytest.approx(0.5)
+    assert a.percentiles[90.0] == pytest.approx(0.9) and a.percentiles[1.0] == pytest.approx(0.01)
+    assert a.same_top == pytest.approx(75 / 101)
+    assert a.same_top_se == pytest.approx(np.sqrt((75 / 101) * (26 / 101) / 101))
+    assert b.positions == 1 and b.same_top == 0.0 and np.isnan(b.mean_se)  # NaN rows dropped
+
+
+def test_gguf_weights_family_walks_llama_quants_by_bits_and_needs_the_engine():
+    from kvdrift.frontier_search.families import (
+        GGUF_WEIGHTS_FAMILY,
+        check_engine_families,
+        family_budgets,
+        memory_column,
+        parse_family,
+    )
+    from kvdrift.llamacpp.cache_types import WEIGHT_QUANTS
+
+    family = parse_family(GGUF_WEIGHTS_FAMILY)
+    bits = [WEIGHT_QUANTS[b.label] for b in family.budgets]
+    assert bits == sorted(bits, reverse=True) and len(bits) == len(WEIGHT_QUANTS)
+    assert family.budgets[0].action == "full@Q8_0" and family.budgets[-1].action == "full@Q2_K"
+    assert [parse_llama_action(b.action).quantized_weights for b in family.budgets] == \
+        [b.label for b in family.budgets]
+    assert memory_column([family]) == "weights_fraction"
+    with pytest.raises(ValueError, match="one frontier ranks one memory"):
+        memory_column([family, parse_family("gguf")])
+    assert family_budgets("gguf")  # the cache types: both engines
+    check_engine_families(["gguf", GGUF_WEIGHTS_FAMILY], "llama.cpp")
+    with pytest.raises(ValueError, match="the llama.cpp engine walks the families gguf, "
+                                         "gguf-weights"):
+        check_engine_families(["snapkv"], "llama.cpp")
+    with pytest.raises(ValueError, match="add --engine llama.cpp"):
+        check_engine_families([GGUF_WEIGHTS_FAMILY], "transformers")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from kvdrift import limits
+from kvdrift import checks, limits
 from kvdrift.cli.common import console, say, strict_json, user_errors
 from kvdrift.cli.runs import DOWNLOAD_HELP, RAY_ADDRESS_HELP, RECOMPUTE_HELP, run_with_progress
 
@@ -68,22 +68,29 @@ def frontier(
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     recompute: bool = typer.Option(False, "--recompute", help=RECOMPUTE_HELP),
     allow_download: bool = typer.Option(False, "--allow-download", help=DOWNLOAD_HELP),
+    engine: str = typer.Option("transformers", help="transformers, or llama.cpp: walk "
+                               "llama.cpp's cache types (gguf) or its weight quants "
+                               "(gguf-weights) inside llama.cpp (docs/llama-cpp.md)."),
 ) -> None:
     """Find, per family, the least KV cache certified within the tolerance at the stated
     confidence; write the frontier's report."""
     from kvdrift.frontier_search.families import (
+        check_engine_families,
         check_family_names,
         family_budgets,
         split_families,
     )
     from kvdrift.lm.loading.pretrained import check_model_name
     from kvdrift.run.outdir import check_frontier_dir
+    from kvdrift.study_config import ENGINES
 
     # What needs neither torch nor kvpress is checked before they are imported (seconds).
     out = check_frontier_dir(out)
     limits.search_replicates(replicates, max_replicates, ("--replicates", "--max-replicates"))
     limits.seed(seed, "--seed", limits.MAX_SEED - limits.MAX_SEARCH_REPLICATES)  # + look - 1
     names = check_family_names(split_families(families))
+    checks.choice(engine, "--engine", ENGINES)
+    check_engine_families(names, engine)
     if presses is None:  # names a presses file defines are known only once it is loaded
         for name in names:  # their press names, from a static table (no kvpress)
             _builtin_family(name)
@@ -92,7 +99,8 @@ def frontier(
     settings = SearchSettings(alpha=alpha, replicates=replicates,
                               max_replicates=max_replicates)
     documents = check_certifiable(measure, cap, docs, settings, len(names))
-    check_model_name(model, allow_download)  # a local model: its config.json, as JSON
+    if engine == "transformers":
+        check_model_name(model, allow_download)  # a local model: its config.json, as JSON
     from kvdrift.user_presses import load_presses_file
 
     user = load_presses_file(presses) if presses is not None else None
@@ -108,7 +116,8 @@ def frontier(
     study = single_model_study(model, ("full",), docs, replicates=replicates, horizon=horizon,
                                temperature=temperature, estimator="rollout", depths=(),
                                seed=seed, batch=batch, device=device, dtype=dtype,
-                               chat_template=chat_template, name="frontier", presses=user)
+                               chat_template=chat_template, name="frontier", presses=user,
+                               engine=engine)
     study = replace(study, executor=study.executor.overridden(executor, ray_address))
     config = FrontierConfig.parse(study, names, measure, settings, cap)
     cache: dict[str, object] = {}

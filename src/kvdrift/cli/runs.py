@@ -206,6 +206,11 @@ def run(
         print(strict_json(run_rows(analysis)))
         return
     print_whole(console, run_table(analysis))
+    if engine == "llama.cpp":  # what llama.cpp users read to choose a quant
+        from kvdrift.analysis.kl_statistics import kl_statistics
+        from kvdrift.report.terminal import kl_table
+
+        print_whole(console, kl_table(kl_statistics(directory.records().steps)))
     if directory.config.get("protocol"):  # a question asked after the compressed context
         from kvdrift.report.sections.run import protocol_text
 

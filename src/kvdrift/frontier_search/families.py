@@ -25,6 +25,7 @@ from fractions import Fraction
 from typing import Any
 
 from kvdrift import checks
+from kvdrift.llamacpp.cache_types import WEIGHT_QUANTS
 from kvdrift.lm.grammar.model_spec import WEIGHT_TYPES
 from kvdrift.lm.grammar.names import check_action_names
 from kvdrift.records.schema import WEIGHTS_COLUMNS
@@ -55,12 +56,22 @@ class Ladder:
 WEIGHTS_FAMILY = "weights"
 """The family of Q's models: P's weights as each llama.cpp weight type, most bits first
 (``full@q8_0`` ... ``full@mxfp4``); its memory is Q's weights (``weights_fraction``)."""
+GGUF_WEIGHTS_FAMILY = "gguf-weights"
+"""The llama.cpp engine's family of Q's models: P's GGUF file requantized by llama.cpp to each
+weight type, most bits first (``full@Q8_0`` ... ``full@Q2_K``); its memory is Q's file size
+over P's (``weights_fraction``)."""
+_BY_BITS = sorted(WEIGHT_QUANTS, key=lambda t: -WEIGHT_QUANTS[t])
+#: The families whose memory is Q's weights (no cache family joins them).
+WEIGHTS_FAMILIES = (WEIGHTS_FAMILY, GGUF_WEIGHTS_FAMILY)
+#: The families the llama.cpp engine runs: its cache types and its weight quants.
+LLAMA_FAMILIES = ("gguf", GGUF_WEIGHTS_FAMILY)
 LADDERS: dict[str, Ladder] = {
     "kivi": Ladder(tuple(f"{b} bits" for b in KIVI_BITS),
                    tuple(f"kivi:bits={b}" for b in KIVI_BITS)),
     "gguf": Ladder(GGUF_TYPES, tuple(f"gguf:k={t},v={t}" for t in GGUF_TYPES)),
     "fp8": Ladder(FP8_FORMATS, tuple(f"fp8:{f}" for f in FP8_FORMATS)),
     WEIGHTS_FAMILY: Ladder(tuple(WEIGHT_TYPES), tuple(f"full@{t}" for t in WEIGHT_TYPES)),
+    GGUF_WEIGHTS_FAMILY: Ladder(tuple(_BY_BITS), tuple(f"full@{t}" for t in _BY_BITS)),
 }
 """The quantization families by name; any other family is an eviction (a ratio axis)."""
 
@@ -128,14 +139,26 @@ def memory_column(families: Sequence[Family]) -> str:
     """The replicate column a frontier of ``families`` measures memory by: Q's cache over the
     generation when any family compresses during it, Q's weights for the weights family (which
     no cache family joins), else Q's prompt cache (module docstring)."""
-    weights = [f.name == WEIGHTS_FAMILY for f in families]
+    weights = [f.name in WEIGHTS_FAMILIES for f in families]
     if any(weights):
         if not all(weights):
-            raise ValueError(f"the {WEIGHTS_FAMILY!r} family's memory is Q's weights and a "
-                             f"cache family's is Q's cache: one frontier ranks one memory; "
-                             f"search them in two frontiers")
+            raise ValueError("a weights family's memory is Q's weights and a "
+                             "cache family's is Q's cache: one frontier ranks one memory; "
+                             "search them in two frontiers")
         return WEIGHTS_COLUMNS[1]
     return "kv_fraction_generation" if any(is_decoding(f) for f in families) else "kv_fraction"
+
+
+def check_engine_families(names: Sequence[str], engine: str) -> None:
+    """One line if a family cannot run under ``engine``: the llama.cpp engine walks its cache
+    types (``gguf``) and its weight quants (``gguf-weights``) only, which in turn need it."""
+    for name in names:
+        if engine == "llama.cpp" and name not in LLAMA_FAMILIES:
+            raise ValueError(f"the llama.cpp engine walks the families {', '.join(LLAMA_FAMILIES)}"
+                             f" (its cache types and weight quants); got {name!r}")
+        if engine != "llama.cpp" and name == GGUF_WEIGHTS_FAMILY:
+            raise ValueError(f"family {name!r} is llama.cpp's own quantizer: add --engine "
+                             f"llama.cpp (or walk 'weights': the gguf package's types in torch)")
 
 
 def user_family(name: str, make: Callable[[str, float], Any]) -> tuple[Family, dict[str, Any]]:
@@ -193,7 +216,8 @@ def family_budgets(text: str) -> Family:
     else:
         fam = _ratio_family(name, head, tail)
     try:
-        check_action_names(fam.budgets[0].action)
+        if name != GGUF_WEIGHTS_FAMILY:
+            check_action_names(fam.budgets[0].action)
     except ValueError as exc:
         raise ValueError(f"family {name!r}: {exc}") from None
     return fam
@@ -207,6 +231,11 @@ def parse_family(text: str) -> Family:
     """
     fam = family_budgets(text)
     name = fam.name
+    if name == GGUF_WEIGHTS_FAMILY:  # the llama.cpp engine's actions
+        from kvdrift.llamacpp.cache_types import check_llama_actions
+
+        check_llama_actions([b.action for b in fam.budgets])
+        return fam
     from kvdrift.lm.actions.spec import parse_action  # kvpress: imported once arguments are checked
 
     for budget in fam.budgets:  # a typo costs seconds, not a run

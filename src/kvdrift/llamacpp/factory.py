@@ -161,8 +161,10 @@ class LlamaCppFactory:
         model = self._models[q_path]
         per_token = (info.layers * self.lib.llama_model_n_head_kv(model)
                      * (info.head_dim or 0) * (bits_k + bits_v) / 8)
+        q_bytes = q_path.stat().st_size
         return LlamaCppPair(p, q, parsed, self.tokenizer.eos_token_id, self.horizon,
-                            (per_token * len(prompt), fraction))
+                            (per_token * len(prompt), fraction),
+                            (q_bytes, q_bytes / self.p_file.stat().st_size))
 
     def _q_path(self, action: LlamaAction) -> Path:
         if action.quantized_weights is not None:

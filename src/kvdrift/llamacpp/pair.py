@@ -42,7 +42,8 @@ class LlamaCppPair:
     device = torch.device("cpu")
 
     def __init__(self, p: SequencePool, q: SequencePool, action: LlamaAction,
-                 eos_token_id: int | None, horizon: int, kv_bytes: tuple[float, float]):
+                 eos_token_id: int | None, horizon: int, kv_bytes: tuple[float, float],
+                 weights_bytes: tuple[float, float] = (float("nan"), float("nan"))):
         if p.vocab_size != q.vocab_size or p.n_prompt != q.n_prompt:
             raise ValueError("P and Q must share the vocabulary and the prompt")
         self.pools = {"p": p, "q": q}
@@ -51,6 +52,7 @@ class LlamaCppPair:
         self.horizon = int(horizon)
         self.n_prompt = p.n_prompt
         self._kv = kv_bytes  # (Q's prompt cache bytes, as a fraction of P's)
+        self._weights = weights_bytes  # (Q's file bytes, as a fraction of P's)
 
     @property
     def vocab_size(self) -> int:
@@ -63,6 +65,10 @@ class LlamaCppPair:
     def kv_memory(self) -> tuple[float, float]:
         """Q's prompt cache in bytes at its cache types, and as a fraction of P's f16 cache."""
         return self._kv
+
+    def weights_memory(self) -> tuple[float, float]:
+        """Q's model file in bytes, and as a fraction of P's file."""
+        return self._weights
 
     def start(self, side: Side, n: int, *, rewind: bool = True) -> Rows:
         side = check_side(side)

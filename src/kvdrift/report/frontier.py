@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from kvdrift import output
-from kvdrift.frontier_search.families import WEIGHTS_FAMILY
+from kvdrift.frontier_search.families import WEIGHTS_FAMILIES
 from kvdrift.frontier_search.result import STATUS_TEXT, BudgetResult, FrontierResult
 from kvdrift.report import page
 from kvdrift.report.figures import plt, save_figure
@@ -21,7 +21,7 @@ def memory_words(result: FrontierResult) -> tuple[str, str, str]:
     """How the frontier's memory axis reads: the axis title, what is held (``cache`` or
     ``weights``) and what it is a share of (:func:`~kvdrift.frontier_search.families.
     memory_column`)."""
-    if any(f.family == WEIGHTS_FAMILY for f in result.families):
+    if any(f.family in WEIGHTS_FAMILIES for f in result.families):
         return "Q's weights, % of P's weights (weights_fraction)", "weights", "P's weights"
     return "Q's KV cache, % of the full cache (kv_fraction)", "cache", "the full cache"
 

@@ -118,6 +118,32 @@ def _point(q: Quantity, value: float, digits: int) -> str:
     return _percent(value, digits) if q.unit == "%" else number_text(value, q.scale, digits)
 
 
+def kl_table(stats: list) -> Table:
+    """llama-perplexity's KL-divergence statistics per action
+    (:mod:`kvdrift.analysis.kl_statistics`): mean ± se, percentiles, same top token."""
+    from kvdrift.analysis.kl_statistics import kl_rows
+
+    rows = kl_rows(stats)
+    table = Table(title="Teacher-forced along P's text, as llama-perplexity --kl-divergence")
+    shown = ["action", "positions", "mean KLD", "± (mean)", "max KLD", "99% KLD", "90% KLD",
+             "50% KLD", "same top"]
+    for name in shown:
+        table.add_column(name, justify="left" if name == "action" else "right")
+    for row in rows:
+        table.add_row(*[_kl_cell(name, row[name]) for name in shown])
+    return table
+
+
+def _kl_cell(name: str, value) -> str:
+    if name == "action":
+        return printable(str(value))
+    if name == "positions":
+        return f"{int(value):,}"
+    if name == "same top":
+        return f"{100 * float(value):.1f}%"
+    return f"{float(value):.4f}"
+
+
 def run_table(analysis: StudyAnalysis) -> Table:
     """One row per (model, action) of a run's analysis, point estimates; "—" where not
     measured.

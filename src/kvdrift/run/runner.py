@@ -274,7 +274,7 @@ def with_memory(replicates: pa.Table, pair: KernelPair) -> pa.Table:
         replicates = replicates.append_column(KV_MEASURE.name, pa.array([measure] * n,
                                                                         KV_MEASURE.dtype))
     if not hasattr(pair, "prompt_cache"):  # an engine whose cache keeps every entry
-        return replicates
+        return _with_weights(replicates, weights)
     kept = pair.prompt_cache("q").kept_per_layer
     if n:
         generation = pair_generation(pair, int(replicates.column("horizon")[0].as_py()))
@@ -282,11 +282,18 @@ def with_memory(replicates: pa.Table, pair: KernelPair) -> pa.Table:
         for column, value in zip(GENERATION, values, strict=True):
             replicates = replicates.append_column(column.name,
                                                   pa.array([value] * n, column.dtype))
-    if weights is not None:
-        for name, value in zip(WEIGHTS_COLUMNS, weights(), strict=True):
-            replicates = replicates.append_column(name, pa.array([float(value)] * n,
-                                                                 pa.float64()))
+    replicates = _with_weights(replicates, weights)
     return replicates.append_column("kept_per_layer", pa.array([kept] * n, pa.list_(pa.int64())))
+
+
+def _with_weights(replicates: pa.Table, weights: Callable[[], tuple] | None) -> pa.Table:
+    """Add Q's weights (``weights_bytes``, ``weights_fraction`` of P's) where the pair tells."""
+    if weights is None:
+        return replicates
+    n = replicates.num_rows
+    for name, value in zip(WEIGHTS_COLUMNS, weights(), strict=True):
+        replicates = replicates.append_column(name, pa.array([float(value)] * n, pa.float64()))
+    return replicates
 
 
 def pair_generation(pair: Any, horizon: int) -> GenerationMemory:
