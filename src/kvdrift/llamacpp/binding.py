@@ -28,8 +28,9 @@ def engine_record() -> str:
     return f"{ENGINE} (llama-cpp-python {LLAMA_CPP_PYTHON})"
 
 
-class LlamaCppMissing(ImportError):
-    """llama-cpp-python is not installed (or not the pinned version); the message says how."""
+class LlamaCppMissing(ValueError):
+    """llama-cpp-python is not installed (or not the pinned version): a user's set-up to fix,
+    so one line saying how, like any other refused setting."""
 
 
 def available() -> bool:

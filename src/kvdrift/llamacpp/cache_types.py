@@ -28,6 +28,9 @@ WEIGHT_QUANTS = {"Q8_0": 8.5, "Q6_K": 6.56, "Q5_K_M": 5.7, "Q5_1": 6.0, "Q5_K_S"
                  "Q5_0": 5.5, "Q4_K_M": 4.85, "Q4_1": 5.0, "Q4_K_S": 4.58, "Q4_0": 4.5,
                  "IQ4_NL": 4.5, "IQ4_XS": 4.25, "Q3_K_L": 4.27, "Q3_K_M": 3.91,
                  "Q3_K_S": 3.5, "Q2_K": 2.96}
+#: ggml's type ids of the cache types (``enum ggml_type``; the binding names some, not bf16).
+GGML_TYPE_IDS = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8,
+                 "iq4_nl": 20, "bf16": 30}
 FULL = "full"
 BLOCKED = {"q8_0", "q5_1", "q5_0", "q4_1", "iq4_nl", "q4_0"}  # blocks of 32 along head_dim
 ON_OFF = {"on": True, "off": False}

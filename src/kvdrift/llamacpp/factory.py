@@ -19,7 +19,12 @@ import torch
 
 from kvdrift.data.document import Document
 from kvdrift.llamacpp.binding import ENGINE, LLAMA_CPP_PYTHON, llama
-from kvdrift.llamacpp.cache_types import BLOCKED, LlamaAction, parse_llama_action
+from kvdrift.llamacpp.cache_types import (
+    BLOCKED,
+    GGML_TYPE_IDS,
+    LlamaAction,
+    parse_llama_action,
+)
 from kvdrift.llamacpp.files import (
     GgufInfo,
     check_same_vocabulary,
@@ -194,8 +199,8 @@ class LlamaCppFactory:
             params.n_batch = params.n_ctx
             params.n_seq_max = self.slots + 1
             params.kv_unified = True
-            params.type_k = getattr(lib, f"GGML_TYPE_{action.type_k.upper()}")
-            params.type_v = getattr(lib, f"GGML_TYPE_{action.type_v.upper()}")
+            params.type_k = GGML_TYPE_IDS[action.type_k]
+            params.type_v = GGML_TYPE_IDS[action.type_v]
             params.flash_attn_type = (lib.LLAMA_FLASH_ATTN_TYPE_ENABLED if action.flash_attention
                                       else lib.LLAMA_FLASH_ATTN_TYPE_DISABLED)
             params.n_threads = params.n_threads_batch = self.threads
