@@ -214,7 +214,13 @@ def run_study(
         lock = StoreLock(folder).acquire()
         try:
             presses = config.presses.identities(config.run.actions)
-            described = describe_actions([a for a in config.run.actions if a not in presses])
+            if config.engine == "llama.cpp":
+                from kvdrift.llamacpp.cache_types import describe_llama_actions
+
+                described = describe_llama_actions(config.run.actions)
+            else:
+                described = describe_actions([a for a in config.run.actions
+                                              if a not in presses])
             described |= {a: {"press": identity} for a, identity in presses.items()}
             store = RunStore.open(folder, recorded, recompute=recompute, notice=notice,
                                   presses=described)

@@ -115,3 +115,17 @@ def parse_llama_action(spec: str) -> LlamaAction:
 def check_llama_actions(actions: list[str] | tuple[str, ...]) -> list[LlamaAction]:
     """Every action parsed (one-line ValueError at the first bad one)."""
     return [parse_llama_action(a) for a in actions]
+
+
+def describe_llama_actions(specs: list[str] | tuple[str, ...]) -> dict[str, dict[str, str]]:
+    """``{spec: {"llama.cpp": its flags}}`` for ``run.json`` (what each action ran as)."""
+    out = {}
+    for spec in specs:
+        a = parse_llama_action(spec)
+        flags = f"-ctk {a.type_k} -ctv {a.type_v} -fa {'on' if a.flash_attention else 'off'}"
+        if a.quantized_weights is not None:
+            flags += f"; Q: P's file requantized to {a.quantized_weights} by llama.cpp"
+        elif a.model is not None:
+            flags += f"; Q: {a.model}"
+        out[spec] = {"llama.cpp": flags}
+    return out
