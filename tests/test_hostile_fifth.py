@@ -123,10 +123,11 @@ def test_a_dot_kvdrift_entry_that_is_no_marker_is_not_taken_for_one(tmp_path, en
 
 
 @pytest.mark.parametrize("action, doc_id", [(".vnorm", "d0"), ("..", ".hidden"),
-                                            (".", "d1")])
+                                            (".", "d1"), ("_mine", "_d2"), ("__", "_")])
 def test_no_action_or_document_name_makes_a_file_the_reader_skips(tmp_path, action, doc_id):
     """An action named ``.vnorm`` wrote ``.vnorm__d0-....parquet``, a name the store's reader
-    skips as a temporary: exit 0, its records never read, the report partial forever."""
+    skips as a temporary: exit 0, its records never read, the report partial forever; one
+    named ``_mine`` wrote ``_mine__...``, which pandas, pyarrow's datasets and Spark skip."""
     from kvdrift.finite import random_pair
     from kvdrift.run.documents import document_name
     from kvdrift.run.records import UnitKey
@@ -144,7 +145,13 @@ def test_no_action_or_document_name_makes_a_file_the_reader_skips(tmp_path, acti
     assert sorted(reps["action"].unique()) == sorted([action, "full"])
     assert (reps["action"] == action).sum() == 3  # every replicate, read back
     assert reread.is_done(key) and not any(
-        p.name.startswith(".") for p in tmp_path.rglob("*.parquet"))
+        p.name.startswith((".", "_")) for p in tmp_path.rglob("*.parquet"))
+    import pandas as pd  # the store reads whole outside kvdrift too
+    import pyarrow.dataset as ds
+
+    for kind in ("replicates", "steps"):
+        assert (pd.read_parquet(tmp_path / kind)["action"] == action).sum() > 0
+        assert ds.dataset(tmp_path / kind).to_table().num_rows == reread.read(kind).num_rows
 
 
 FUNCTION_PRESSES = '''

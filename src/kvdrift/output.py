@@ -588,7 +588,9 @@ def _descriptor(handle: BinaryIO) -> int:
 def readable_stem(text: str, limit: int = 60) -> str:
     """``text`` as the readable part of a file name kvdrift writes: each run of characters
     other than ASCII letters, digits, ``.``, ``_`` and ``-`` as ``_``, at most ``limit`` long,
-    and never starting with ``.`` (a hidden name, which the readers skip as a temporary: an
-    action named ``.vnorm`` wrote records no one read, issue 52)."""
+    and never starting with ``.`` or ``_``: a hidden name the readers skip as a temporary (an
+    action named ``.vnorm`` wrote records no one read, issue 52), and a name pandas, pyarrow's
+    datasets and Spark skip as metadata (``_vnorm__d0-....parquet``). Callers add a digest, so
+    the stem needs no more to stay unique; one with nothing else left is ``unit``."""
     stem = re.sub(r"[^A-Za-z0-9._-]+", "_", text)[:limit]
-    return "_" + stem[1:] if stem.startswith(".") else stem
+    return stem.lstrip("._") or "unit"
