@@ -167,6 +167,10 @@ def test_unknown_name_lists_named_actions():
     ("decoding-knorm:interval=4", r"give target=T"),
     ("decoding-knorm:ratio=0.5,target=4", r"not ratio="),
     ("decoding-knorm:interval=0,target=4", r"interval must be an integer >= 1"),
+    # a ratio kept so small that 1 - ratio rounds to 1: kvpress's assert, now one line
+    ("decoding-knorm:interval=4,ratio=1e-17", r"1 - ratio, stays below 1 in float64 .*got "
+     r"1e-17$"),
+    ("decoding-adakv-knorm:interval=4,ratio=1e-17", r"stays below 1 in float64"),
     ("decoding-knorm:target=4,buffer=-1", r"buffer .* >= 0"),
     ("decoding-observed_attention:target=4", r"attention weights"),
     ("decoding-knorm:target=4+snapkv:ratio=0.5", r"must come last"),

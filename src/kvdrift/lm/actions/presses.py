@@ -424,8 +424,14 @@ class Decoding(Family):
 
     def check_budget(self, stage: Stage, given: list[str]) -> None:
         target = "target" in dict(stage.kwargs)
-        if given == ["ratio"] and not target:
-            return  # CompressionRatioDecodingPress
+        if given == ["ratio"] and not target:  # CompressionRatioDecodingPress
+            removed = float(removed_fraction(Fraction(repr(stage.ratio))))
+            if not 0 <= removed < 1:  # kvpress asserts 0 <= target_compression_ratio < 1
+                raise ValueError(f"{stage.label}: ratio must be large enough that the "
+                                 f"fraction removed, 1 - ratio, stays below 1 in float64 "
+                                 f"(kvpress asserts it: ratio above about 5.6e-17, at most "
+                                 f"1); got {stage.ratio!r}")
+            return
         if given:
             raise ValueError(f"{stage.label}: a decoding press takes target= (entries kept per "
                              f"layer and KV head) or ratio= (fraction of the tokens seen kept) "
