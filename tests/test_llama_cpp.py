@@ -492,3 +492,21 @@ def test_every_cache_type_llama_cpp_offers_runs(tokenizer, kind):
         token = lp.argmax(-1)
         p, q = pair.advance_many([p, q], [token, token])
     factory.close()
+
+
+@needs_llama
+def test_measure_in_python_inside_llama_cpp_writes_nothing(tmp_path, monkeypatch):
+    """``kvdrift.measure(engine="llama.cpp")`` without ``out``: the records in memory, nothing
+    written; the same numbers as the same run stored in a folder."""
+    import kvdrift
+
+    monkeypatch.chdir(tmp_path)
+    docs = _docs(tmp_path)
+    kwargs = dict(replicates=2, horizon=5, bootstrap=0, engine="llama.cpp")
+    m = kvdrift.measure("smollm2", ["gguf:k=q4_0,v=q4_0"], docs, **kwargs)
+    assert m.out is None and sorted(p.name for p in tmp_path.iterdir()) == ["docs.jsonl"]
+    stored = kvdrift.measure("smollm2", ["gguf:k=q4_0,v=q4_0"], docs, tmp_path / "run", **kwargs)
+    a, b = m.records.steps, stored.records.steps
+    assert len(a) == len(b) > 0
+    assert np.array_equal(a["delta"].to_numpy(), b["delta"].to_numpy())
+    assert m.records.config["engine"] == "llama.cpp"

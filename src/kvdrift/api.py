@@ -72,12 +72,15 @@ def study_from_arguments(
     name: str = "run",
     attribution: bool = False,
     attention: str = "auto",
+    engine: str = "transformers",
 ) -> StudyConfig:
     """The one-model study that ``kvdrift run`` runs: ``docs`` is a JSONL file, or None for
     the six generated 512-token RULER-style tasks; ``actions`` spec strings, or press objects
     by name (:data:`Actions`); ``attribution`` records what Q's cache had lost at each
     divergence (``--attribution``); ``attention = "eager"`` prefills every press object with
-    eager attention (``"auto"``: those that read attention weights)."""
+    eager attention (``"auto"``: those that read attention weights); ``engine="llama.cpp"``
+    runs llama.cpp's cache types on GGUF files inside llama.cpp (``--engine``,
+    docs/llama-cpp.md)."""
     from kvdrift.study_config import single_model_study
     from kvdrift.user_presses import from_actions
 
@@ -87,7 +90,8 @@ def study_from_arguments(
         model=model, actions=names, docs=docs, replicates=replicates,
         horizon=horizon, temperature=temperature, estimator=estimator, depths=tuple(depths),
         seed=seed, batch=batch, device=device, dtype=dtype, chat_template=chat_template,
-        name=name, attribution=attribution, presses=presses, attention=attention, given=given)
+        name=name, attribution=attribution, presses=presses, attention=attention, given=given,
+        engine=engine)
 
 
 def _given_models(actions: Actions) -> tuple[Actions, dict[str, object]]:
@@ -177,7 +181,7 @@ def measure(
             directory = StudyDirectory(out)
             return Measurement(directory.records(), directory.analyze(bootstrap, alpha),
                                directory.path)
-        if given is None:
+        if given is None and config.engine == "transformers":
             from kvdrift.lm.loading.pretrained import check_model_name
 
             check_model_name(name)
