@@ -572,3 +572,36 @@ def test_through_the_runner_every_q_row_equals_generate_alone(tiny_model_dir, ac
     rows = steps.to_pylist()
     for r in range(3):
         assert [s["y_token"] for s in rows if s["replicate"] == r] == want
+
+
+@pytest.mark.parametrize("make, field, value, words", [
+    ("decoding", "compression_interval", 0, "compression_interval must be an integer >= 1; got 0"),
+    ("decoding", "compression_interval", 2.5, "must be an integer >= 1; got 2.5"),
+    ("decoding", "target_size", 0, "target_size must be an integer >= 1; got 0"),
+    ("decoding", "hidden_states_buffer_size", -1, "must be an integer >= 0; got -1"),
+    ("ratio", "target_compression_ratio", 1.0, "must be a number in [0, 1); got 1.0"),
+    ("ratio", "compression_interval", True, "must be an integer >= 1; got True"),
+    ("cam", "merge_budget", -2, "merge_budget must be an integer >= 0; got -2"),
+    ("cam", "target_size", -5, "target_size must be an integer >= 1; got -5"),
+])
+def test_a_press_object_changed_after_construction_is_refused_in_one_line(make, field, value,
+                                                                         words):
+    """kvpress checks its fields in __post_init__ only; one set to 0 or below afterwards was a
+    traceback after run.json (issue N4). kvdrift refuses it where it reads the rule, before
+    anything is written."""
+    import kvpress
+
+    from kvdrift.lm.engine.decoding_presses import decoding_rule
+
+    base = kvpress.KnormPress()
+    press = {"decoding": lambda: kvpress.DecodingPress(base, compression_interval=4,
+                                                        target_size=8),
+             "ratio": lambda: kvpress.CompressionRatioDecodingPress(
+                 base, compression_interval=4, target_compression_ratio=0.5),
+             "cam": lambda: kvpress.CAMPress(base, compression_interval=4, target_size=8)}[make]()
+    decoding_rule(press, "mine")  # as constructed: a rule
+    object.__setattr__(press, field, value)
+    with pytest.raises(ValueError) as err:
+        decoding_rule(press, "mine")
+    assert str(err.value).startswith("action 'mine': its ") and words in str(err.value)
+    assert "\n" not in str(err.value)

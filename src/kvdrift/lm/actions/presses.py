@@ -425,7 +425,8 @@ class Decoding(Family):
     def check_budget(self, stage: Stage, given: list[str]) -> None:
         target = "target" in dict(stage.kwargs)
         if given == ["ratio"] and not target:  # CompressionRatioDecodingPress
-            removed = float(removed_fraction(Fraction(repr(stage.ratio))))
+            in_range = isinstance(stage.ratio, float) and 0 < stage.ratio <= 1
+            removed = float(removed_fraction(Fraction(repr(stage.ratio)))) if in_range else 0
             if not 0 <= removed < 1:  # kvpress asserts 0 <= target_compression_ratio < 1
                 raise ValueError(f"{stage.label}: ratio must be large enough that the "
                                  f"fraction removed, 1 - ratio, stays below 1 in float64 "

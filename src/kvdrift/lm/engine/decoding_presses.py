@@ -53,7 +53,7 @@ def decoding_rule(press: Any, name: str
         prefill, decoding = press.prefilling_press, press.decoding_press
     if decoding is None or not _decodes(decoding):
         return None
-    refused = _refusal(decoding, prefill)
+    refused = _field_refusal(decoding) or _refusal(decoding, prefill)
     if refused is not None:
         raise ValueError(f"action {name!r}: {refused}")
     if isinstance(decoding, kvpress.DMSPress):
@@ -74,6 +74,30 @@ def stage_rule(stage: Any) -> DecodingRule | HeadAdaptiveRule | CamRule:
     if isinstance(press.base_press, kvpress.AdaKVPress):
         return HeadAdaptiveRule(press, stage.label, spec=True)
     return DecodingRule.of_stage(stage)
+
+
+#: A decoding press's integer fields and the least value kvpress's arithmetic needs.
+_INTEGER_FIELDS = {"compression_interval": 1, "target_size": 1, "hidden_states_buffer_size": 0,
+                   "merge_budget": 0}
+
+
+def _field_refusal(decoding: Any) -> str | None:
+    """A decoding press's field set out of range after construction (kvpress checks them in
+    ``__post_init__`` only): ``compression_interval = 0`` divides by zero at the first step, a
+    negative buffer or a target below 1 fail or keep nothing (issue N4)."""
+    cls = type(decoding).__name__
+    for name, least in _INTEGER_FIELDS.items():
+        if not hasattr(decoding, name):
+            continue
+        value = getattr(decoding, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            return f"its {cls}.{name} must be an integer >= {least}; got {value!r}"
+    ratio = getattr(decoding, "target_compression_ratio", None)
+    if ratio is not None and not (isinstance(ratio, (int, float)) and not isinstance(ratio, bool)
+                                  and 0 <= ratio < 1):
+        return (f"its {cls}.target_compression_ratio (the fraction removed) must be a number in "
+                f"[0, 1); got {ratio!r}")
+    return None
 
 
 def _refusal(decoding: Any, prefill: Any) -> str | None:
