@@ -510,3 +510,20 @@ def test_measure_in_python_inside_llama_cpp_writes_nothing(tmp_path, monkeypatch
     assert len(a) == len(b) > 0
     assert np.array_equal(a["delta"].to_numpy(), b["delta"].to_numpy())
     assert m.records.config["engine"] == "llama.cpp"
+
+
+@needs_llama
+def test_settings_llama_cpp_refuses_are_one_line_naming_the_action(tokenizer):
+    """A combination llama.cpp itself refuses (here a quantized V cache without flash
+    attention, which kvdrift's grammar refuses first; a build without flash attention is
+    refused the same way) is one line naming the action, from the pre-flight context."""
+    factory = _factory(tokenizer, horizon=4)
+    try:
+        factory.check_actions(["full", "gguf:k=q4_0,v=f16,fa=off"])  # offered: no error
+        action = LlamaAction("gguf:k=q4_0,v=q4_0,fa=off", "q4_0", "q4_0", False)
+        with pytest.raises(ValueError) as err:
+            factory._context(factory.p_file, action, 256, 1)
+        assert str(err.value).startswith("action 'gguf:k=q4_0,v=q4_0,fa=off': llama.cpp cannot "
+                                         "make a context with k=q4_0, v=q4_0, fa=off")
+    finally:
+        factory.close()

@@ -127,6 +127,11 @@ def _prepared_llama(config: StudyConfig, run: RunConfig, fixed: list[Document]):
     rows = min(run.batch or run.replicates, run.replicates)
     build = functools.partial(LlamaCppFactory, run.model, tokenizer, run.horizon, rows,
                               config.chat_template)
+    checker = build()  # what this build and this model offer, before anything is written
+    try:
+        checker.check_actions(run.actions)
+    finally:
+        checker.close()
     side = DriverSide(run.model, tokenizer, build, info.context_length, info.layers)
     docs = model_documents(config, fixed, tokenizer)
     check_fits(docs, run.horizon, side, config.chat_template)

@@ -191,30 +191,48 @@ class LlamaCppFactory:
         """The document's context ``key`` (P's, or an action's: Q never shares P's cells, so
         each side's sequences lie in its context as in llama.cpp's own run of one)."""
         if key not in self._pools:
-            model = self._model(path)
-            lib = self.lib
-            params = lib.llama_context_default_params()
             cells = len(prompt) + self.slots * self.horizon + 1
-            params.n_ctx = -(-cells // 256) * 256
-            params.n_batch = params.n_ctx
-            params.n_seq_max = self.slots + 1
-            params.kv_unified = True
-            params.type_k = GGML_TYPE_IDS[action.type_k]
-            params.type_v = GGML_TYPE_IDS[action.type_v]
-            params.flash_attn_type = (lib.LLAMA_FLASH_ATTN_TYPE_ENABLED if action.flash_attention
-                                      else lib.LLAMA_FLASH_ATTN_TYPE_DISABLED)
-            params.n_threads = params.n_threads_batch = self.threads
-            params.no_perf = True
-            context = lib.llama_init_from_model(model, params)
-            if not context:
-                raise ValueError(f"action {action.name!r}: llama.cpp could not make a context "
-                                 f"with k={action.type_k}, v={action.type_v}, fa="
-                                 f"{'on' if action.flash_attention else 'off'} for "
-                                 f"{str(path)!r}")
+            context = self._context(path, action, -(-cells // 256) * 256, self.slots + 1)
+            lib, model = self.lib, self._model(path)
             vocab = lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(model))
             self._pools[key] = SequencePool(context, vocab, prompt, self.slots)
             self.prefills += 1
         return self._pools[key]
+
+    def _context(self, path: Path, action: LlamaAction, n_ctx: int, sequences: int) -> Any:
+        """A llama.cpp context of ``path``'s model with the action's cache settings and a
+        unified KV buffer of ``n_ctx`` cells for ``sequences`` sequences; one line naming the
+        action where llama.cpp refuses the settings."""
+        lib, model = self.lib, self._model(path)
+        params = lib.llama_context_default_params()
+        params.n_ctx = params.n_batch = n_ctx
+        params.n_seq_max = sequences
+        params.kv_unified = True
+        params.type_k = GGML_TYPE_IDS[action.type_k]
+        params.type_v = GGML_TYPE_IDS[action.type_v]
+        params.flash_attn_type = (lib.LLAMA_FLASH_ATTN_TYPE_ENABLED if action.flash_attention
+                                  else lib.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+        params.n_threads = params.n_threads_batch = self.threads
+        params.no_perf = True
+        context = lib.llama_init_from_model(model, params)
+        if not context:
+            raise ValueError(f"action {action.name!r}: llama.cpp cannot make a context with "
+                             f"k={action.type_k}, v={action.type_v}, fa="
+                             f"{'on' if action.flash_attention else 'off'} for "
+                             f"{str(path)!r} (this build or this model does not offer it)")
+        return context
+
+    def check_actions(self, actions: Sequence[str]) -> None:
+        """Make (and free) a small context of P's file for each action's cache settings, so a
+        combination this llama.cpp build or model does not offer (flash attention where the
+        build lacks it, a cache type) is refused before anything is written."""
+        seen = set()
+        for name in actions:
+            action = parse_llama_action(name)
+            settings = (action.type_k, action.type_v, action.flash_attention)
+            if settings not in seen:
+                seen.add(settings)
+                self.lib.llama_free(self._context(self.p_file, action, 256, 1))
 
     def close_document(self) -> None:
         """Free this document's contexts."""
