@@ -33,7 +33,7 @@ def baseline(factory, prompt: list[int], K: int, H: int) -> float:
     vocab = None
     pools = []
     for key, action in (("bp", LlamaAction("full")), ("bq", LlamaAction("x", "q4_0", "q4_0"))):
-        pool = factory._pool(key, factory.p_file, action, prompt)
+        pool = factory._pool(key, factory.p_file, action, prompt, factory.slots)
         pools.append(pool)
         vocab = pool.vocab_size
     assert isinstance(pools[0], SequencePool)

@@ -38,7 +38,7 @@ from kvdrift.llamacpp.pair import LlamaCppPair
 from kvdrift.llamacpp.sequences import SequencePool
 from kvdrift.lm.loading.model import encode_prompt, encode_split
 
-SLOTS_PER_ROW = 4  # a side's rows: its own and the other side's path (forced), and spares
+SLOTS_PER_ROW = 4  # Q's rows: its own and P's path (forced), twice over (one decode per call)
 MAX_SLOTS = 255  # llama.cpp holds at most 256 sequences per context (one is the prompt)
 
 
@@ -157,9 +157,9 @@ class LlamaCppFactory:
             self._doc_id = doc.id
         prompt = [int(t) for t in self._ids.reshape(-1).tolist()]
         full = LlamaAction(name="full")
-        p = self._pool("p", self.p_file, full, prompt)
+        p = self._pool("p", self.p_file, full, prompt, max(8, self.slots // 2))
         q_path = self._q_path(parsed)
-        q = self._pool(parsed.name, q_path, parsed, prompt)
+        q = self._pool(parsed.name, q_path, parsed, prompt, self.slots)
         info = read_info(self.p_file)
         bits_k, bits_v = parsed.cache_bits
         fraction = (bits_k + bits_v) / 32.0
@@ -186,16 +186,17 @@ class LlamaCppFactory:
             self._models[path] = model
         return self._models[path]
 
-    def _pool(self, key: str, path: Path, action: LlamaAction, prompt: list[int]
+    def _pool(self, key: str, path: Path, action: LlamaAction, prompt: list[int], slots: int
               ) -> SequencePool:
         """The document's context ``key`` (P's, or an action's: Q never shares P's cells, so
-        each side's sequences lie in its context as in llama.cpp's own run of one)."""
+        each side's sequences lie in its context as in llama.cpp's own run of one), with
+        ``slots`` sequences of the horizon: P steps K rows, Q its own and P's path."""
         if key not in self._pools:
-            cells = len(prompt) + self.slots * self.horizon + 1
-            context = self._context(path, action, -(-cells // 256) * 256, self.slots + 1)
+            cells = len(prompt) + slots * self.horizon + 1
+            context = self._context(path, action, -(-cells // 256) * 256, slots + 1)
             lib, model = self.lib, self._model(path)
             vocab = lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(model))
-            self._pools[key] = SequencePool(context, vocab, prompt, self.slots)
+            self._pools[key] = SequencePool(context, vocab, prompt, slots)
             self.prefills += 1
         return self._pools[key]
 
