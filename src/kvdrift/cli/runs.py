@@ -210,7 +210,9 @@ def run(
         from kvdrift.analysis.kl_statistics import kl_statistics
         from kvdrift.report.terminal import kl_table
 
-        print_whole(console, kl_table(kl_statistics(directory.records().steps)))
+        stats = kl_statistics(directory.records().steps)  # rollouts record them; SWRB not
+        if stats:
+            print_whole(console, kl_table(stats))
     if directory.config.get("protocol"):  # a question asked after the compressed context
         from kvdrift.report.sections.run import protocol_text
 
