@@ -162,7 +162,7 @@ def test_branching_rows_read_what_a_fresh_sequence_reads(tokenizer):
     action = parse_llama_action("gguf:k=q8_0,v=q4_0")
     rng = np.random.default_rng(0)
     state = pair.start("q", 3)
-    for step in range(16):
+    for step in range(32):
         kind = step % 4
         if kind == 0:
             tokens = torch.as_tensor(rng.integers(0, 500, len(state)))
@@ -177,6 +177,8 @@ def test_branching_rows_read_what_a_fresh_sequence_reads(tokenizer):
         else:
             state = pair.join([state, pair.select(state, torch.tensor([0]))])
             state = pair.select(state, torch.tensor([0, len(state) - 1, 1]))
+        if kind:  # rows truncated, selected and joined reach the next advance unread, as
+            continue  # in SWRB: the advance's decode meets sequences that hold other tokens
         got = pair.logprobs(state)
         for i, h in enumerate(state.histories):
             assert torch.equal(got[i], _straight(tokenizer, prompt, h, action)), (step, h)
