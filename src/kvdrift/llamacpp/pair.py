@@ -130,9 +130,8 @@ class LlamaCppPair:
             out.append(Rows(state.side, [h + (v,) for h, v in zip(state.histories, values,
                                                                     strict=True)],
                             list(state.seqs)))
-        sides: tuple[Side, ...] = ("p",) if self.pools["p"] is self.pools["q"] else ("p", "q")
-        for side in sides:  # one decode for every row held in this side's context
-            ahead = [s for s in out if (s.side == side or len(sides) == 1)
+        for side in ("p", "q"):  # one decode for every row held in this side's context
+            ahead = [s for s in out if s.side == side
                      and any(len(h) < self.horizon for h in s.histories)]
             if ahead:
                 self._ensure(side, ahead)
