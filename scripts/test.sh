@@ -21,4 +21,8 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 .venv/bin/ruff check src tests benchmarks
 # A broken link, a missing page or a docstring reference that does not resolve fails here.
 NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet
-.venv/bin/python -m pytest -q ${lane[@]+"${lane[@]}"} ${args[@]+"${args[@]}"}
+# One worker per core (KVDRIFT_TEST_WORKERS overrides; 0 runs in this process); a module's
+# tests stay on one worker (tests/conftest.py).
+workers="${KVDRIFT_TEST_WORKERS:-$(nproc)}"
+.venv/bin/python -m pytest -q -n "$workers" --dist loadgroup ${lane[@]+"${lane[@]}"} \
+  ${args[@]+"${args[@]}"}

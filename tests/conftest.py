@@ -12,6 +12,26 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+# Under pytest-xdist (scripts/test.sh runs one worker per core) each worker keeps to its share
+# of the cores: two workers of two threads each on two cores stall at every OpenMP barrier.
+# The logits are bit-identical at one thread and at two (matmuls split rows, not sums).
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+if _WORKERS > 1:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // _WORKERS))
+
+#: Test modules that must share one worker: they read the same session fixture's runs
+#: (``kvpress_runs``), made once per worker.
+_SHARED_WORKER = {"test_lm_presses.py": "kvpress_runs", "test_lm_shared_prefill.py": "kvpress_runs"}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    """Under ``--dist loadgroup`` a module's tests stay on one worker (module-level caches and
+    module fixtures are made once), and modules that share a session fixture's runs share one."""
+    for item in items:
+        name = item.path.name
+        item.add_marker(pytest.mark.xdist_group(_SHARED_WORKER.get(name, name)))
+
 
 @pytest.fixture(scope="session")
 def tiny_llama():
