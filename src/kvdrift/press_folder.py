@@ -11,8 +11,10 @@ importing anything heavy (no torch), and refused in one line for:
 - **bytecode with no source** (``NAME.pyc`` with no ``NAME.py``, or ``__pycache__/NAME.pyc``,
   importable as ``__pycache__.NAME``): kvdrift runs the user's code only from source, digested;
 - **a folder others can write** (:mod:`kvdrift.loose_folders`, the rule of the cache root):
-  the file's folder writable by its group or others, a folder above it writable by others
-  (without the sticky bit), or the file itself writable by its group or others.
+  the file's folder writable by its group or others (the sticky bit does not help here: others
+  could still add a module the file imports), a folder above it writable by others without
+  the sticky bit, or the file itself writable by its group or others. The same holds for
+  every module file its code imports, checked as it is found.
 
 While the file runs (:mod:`kvdrift.press_source`), the code it imports that is the user's own
 (:func:`is_user_code`: a module whose file lies outside the standard library's and
@@ -52,13 +54,21 @@ def installed_names() -> frozenset[str]:
 
 
 @functools.cache
-def library_folders() -> tuple[str, ...]:
-    """The real folders of the standard library and of site-packages."""
+def site_folders() -> tuple[str, ...]:
+    """The real folders of site-packages (installed distributions)."""
     paths = sysconfig.get_paths()
-    found = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
+    found = {paths[k] for k in ("purelib", "platlib") if k in paths}
     found.update(site.getsitepackages())
     found.add(site.getusersitepackages())
     return tuple(sorted({os.path.realpath(p) for p in found}))
+
+
+@functools.cache
+def library_folders() -> tuple[str, ...]:
+    """The real folders of the standard library and of site-packages."""
+    paths = sysconfig.get_paths()
+    stdlib = {os.path.realpath(paths[k]) for k in ("stdlib", "platstdlib") if k in paths}
+    return tuple(sorted(stdlib | set(site_folders())))
 
 
 def _within(path: str, folders: tuple[str, ...]) -> bool:
@@ -85,26 +95,28 @@ def check_source(fullname: str, spec: importlib.machinery.ModuleSpec) -> None:
                            f"{kind}; kvdrift runs your code only from Python source (.py)")
 
 
-def check_loose(path: Path, what: str) -> None:
-    """Refuse ``path`` (a file of code) if others could replace it: the file itself writable
-    by its group or others, or its folder loose (:func:`~kvdrift.loose_folders.loose_folder`,
-    the rule of the converted-weights cache root)."""
+def check_loose(path: Path, module: bool = False) -> None:
+    """Refuse ``path`` (the presses file, or a ``module`` its code imports) if others could
+    replace it or add a module beside it: the file itself writable by its group or others,
+    or its folder loose (:func:`~kvdrift.loose_folders.loose_folder`, the rule of the
+    converted-weights cache root, with the sticky bit no help for the file's own folder)."""
+    name = f"{path} (a module your presses import)" if module else "the file"
     mode = os.stat(path).st_mode
     if mode & 0o022:
-        raise PressRefused(f"{what} {path} is writable by its group or others (mode "
+        raise PressRefused(f"{name} is writable by its group or others (mode "
                            f"{mode & 0o7777:04o}), so anyone could replace the code kvdrift "
                            f"runs; make it private (chmod go-w {path})")
     for folder in dict.fromkeys([path.parent, Path(os.path.realpath(path)).parent]):
-        loose = loose_folder(folder)
+        loose = loose_folder(folder, sticky_here=False)
         if loose is not None:
-            raise PressRefused(f"{what} {path}: {loose.phrase()}, so anyone could replace the "
-                               f"code kvdrift runs; make it private (chmod go-w "
-                               f"{loose.folder}) or move the file to a private folder")
+            raise PressRefused(f"{name + ': ' if module else ''}{loose.phrase()}, so anyone "
+                               f"could replace the code kvdrift runs; make it private (chmod "
+                               f"go-w {loose.folder}) or move {name} to a private folder")
 
 
 def check_folder(path: Path) -> None:
     """The checks on a presses file's folder before it runs (module docstring)."""
-    check_loose(path, "presses file")
+    check_loose(path)
     folder = path.parent
     for entry in sorted(os.scandir(folder), key=lambda e: e.name):
         name, stem = entry.name, entry.name.rpartition(".")[0]
@@ -156,6 +168,8 @@ def shadowed(name: str, file: Path, folder: Path) -> str | None:
     spec = importlib.machinery.PathFinder.find_spec(name, elsewhere)
     if spec is not None and spec.origin and spec.has_location \
             and not is_user_code(name, spec.origin):  # the user's own: the sibling wins
+        if not _within(spec.origin, site_folders()):  # ``test``: not in stdlib_module_names
+            return f"the standard library's module {name!r}"
         return f"the installed module {name!r} ({spec.origin})"
     for finder in sys.meta_path:  # an editable install's hook, say
         if not isinstance(finder, type) and type(finder).__module__ != "kvdrift.press_source":
@@ -168,4 +182,4 @@ def shadowed(name: str, file: Path, folder: Path) -> str | None:
 
 
 __all__ = ["OWN", "STDLIB", "PressRefused", "check_folder", "check_loose", "check_source",
-           "installed_names", "is_user_code", "library_folders", "shadowed"]
+           "installed_names", "is_user_code", "library_folders", "shadowed", "site_folders"]

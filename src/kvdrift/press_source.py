@@ -82,9 +82,9 @@ class _BytesLoader(importlib.abc.Loader):
         return None  # the default module
 
     def exec_module(self, module: types.ModuleType) -> None:
-        what = "a module your presses import,"
-        check_loose(self.path, what)
-        run_source(module, read_source(self.path, what), self.path, self.modules)
+        check_loose(self.path, module=True)
+        run_source(module, read_source(self.path, "a module your presses import"), self.path,
+                   self.modules)
 
 
 #: The import system's own modules: frames of theirs are skipped to find who imports.
