@@ -89,8 +89,12 @@ def check_source(fullname: str, spec: importlib.machinery.ModuleSpec) -> None:
     """Refuse the user's module ``fullname`` unless Python source will run it (a ``.pyc``
     with no source, or a compiled extension, cannot be read or digested as code)."""
     if not isinstance(spec.loader, importlib.machinery.SourceFileLoader):
-        kind = "bytecode with no source" if str(spec.origin).endswith(".pyc") \
-            else "a compiled module"
+        origin = str(spec.origin)
+        kind = "not a Python source file (.py) kvdrift reads"
+        if origin.endswith(".pyc"):
+            kind = "bytecode with no source"
+        elif origin.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES)):
+            kind = "a compiled module"
         raise PressRefused(f"{spec.origin} ({fullname!r}, imported by your presses' code) is "
                            f"{kind}; kvdrift runs your code only from Python source (.py)")
 
