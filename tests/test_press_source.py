@@ -162,17 +162,15 @@ def test_an_error_in_a_module_beside_the_file_names_that_module(tmp_path):
 
 def test_a_module_beside_the_file_that_an_imported_module_shadows_is_refused(tmp_path):
     """``json.py`` beside the file: ``import json`` would silently give the standard library's
-    (already loaded), so the file is refused in one line, naming both."""
-    import json
-
+    (already loaded), so the file is refused in one line, before it runs, naming both
+    (tests/test_presses_isolation.py holds every kind of such name)."""
     _write(tmp_path / "json.py", "MINE = True\n")
     path = _write(tmp_path / "mine.py", "import json\n" + PRESS.format(tag="x"))
     with pytest.raises(ValueError, match="^[^\n]*$") as info:
         load_presses_file(path)
     assert str(info.value) == (
-        f"presses file {path} raised ImportError: mine.py line 1 imports 'json', which is "
-        f"both json.py beside the presses file and a module already loaded ({json.__file__}); "
-        f"rename json.py")
+        f"presses file {path}: json.py beside it would shadow the standard library's module "
+        f"'json' (kvdrift and its libraries import that name); rename json.py")
 
 
 def test_a_helper_edited_between_run_and_resume_is_refused(tiny_model_dir, tmp_path):

@@ -11,8 +11,9 @@ dict from family name to a function of the ratio kept (a float in (0, 1)) return
 
 :func:`load_presses_file` is the only place such a file is executed: never from a run
 directory, its ``run.json``, a study's recorded configuration or a model folder. It runs from
-the bytes read once, never from a bytecode cache, and may import modules beside it
-(:mod:`kvdrift.press_source`); a press's identity digests those bytes. A store
+the bytes read once, never from a bytecode cache, and may import modules beside it and the
+user's own modules elsewhere (:mod:`kvdrift.press_source`, after the checks of
+:mod:`kvdrift.press_folder`); a press's identity digests all those bytes. A store
 made with presses records their action names (``press_actions`` in ``run.json``), so resuming
 it without the file is refused in one line saying what is missing
 (:func:`refuse_missing_presses`). From Python, press objects are given directly
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvdrift import checks, press_source
+from kvdrift import checks, press_folder, press_source
 from kvdrift.lm.grammar.names import press_chain
 from kvdrift.output import NotARegularFile
 
@@ -201,12 +202,18 @@ def load_presses_file(path: str | Path) -> UserPresses:
         raise FileNotFoundError(f"presses file {path} does not exist")
     if not path.is_file():
         raise ValueError(f"presses file {path} must be a regular file (a Python file)")
+    press_source.forget()  # an earlier file's modules are no module "already loaded" here
     try:
+        press_folder.check_folder(path)  # before anything runs (or torch loads)
         data = press_source.read_source(path)
+    except press_folder.PressRefused as exc:
+        raise ValueError(f"presses file {path}: {exc}") from None
     except (NotARegularFile, OSError) as exc:
         raise ValueError(f"presses file {path} cannot be read: {_first_line(exc)}") from None
     try:
         module = press_source.load(path, _module_name(path), data)
+    except press_folder.PressRefused as exc:  # the code it imports, refused as it is found
+        raise ValueError(f"presses file {path}: {exc}") from None
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - the user's file: one line
         raise ValueError(f"presses file {path} raised {type(exc).__name__}"
                          f"{_where(exc, path)}: {_first_line(exc)}") from None
@@ -219,20 +226,20 @@ def load_presses_file(path: str | Path) -> UserPresses:
 
 def _where(exc: BaseException, path: Path) -> str:
     """`` (line N)`` of the presses file where ``exc`` was raised (its last frame there), or
-    `` (helpers.py line N)`` for a module beside it (a syntax error in it, or the last frame
-    in the file's folder)."""
+    `` (helpers.py line N)`` for a module it imported (a syntax error in it, or the last frame
+    in code kvdrift ran for it)."""
     filename = getattr(exc, "filename", None) if isinstance(exc, SyntaxError) else None
     line = getattr(exc, "lineno", None) if filename else None
     tb = exc.__traceback__ if not filename else None
-    while tb is not None:  # the last frame in the presses file's folder
-        if Path(tb.tb_frame.f_code.co_filename).is_relative_to(path.parent):
+    while tb is not None:  # the last frame of the user's code
+        if press_source.SOURCE_KEY in tb.tb_frame.f_globals:
             filename, line = tb.tb_frame.f_code.co_filename, tb.tb_lineno
         tb = tb.tb_next
     if not line:
         return ""
     if filename == str(path):
         return f" (line {line})"
-    return f" ({Path(filename).name} line {line})"  # a module beside it
+    return f" ({Path(filename).name} line {line})"  # a module it imported
 
 
 def from_actions(actions: Mapping[str, Any] | Sequence[Any] | str

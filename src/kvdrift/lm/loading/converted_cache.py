@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from kvdrift.lm.loading.digest import short
+from kvdrift.loose_folders import loose_folder
 
 #: The manifest's file name inside a converted folder.
 MANIFEST = "kvdrift-manifest.json"
@@ -85,21 +86,14 @@ def private_folder(path: Path) -> Path:
 def check_root(root: Path) -> None:
     """Refuse a cache root that others could change under kvdrift: the root itself writable
     by its group or others, or any folder above it writable by others, without the sticky bit
-    (module docstring); a folder not yet made is checked from its first existing parent."""
-    path = Path(os.path.realpath(Path(root).parent)) / Path(root).name  # the real folders above
-    for level, folder in enumerate([path, *path.parents]):
-        try:
-            info = os.stat(folder)
-        except FileNotFoundError:
-            continue
-        loose = 0o022 if level == 0 else 0o002
-        if info.st_mode & loose and not info.st_mode & stat.S_ISVTX:
-            whom = "its group or others" if info.st_mode & 0o022 and level == 0 else "others"
-            raise CacheRefused(
-                f"cache folder {root}: {folder} is writable by {whom} (mode "
-                f"{stat.S_IMODE(info.st_mode):04o}, no sticky bit), so anyone could replace the "
-                f"converted weights; make it private (chmod go-w {folder}) or set KVDRIFT_CACHE "
-                f"to a private folder")
+    (module docstring, :mod:`kvdrift.loose_folders`); a folder not yet made is checked from its
+    first existing parent."""
+    loose = loose_folder(root)
+    if loose is not None:
+        raise CacheRefused(
+            f"cache folder {root}: {loose.phrase()}, so anyone could replace the converted "
+            f"weights; make it private (chmod go-w {loose.folder}) or set KVDRIFT_CACHE to a "
+            f"private folder")
 
 
 def _read_at(dir_fd: int | None, path: Path | str, limit: int | None = None) -> bytearray:
