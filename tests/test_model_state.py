@@ -287,3 +287,27 @@ def test_right_scores_of_ones_own_pass_unchanged(tiny_llama):
                                "k", "d0")
     for a, b in zip(checked.cache.keys, plain.cache.keys, strict=True):
         assert torch.equal(a, b)
+
+
+def test_from_python_the_model_handed_over_comes_back_as_it_was(tiny_model_dir, tmp_path):
+    """``kvdrift.measure`` on a model object: the refusal is raised, and the object the caller
+    holds is the model it handed over (its config, buffers and hooks), ready for the next call."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import kvdrift
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    from kvdrift.data import write_jsonl
+
+    mine = kvdrift.Model(model, AutoTokenizer.from_pretrained(tiny_model_dir), "mine")
+    docs = write_jsonl([DOC], tmp_path / "docs.jsonl")
+    before = ModelState.of(model.eval())
+    for change in ("config field", "rotary buffer", "forward hook"):
+        with pytest.raises(PressFailed, match=rf"^action 'bad' \(ChangingPress\) changed the "
+                                              rf"model's {CHANGES[change][1]} on document"):
+            kvdrift.measure(mine, {"bad": at_prefill(change)}, docs=docs, replicates=2,
+                            horizon=4, bootstrap=0)
+        assert before.changes() == ()
+    quiet = kvdrift.measure(mine, {"quiet": QuietPress(0.5)}, docs=docs, replicates=2,
+                            horizon=4, bootstrap=0)
+    assert len(quiet.records.replicates) == 2

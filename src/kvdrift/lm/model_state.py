@@ -67,6 +67,7 @@ class _Config:
     prefix: str  # "" for the model's config, else e.g. "text_config."
     config: Any
     values: dict[str, Any]  # a deep copy of its attributes (nested configs: themselves)
+    originals: dict[str, Any]  # the attributes themselves (put back, their contents restored)
 
 
 @dataclass(frozen=True, eq=False)
@@ -74,6 +75,7 @@ class _Module:
     name: str
     module: Any
     settings: dict[str, Any]  # plain values (copied) and callables (themselves)
+    originals: dict[str, Any]  # the settings' objects themselves
     buffers: dict[str, tuple[torch.Tensor | None, torch.Tensor | None]]  # (tensor, its clone)
     transient: frozenset[str]  # its non-persistent buffers
     hooks: dict[str, dict]
@@ -99,7 +101,8 @@ class ModelState:
                 for key, t in module._buffers.items()}  # noqa: SLF001 - torch's registry
             hooks = {key: dict(getattr(module, key)) for key in HOOKS if hasattr(module, key)}
             modules.append(_Module(
-                name, module, {} if moving else _settings(module), buffers,
+                name, module, {} if moving else _settings(module),
+                {} if moving else dict(vars(module)), buffers,
                 frozenset(module._non_persistent_buffers_set),  # noqa: SLF001
                 hooks, vars(module).get("forward")))
         global_hooks = {key: dict(getattr(torch_module, key)) for key in GLOBAL_HOOKS
@@ -127,7 +130,7 @@ class ModelState:
                 del now[key]
             for key, value in saved.values.items():
                 if key not in now or not _same(value, now[key]):
-                    now[key] = value if isinstance(value, _CONFIG) else _copied(value)
+                    now[key] = _put_back_value(saved.originals[key], value)
         for saved in self.modules:
             _restore_module(saved)
         for key, hooks in self.global_hooks.items():
@@ -167,7 +170,7 @@ def _configs(model: Any) -> list[_Config]:
         if not isinstance(config, _CONFIG) or id(config) in found:
             continue
         values = {k: v if isinstance(v, _CONFIG) else _copied(v) for k, v in vars(config).items()}
-        found[id(config)] = _Config(prefix, config, values)
+        found[id(config)] = _Config(prefix, config, values, dict(vars(config)))
         pending += [(f"{prefix}{k}.", v) for k, v in values.items() if isinstance(v, _CONFIG)]
     return list(found.values())
 
@@ -250,7 +253,7 @@ def _restore_module(saved: _Module) -> None:
     now = vars(module)
     for key, value in saved.settings.items():
         if not _same(value, now.get(key, _UNSET)):
-            now[key] = copy.deepcopy(value) if _plain(value) else value
+            now[key] = _put_back_value(saved.originals[key], value)
     buffers = module._buffers  # noqa: SLF001
     if not _self_updating(module):
         for key in [k for k in buffers if k not in saved.buffers]:
@@ -276,6 +279,27 @@ def _restore_module(saved: _Module) -> None:
             now["forward"] = saved.forward
     for key, hooks in saved.hooks.items():
         _put_back(getattr(module, key), hooks)
+
+
+def _put_back_value(original: Any, saved: Any) -> Any:
+    """The object to put back for an attribute: the original itself, its contents restored
+    from ``saved`` where it is a dict, list or set (others may hold it: a press that wrote
+    ``config.rope_parameters["rope_theta"]`` changed the one dict every holder sees), a copy of
+    ``saved`` where the original is some other object that may have been changed in place."""
+    if original is saved or isinstance(original, _CONFIG) or (
+            _plain(original) and not isinstance(original, (dict, list, set))):
+        return original
+    if isinstance(original, dict) and isinstance(saved, dict):
+        original.clear()
+        original.update(_copied(saved))
+    elif isinstance(original, list) and isinstance(saved, list):
+        original[:] = _copied(saved)
+    elif isinstance(original, set) and isinstance(saved, set):
+        original.clear()
+        original.update(saved)
+    else:
+        return _copied(saved)
+    return original
 
 
 def _put_back(hooks: dict, saved: dict) -> None:
