@@ -311,3 +311,58 @@ def test_from_python_the_model_handed_over_comes_back_as_it_was(tiny_model_dir, 
     quiet = kvdrift.measure(mine, {"quiet": QuietPress(0.5)}, docs=docs, replicates=2,
                             horizon=4, bootstrap=0)
     assert len(quiet.records.replicates) == 2
+
+
+LEAVING_PRESSES = '''
+import contextlib
+from dataclasses import dataclass
+
+from kvpress import KnormPress
+
+
+def count_calls(module, args):
+    """A forward pre-hook the press means to keep for itself."""
+
+
+@dataclass
+class LeavingPress(KnormPress):
+    """kvpress's KnormPress, with a hook of its own registered in its context and never removed."""
+
+    @contextlib.contextmanager
+    def __call__(self, model):
+        model.model.norm.register_forward_pre_hook(count_calls)
+        with super().__call__(model):
+            yield
+
+
+PRESSES = {"leaving": LeavingPress(compression_ratio=0.5),
+           "quiet": KnormPress(compression_ratio=0.5)}
+'''
+
+
+def test_from_the_command_line_a_hook_left_by_a_presses_file_stops_the_run(tiny_model_dir,
+                                                                            tmp_path):
+    """The press's context registers a hook and exits without removing it: rc 2, one line
+    naming the action, the hook and where; the units before it are kept."""
+    import pyarrow.parquet as pq
+    from typer.testing import CliRunner
+
+    from kvdrift.cli import app
+    from kvdrift.data import write_jsonl
+    from tests.test_cli_faults import run_args
+
+    presses = tmp_path / "leaving_presses.py"
+    presses.write_text(LEAVING_PRESSES)
+    docs = write_jsonl([DOC], tmp_path / "docs.jsonl")
+    out = tmp_path / "run"
+    args = run_args(tiny_model_dir, docs, out)
+    args[args.index("--actions") + 1] = "full,quiet,leaving,snapkv-half"
+    result = CliRunner().invoke(app, [*args, "--presses", str(presses)])
+    assert result.exit_code == 2, result.output
+    line = result.output.strip().splitlines()[-1]
+    assert line == ("error: action 'leaving' (LeavingPress) changed the model's hooks on "
+                    "document 'd0': a forward pre-hook left on model.norm (count_calls); a "
+                    "press must leave the model as it found it (kvdrift has put it back); the "
+                    "unit is not stored and the run stops here (finished units are kept)"), line
+    stored = pq.read_table(out / "replicates").column("action").unique().to_pylist()
+    assert sorted(stored) == ["full", "quiet"]
