@@ -118,7 +118,7 @@ def press_prompt_cache(model: Any, prompt_ids: torch.Tensor, press: Any, action:
         with torch.no_grad(), attention_implementation(model, "eager" if eager or
                                                         needs_eager(press) else None), \
                 fixed_press_randomness(ids.device):
-            with press(model), checked_scorers(press):
+            with checked_scorers(press), press(model):  # some score on leaving (KVCompose)
                 out = model(input_ids=ids, past_key_values=cache, use_cache=True,
                             logits_to_keep=1)
             hidden = take_hidden_entries(model, len(cache.layers))
