@@ -67,6 +67,10 @@ CHANGES = {
     "forward pre-hook": (
         lambda m: m.register_forward_pre_hook(leftover_hook),
         "hooks", "a forward pre-hook left on model.layers.0.self_attn (leftover_hook)"),
+    "training mode": (
+        lambda m: m.train(),
+        "module settings", "model.layers.0.self_attn.training False -> True (and 5 more "
+                           "modules)"),
     "attention implementation": (
         lambda m: setattr(m.config, "_attn_implementation", other_attention(m)),
         "attention implementation", None),  # sdpa -> eager, or back

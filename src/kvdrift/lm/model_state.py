@@ -116,6 +116,14 @@ class ModelState:
             found += _config_changes(saved)
         for saved in self.modules:
             found += _module_changes(saved)
+        flipped = [m for m in self.modules if "training" in m.settings
+                   and vars(m.module).get("training") != m.settings["training"]]
+        if flipped:  # one line for a mode that ``train()`` sets on a whole subtree
+            first = flipped[0]
+            more = f" (and {len(flipped) - 1} more modules)" if len(flipped) > 1 else ""
+            found.append(Change("module settings", f"{_joined(first.name, 'training')} "
+                                                   f"{first.settings['training']} -> "
+                                                   f"{not first.settings['training']}{more}"))
         for key, words in GLOBAL_HOOKS.items():
             if words is not None and key in self.global_hooks:
                 found += _hook_changes(words, "", self.global_hooks[key],
@@ -219,7 +227,7 @@ def _module_changes(saved: _Module) -> list[Change]:
     now = vars(module)
     for key, before in saved.settings.items():
         after = now.get(key, _UNSET)
-        if not _same(before, after):
+        if key != "training" and not _same(before, after):  # training: ModelState.changes
             found.append(Change("module settings", f"{_joined(saved.name, key)} "
                                                    f"{_shown(before)} -> {_shown(after)}"))
     buffers = module._buffers  # noqa: SLF001
