@@ -65,6 +65,7 @@ from kvdrift.lm.loading.model import (
     text_config,
     window_of,
 )
+from kvdrift.lm.model_state import ModelState, refusal
 from kvdrift.lm.quantized.transform import Quantization, is_quantization, parse_quantization
 
 SHARED_CACHE_FRACTION = 2.0
@@ -116,6 +117,7 @@ class LMPairFactory:
         self._answered: PromptCache | None = None  # P's cache with the question appended
         self._planned: list[str] = []
         self.prefills = 0  # prefill forwards run so far (for benchmarks and tests)
+        self._before_press: ModelState | None = None  # the model before this unit's press
 
     @property
     def identity(self) -> dict[str, str]:
@@ -274,6 +276,7 @@ class LMPairFactory:
         """The general path: P's shared full cache, Q's from a prefill inside the press (and
         the quantizer chained after it, ``mine+kivi:bits=4``)."""
         _ = self.identity  # the weights' digest, taken before any press runs (check_unit)
+        self._before_press = ModelState.of(self.loaded.model)  # the rest of it (check_unit)
         if self._reference is None:
             self._prefill(None)
         quantization = chained_quantizer(name)
@@ -306,20 +309,43 @@ class LMPairFactory:
         the unit is not stored) if the press changed the model's weights, which the unit's
         records and every later unit would silently be computed with (a ``score`` that writes
         ``o_proj.weight``, issue 52). The weights are digested again and held against the
-        digest taken when the model loaded, which the records carry."""
-        if action not in self.presses or self._two_models(action):
+        digest taken when the model loaded, which the records carry. The rest of the model
+        (config, buffers, hooks, ...: :mod:`kvdrift.lm.model_state`), as it was before the
+        unit's press ran, is put back and a change refused the same way (a decoding press's
+        scorer runs during generation, after its prefill was checked)."""
+        if self._two_models(action):  # a press on Q's model: Q's factory checks it
+            label, cache = self._q_parts(action)
+            if label in self._q_factories:
+                self._q_factories[label].check_unit(doc, cache)
+            return
+        if action not in self.presses:
             return
         from kvdrift.lm.loading.digest import short, weights_digest
 
+        before, self._before_press = self._before_press, None
+        changes = () if before is None else before.changes()
+        if changes:
+            before.restore()
         loaded = self.identity.get("weights_sha256")
         now = weights_digest(self.loaded.model)
+        press = self.presses[action]
         if loaded is not None and now != loaded:
-            press = type(self.presses[action]).__qualname__
             raise PressFailed(
-                f"action {action!r} ({press}) changed the model's weights on document "
-                f"{doc.id!r} (weights digest {short(loaded)} -> {short(now)}): a press must "
-                f"leave the weights as it found them; this process's model now holds other "
-                f"weights (load it again)")
+                f"action {action!r} ({type(press).__qualname__}) changed the model's weights "
+                f"on document {doc.id!r} (weights digest {short(loaded)} -> {short(now)}): a "
+                f"press must leave the weights as it found them; this process's model now "
+                f"holds other weights (load it again)")
+        if changes:
+            raise PressFailed(refusal(action, press, doc.id, changes))
+
+    def put_back(self) -> None:
+        """After a unit that raised: the model as it was before the unit's press ran (if one
+        ran), and Q's model likewise, so that the caller gets back the model it named."""
+        before, self._before_press = self._before_press, None
+        if before is not None:
+            before.restore()
+        for factory in self._q_factories.values():
+            factory.put_back()
 
     def _prefill(self, first: Action | None) -> None:
         """One forward: P's cache (if not yet computed), ``first``'s and as many planned

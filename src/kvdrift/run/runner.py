@@ -192,9 +192,15 @@ def unit_records(
     seed = unit_seed(config.seed, doc.id)
     started = time.perf_counter()
     try:
-        pair = make_pair(doc, action)
-        built = time.perf_counter()
-        result = run_estimator(config, pair, seed)
+        try:
+            pair = make_pair(doc, action)
+            built = time.perf_counter()
+            result = run_estimator(config, pair, seed)
+        except BaseException:
+            put_back = getattr(make_pair, "put_back", None)  # the model as before the unit
+            if put_back is not None:
+                put_back()
+            raise
         check_unit = getattr(make_pair, "check_unit", None)  # e.g. a press left the weights
         if check_unit is not None:
             check_unit(doc, action)

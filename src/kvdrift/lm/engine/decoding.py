@@ -44,6 +44,7 @@ from kvdrift.lm.actions.presses import Stage, clamp_to_length, fixed_press_rando
 from kvdrift.lm.engine.live_entries import LiveEntries
 from kvdrift.lm.engine.press_rules import problems
 from kvdrift.lm.engine.row_compression import RowEntries, RowKept
+from kvdrift.lm.engine.score_shapes import WrongScores, check_scores
 
 NEVER = torch.iinfo(torch.int32).max  # eviction step of an entry that was never evicted
 
@@ -160,6 +161,7 @@ class DecodingRule:
                                    f"decoding", hidden.device):
             scores = base.score(module, hidden, entries.keys[None], entries.values[None], None,
                                 kwargs)  # [1, kv, m]
+            check_scores(base, scores, entries.keys[None])
         return RowKept(scores[0].topk(compute_n_kept(m, base.compression_ratio), dim=-1).indices)
 
     def compresses(self, lengths: torch.Tensor) -> torch.Tensor:
@@ -268,6 +270,8 @@ def scoring(failure: Callable[[str], Exception], what: str, device: torch.device
             yield
     except (MemoryError, torch.OutOfMemoryError):
         raise
+    except WrongScores as exc:  # what it returned, and what was expected
+        raise failure(str(exc)) from None
     except Exception as exc:  # the scorer's own code
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise failure(f"{what} ({type(exc).__name__}: {first})") from exc

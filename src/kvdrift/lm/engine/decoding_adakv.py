@@ -44,6 +44,7 @@ from transformers.models.llama.modeling_llama import rotate_half
 
 from kvdrift.lm.actions.presses import clamp_to_length
 from kvdrift.lm.engine.decoding import DecodingRule, scoring
+from kvdrift.lm.engine.score_shapes import checked_scorers
 
 
 @dataclass(frozen=True)
@@ -160,7 +161,8 @@ class HeadAdaptiveRule:
         before = getattr(module, "masked_key_indices", None)
         try:
             with scoring(self.failure, f"{self.label}: {type(press).__name__} cannot hide "
-                                       f"entries during decoding", hidden.device):
+                                       f"entries during decoding", hidden.device), \
+                    checked_scorers(press):
                 fake = fake_keys(module, inputs[length - 1], position_embeddings, kv)  # [kv, d]
                 keys = torch.where(was[..., None], fake[:, None].to(keys.dtype), keys)
                 press.compress(module, hidden, keys[None], values[None], None, kwargs)

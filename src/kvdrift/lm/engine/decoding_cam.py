@@ -49,6 +49,7 @@ from kvdrift.lm.engine.decoding import scoring
 from kvdrift.lm.engine.live_entries import LiveEntries
 from kvdrift.lm.engine.live_rows import LiveRows, held_entries, rebuilt_rows, slot_order
 from kvdrift.lm.engine.press_rules import problems
+from kvdrift.lm.engine.score_shapes import checked_scorers
 
 SWRB_REFUSAL = ("its CAMPress merges evicted values into kept ones and sums the attention "
                 "each entry received at every step, so a row cannot go back to an earlier "
@@ -241,7 +242,7 @@ class CamRule:
         press.layer_step_counts = defaultdict(int, {layer_idx: steps})
         kwargs = {"hidden_states": hidden, "position_embeddings": positions}
         with scoring(self.failure, f"{self.label}: {self.scorer_name} cannot score during "
-                                   f"decoding", hidden.device), \
+                                   f"decoding", hidden.device), checked_scorers(press), \
                 row_stream(rng, hidden.device) as drawn:
             keys, values = press.compress(module, hidden, live.keys[None].clone(),
                                           live.values[None].clone(), attn[None].clone(),

@@ -27,6 +27,7 @@ import torch
 
 from kvdrift.lm.engine.decoding import scoring
 from kvdrift.lm.engine.press_rules import scorer_problem
+from kvdrift.lm.engine.score_shapes import check_scores
 
 
 @dataclass(frozen=True)
@@ -108,8 +109,10 @@ class ThresholdRule:
                   "cache_position": ids[0], "position_ids": ids}
         with scoring(self.failure, f"{self.label}: {type(self.press.press).__name__} cannot "
                      f"score a generated token", hidden.device):
-            return self.press.press.score(module, hidden, key[None, :, None],
-                                          value[None, :, None], None, kwargs)[0, :, 0]
+            scores = self.press.press.score(module, hidden, key[None, :, None],
+                                            value[None, :, None], None, kwargs)
+            check_scores(self.press.press, scores, key[None, :, None])
+            return scores[0, :, 0]
 
 
 __all__ = ["ThresholdRule"]

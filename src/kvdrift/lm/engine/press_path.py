@@ -27,7 +27,9 @@ over the bytes of the full cache. Records say so in ``kv_measure`` (``"stored by
 A press that fails (raises, returns the wrong shapes, keeps nothing, leaves non-finite keys or
 values) raises :class:`PressFailed`: one line naming the action, the document and what was
 wrong. The model is left as it was found (the press's context removes its hooks; hidden
-entries are cleared), so the next unit or command runs.
+entries are cleared), so the next unit or command runs; a press that leaves the model changed
+(its config, attention implementation, buffers, a module's settings or ``forward``, a hook:
+:mod:`kvdrift.lm.model_state`) is refused so, and the model put back.
 """
 
 from __future__ import annotations
@@ -56,7 +58,9 @@ from kvdrift.lm.engine.prefill import (
     take_hidden_entries,
     unwrap_model,
 )
+from kvdrift.lm.engine.score_shapes import WrongScores, checked_scorers
 from kvdrift.lm.engine.shared_attention import attention_implementation
+from kvdrift.lm.model_state import ModelState, refusal
 from kvdrift.lm.quantized.transform import Quantization, QuantizingCache, kv_memory
 from kvdrift.unit_errors import UnitStopped
 
@@ -108,12 +112,13 @@ def press_prompt_cache(model: Any, prompt_ids: torch.Tensor, press: Any, action:
     cache = QuantizingCache(quantization, config=model.config) if quantization is not None \
         and quantization.before_attention else DynamicCache(config=model.config)
     clear_hidden_entries(model)  # a stale mask (left by a generate) would be read as this one's
-    attention = model.config._attn_implementation  # a press may switch it (KVCompose: eager)
+    state = ModelState.of(model)  # a press may switch attention (KVCompose: eager), or worse
+    changes: tuple = ()
     try:
         with torch.no_grad(), attention_implementation(model, "eager" if eager or
                                                         needs_eager(press) else None), \
                 fixed_press_randomness(ids.device):
-            with press(model):
+            with checked_scorers(press), press(model):  # some score on leaving (KVCompose)
                 out = model(input_ids=ids, past_key_values=cache, use_cache=True,
                             logits_to_keep=1)
             hidden = take_hidden_entries(model, len(cache.layers))
@@ -121,11 +126,16 @@ def press_prompt_cache(model: Any, prompt_ids: torch.Tensor, press: Any, action:
                 rule = rule.after_prefill(rule.press, len(cache.layers))
     except (MemoryError, torch.OutOfMemoryError):
         raise
+    except WrongScores as exc:  # what its score returned, and what was expected
+        raise fail(str(exc)) from None
     except Exception as exc:  # the press's own code: any error is its failure
         raise fail(f"the press raised {_first_line(exc, press, model)}") from exc
     finally:
         clear_hidden_entries(model)
-        model.config._attn_implementation = attention  # as found, even if the press failed
+        changes = state.changes()
+        state.restore()  # as found, even if the press failed
+    if changes:  # the press left the model changed: nothing it computed is used
+        raise PressFailed(refusal(action, press, document, changes))
     check_not_sliding(cache)
     keys = [layer.keys for layer in cache.layers]
     values = [layer.values for layer in cache.layers]
