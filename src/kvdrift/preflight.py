@@ -58,6 +58,17 @@ def check_models(models: Iterable[Any]) -> None:
         check_cache()
 
 
+def check_prompts(models: Iterable[Any], docs: list[Document] | None, horizon: int,
+                  chat_template: bool) -> None:
+    """Each JSONL document's prompt against the embedded model's context window, where a
+    study measures it: counted with its tokenizer without torch
+    (:func:`kvdrift.lm.loading.prompt_fit.check_prompts_fit`)."""
+    if docs and any(str(m) == DEFAULT_MODEL for m in models):
+        from kvdrift.lm.loading.prompt_fit import check_prompts_fit
+
+        check_prompts_fit(docs, horizon, chat_template, DEFAULT_MODEL)
+
+
 def check_documents(sources: Iterable[DocumentSource]) -> list[Document] | None:
     """Read every JSONL document file once, so a missing, unreadable or malformed one is
     refused now (a dataset from the hub, and generated documents, wait for their loader).

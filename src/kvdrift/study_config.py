@@ -277,6 +277,9 @@ def parse_study(data: dict, source: str | None = None, presses: UserPresses | No
         gpus_per_worker=study.get("gpus_per_worker"),
         cpus_per_worker=study.get("cpus_per_worker", 1.0))
     fixed = preflight.check_documents(sources) if read_documents else None
+    if engine == "transformers" and isinstance(study.get("models"), list):
+        preflight.check_prompts(study["models"], fixed, study.get("horizon", 32),
+                                study.get("chat_template", True))
     if before_torch is not None:  # e.g. a store to resume, held against these settings
         before_torch({
             "name": name, "models": [str(m) for m in study["models"]], "actions": list(actions),
