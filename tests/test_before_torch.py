@@ -113,6 +113,16 @@ SPECS = [  # (spec, None: accepted, else the one-line refusal after "action '<sp
      "(entries kept), not compression_ratio"),
     ("decoding-knorm:interval=4,target=4+snapkv:ratio=0.5", "a decoding-* press must come "
                                                             "last"),
+    ("criticalkv-observed_attention:ratio=0.5", None),
+    ("adakv-observed_attention:ratio=0.5", "adakv-ObservedAttentionPress: kvpress's "
+     "AdaKVPress asserts the attention is not eager, and the scorer reads the eager "
+     "attention's weights (ObservedAttentionPress); score with another scorer, or drop the "
+     "wrapper"),
+    ("chunkkv-observed_attention:ratio=0.5", "chunkkv-ObservedAttentionPress: kvpress's "
+     "ChunkKVPress scores chunk by chunk and asserts it is given no attention weights "
+     "(ObservedAttentionPress); score with another scorer, or drop the wrapper"),
+    ("snapkv:ratio=0.5+decoding-observed_attention:interval=2,target=4", "ObservedAttentionPress "
+     "needs attention weights, which decoding steps do not return"),
     ("snapkv:ratio=0.5@smollm2", None),
     ("snapkv:ratio=2@smollm2", "SnapKVPress: ratio (fraction of entries kept) must be a number "
      "within (0, 1]; got 2.0"),
@@ -156,6 +166,10 @@ def test_the_grammar_s_copies_are_the_press_library_s():
     assert stages.SCORER_FIELDS == {
         name: {k: stages.field_kind(f.default) for k, f in presses.scorer_fields(cls).items()}
         for name, cls in scorers.items()}
+    assert stages.FAMILY_WRAPPERS == {
+        f.name: f.press.__name__ for f in presses.FAMILIES.values()
+        if f.press is not None and not f.is_decoding
+        and any(issubclass(f.press, c) for c in presses.REFUSES_ATTENTION_WEIGHTS)}
     hints = typing.get_type_hints(kvpress.CURPress)
     assert LEVERAGE_TYPES == typing.get_args(hints["leverage_type"])
 

@@ -49,6 +49,7 @@ import kvpress
 import torch
 
 from kvdrift import checks
+from kvdrift.lm.grammar import stages
 from kvdrift.lm.grammar.fields import check_field, check_field_name
 from kvdrift.lm.grammar.stages import budget_problem
 
@@ -71,29 +72,24 @@ SCORERS: dict[str, str] = {
 }
 
 # Scorers that read the attention weights of the layer: eager attention in prefill only.
-NEEDS_ATTENTION_WEIGHTS: frozenset[type] = frozenset({kvpress.ObservedAttentionPress})
+NEEDS_ATTENTION_WEIGHTS: frozenset[type] = frozenset(
+    getattr(kvpress, name) for name in stages.NEEDS_ATTENTION_WEIGHTS)
 
 # Wrappers that cannot take a scorer reading attention weights, and why (kvpress asserts).
 REFUSES_ATTENTION_WEIGHTS: dict[type, str] = {
-    kvpress.AdaKVPress: "asserts the attention is not eager, and the scorer reads the eager "
-                        "attention's weights",
-    kvpress.CriticalAdaKVPress: "asserts the attention is not eager, and the scorer reads the "
-                                "eager attention's weights",
-    kvpress.BlockPress: "scores block by block and asserts it is given no attention weights",
-    kvpress.ChunkPress: "scores chunk by chunk and asserts it is given no attention weights",
-    kvpress.ChunkKVPress: "scores chunk by chunk and asserts it is given no attention weights",
-}
+    getattr(kvpress, name): why for name, why in stages.REFUSES_ATTENTION_WEIGHTS.items()}
 
 
 def wrapper_problem(wrapper: type | None, scorer: type) -> str | None:
     """Why the kvpress press class ``wrapper`` cannot wrap the scorer class ``scorer``, or
-    None (a scorer reading attention weights inside a wrapper that refuses them)."""
+    None (a scorer reading attention weights inside a wrapper that refuses them: the rule of
+    :func:`kvdrift.lm.grammar.stages.weights_problem`, for the classes they subclass)."""
     if wrapper is None or scorer not in NEEDS_ATTENTION_WEIGHTS:
         return None
-    why = next((w for cls, w in REFUSES_ATTENTION_WEIGHTS.items() if issubclass(wrapper, cls)),
-               None)
-    return None if why is None else (f"kvpress's {wrapper.__name__} {why} ({scorer.__name__}); "
-                                     f"score with another scorer, or drop the wrapper")
+    refusing = next((cls for cls in REFUSES_ATTENTION_WEIGHTS if issubclass(wrapper, cls)), None)
+    if refusing is None:
+        return None
+    return stages.weights_problem(wrapper.__name__, scorer.__name__, refusing.__name__)
 
 
 # kvpress presses that kvdrift cannot measure, and why (shown when a user names one).

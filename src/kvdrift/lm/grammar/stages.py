@@ -27,6 +27,22 @@ FAMILY_BUDGETS: dict[str, tuple[str, ...]] = {
 DECODING_FAMILIES = {"decoding": "ratio or target", "decoding-adakv": "ratio or target",
                      "cam": "target"}
 
+#: Scorers that read the layer's attention weights (eager attention, prefill only).
+NEEDS_ATTENTION_WEIGHTS = ("ObservedAttentionPress",)
+#: Wrapper presses that cannot take such a scorer, by kvpress class name, and why (kvpress
+#: asserts; :data:`kvdrift.lm.actions.presses.REFUSES_ATTENTION_WEIGHTS`).
+REFUSES_ATTENTION_WEIGHTS = {
+    "AdaKVPress": "asserts the attention is not eager, and the scorer reads the eager "
+                  "attention's weights",
+    "CriticalAdaKVPress": "asserts the attention is not eager, and the scorer reads the eager "
+                          "attention's weights",
+    "BlockPress": "scores block by block and asserts it is given no attention weights",
+    "ChunkPress": "scores chunk by chunk and asserts it is given no attention weights",
+    "ChunkKVPress": "scores chunk by chunk and asserts it is given no attention weights"}
+#: Each family's wrapper press that refuses them (:attr:`kvdrift.lm.actions.presses.Family.press`).
+FAMILY_WRAPPERS = {"adakv": "AdaKVPress", "criticaladakv": "CriticalAdaKVPress",
+                   "block": "BlockPress", "chunk": "ChunkPress", "chunkkv": "ChunkKVPress"}
+
 # A field's kind, as the full parser reads its text (by the type of its kvpress default):
 # "bool" (true/false), "int", "float" (a number, as a float) or "any" (None, text, none).
 _I, _F, _B, _A = "int", "float", "bool", "any"
@@ -142,3 +158,16 @@ def decoding_problem(family: str, label: str, given: list[str], ratio: Any, targ
                 f">= 1) or ratio=R (fraction of the tokens seen kept, in (0, 1]) and "
                 f"interval=I (generated tokens between compressions)")
     return None
+
+
+def weights_problem(wrapper: str | None, scorer: str, refusing: str | None = None
+                    ) -> str | None:
+    """Why the kvpress press class named ``wrapper`` cannot wrap the scorer class named
+    ``scorer`` (one reading attention weights in a wrapper that refuses them), or None;
+    ``refusing``: the class of :data:`REFUSES_ATTENTION_WEIGHTS` it subclasses, if not its
+    own."""
+    why = REFUSES_ATTENTION_WEIGHTS.get(refusing or wrapper or "")
+    if why is None or scorer not in NEEDS_ATTENTION_WEIGHTS:
+        return None
+    return (f"kvpress's {wrapper} {why} ({scorer}); score with another scorer, or drop the "
+            f"wrapper")

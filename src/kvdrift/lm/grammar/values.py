@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from kvdrift import checks
+from kvdrift.lm.grammar import stages
 from kvdrift.lm.grammar.fields import ActionError, check_field, check_field_name, split_fields
 from kvdrift.lm.grammar.model_spec import split_model
 from kvdrift.lm.grammar.names import (
@@ -91,6 +92,18 @@ def _check_budgets(key: str, value: str, whole: str, label: str) -> bool:
     return True
 
 
+def _scorer_name(head: str) -> str | None:
+    """The kvpress class name of the scorer a stage written ``head`` scores with, or None."""
+    text = head.strip()
+    for family, own in OWN_SCORER_FAMILIES.items():
+        if text.lower() == family or text == own:
+            return own
+    scorer = split_prefix(text)[1]
+    if scorer in SCORER_FIELDS:
+        return scorer
+    return SCORER_CLASS_NAMES.get(scorer.strip().lower().replace("-", "_"))
+
+
 def _stage_kinds(head: str) -> tuple[str, dict[str, str]] | None:
     """A stage written ``head``: its family and every field it takes -> kind (the family's
     first, as the full parser lists them), or None where the scorer is none kvdrift offers
@@ -137,6 +150,15 @@ def _check_press(part: str, whole: str) -> None:
             raise ActionError(f"action {whole!r}: {problem}")
     for key, value in budgets:
         _check_budgets(key, value, whole, label)
+    scorer = _scorer_name(head)
+    problem = None if shape is None or scorer is None else (
+        stages.weights_problem(stages.FAMILY_WRAPPERS.get(shape[0]), scorer))
+    if problem is not None:
+        raise ActionError(f"action {whole!r}: {label}: {problem}")
+    if shape is not None and shape[0] in DECODING_FAMILIES and \
+            scorer in stages.NEEDS_ATTENTION_WEIGHTS:
+        raise ActionError(f"action {whole!r}: {scorer} needs attention weights, which "
+                          f"decoding steps do not return")
     for key, value in others:
         if shape is not None:
             try:
