@@ -104,20 +104,29 @@ def _scorer_name(head: str) -> str | None:
     return SCORER_CLASS_NAMES.get(scorer.strip().lower().replace("-", "_"))
 
 
-def _stage_kinds(head: str) -> tuple[str, dict[str, str]] | None:
-    """A stage written ``head``: its family and every field it takes -> kind (the family's
-    first, as the full parser lists them), or None where the scorer is none kvdrift offers
-    under that name (the full parser says why)."""
+def _stage_kinds(head: str) -> tuple[str, str, dict[str, str]] | None:
+    """A stage written ``head``: its family, its scorer's class name and every field it takes
+    -> kind (the family's first, as the full parser lists them), or None where the scorer is
+    none kvdrift offers under that name (the full parser says why)."""
     text = head.strip()
-    for family, own in OWN_SCORER_FAMILIES.items():
-        if text.lower() == family or text == own:
-            return family, {**FAMILY_FIELDS[family], **SCORER_FIELDS[own]}
-    family, scorer = split_prefix(text)
-    if scorer not in SCORER_FIELDS:
-        scorer = SCORER_CLASS_NAMES.get(scorer.strip().lower().replace("-", "_"), "")
+    own = next((f for f, c in OWN_SCORER_FAMILIES.items() if text.lower() == f or text == c),
+               None)
+    family = own if own is not None else split_prefix(text)[0]
+    scorer = _scorer_name(head)
     if scorer not in SCORER_FIELDS or family not in FAMILY_FIELDS:
         return None
-    return family, {**FAMILY_FIELDS[family], **SCORER_FIELDS[scorer]}
+    return family, scorer, {**FAMILY_FIELDS[family], **SCORER_FIELDS[scorer]}
+
+
+def _check_pairing(family: str, scorer: str, label: str, whole: str) -> None:
+    """A scorer that reads attention weights, under a wrapper that refuses them or in a
+    press that compresses during decoding (whose steps return none)."""
+    problem = stages.weights_problem(stages.FAMILY_WRAPPERS.get(family), scorer)
+    if problem is not None:
+        raise ActionError(f"action {whole!r}: {label}: {problem}")
+    if family in DECODING_FAMILIES and scorer in stages.NEEDS_ATTENTION_WEIGHTS:
+        raise ActionError(f"action {whole!r}: {scorer} needs attention weights, which "
+                          f"decoding steps do not return")
 
 
 def _check_press(part: str, whole: str) -> None:
@@ -135,34 +144,26 @@ def _check_press(part: str, whole: str) -> None:
                               f"(entries kept), not {key}")
         if key in ("ratio", "budget", "ratios"):
             continue
-        kind = shape[1].get(key, "any") if shape is not None else "any"
+        kind = shape[2].get(key, "any") if shape is not None else "any"
         try:
             others.append((key, read_field(kind, key, text, label)))
         except ValueError as exc:
             raise ActionError(f"action {whole!r}: {exc}") from None
     if shape is not None:
-        family, kinds = shape
         ratio = next((v for k, v in budgets if k == "ratio"), None)
-        problem = budget_problem(family, label, [k for k, _ in budgets],
+        problem = budget_problem(shape[0], label, [k for k, _ in budgets],
                                  _number(ratio) if ratio is not None else None,
                                  "target" in dict(fields))
         if problem is not None:
             raise ActionError(f"action {whole!r}: {problem}")
     for key, value in budgets:
         _check_budgets(key, value, whole, label)
-    scorer = _scorer_name(head)
-    problem = None if shape is None or scorer is None else (
-        stages.weights_problem(stages.FAMILY_WRAPPERS.get(shape[0]), scorer))
-    if problem is not None:
-        raise ActionError(f"action {whole!r}: {label}: {problem}")
-    if shape is not None and shape[0] in DECODING_FAMILIES and \
-            scorer in stages.NEEDS_ATTENTION_WEIGHTS:
-        raise ActionError(f"action {whole!r}: {scorer} needs attention weights, which "
-                          f"decoding steps do not return")
+    if shape is not None:
+        _check_pairing(shape[0], shape[1], label, whole)
     for key, value in others:
         if shape is not None:
             try:
-                check_field_name(label, key, FAMILY_BUDGETS[shape[0]], shape[1])
+                check_field_name(label, key, FAMILY_BUDGETS[shape[0]], shape[2])
             except ActionError as exc:
                 raise ActionError(f"action {whole!r}: {exc}") from None
         check_field(f"action {whole!r}: {label}", key, value)
