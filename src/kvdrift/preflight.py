@@ -17,13 +17,20 @@ from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from kvdrift.data.document import Document
 from kvdrift.data.sources import DocumentSource, JsonlSource
 from kvdrift.lm.grammar.names import check_action_names
 from kvdrift.lm.grammar.values import check_action_values
 from kvdrift.lm.loading.embedded import DEFAULT_MODEL, check_cache
 from kvdrift.lm.loading.settings import check_device_name, check_dtype_name
 from kvdrift.run.lock import StoreLock
-from kvdrift.run.run_file import RUN_FILE, other_configuration, read_run_file
+from kvdrift.run.run_file import (
+    DOCUMENTS_HASH,
+    RUN_FILE,
+    config_identity,
+    other_configuration,
+    read_run_file,
+)
 from kvdrift.run.settings import check_estimator_name
 
 
@@ -51,12 +58,30 @@ def check_models(models: Iterable[Any]) -> None:
         check_cache()
 
 
-def check_documents(sources: Iterable[DocumentSource]) -> None:
+def check_prompts(models: Iterable[Any], docs: list[Document] | None, horizon: int,
+                  chat_template: bool) -> None:
+    """Each JSONL document's prompt against the embedded model's context window, where a
+    study measures it: counted with its tokenizer without torch
+    (:func:`kvdrift.lm.loading.prompt_fit.check_prompts_fit`)."""
+    if docs and any(str(m) == DEFAULT_MODEL for m in models):
+        from kvdrift.lm.loading.prompt_fit import check_prompts_fit
+
+        check_prompts_fit(docs, horizon, chat_template, DEFAULT_MODEL)
+
+
+def check_documents(sources: Iterable[DocumentSource]) -> list[Document] | None:
     """Read every JSONL document file once, so a missing, unreadable or malformed one is
-    refused now (a dataset from the hub, and generated documents, wait for their loader)."""
+    refused now (a dataset from the hub, and generated documents, wait for their loader).
+    Returns the documents every source read without a tokenizer gives (what a store hashes,
+    :data:`~kvdrift.run.run_file.DOCUMENTS_HASH`), or None where one of them is a dataset."""
+    fixed: list[Document] | None = []
     for source in sources:
         if isinstance(source, JsonlSource):
-            source.documents()
+            docs = source.documents()
+            fixed = None if fixed is None else fixed + docs
+        elif not source.needs_tokenizer:
+            fixed = None
+    return fixed
 
 
 #: The recorded settings a resume is held against before torch loads (the store holds the
@@ -68,7 +93,9 @@ RESUMED = ("models", "actions", "replicates", "horizon", "temperature", "estimat
 def check_resume(out: str | os.PathLike[str], settings: Mapping[str, Any]) -> None:
     """Refuse, before torch loads, a store in ``out`` that another process writes now, or
     whose ``run.json`` recorded other ``settings`` (:data:`RESUMED`; ``attribution`` is
-    recorded only when on): the refusals a run otherwise gave after loading its model."""
+    recorded only when on; ``documents``, and their content hash where ``settings`` has it, as
+    the store compares them: :func:`~kvdrift.run.run_file.config_identity`): the refusals a
+    run otherwise gave after loading its model."""
     root = Path(out)
     if not root.is_dir():
         return
@@ -81,5 +108,20 @@ def check_resume(out: str | os.PathLike[str], settings: Mapping[str, Any]) -> No
         return
     recorded = {"attribution": False} | saved
     diff = [k for k in RESUMED if k in recorded and recorded[k] != settings.get(k)]
+    if "documents" in settings and _other_documents(saved, settings):
+        diff.append("documents")
     if diff:
         raise other_configuration(root, diff)
+
+
+def _other_documents(saved: Mapping[str, Any], settings: Mapping[str, Any]) -> bool:
+    """Whether ``settings`` name other documents than the store recorded (a JSONL file's
+    path counts only where the store recorded no content hash; the hash is compared where
+    both have it)."""
+    by_content = DOCUMENTS_HASH in saved
+    if by_content and DOCUMENTS_HASH not in settings:  # a dataset: the store compares it
+        return False
+    keys = ("documents", DOCUMENTS_HASH)
+    ours = config_identity({k: settings[k] for k in keys if k in settings}, by_content)
+    theirs = config_identity({k: saved[k] for k in keys if k in saved}, by_content)
+    return ours != theirs

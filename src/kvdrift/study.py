@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from kvdrift import limits
-from kvdrift.data.document import WHOLE_PROMPT, Document
+from kvdrift.data.document import WHOLE_PROMPT, Document, documents_sha256
 from kvdrift.output import OutputDir
 from kvdrift.run.executors import open_executor
 from kvdrift.run.lock import StoreLock
@@ -28,18 +26,6 @@ def _unique(docs: list[Document]) -> list[Document]:
             raise ValueError(f"document id {d.id!r} appears in two sources; ids must be unique")
         seen[d.id] = i
     return docs
-
-
-def documents_sha256(docs: list[Document]) -> str:
-    """A content hash of documents (ids, prompts, strata, answers, meta), in order: what a
-    store compares on resume instead of the file they were read from."""
-    digest = hashlib.sha256()
-    for d in docs:
-        record = {"id": d.id, "prompt": d.prompt, "stratum": d.stratum, "answer": d.answer,
-                  "meta": d.meta} | ({} if d.question is None else {"question": d.question})
-        digest.update(json.dumps(record, sort_keys=True, ensure_ascii=False, default=str)
-                      .encode("utf-8", "surrogatepass") + b"\n")
-    return digest.hexdigest()
 
 
 def protocol_record(config: StudyConfig, fixed: list[Document]) -> dict[str, list[str]]:

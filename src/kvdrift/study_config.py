@@ -26,8 +26,10 @@ from typing import TYPE_CHECKING, Any
 
 from kvdrift import checks, limits, preflight
 from kvdrift.analysis.options import AnalysisOptions
+from kvdrift.data.document import documents_sha256
 from kvdrift.data.sources import DocumentSource, source_from_table
 from kvdrift.run.executor_config import ExecutorConfig
+from kvdrift.run.run_file import DOCUMENTS_HASH
 from kvdrift.run.settings import check_run_numbers
 from kvdrift.user_presses import RECORDED_KEY, UserPresses
 
@@ -274,8 +276,10 @@ def parse_study(data: dict, source: str | None = None, presses: UserPresses | No
         kind=study.get("executor", "local"), ray_address=study.get("ray_address"),
         gpus_per_worker=study.get("gpus_per_worker"),
         cpus_per_worker=study.get("cpus_per_worker", 1.0))
-    if read_documents:
-        preflight.check_documents(sources)
+    fixed = preflight.check_documents(sources) if read_documents else None
+    if engine == "transformers" and isinstance(study.get("models"), list):
+        preflight.check_prompts(study["models"], fixed, study.get("horizon", 32),
+                                study.get("chat_template", True))
     if before_torch is not None:  # e.g. a store to resume, held against these settings
         before_torch({
             "name": name, "models": [str(m) for m in study["models"]], "actions": list(actions),
@@ -285,7 +289,9 @@ def parse_study(data: dict, source: str | None = None, presses: UserPresses | No
             "seed": study.get("seed", 0), "batch": study.get("batch", 0),
             "attribution": study.get("attribution", False),
             "device": study.get("device", "auto"), "dtype": study.get("dtype", "float32"),
-            "chat_template": study.get("chat_template", True)}
+            "chat_template": study.get("chat_template", True),
+            "documents": [s.as_dict() for s in sources]}
+            | ({DOCUMENTS_HASH: documents_sha256(fixed)} if fixed is not None else {})
             | ({"engine": engine} if engine != "transformers" else {}))
     from kvdrift.run.runner import RunConfig
 

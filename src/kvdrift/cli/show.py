@@ -39,6 +39,9 @@ def show(
     checks.integer(prompt_tokens, "--prompt-tokens", 0)
     if replicate is not None:
         checks.integer(replicate, "--replicate", 0)
+    from kvdrift.run.documents import read_documents
+
+    read_documents(directory)  # a bad documents/ part: refused before pandas and the tokenizer
     from kvdrift.directory import StudyDirectory
     from kvdrift.examples.gather import gather_examples
     from kvdrift.examples.selection import named_examples

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -116,3 +118,15 @@ compressed, as ``model.generate`` inside a press does."""
 CONTEXT_THEN_QUESTION = "context, then question"
 """Protocol of a document with a question: the context alone is compressed, then the question
 and the template's tail are appended uncompressed, as kvpress's pipeline does."""
+
+
+def documents_sha256(docs: list[Document]) -> str:
+    """A content hash of documents (ids, prompts, strata, answers, meta), in order: what a
+    store compares on resume instead of the file they were read from."""
+    digest = hashlib.sha256()
+    for d in docs:
+        record = {"id": d.id, "prompt": d.prompt, "stratum": d.stratum, "answer": d.answer,
+                  "meta": d.meta} | ({} if d.question is None else {"question": d.question})
+        digest.update(json.dumps(record, sort_keys=True, ensure_ascii=False, default=str)
+                      .encode("utf-8", "surrogatepass") + b"\n")
+    return digest.hexdigest()

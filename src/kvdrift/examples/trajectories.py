@@ -105,7 +105,7 @@ def directory_trajectories(directory: StudyDirectory,
         wanted = pd.MultiIndex.from_tuples(list(units), names=key)
         steps = steps[pd.MultiIndex.from_frame(steps[key]).isin(wanted)]
         replicates = replicates[pd.MultiIndex.from_frame(replicates[key]).isin(wanted)]
+    recorded = recorded_tokenizers(directory)  # a bad documents/ part: before the tokenizer
     frame = trajectory_frame(steps, replicates)
-    frame.attrs["notes"] = tuple(tokenizer_notes(set(replicates["model"]),
-                                                 recorded=recorded_tokenizers(directory)))
+    frame.attrs["notes"] = tuple(tokenizer_notes(set(replicates["model"]), recorded=recorded))
     return frame

@@ -65,6 +65,7 @@ from kvdrift.lm.loading.model import (
     text_config,
     window_of,
 )
+from kvdrift.lm.loading.prompt_fit import window_refusal
 from kvdrift.lm.model_state import ModelState, refusal
 from kvdrift.lm.quantized.transform import Quantization, is_quantization, parse_quantization
 
@@ -573,11 +574,10 @@ def check_fits(
             n = sum(int(part.shape[-1]) for part in encode_split(
                 side.tokenizer, doc.prompt, doc.question, chat_template))
         prompts.append((doc.id, n))
-        if window is not None and n + horizon > window:
-            raise ContextWindowExceeded(
-                f"document {doc.id!r} has {n} prompt tokens; with H = {horizon} generated "
-                f"positions that exceeds {side.name}'s context window of {window} tokens "
-                f"(allowed: prompt tokens <= {window - horizon})")
+        refusal = None if window is None else window_refusal(doc.id, n, horizon, side.name,
+                                                             window)
+        if refusal is not None:
+            raise ContextWindowExceeded(refusal)
         sliding = side.attention_window
         if sliding is not None and n + horizon > sliding:
             raise ContextWindowExceeded(

@@ -5,6 +5,7 @@ press actions) before anything heavy is imported. :mod:`kvdrift.run.store` write
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,11 @@ from kvdrift.run.outdir import FRONTIER_FILE
 RUN_FILE = "run.json"
 #: The folders of a store that hold its records, one Parquet file per unit or document.
 RECORD_FOLDERS = ("documents", "steps", "replicates")
+#: Keys of a recorded configuration that name where it lives, not what its records are.
+LABEL_KEYS = ("name",)
+#: The recorded content hash of the documents read without a tokenizer
+#: (:func:`kvdrift.data.document.documents_sha256`).
+DOCUMENTS_HASH = "documents_sha256"
 
 
 class NotARunStore(ValueError):
@@ -96,3 +102,20 @@ def other_configuration(root: Path, differing: list[str]) -> ValueError:
         f"{root} holds a run with a different configuration (differs in: "
         f"{', '.join(differing)}); rerun with the same arguments to resume, or use another "
         "output directory")
+
+
+def config_identity(config: Mapping[str, Any], by_content: bool = True) -> dict[str, Any]:
+    """What a recorded configuration must match on resume: everything that determines the
+    records. The study's name (its folder's, for ``kvdrift run``) is left out, and where
+    ``by_content`` and the documents' content hash is recorded, a JSONL file's path is left
+    out too: the same documents read from another path (absolute or relative, or a copy)
+    resume. Stores written before the hash was recorded compare the path (``by_content``
+    false)."""
+    out = {k: v for k, v in config.items() if k not in LABEL_KEYS}
+    if not by_content:
+        out.pop(DOCUMENTS_HASH, None)
+    elif DOCUMENTS_HASH in config and isinstance(config.get("documents"), list):
+        out["documents"] = [
+            {k: v for k, v in d.items() if not (k == "path" and d.get("source") == "jsonl")}
+            if isinstance(d, dict) else d for d in config["documents"]]
+    return out

@@ -49,17 +49,17 @@ from kvdrift.run import documents as docs
 from kvdrift.run import fingerprint as fp
 from kvdrift.run.records import UnitKey
 from kvdrift.run.run_file import (  # noqa: F401 (re-exported)
+    DOCUMENTS_HASH,
+    LABEL_KEYS,
     RUN_FILE,
     NotARunStore,
+    config_identity,
     not_a_store,
     other_configuration,
     read_run_file,
 )
 
 KINDS = ("steps", "replicates")
-#: Keys of a recorded configuration that name where it lives, not what its records are.
-LABEL_KEYS = ("name",)
-DOCUMENTS_HASH = "documents_sha256"
 VERSIONED = ("kvdrift", "torch", "transformers", "kvpress", "numpy", "pyarrow")
 
 
@@ -163,23 +163,6 @@ def _nonfinite_in(kind: str, table: pa.Table, reopen: Callable[[], Any] | None
         with reopen() as handle:
             estimator = pq.read_table(handle, columns=["estimator"]).column("estimator")
     return nonfinite_counts(kind, table, estimator)
-
-
-def config_identity(config: Mapping[str, Any], by_content: bool = True) -> dict[str, Any]:
-    """What a recorded configuration must match on resume: everything that determines the
-    records. The study's name (its folder's, for ``kvdrift run``) is left out, and where
-    ``by_content`` and the documents' content hash is recorded, a JSONL file's path is left
-    out too: the same documents read from another path (absolute or relative, or a copy)
-    resume. Stores written before the hash was recorded compare the path (``by_content``
-    false)."""
-    out = {k: v for k, v in config.items() if k not in LABEL_KEYS}
-    if not by_content:
-        out.pop(DOCUMENTS_HASH, None)
-    elif DOCUMENTS_HASH in config and isinstance(config.get("documents"), list):
-        out["documents"] = [
-            {k: v for k, v in d.items() if not (k == "path" and d.get("source") == "jsonl")}
-            if isinstance(d, dict) else d for d in config["documents"]]
-    return out
 
 
 def _refuse_other_config(root: Path, saved: dict, config: dict) -> None:

@@ -49,7 +49,9 @@ import kvpress
 import torch
 
 from kvdrift import checks
+from kvdrift.lm.grammar import stages
 from kvdrift.lm.grammar.fields import check_field, check_field_name
+from kvdrift.lm.grammar.stages import budget_problem
 
 # Short names of kvpress scorer presses: same count in every layer and KV head, no download.
 SCORERS: dict[str, str] = {
@@ -70,29 +72,24 @@ SCORERS: dict[str, str] = {
 }
 
 # Scorers that read the attention weights of the layer: eager attention in prefill only.
-NEEDS_ATTENTION_WEIGHTS: frozenset[type] = frozenset({kvpress.ObservedAttentionPress})
+NEEDS_ATTENTION_WEIGHTS: frozenset[type] = frozenset(
+    getattr(kvpress, name) for name in stages.NEEDS_ATTENTION_WEIGHTS)
 
 # Wrappers that cannot take a scorer reading attention weights, and why (kvpress asserts).
 REFUSES_ATTENTION_WEIGHTS: dict[type, str] = {
-    kvpress.AdaKVPress: "asserts the attention is not eager, and the scorer reads the eager "
-                        "attention's weights",
-    kvpress.CriticalAdaKVPress: "asserts the attention is not eager, and the scorer reads the "
-                                "eager attention's weights",
-    kvpress.BlockPress: "scores block by block and asserts it is given no attention weights",
-    kvpress.ChunkPress: "scores chunk by chunk and asserts it is given no attention weights",
-    kvpress.ChunkKVPress: "scores chunk by chunk and asserts it is given no attention weights",
-}
+    getattr(kvpress, name): why for name, why in stages.REFUSES_ATTENTION_WEIGHTS.items()}
 
 
 def wrapper_problem(wrapper: type | None, scorer: type) -> str | None:
     """Why the kvpress press class ``wrapper`` cannot wrap the scorer class ``scorer``, or
-    None (a scorer reading attention weights inside a wrapper that refuses them)."""
+    None (a scorer reading attention weights inside a wrapper that refuses them: the rule of
+    :func:`kvdrift.lm.grammar.stages.weights_problem`, for the classes they subclass)."""
     if wrapper is None or scorer not in NEEDS_ATTENTION_WEIGHTS:
         return None
-    why = next((w for cls, w in REFUSES_ATTENTION_WEIGHTS.items() if issubclass(wrapper, cls)),
-               None)
-    return None if why is None else (f"kvpress's {wrapper.__name__} {why} ({scorer.__name__}); "
-                                     f"score with another scorer, or drop the wrapper")
+    refusing = next((cls for cls in REFUSES_ATTENTION_WEIGHTS if issubclass(wrapper, cls)), None)
+    if refusing is None:
+        return None
+    return stages.weights_problem(wrapper.__name__, scorer.__name__, refusing.__name__)
 
 
 # kvpress presses that kvdrift cannot measure, and why (shown when a user names one).
@@ -213,12 +210,12 @@ class Family:
         return {spec: by_name.get(press) for spec, press in self.fields}
 
     def check_budget(self, stage: Stage, given: list[str]) -> None:
-        """Raise ValueError unless ``given`` (the budget fields set) is one this family takes."""
-        if len(given) != 1 or given[0] not in self.budgets:
-            options = " or ".join(f"{w}=" for w in self.budgets)
-            raise ValueError(f"{stage.label}: give exactly one of {options} (ratio: fraction of "
-                             f"entries kept, in (0, 1]; budget: entries kept, >= 1; ratios: one "
-                             f"kept fraction per layer, r_0/r_1/...)")
+        """Raise ValueError unless ``given`` (the budget fields set) is one this family takes
+        (the rule, known without kvpress: :func:`kvdrift.lm.grammar.stages.budget_problem`)."""
+        problem = budget_problem(self.name, stage.label, given, stage.ratio,
+                                 "target" in dict(stage.kwargs))
+        if problem is not None:
+            raise ValueError(problem)
 
     def kept(self, stage: Stage, n: int) -> int:
         """Entries kept per KV head (on average over heads for head-adaptive presses)."""
@@ -422,27 +419,6 @@ class Decoding(Family):
     also_presses = {"CompressionRatioDecodingPress": "decoding-<scorer>:interval=I,ratio=R"}
     reorders: ClassVar[bool] = True  # its compressions reorder and shorten the cache
 
-    def check_budget(self, stage: Stage, given: list[str]) -> None:
-        target = "target" in dict(stage.kwargs)
-        if given == ["ratio"] and not target:  # CompressionRatioDecodingPress
-            in_range = isinstance(stage.ratio, float) and 0 < stage.ratio <= 1
-            removed = float(removed_fraction(Fraction(repr(stage.ratio)))) if in_range else 0
-            if not 0 <= removed < 1:  # kvpress asserts 0 <= target_compression_ratio < 1
-                raise ValueError(f"{stage.label}: ratio must be large enough that the "
-                                 f"fraction removed, 1 - ratio, stays below 1 in float64 "
-                                 f"(kvpress asserts it: ratio above about 5.6e-17, at most "
-                                 f"1); got {stage.ratio!r}")
-            return
-        if given:
-            raise ValueError(f"{stage.label}: a decoding press takes target= (entries kept per "
-                             f"layer and KV head) or ratio= (fraction of the tokens seen kept) "
-                             f"and interval=, not {given[0]}=")
-        if not target:
-            raise ValueError(f"{stage.label}: give target=T (entries kept after each "
-                             f"decoding-time compression, >= 1) or ratio=R (fraction of the "
-                             f"tokens seen kept, in (0, 1]) and interval=I (generated tokens "
-                             f"between compressions)")
-
     def kept(self, stage: Stage, n: int) -> int:
         return n  # at prefill
 
@@ -486,15 +462,6 @@ class Cam(Decoding):
     generator; the rule itself is :mod:`kvdrift.lm.engine.decoding_cam`."""
 
     also_presses: ClassVar[dict[str, str]] = {}
-
-    def check_budget(self, stage: Stage, given: list[str]) -> None:
-        if given:
-            raise ValueError(f"{stage.label}: CAMPress takes target= (entries kept per layer "
-                             f"and KV head) and interval=, not {given[0]}=")
-        if "target" not in dict(stage.kwargs):
-            raise ValueError(f"{stage.label}: give target=T (entries kept after each "
-                             f"compression, >= 1) and interval=I (generated tokens between "
-                             f"compressions)")
 
     def _press(self, stage: Stage) -> tuple[type, dict[str, Any]]:
         return self.press, self.wrapper_kwargs(stage)

@@ -61,6 +61,7 @@ from kvdrift.lm.grammar.model_spec import (
     split_model,
 )
 from kvdrift.lm.grammar.names import split_prefix
+from kvdrift.lm.grammar.stages import field_kind, read_field
 from kvdrift.lm.quantized.transform import (
     Quantization,
     is_quantization,
@@ -260,25 +261,7 @@ def _check_n(n_prompt: int) -> int:
 
 def _coerce(fields: dict[str, Any], key: str, text: str, label: str) -> Any:
     """Parse a field value from text, guided by the default of the field it sets."""
-    default = fields.get(key)
-    low = text.strip().lower()
-    if isinstance(default, bool):
-        if low in ("true", "1", "yes"):
-            return True
-        if low in ("false", "0", "no"):
-            return False
-        raise ValueError(f"{label} field {key!r} must be true or false; got {text!r}")
-    if low == "none":
-        return None
-    for parse in (int, float):
-        try:
-            value = parse(text)
-        except ValueError:
-            continue
-        return float(value) if isinstance(default, float) else value
-    if isinstance(default, (int, float)):
-        raise ValueError(f"{label} field {key!r} must be a number; got {text!r}")
-    return text.strip()
+    return read_field(field_kind(fields.get(key)), key, text, label)
 
 
 _PREFIXES: dict[str, Family] = {f.name: f for f in FAMILIES.values() if f.wraps_scorers}
@@ -339,7 +322,10 @@ def _parse_stage(text: str, whole: str) -> Stage:
             raise ValueError(f"action {whole!r}: use ratio= (fraction kept) or budget= "
                              f"(entries kept), not {key}")
         else:  # a field the stage does not take is refused by Stage, naming those it takes
-            kwargs.append((key, _coerce(defaults, key, value, label)))
+            try:
+                kwargs.append((key, _coerce(defaults, key, value, label)))
+            except ValueError as exc:
+                raise ValueError(f"action {whole!r}: {exc}") from None
     try:
         return Stage(family=family, scorer=scorer, kwargs=tuple(kwargs), **values)
     except ValueError as exc:

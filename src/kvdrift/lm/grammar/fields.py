@@ -48,6 +48,10 @@ def _within(lo: float, hi: float, open_lo: bool = False) -> Callable[[Any], bool
     return lambda v: is_number(v) and (v > lo if open_lo else v >= lo) and v <= hi
 
 
+#: CURPress's leverage types (the ``Literal`` of its ``leverage_type`` field; any other fails
+#: only when the press first scores, mid-run).
+LEVERAGE_TYPES = ("key", "value", "kv_avg", "kv_product")
+
 # spec field -> (rule, test): the values kvdrift runs (kvpress asserts or fails mid-prompt
 # on the others, e.g. SnapKV's pooling on an even kernel_size)
 FIELD_RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {
@@ -70,6 +74,9 @@ FIELD_RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "alpha_safeguard": ("a number within [0, 1]", _within(0.0, 1.0)),
     "first_stage_ratio": ("a number within (0, 1]", _within(0.0, 1.0, open_lo=True)),
     "epsilon": ("a finite number >= 0", lambda v: is_number(v) and v >= 0),
+    # torch's manual_seed takes an integer (a float or text fails at the first compression)
+    "seed": ("an integer, or none", lambda v: v is None or is_integer(v)),
+    "leverage_type": (f"one of {', '.join(LEVERAGE_TYPES)}", lambda v: v in LEVERAGE_TYPES),
 }
 
 

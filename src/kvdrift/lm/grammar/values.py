@@ -12,12 +12,22 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from kvdrift import checks
-from kvdrift.lm.grammar.fields import ActionError, check_field, split_fields
+from kvdrift.lm.grammar import stages
+from kvdrift.lm.grammar.fields import ActionError, check_field, check_field_name, split_fields
+from kvdrift.lm.grammar.model_spec import split_model
 from kvdrift.lm.grammar.names import (
     KVPRESS_PRESSES,
     OWN_SCORER_FAMILIES,
     QUANTIZATIONS,
     split_prefix,
+)
+from kvdrift.lm.grammar.stages import (
+    DECODING_FAMILIES,
+    FAMILY_BUDGETS,
+    FAMILY_FIELDS,
+    SCORER_FIELDS,
+    budget_problem,
+    read_field,
 )
 
 #: Each offered scorer's kvpress class by short name (:data:`kvdrift.lm.actions.presses.SCORERS`).
@@ -82,12 +92,81 @@ def _check_budgets(key: str, value: str, whole: str, label: str) -> bool:
     return True
 
 
+def _scorer_name(head: str) -> str | None:
+    """The kvpress class name of the scorer a stage written ``head`` scores with, or None."""
+    text = head.strip()
+    for family, own in OWN_SCORER_FAMILIES.items():
+        if text.lower() == family or text == own:
+            return own
+    scorer = split_prefix(text)[1]
+    if scorer in SCORER_FIELDS:
+        return scorer
+    return SCORER_CLASS_NAMES.get(scorer.strip().lower().replace("-", "_"))
+
+
+def _stage_kinds(head: str) -> tuple[str, str, dict[str, str]] | None:
+    """A stage written ``head``: its family, its scorer's class name and every field it takes
+    -> kind (the family's first, as the full parser lists them), or None where the scorer is
+    none kvdrift offers under that name (the full parser says why)."""
+    text = head.strip()
+    own = next((f for f, c in OWN_SCORER_FAMILIES.items() if text.lower() == f or text == c),
+               None)
+    family = own if own is not None else split_prefix(text)[0]
+    scorer = _scorer_name(head)
+    if scorer not in SCORER_FIELDS or family not in FAMILY_FIELDS:
+        return None
+    return family, scorer, {**FAMILY_FIELDS[family], **SCORER_FIELDS[scorer]}
+
+
+def _check_pairing(family: str, scorer: str, label: str, whole: str) -> None:
+    """A scorer that reads attention weights, under a wrapper that refuses them or in a
+    press that compresses during decoding (whose steps return none)."""
+    problem = stages.weights_problem(stages.FAMILY_WRAPPERS.get(family), scorer)
+    if problem is not None:
+        raise ActionError(f"action {whole!r}: {label}: {problem}")
+    if family in DECODING_FAMILIES and scorer in stages.NEEDS_ATTENTION_WEIGHTS:
+        raise ActionError(f"action {whole!r}: {scorer} needs attention weights, which "
+                          f"decoding steps do not return")
+
+
 def _check_press(part: str, whole: str) -> None:
+    """One press stage, in the full parser's order: each field's text, the budget fields
+    given, their values, then each other field's name and value."""
     head, _, tail = part.partition(":")
     label = stage_label(head)
-    for key, value in split_fields(tail, whole):
-        if not _check_budgets(key, value, whole, label):
-            check_field(f"action {whole!r}: {label}", key, _number(value))
+    shape = _stage_kinds(head)
+    fields = split_fields(tail, whole)
+    budgets = [(k, v) for k, v in fields if k in ("ratio", "budget", "ratios")]
+    others: list[tuple[str, object]] = []
+    for key, text in fields:
+        if key in ("compression_ratio", "compression_ratios"):
+            raise ActionError(f"action {whole!r}: use ratio= (fraction kept) or budget= "
+                              f"(entries kept), not {key}")
+        if key in ("ratio", "budget", "ratios"):
+            continue
+        kind = shape[2].get(key, "any") if shape is not None else "any"
+        try:
+            others.append((key, read_field(kind, key, text, label)))
+        except ValueError as exc:
+            raise ActionError(f"action {whole!r}: {exc}") from None
+    if shape is not None:
+        ratio = next((v for k, v in budgets if k == "ratio"), None)
+        problem = budget_problem(shape[0], label, [k for k, _ in budgets],
+                                 _number(ratio) if ratio is not None else None,
+                                 "target" in dict(fields))
+        if problem is not None:
+            raise ActionError(f"action {whole!r}: {problem}")
+    for key, value in budgets:
+        _check_budgets(key, value, whole, label)
+    if shape is not None:
+        _check_pairing(shape[0], shape[1], label, whole)
+    for key, value in others:
+        if shape is not None:
+            try:
+                check_field_name(label, key, FAMILY_BUDGETS[shape[0]], shape[2])
+            except ActionError as exc:
+                raise ActionError(f"action {whole!r}: {exc}") from None
+        check_field(f"action {whole!r}: {label}", key, value)
 
 
 def kivi_numbers(fields: Iterable[tuple[str, str]], whole: str) -> dict[str, int]:
@@ -151,8 +230,14 @@ def check_action_values(spec: object, defined: frozenset[str] | set[str] = froze
     if not isinstance(spec, str) or ":" not in spec or spec.strip() in defined:
         return
     whole = spec.strip()
-    for part in (p.strip() for p in whole.split("+")):
-        if part.partition(":")[0].strip().lower() in QUANTIZATIONS:
+    parts = [p.strip() for p in split_model(whole)[0].split("+")]
+    for i, part in enumerate(parts):
+        head = part.partition(":")[0].strip()
+        if head.lower() in QUANTIZATIONS:
             _check_quantization(part, whole)
         elif ":" in part:
             _check_press(part, whole)
+            stage = _stage_kinds(head)
+            if stage is not None and stage[0] in DECODING_FAMILIES and i < len(parts) - 1 \
+                    and parts[i + 1].partition(":")[0].strip().lower() not in QUANTIZATIONS:
+                raise ActionError(f"action {whole!r}: a decoding-* press must come last")

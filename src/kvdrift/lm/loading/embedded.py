@@ -18,6 +18,8 @@ from kvdrift.lm.loading.digest import file_sha256, short
 DEFAULT_MODEL = "smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_CACHE_NAME = "smollm2-135m-instruct-q4_1"
+#: A converted folder's weight files (checked as they load, not by :func:`check_cache`).
+WEIGHTS_SUFFIX = ".safetensors"
 
 
 def cache_root() -> Path:
@@ -68,8 +70,9 @@ def smollm2_cache_dir() -> Path:
 def check_cache() -> None:
     """The converted cache's refusals that need no model: the cache root (a link, writable by
     others) and, where a conversion exists, its folder held against its sealed manifest (a
-    link, not private, another GGUF, a file the conversion did not write, one missing). Files
-    are hashed when they are loaded, not here."""
+    link, not private, another GGUF, a file the conversion did not write, one missing, a
+    changed config, tokenizer or template). The weights are hashed when they are loaded (once:
+    hundreds of megabytes), every other file here too (kilobytes)."""
     root = cache_root()
     converted_cache.refuse_link(root, "cache folder")
     converted_cache.check_root(root)
@@ -79,5 +82,7 @@ def check_cache() -> None:
     if converted_cache.refuse_link(target, "converted model") is None:
         return
     with converted_cache.opened(target, smollm2_gguf_digest(),
-                                converted_cache.user_key(root)):
-        pass
+                                converted_cache.user_key(root)) as cache:
+        for name in sorted(cache.files):
+            if not name.endswith(WEIGHTS_SUFFIX):
+                cache.read(name)
