@@ -40,6 +40,27 @@ def shipped_config(name: str) -> Path:
     return Path(str(resources.files("kvdrift.configs") / f"{name}.toml"))
 
 
+def embedded_model_path() -> Path:
+    """The folder of the embedded SmolLM2-135M-Instruct in transformers' format, for
+    ``from_pretrained`` (converted from the GGUF kvdrift ships on first use, once, into the
+    user's cache; no download).
+
+    :returns: the converted model's folder; every file in it is checked against the digest
+        sealed when it was converted (a link, a foreign or a changed file is refused).
+
+    Example::
+
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        path = kvdrift.embedded_model_path()
+        model = AutoModelForCausalLM.from_pretrained(path)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    """
+    from kvdrift.lm.loading.model import smollm2_path
+
+    return smollm2_path()
+
+
 def load_study(path: str | Path, **study: object) -> StudyConfig:
     """A study configuration from a TOML file, validated before any model is loaded;
     keyword arguments replace keys of its [study] table (``replicates=2, horizon=8``)."""
@@ -54,10 +75,17 @@ Actions = Sequence[str] | Mapping[str, object]
 "snapkv-half": "snapkv-half"}``)."""
 
 
+Documents = str | Path | Sequence[Mapping[str, object]] | None
+"""Documents as the API takes them: a JSONL file's path, a list of document objects as its
+lines give them (``[{"id": "a", "prompt": "..."}]`` or ``[{"id": "a", "context": "...",
+"questions": ["...", "..."]}]``, docs/documents.md), or None for the six generated
+512-token RULER-style tasks."""
+
+
 def study_from_arguments(
     model: str = "smollm2",
     actions: Actions = ("snapkv-half", "recent-half"),
-    docs: str | Path | None = None,
+    docs: Documents = None,
     *,
     replicates: int = 8,
     horizon: int = 32,
@@ -129,7 +157,7 @@ def _model_settings(model: object, study: dict) -> tuple[str, object]:
 def measure(
     model: str | Model = "smollm2",
     actions: Actions = ("snapkv-half", "recent-half"),
-    docs: str | Path | None = None,
+    docs: Documents = None,
     out: str | Path | None = None,
     *,
     bootstrap: int | None = None,
@@ -372,6 +400,6 @@ def __getattr__(name: str) -> object:
     raise AttributeError(f"module 'kvdrift.api' has no attribute {name!r}")
 
 
-__all__ = ["Model", "analyze", "finite_state", "frontier", "load_records", "load_study",
-           "measure", "plan", "predict", "run_study", "shipped_config", "study_from_arguments",
-           "trajectories"]
+__all__ = ["Model", "analyze", "embedded_model_path", "finite_state", "frontier", "load_records",
+           "load_study", "measure", "plan", "predict", "run_study", "shipped_config",
+           "study_from_arguments", "trajectories"]
