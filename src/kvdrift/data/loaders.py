@@ -190,8 +190,9 @@ def load_jsonl(path: str | os.PathLike[str]) -> list[Document]:
 
 def documents_from_records(records: Any, where: str = "docs") -> list[Document]:
     """Documents from objects held in memory, each as one JSONL line gives it (a dict with
-    ``id`` and ``prompt``, or ``context`` and ``question`` or ``questions``); the same checks
-    and limits as :func:`load_jsonl`, each error naming the item (``docs[2]: ...``)."""
+    ``id`` and ``prompt``, or ``context`` and ``question`` or ``questions``) or a
+    :class:`Document`; the same checks and limits as :func:`load_jsonl`, each error naming
+    the item (``docs[2]: ...``)."""
     if isinstance(records, str | bytes | os.PathLike) or not isinstance(records, list | tuple):
         raise DocumentError(f"{where} must be a list of document objects ({{\"id\", "
                             f"\"prompt\"}} or {{\"id\", \"context\", \"questions\"}}) "
@@ -202,6 +203,8 @@ def documents_from_records(records: Any, where: str = "docs") -> list[Document]:
     first: dict[str, int] = {}
     for i, record in enumerate(records):
         item = f"{where}[{i}]"
+        if isinstance(record, Document):  # e.g. from kvdrift.data.generate
+            record = document_record(record)
         try:
             json.dumps(record, ensure_ascii=False, allow_nan=False).encode("utf-8")
         except (TypeError, ValueError) as err:
