@@ -151,6 +151,17 @@ class StudyConfig:
             out["eager_prefill"] = eager
         return out
 
+    def eager_note(self) -> str | None:
+        """The one line a run says when it switches a press's prefill to eager attention
+        (None: none is switched)."""
+        eager = self.presses.eager(self.run.actions, self.attention)
+        if not eager:
+            return None
+        why = ('attention = "eager" was asked for' if self.attention == "eager" else
+               "its code reads attention weights, which only eager attention computes")
+        return (f"prefill with eager attention for {', '.join(eager)} ({why}); the other "
+                f"actions keep the model's attention")
+
 
 def _check_table(table: Any, allowed: dict, where: str) -> dict:
     if not isinstance(table, dict):

@@ -48,6 +48,15 @@ class Model:
             raise ValueError(f"Model.tokenizer must be the model's transformers tokenizer; got "
                              f"a {type(self.tokenizer).__name__}")
 
+    def __repr__(self) -> str:
+        """``Model('smollm2': LlamaForCausalLM, 135M parameters, cpu, torch.float32)``: the
+        name and what was handed over, never the modules' own (long) reprs."""
+        params = list(self.model.parameters())
+        count = sum(p.numel() for p in params)
+        size = f"{count / 1e9:.1f}B" if count >= 1e9 else f"{count / 1e6:.0f}M"
+        where = f", {params[0].device}, {params[0].dtype}" if params else ""
+        return f"Model({self.name!r}: {type(self.model).__name__}, {size} parameters{where})"
+
     def loaded(self) -> LoadedModel:
         """The model as kvdrift holds one: on its own device, in its own dtype."""
         try:
