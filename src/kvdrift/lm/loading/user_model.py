@@ -31,7 +31,16 @@ HOOK_DICTS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_al
 class Model:
     """A transformers causal LM already loaded, its tokenizer, and the name its records carry.
 
-    Example: ``kvdrift.measure(kvdrift.Model(model, tokenizer, "mine"), actions=...)``.
+    Example::
+
+        path = kvdrift.embedded_model_path()
+        mine = kvdrift.Model(AutoModelForCausalLM.from_pretrained(path),
+                             AutoTokenizer.from_pretrained(path), "smollm2")
+        kvdrift.measure(mine, ["snapkv-half"], replicates=2, horizon=8)
+
+    :param model: a transformers causal LM (runs where it is, in its own dtype)
+    :param tokenizer: its tokenizer
+    :param name: the name its records carry (visible text)
     """
 
     model: Any  # a transformers PreTrainedModel (causal LM)
