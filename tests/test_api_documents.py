@@ -82,3 +82,18 @@ def test_the_embedded_models_path_is_public_and_is_the_converted_folder():
     path = kvdrift.embedded_model_path()
     assert "embedded_model_path" in kvdrift.__all__
     assert path == smollm2_path() and (path / "config.json").is_file()
+
+
+def test_the_documents_page_example_is_accepted_as_written():
+    """docs/documents.md's in-memory documents pass the checks (no model is loaded)."""
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "documents.md").read_text("utf-8")
+    section = page[page.index("## Documents in memory"):page.index("## A Hugging Face")]
+    (block,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    namespace: dict = {}
+    exec(block.split("result = ")[0], namespace)  # the documents, not the run
+    config = kvdrift.study_from_arguments("smollm2", ["snapkv-half"], namespace["docs"])
+    (source,) = config.documents
+    assert [d.id for d in source.documents()] == ["keys:q1", "keys:q2", "7"]
