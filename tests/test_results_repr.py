@@ -13,13 +13,13 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
+from kvdrift.analysis import legend
 from kvdrift.analysis.interval import Interval
 from kvdrift.analysis.readings import derive_readings
 from kvdrift.analysis.results import ActionResult, StudyAnalysis, StudyMeta
 from kvdrift.directory import Records
 from kvdrift.measurement import Measurement
 from kvdrift.notebook import curated_frame, size_text
-from kvdrift.report import legend
 from kvdrift.report.terminal import RUN_DRAFT_LENGTH, run_table, summary_table
 
 H = 32
@@ -125,3 +125,24 @@ def test_readings_of_a_draw_without_positions_are_nan_and_silent():
         out = derive_readings(m)
     assert out["acceptance"][0] == 0.75 and math.isnan(out["acceptance"][1])
     assert out["kl"][0] == pytest.approx(0.1) and math.isnan(out["kl"][1])
+
+
+def test_showing_a_result_leaves_the_notebooks_figures_alone():
+    """The curated table does not import the report (which sets matplotlib's backend to Agg:
+    a notebook's plt.show() would then show nothing, as the tutorial's test found)."""
+    import inspect
+    import subprocess
+    import sys
+
+    code = "\n".join([
+        "import sys", "import numpy as np, pandas as pd",
+        "from kvdrift.analysis.interval import Interval",
+        "from kvdrift.analysis.results import ActionResult, StudyAnalysis, StudyMeta",
+        "from kvdrift.directory import Records", "from kvdrift.measurement import Measurement",
+        f"H = {H}", inspect.getsource(_iv), inspect.getsource(_analysis),
+        inspect.getsource(_measurement),
+        "m = _measurement(); m._repr_html_(); repr(m); m.analysis._repr_html_()",
+        "shown = sorted(n for n in sys.modules if n.startswith('kvdrift.report'))",
+        "assert not shown, shown"])
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

@@ -33,14 +33,27 @@ def size_text(nbytes: float) -> str:
     return f"{nbytes:.0f} B"
 
 
+def _interval_text(interval, scale: float, digits: int) -> str:
+    """``"87.5 [75.0, 95.8]"``; the bracket left off without ends, "—" without an estimate
+    (as the report writes it; :mod:`kvdrift.report` is not imported here: it sets
+    matplotlib's backend, and a notebook's figures would no longer show)."""
+    def number(value: float) -> str:
+        return f"{value * scale:.{digits}f}" if math.isfinite(value) else "—"
+
+    if interval is None or not math.isfinite(interval.estimate):
+        return "—"
+    text = number(interval.estimate)
+    if math.isfinite(interval.lo) and math.isfinite(interval.hi):
+        text += f" [{number(interval.lo)}, {number(interval.hi)}]"
+    return text
+
+
 def curated_frame(analysis: StudyAnalysis) -> pd.DataFrame:
     """One row per model x action: Q's prompt cache (``KV cache``, bytes; ``kv_fraction``)
     and the terminal summary's quantities as text, ``estimate [lo, hi]`` in their units."""
     import pandas as pd
 
-    from kvdrift.analysis import registry
-    from kvdrift.report import legend
-    from kvdrift.report.numbers import interval_text
+    from kvdrift.analysis import legend, registry
 
     H = analysis.meta.horizon
     quantities = [q for q in registry.QUANTITIES if q.summary]
@@ -51,7 +64,7 @@ def curated_frame(analysis: StudyAnalysis) -> pd.DataFrame:
                else f"{a.kv_fraction:.3f}"}
         for q in quantities:
             digits = 1 if q.scale != 1 else 2
-            text = interval_text(a.scalars.get(q.name), q.scale, digits)
+            text = _interval_text(a.scalars.get(q.name), q.scale, digits)
             row[f"{legend.header(q.name, H)} ({q.unit})"] = text
         rows.append(row)
     return pd.DataFrame(rows)
@@ -59,8 +72,7 @@ def curated_frame(analysis: StudyAnalysis) -> pd.DataFrame:
 
 def curated_html(analysis: StudyAnalysis, title: str) -> str:
     """The curated table under ``title``, with the legend of its headers."""
-    from kvdrift.analysis import registry
-    from kvdrift.report import legend
+    from kvdrift.analysis import legend, registry
 
     frame = curated_frame(analysis)
     names = [q.name for q in registry.QUANTITIES if q.summary]

@@ -152,7 +152,7 @@ def run_table(analysis: StudyAnalysis) -> Table:
     speculative acceptance, tokens per round at draft length 4) is "—"; a mean entry time
     needs at least one divergence.
     """
-    from kvdrift.report import legend
+    from kvdrift.analysis import legend
 
     swrb = not analysis.meta.records.complete_branches
     H = analysis.meta.horizon
@@ -198,7 +198,7 @@ def summary_table(analysis: StudyAnalysis) -> Table:
     H = analysis.meta.horizon
     quantities = [q for q in registry.QUANTITIES if q.summary]
     estimator = analysis.meta.estimator
-    from kvdrift.report import legend
+    from kvdrift.analysis import legend
 
     caption = ("estimate over [lo, hi]; %: of positions (P(τ≤H): of trajectories); "
                "pp: percentage points\n" + "\n".join(

@@ -1,7 +1,8 @@
 """What each column of kvdrift's tables means, in one place: ``kvdrift run``'s and ``kvdrift
 study``'s terminal tables and a notebook's table show the same header for a quantity (the
 registry's, ``P(τ≤32)`` at H = 32) and the same legend line, which names the column of
-``to_frame()`` that holds it (``p_diverge``)."""
+``to_frame()`` that holds it (``p_diverge``). Here, not in :mod:`kvdrift.report`: a
+notebook's table reads it, and importing the report sets matplotlib's backend."""
 
 from __future__ import annotations
 
