@@ -121,3 +121,29 @@ def test_attention_eager_is_a_flag_recorded_in_run_json(tiny_model_dir, tmp_path
     bad = CliRunner().invoke(app, [*args, "--attention", "flash"])
     assert bad.exit_code != 0 and "--attention must be one of auto, eager; got 'flash'" in \
         bad.output
+
+
+def test_switching_to_eager_attention_is_said_in_one_line(tiny_model_dir, tmp_path, capfd):
+    """The command line says which press's prefill runs eager, once, and why; a run without
+    such a press says nothing of it; the Python API says the same line."""
+    import kvdrift
+
+    presses = tmp_path / "presses.py"
+    presses.write_text(ATTENTION_PRESS)
+    docs = write_jsonl([Document("d0", "The cat sat on the mat. " * 10)], tmp_path / "d.jsonl")
+    args = ["run", "--model", str(tiny_model_dir), "--docs", str(docs), "--presses",
+            str(presses), "--replicates", "1", "--horizon", "2"]
+    said = CliRunner().invoke(app, [*args, "--actions", "mine,full", "--out",
+                                    str(tmp_path / "a")])
+    assert said.exit_code == 0, said.output
+    lines = [line for line in said.output.splitlines() if "eager attention" in line]
+    assert len(lines) == 1 and "for mine (its code reads attention weights" in lines[0]
+    quiet = CliRunner().invoke(app, [*args, "--actions", "full", "--out", str(tmp_path / "b")])
+    assert quiet.exit_code == 0 and "eager attention" not in quiet.output
+    namespace: dict = {}
+    exec(compile(ATTENTION_PRESS, "presses.py", "exec"), namespace)
+    capfd.readouterr()
+    kvdrift.measure(str(tiny_model_dir), {"mine": namespace["PRESSES"]["mine"]}, docs,
+                    replicates=1, horizon=2, bootstrap=0)
+    err = capfd.readouterr().err
+    assert err.count("prefill with eager attention for mine") == 1

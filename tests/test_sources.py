@@ -137,7 +137,7 @@ def test_table_keys_must_describe_the_source(make, message):
 
 def test_unknown_kind_is_refused():
     with pytest.raises(ValueError, match=whole(
-            "document source must be one of ruler, jsonl, hf; got 'web'")):
+            "document source must be one of ruler, jsonl, hf, records; got 'web'")):
         source_from_table({"source": "web"})
 
 

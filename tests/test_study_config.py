@@ -92,9 +92,11 @@ def test_config_mistakes_are_named(data, message):
          r"^key in \[study\] must be one of name, models, actions, .+; got 'replicatez'$"),
         (base(estimator="magic"), whole("estimator must be one of rollout, swrb; got 'magic'")),
         (base() | {"documents": [{"source": "web"}]},
-         whole("document source in [[documents]] #1 must be one of ruler, jsonl, hf; got 'web'")),
+         whole("document source in [[documents]] #1 must be one of ruler, jsonl, hf, records; "
+               "got 'web'")),
         (base() | {"documents": [{"families": ["vt"]}]},
-         whole("document source in [[documents]] #1 must be one of ruler, jsonl, hf; got None")),
+         whole("document source in [[documents]] #1 must be one of ruler, jsonl, hf, records; "
+               "got None")),
         (base() | {"documents": [{"source": "ruler"}, 3]},
          whole("[[documents]] #2 must be a table")),
         (base() | {"analysis": {"bootstraps": 5}},

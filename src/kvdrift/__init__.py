@@ -43,8 +43,9 @@ _fix_mmap_threshold()
 
 __version__ = "0.1.0"
 
-_API = ("Model", "analyze", "finite_state", "frontier", "load_records", "load_study", "measure",
-        "plan", "predict", "run_study", "shipped_config", "study_from_arguments", "trajectories")
+_API = ("Model", "analyze", "embedded_model_path", "finite_state", "frontier", "load_records",
+        "load_study", "measure", "plan", "predict", "run_study", "shipped_config",
+        "study_from_arguments", "trajectories")
 __all__ = [*_API, "__version__"]
 
 

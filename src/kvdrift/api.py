@@ -30,7 +30,16 @@ if TYPE_CHECKING:
 
 
 def shipped_config(name: str) -> Path:
-    """The path of a study config shipped with kvdrift (``"cpu-demo"``, ``"cpu-dev"``, ...)."""
+    """The path of a study config shipped with kvdrift.
+
+    Example::
+
+        config = kvdrift.load_study(kvdrift.shipped_config("cpu-demo"), replicates=2)
+
+    :param name: the config's name: ``"cpu-demo"``, ``"cpu-dev"``, ``"cpu-eval"``, ... (a
+        name not shipped is refused, naming those that are)
+    :returns: the TOML file's path inside the installed package
+    """
     from importlib import resources
 
     names = sorted(p.name.removesuffix(".toml")
@@ -40,9 +49,41 @@ def shipped_config(name: str) -> Path:
     return Path(str(resources.files("kvdrift.configs") / f"{name}.toml"))
 
 
+def embedded_model_path() -> Path:
+    """The folder of the embedded SmolLM2-135M-Instruct in transformers' format, for
+    ``from_pretrained`` (converted from the GGUF kvdrift ships on first use, once, into the
+    user's cache; no download).
+
+    :returns: the converted model's folder; every file in it is checked against the digest
+        sealed when it was converted (a link, a foreign or a changed file is refused).
+
+    Example::
+
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        path = kvdrift.embedded_model_path()
+        model = AutoModelForCausalLM.from_pretrained(path)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    """
+    from kvdrift.lm.loading.model import smollm2_path
+
+    return smollm2_path()
+
+
 def load_study(path: str | Path, **study: object) -> StudyConfig:
-    """A study configuration from a TOML file, validated before any model is loaded;
-    keyword arguments replace keys of its [study] table (``replicates=2, horizon=8``)."""
+    """A study configuration from a TOML file, validated before any model is loaded.
+
+    Example::
+
+        config = kvdrift.load_study("study.toml", replicates=2, horizon=8)
+        kvdrift.run_study(config, "runs/small")
+
+    :param path: the study's TOML file (docs/studies.md); relative paths inside it resolve
+        against its folder
+    :param study: keys of its ``[study]`` table to replace (``replicates=2, horizon=8``),
+        checked as the file's own are
+    :returns: the validated :class:`~kvdrift.study_config.StudyConfig`
+    """
     from kvdrift.study_config import load_study as load
 
     return load(path, study)
@@ -54,10 +95,17 @@ Actions = Sequence[str] | Mapping[str, object]
 "snapkv-half": "snapkv-half"}``)."""
 
 
+Documents = str | Path | Sequence[Mapping[str, object]] | None
+"""Documents as the API takes them: a JSONL file's path, a list of document objects as its
+lines give them (``[{"id": "a", "prompt": "..."}]`` or ``[{"id": "a", "context": "...",
+"questions": ["...", "..."]}]``, docs/documents.md), or None for the six generated
+512-token RULER-style tasks."""
+
+
 def study_from_arguments(
     model: str = "smollm2",
     actions: Actions = ("snapkv-half", "recent-half"),
-    docs: str | Path | None = None,
+    docs: Documents = None,
     *,
     replicates: int = 8,
     horizon: int = 32,
@@ -74,13 +122,36 @@ def study_from_arguments(
     attention: str = "auto",
     engine: str = "transformers",
 ) -> StudyConfig:
-    """The one-model study that ``kvdrift run`` runs: ``docs`` is a JSONL file, or None for
-    the six generated 512-token RULER-style tasks; ``actions`` spec strings, or press objects
-    by name (:data:`Actions`); ``attribution`` records what Q's cache had lost at each
-    divergence (``--attribution``); ``attention = "eager"`` prefills every press object with
-    eager attention (``"auto"``: those that read attention weights); ``engine="llama.cpp"``
-    runs llama.cpp's cache types on GGUF files inside llama.cpp (``--engine``,
-    docs/llama-cpp.md)."""
+    """The one-model study that ``kvdrift run`` runs, checked, without running it.
+
+    Example::
+
+        config = kvdrift.study_from_arguments("smollm2", ["snapkv-half"], replicates=2)
+        kvdrift.run_study(config, "runs/one")
+
+    :param model: the model: ``"smollm2"`` (embedded), a Hugging Face id or a local folder
+    :param actions: spec strings, or press objects by name (:data:`Actions`)
+    :param docs: the documents (:data:`Documents`): a JSONL file's path, a list of document
+        objects in memory, or None for the six generated 512-token RULER-style tasks
+    :param replicates: coupled pairs of generations per (document, action), K
+    :param horizon: tokens generated per replicate, H
+    :param temperature: sampling temperature of both P and Q (0: greedy)
+    :param estimator: ``"rollout"`` (complete coupled rollouts) or ``"swrb"``
+    :param depths: window lengths L of the sharp interval ``[R_L, R_L + B_L]`` (``--depths``)
+    :param seed: the run's seed; each unit's seed derives from it and the document's id
+    :param batch: most replicates per forward batch (0: all K at once); bounds memory
+    :param device: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"mps"``
+    :param dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"``
+    :param chat_template: wrap each prompt in the tokenizer's chat template
+    :param name: the study's name (a store's folder name by default)
+    :param attribution: record what Q's cache had lost at each divergence (``--attribution``)
+    :param attention: ``"auto"`` (eager prefill for presses that read attention weights) or
+        ``"eager"`` (for every press object)
+    :param engine: ``"transformers"``, or ``"llama.cpp"``: llama.cpp's cache types on GGUF
+        files inside llama.cpp (``--engine``, docs/llama-cpp.md)
+    :returns: the :class:`~kvdrift.study_config.StudyConfig`, every check that needs no model
+        done
+    """
     from kvdrift.study_config import single_model_study
     from kvdrift.user_presses import from_actions
 
@@ -129,29 +200,83 @@ def _model_settings(model: object, study: dict) -> tuple[str, object]:
 def measure(
     model: str | Model = "smollm2",
     actions: Actions = ("snapkv-half", "recent-half"),
-    docs: str | Path | None = None,
+    docs: Documents = None,
     out: str | Path | None = None,
     *,
+    replicates: int = 8,
+    horizon: int = 32,
+    temperature: float = 1.0,
+    estimator: str = "rollout",
+    depths: Sequence[int] = (),
+    seed: int = 0,
+    batch: int = 0,
+    device: str | None = None,
+    dtype: str | None = None,
+    chat_template: bool = True,
+    name: str = "run",
+    attribution: bool = False,
+    attention: str = "auto",
+    engine: str = "transformers",
     bootstrap: int | None = None,
     alpha: float | None = None,
     recompute: bool = False,
     on_unit: Callable[[UnitKey, bool], None] | None = None,
-    **study: object,
 ) -> Measurement:
     """Measure ``actions`` on a model and return the records and their analysis.
 
-    ``model`` is a name to load (``"smollm2"``, a Hugging Face id or path) or a model already
-    loaded, ``kvdrift.Model(hf_model, tokenizer, "name")``: it runs on its own device and in
-    its own dtype, and is given back as it was found (training mode, hooks, attention
-    implementation, cache settings; :mod:`kvdrift.lm.loading.user_model`), so one object serves many
-    calls. ``actions`` take press objects by name (:data:`Actions`). With ``out`` None,
-    nothing is written anywhere: the records stay in memory; with a folder, they are stored
-    there as by ``kvdrift run`` (resumable; ``recompute`` as ``--recompute``); ``on_unit(key,
-    skipped)`` hears each unit as it finishes (progress). ``bootstrap``
-    and ``alpha`` set the analysis's intervals (``bootstrap=0``: point estimates, fast);
-    ``study`` takes :func:`study_from_arguments`' other keywords (``replicates``,
-    ``horizon``, ``temperature``, ``seed``, ...).
+    A model already loaded runs on its own device and in its own dtype, and is given back as
+    it was found (training mode, hooks, attention implementation, cache settings;
+    :mod:`kvdrift.lm.loading.user_model`), so one object serves many calls. With ``out``
+    None nothing is written anywhere: the records stay in memory.
+
+    Example::
+
+        result = kvdrift.measure("smollm2", ["snapkv-half", "recent-half"],
+                                 [{"id": "a", "prompt": "Summarise: ..."}],
+                                 replicates=4, horizon=16)
+        result                     # in a notebook: one row per action
+        result.to_frame()          # the numbers, with _lo/_hi columns
+
+    :param model: a name to load (``"smollm2"``, a Hugging Face id or a local folder) or a
+        model already loaded, ``kvdrift.Model(hf_model, tokenizer, "name")``
+    :param actions: spec strings, or a dict from action name to a spec string or a kvpress
+        press object (:data:`Actions`)
+    :param docs: the documents (:data:`Documents`): a JSONL file's path, a list of document
+        objects in memory (``[{"id": "a", "prompt": "..."}]``, ``[{"id": "a", "context":
+        "...", "questions": ["...", "..."]}]``), or None for six generated long-context tasks
+    :param out: a folder to store the run in, as ``kvdrift run --out`` (resumable), or None
+    :param replicates: coupled pairs of generations per (document, action), K
+    :param horizon: tokens generated per replicate, H
+    :param temperature: sampling temperature of both P and Q (0: greedy)
+    :param estimator: ``"rollout"`` (complete coupled rollouts) or ``"swrb"``
+    :param depths: window lengths L of the sharp interval ``[R_L, R_L + B_L]``
+    :param seed: the run's seed; each unit's seed derives from it and the document's id
+    :param batch: most replicates per forward batch (0: all K at once); bounds memory
+    :param device: ``"auto"`` (default), ``"cpu"``, ``"cuda"``, ...; none with a
+        :class:`Model` (it runs where it is)
+    :param dtype: ``"float32"`` (default), ``"bfloat16"`` or ``"float16"``; none with a
+        :class:`Model`
+    :param chat_template: wrap each prompt in the tokenizer's chat template
+    :param name: the study's name, recorded with the records
+    :param attribution: record what Q's cache had lost at each divergence
+    :param attention: ``"auto"`` (eager prefill for presses that read attention weights,
+        said in one line) or ``"eager"`` (for every press object)
+    :param engine: ``"transformers"`` or ``"llama.cpp"`` (docs/llama-cpp.md)
+    :param bootstrap: the analysis's bootstrap draws (``0``: point estimates, fast; None: the
+        study's 1000)
+    :param alpha: the intervals' level is ``1 - alpha`` (None: 0.05)
+    :param recompute: with ``out``, recompute units stored under other settings instead of
+        refusing them (``--recompute``)
+    :param on_unit: called as ``on_unit(key, skipped)`` when each unit finishes (progress)
+    :returns: a :class:`~kvdrift.measurement.Measurement`: ``records`` (steps and replicates
+        as DataFrames), ``analysis``, and ``out``
     """
+    study: dict[str, object] = {
+        "replicates": replicates, "horizon": horizon, "temperature": temperature,
+        "estimator": estimator, "depths": depths, "seed": seed, "batch": batch,
+        "chat_template": chat_template, "name": name, "attribution": attribution,
+        "attention": attention, "engine": engine}
+    study |= {k: v for k, v in (("device", device), ("dtype", dtype)) if v is not None}
     import contextlib
     from dataclasses import replace
 
@@ -168,8 +293,8 @@ def measure(
     from kvdrift.study import run_study as run
 
     given = model if isinstance(model, Model) else None
-    name, loaded = _model_settings(model, study)
-    config = study_from_arguments(name, actions, docs, **study)  # type: ignore[arg-type]
+    model_name, loaded = _model_settings(model, study)
+    config = study_from_arguments(model_name, actions, docs, **study)  # type: ignore[arg-type]
     keep = contextlib.ExitStack()
     for handed in [given, *(actions.values() if isinstance(actions, Mapping) else ())]:
         if isinstance(handed, Model):  # P, and every Q handed over, given back as found
@@ -177,16 +302,16 @@ def measure(
     with keep:
         if out is not None:
             run(config, out, recompute=recompute, on_unit=on_unit,
-                models={name: loaded} if given is not None else None)
+                models={model_name: loaded} if given is not None else None)
             directory = StudyDirectory(out)
             return Measurement(directory.records(), directory.analyze(bootstrap, alpha),
                                directory.path)
         if given is None and config.engine == "transformers":
             from kvdrift.lm.loading.pretrained import check_model_name
 
-            check_model_name(name)
-            loaded = load_side_model(name, config.device, config.dtype)
-        store = run_in_memory(config, {name: loaded}, on_unit=on_unit)
+            check_model_name(model_name)
+            loaded = load_side_model(model_name, config.device, config.dtype)
+        store = run_in_memory(config, {model_name: loaded}, on_unit=on_unit)
     steps, replicates = store.read("steps").to_pandas(), store.read("replicates").to_pandas()
     options = replace(config.analysis, **{k: v for k, v in (("bootstrap", bootstrap),
                                                             ("alpha", alpha)) if v is not None})
@@ -203,8 +328,18 @@ def run_study(
     *,
     on_unit: Callable[[UnitKey, bool], None] | None = None,
 ) -> Path:
-    """Run every unit of a study (a :class:`StudyConfig` or a TOML path) into ``out``
-    (default ``runs/<name>``); resumable: finished units are kept. Returns the directory."""
+    """Run every unit of a study into a folder; resumable: finished units are kept.
+
+    Example::
+
+        out = kvdrift.run_study(kvdrift.shipped_config("cpu-demo"), "runs/demo")
+        kvdrift.analyze(out).to_frame()
+
+    :param config: a :class:`~kvdrift.study_config.StudyConfig` or a study TOML's path
+    :param out: the folder (default ``runs/<name>``)
+    :param on_unit: called as ``on_unit(key, skipped)`` when each unit finishes (progress)
+    :returns: the folder the records are stored in
+    """
     from kvdrift.study import run_study as run
 
     if not hasattr(config, "models"):
@@ -215,19 +350,40 @@ def run_study(
 
 
 def load_records(directory: str | Path) -> Records:
-    """A run or study directory's step and replicate records as pandas DataFrames."""
+    """A run or study directory's step and replicate records as pandas DataFrames.
+
+    Example::
+
+        records = kvdrift.load_records("runs/demo")
+        records.replicates.groupby("action")["tau"].describe()
+
+    :param directory: a folder written by ``kvdrift run``, ``kvdrift study`` or
+        :func:`measure` with ``out``
+    :returns: :class:`~kvdrift.directory.Records`: ``steps`` (a row per position),
+        ``replicates`` (a row per replicate; columns in :mod:`kvdrift.records.schema`), the
+        recorded configuration and package versions
+    """
     from kvdrift.directory import StudyDirectory
 
     return StudyDirectory(directory).records()
 
 
 def trajectories(directory: str | Path) -> pd.DataFrame:
-    """A run or study directory's generations as one pandas frame, a row per (document,
-    action, replicate, position): P's and Q's tokens and their text (decoded with the run's
-    own tokenizer, offline; token ids where it is not available), the position's TV, and the
-    replicate's tau, R and R_tv (:mod:`kvdrift.examples.trajectories`). A tokenizer that is
-    not available or not the one the run recorded is named in a warning (and in
-    ``attrs["notes"]``)."""
+    """A run or study directory's generations as one pandas frame (what ``kvdrift show``
+    prints). A tokenizer that is not available or not the one the run recorded is named in a
+    warning (and in ``attrs["notes"]``).
+
+    Example::
+
+        frame = kvdrift.trajectories("runs/demo")
+        frame[(frame.action == "snapkv-half") & (frame.replicate == 0)][["t", "x_text", "y_text"]]
+
+    :param directory: a run or study folder
+    :returns: a row per (document, action, replicate, position): P's and Q's tokens and their
+        text (decoded offline with the run's own tokenizer; token ids where it is not
+        available), the position's TV, and the replicate's tau, R and R_tv
+        (:mod:`kvdrift.examples.trajectories`)
+    """
     import warnings
 
     from kvdrift.directory import StudyDirectory
@@ -241,9 +397,21 @@ def trajectories(directory: str | Path) -> pd.DataFrame:
 
 def analyze(directory: str | Path, bootstrap: int | None = None,
             alpha: float | None = None, wait: bool = False) -> StudyAnalysis:
-    """The study analysis of a run or study directory (its saved options, or these); with
-    ``wait``, after a run writing it has finished. A partial store says so in ``meta.notes``
-    and ``meta.run["partial"]``."""
+    """The study analysis of a run or study directory. A partial store says so in
+    ``meta.notes`` and ``meta.run["partial"]``.
+
+    Example::
+
+        analysis = kvdrift.analyze("runs/demo", bootstrap=2000)
+        analysis.contrasts_frame()[["a", "b", "dR", "dR_lo", "dR_hi"]]
+
+    :param directory: a run or study folder
+    :param bootstrap: bootstrap draws (None: the options the store saved)
+    :param alpha: the intervals' level is ``1 - alpha`` (None: the saved one)
+    :param wait: wait until a run writing the store has finished
+    :returns: the :class:`~kvdrift.analysis.results.StudyAnalysis`: a notebook shows its
+        table; ``to_frame()``, ``contrasts_frame()`` and the others give DataFrames
+    """
     from kvdrift.analysis.options import check_overrides
 
     check_overrides(bootstrap, alpha)  # before the records are read
@@ -254,7 +422,21 @@ def analyze(directory: str | Path, bootstrap: int | None = None,
 
 def finite_state(systems: int = 24, replicates: int = 512, horizon: int = 3,
                  seed: int = 0) -> FiniteStudyResult:
-    """The paper's finite-state check: naive rollouts and SWRB against exact risk."""
+    """The paper's finite-state check: naive rollouts and SWRB against exact risk, on
+    random finite systems whose risk is enumerated (seconds; no model).
+
+    Example::
+
+        check = kvdrift.finite_state(systems=8, replicates=128)
+        check.to_frame()
+
+    :param systems: random finite systems drawn
+    :param replicates: replicates of each estimator per system
+    :param horizon: the systems' horizon H (exact enumeration grows as V^H)
+    :param seed: the draw's seed
+    :returns: the :class:`~kvdrift.finite.check.FiniteStudyResult`: per system, both
+        estimators against the exact risk, and their variance ratio
+    """
     from kvdrift.finite.check import run_finite_study
 
     return run_finite_study(systems, replicates, horizon, seed)
@@ -263,9 +445,25 @@ def finite_state(systems: int = 24, replicates: int = 512, horizon: int = 3,
 def predict(dev: str | Path, evaluation: str | Path, contrast: str, *, window: int = 32,
             margin: float = 0.02, alpha: float = 0.05, bootstrap: int = 10000,
             seed: int = 0, target: str = "tv") -> PredictionResult:
-    """Predict a full-horizon contrast (``"R(a) - R(b)"``) from positions 1..window,
-    calibrated on the development directory and checked on the evaluation one. ``target``:
-    ``"tv"`` (rollout TV, the paper's) or ``"tokens"`` (token mismatch)."""
+    """Predict a full-horizon contrast from its first positions, calibrated on a
+    development study and checked on an evaluation one (``kvdrift predict``).
+
+    Example::
+
+        result = kvdrift.predict("runs/dev", "runs/eval", "R(recent-half) - R(snapkv-half)")
+        result.to_frame()
+
+    :param dev: the development study's folder
+    :param evaluation: the evaluation study's folder (same actions)
+    :param contrast: ``"R(a) - R(b)"``
+    :param window: positions 1..window observed
+    :param margin: the margin the prediction is held to
+    :param alpha: the intervals' level is ``1 - alpha``
+    :param bootstrap: bootstrap draws
+    :param seed: the bootstrap's seed
+    :param target: ``"tv"`` (rollout TV, the paper's) or ``"tokens"`` (token mismatch)
+    :returns: the :class:`~kvdrift.analysis.predict.PredictionResult`
+    """
     from kvdrift.directory import StudyDirectory
 
     return StudyDirectory(dev).predict(StudyDirectory(evaluation), contrast, window=window,
@@ -275,8 +473,21 @@ def predict(dev: str | Path, evaluation: str | Path, contrast: str, *, window: i
 
 def plan(dev: str | Path, target: str, halfwidth: float, alpha: float = 0.05,
          endpoints: int = 1) -> PlanResult:
-    """Documents per stratum and K for a target half-width, from a development directory
-    (``endpoints``: prespecified endpoints sharing ``alpha``, Bonferroni)."""
+    """Documents per stratum and K for a target half-width, from a development study
+    (``kvdrift plan``).
+
+    Example::
+
+        kvdrift.plan("runs/dev", "R(recent-half) - R(snapkv-half)", halfwidth=0.02).to_frame()
+
+    :param dev: the development study's folder
+    :param target: the endpoint to size, as a study's endpoints are written
+    :param halfwidth: the interval's half-width wanted
+    :param alpha: the intervals' level is ``1 - alpha``
+    :param endpoints: prespecified endpoints sharing ``alpha`` (Bonferroni)
+    :returns: the :class:`~kvdrift.analysis.plan.PlanResult`: documents and K per design,
+        and the cheaper estimator
+    """
     from kvdrift.directory import StudyDirectory
 
     return StudyDirectory(dev).plan(target, halfwidth, alpha, endpoints)
@@ -297,15 +508,29 @@ def frontier(
     ``1 - alpha`` over the whole search (``kvdrift frontier``); resumable in ``out``. Settings
     that could certify nothing even if every value were at the best end of the measure's range
     are refused before any model loads.
-    ``cap`` states a bound on an unbounded measure's values (``kl``), without which it gets
-    estimates only.
 
-    ``families`` are names (``"snapkv"``, ``"kivi"``, ...) or a dict from family name to a
-    function of the ratio kept returning a kvpress press (a family of your own; built-in
-    families stand under their own name: ``{"snapkv": "snapkv"}``). ``study`` takes
-    :func:`study_from_arguments`' keywords (``model``, which may be a :class:`Model`,
-    ``docs``, ``horizon``, ``temperature``, ``seed``, ``device``, ...); its actions are the
-    budgets searched.
+    Example::
+
+        result = kvdrift.frontier(["snapkv", "recent"], "R_tv <= 0.1", "runs/frontier",
+                                  horizon=16)
+        result                     # in a notebook: a row per family x budget
+
+    :param families: names (``"snapkv"``, ``"kivi"``, ...) or a dict from family name to a
+        function of the ratio kept returning a kvpress press (a family of your own;
+        built-in families stand under their own name: ``{"snapkv": "snapkv"}``)
+    :param measure: the tolerance, ``"R_tv <= 0.1"`` (``R``, ``F``, ``kl``, ``acceptance``,
+        ``task``)
+    :param out: the folder the search is stored in (resumable)
+    :param alpha: the guarantee's level is ``1 - alpha`` over the whole search
+    :param replicates: replicates of a budget's first look
+    :param max_replicates: most replicates any budget is given
+    :param cap: a bound on an unbounded measure's values (``kl``), without which it gets
+        estimates only
+    :param study: :func:`study_from_arguments`' keywords (``model``, which may be a
+        :class:`Model`, ``docs``, ``horizon``, ``temperature``, ``seed``, ``device``, ...);
+        its actions are the budgets searched
+    :returns: the :class:`~kvdrift.frontier_search.result.FrontierResult`: per family the
+        least budget certified, and every budget's look
     """
     import contextlib
     from dataclasses import replace
@@ -372,6 +597,6 @@ def __getattr__(name: str) -> object:
     raise AttributeError(f"module 'kvdrift.api' has no attribute {name!r}")
 
 
-__all__ = ["Model", "analyze", "finite_state", "frontier", "load_records", "load_study",
-           "measure", "plan", "predict", "run_study", "shipped_config", "study_from_arguments",
-           "trajectories"]
+__all__ = ["Model", "analyze", "embedded_model_path", "finite_state", "frontier", "load_records",
+           "load_study", "measure", "plan", "predict", "run_study", "shipped_config",
+           "study_from_arguments", "trajectories"]

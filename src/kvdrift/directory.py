@@ -39,6 +39,10 @@ class Records:
     config: dict
     versions: dict
 
+    def __repr__(self) -> str:
+        return (f"Records(steps: {len(self.steps):,} rows, replicates: "
+                f"{len(self.replicates):,} rows)")
+
 
 PREDICT_STEP_COLUMNS = ["model", "doc_id", "stratum", "action", "replicate", "t", "mismatch",
                         "x_eos", "y_eos", "delta"]

@@ -124,6 +124,20 @@ def _prepared_llama(config: StudyConfig, run: RunConfig, fixed: list[Document]):
     return side, docs
 
 
+def _say_eager(config: StudyConfig, notice: Callable[[str], None] | None) -> None:
+    """Say, in one line, which press's prefill runs with eager attention (the command line's
+    ``notice``; else on stderr, as a notebook shows it)."""
+    line = config.eager_note()
+    if line is None:
+        return
+    if notice is not None:
+        notice(line)
+    else:
+        import sys
+
+        print(f"note: {line}", file=sys.stderr)
+
+
 def run_study(
     config: StudyConfig,
     out: str | Path | OutputDir,
@@ -185,6 +199,7 @@ def run_study(
         raise ValueError("the study's document sources produced no documents")
     fixed_sha256 = documents_sha256(fixed)  # what the store compares on resume
     runs = [config.for_model(name) for name in config.models]  # each model's run settings
+    _say_eager(config, notice)
     recorded = config.as_dict() | {DOCUMENTS_HASH: fixed_sha256} | protocol_record(config, fixed)
     settings = config.executor.for_device(config.device)
     with open_executor(settings, on_workers=on_workers) as executor:
@@ -243,6 +258,7 @@ def run_in_memory(
     if not fixed and not any(s.needs_tokenizer for s in config.documents):
         raise ValueError("the study's document sources produced no documents")
     store = MemoryStore()
+    _say_eager(config, None)
     for name in config.models:
         run = config.for_model(name)
         side, docs = _prepared(config, run, fixed, True, False,

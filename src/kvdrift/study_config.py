@@ -17,9 +17,10 @@ See ``configs/`` for shipped examples. Layout::
 
 from __future__ import annotations
 
+import os
 import sys
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -53,8 +54,10 @@ SOURCE_KEYS = {
     "hf": {"source": str, "name": str, "split": str, "prompt_field": str, "id_field": str,
            "stratum_field": str, "stratum": str, "answer_field": str, "limit": int,
            "question_field": str},
+    "records": {"source": str, "documents": list},  # documents handed over in Python
 }
-REQUIRED_SOURCE_KEYS = {"ruler": (), "jsonl": ("path",), "hf": ("name", "split", "prompt_field")}
+REQUIRED_SOURCE_KEYS = {"ruler": (), "jsonl": ("path",), "hf": ("name", "split", "prompt_field"),
+                        "records": ("documents",)}
 ANALYSIS_KEYS = {"bootstrap": int, "alpha": float, "endpoints": list, "seed": int}
 #: What the items of each list-valued key must be.
 LIST_ITEMS = {"models": str, "actions": str, "depths": int, "families": str,
@@ -150,6 +153,17 @@ class StudyConfig:
             out["eager_prefill"] = eager
         return out
 
+    def eager_note(self) -> str | None:
+        """The one line a run says when it switches a press's prefill to eager attention
+        (None: none is switched)."""
+        eager = self.presses.eager(self.run.actions, self.attention)
+        if not eager:
+            return None
+        why = ('attention = "eager" was asked for' if self.attention == "eager" else
+               "its code reads attention weights, which only eager attention computes")
+        return (f"prefill with eager attention for {', '.join(eager)} ({why}); the other "
+                f"actions keep the model's attention")
+
 
 def _check_table(table: Any, allowed: dict, where: str) -> dict:
     if not isinstance(table, dict):
@@ -189,6 +203,8 @@ def check_study_name(name: str) -> str:
 def _check_source(i: int, source: dict) -> DocumentSource:
     """Check one [[documents]] table (its kind, keys and value types), then build its source."""
     where = f"[[documents]] #{i + 1}"
+    if isinstance(source, DocumentSource):  # built in code (documents handed over in memory)
+        return source
     if not isinstance(source, dict):
         raise ValueError(f"{where} must be a table")
     kind = checks.choice(source.get("source"), "document source", SOURCE_KEYS, where)
@@ -196,7 +212,7 @@ def _check_source(i: int, source: dict) -> DocumentSource:
     for key in REQUIRED_SOURCE_KEYS[kind]:
         if key not in source:
             raise ValueError(f"{where} (source = {kind!r}) is missing the key {key!r}")
-    return source_from_table(source)  # RULER's families, needle types, lengths, counts checked
+    return source_from_table(source, where)  # RULER's values, in-memory documents checked
 
 
 def parse_study(data: dict, source: str | None = None, presses: UserPresses | None = None,
@@ -435,7 +451,8 @@ DEFAULT_DOCUMENTS = {"source": "ruler", "families": ["niah_single", "vt", "cwe"]
 
 
 def single_model_study(
-    model: str, actions: tuple[str, ...], docs: str | Path | None, *, replicates: int,
+    model: str, actions: tuple[str, ...], docs: str | Path | Sequence[Mapping] | None, *,
+    replicates: int,
     horizon: int, temperature: float, estimator: str, depths: tuple[int, ...], seed: int,
     batch: int, device: str, dtype: str, chat_template: bool, name: str = "run",
     attribution: bool = False, presses: UserPresses | None = None, attention: str = "auto",
@@ -445,7 +462,13 @@ def single_model_study(
     """The one-model study that ``kvdrift run`` builds from its arguments: the same checks
     and the same pipeline as a study from a TOML file (``presses``: press objects some
     actions name; ``given``: models handed over as Q, by action name)."""
-    source = {"source": "jsonl", "path": str(docs)} if docs is not None else DEFAULT_DOCUMENTS
+    source: Any = DEFAULT_DOCUMENTS
+    if isinstance(docs, str | os.PathLike):
+        source = {"source": "jsonl", "path": os.fspath(docs)}
+    elif docs is not None:  # objects in memory, checked as JSONL lines are
+        from kvdrift.data.sources import RecordsSource
+
+        source = RecordsSource.from_records(docs)
     config = parse_study({
         "study": {"name": name, "models": [model], "actions": list(actions),
                   "replicates": replicates, "horizon": horizon, "temperature": temperature,
@@ -454,6 +477,7 @@ def single_model_study(
                   "attribution": attribution}
         | ({"attention": attention} if attention != "auto" else {})
         | ({"engine": engine} if engine != "transformers" else {}),
-        "documents": [dict(source)]}, presses=presses, read_documents=True,
+        "documents": [source if isinstance(source, DocumentSource) else dict(source)]},
+        presses=presses, read_documents=True,
         before_torch=before_torch, given=frozenset(given or ()))
     return replace(config, generators=dict(given)) if given else config

@@ -140,7 +140,7 @@ class ModelPlan:
                 "seconds": rec.seconds, "cheaper": self.comparison.cheaper}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)  # HtmlTable's short repr
 class PlanResult(HtmlTable):
     """What :func:`plan_study` returns: the target and one plan per model."""
 

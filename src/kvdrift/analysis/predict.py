@@ -125,7 +125,7 @@ class ModelPrediction:
                 "notes": list(self.notes)}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)  # HtmlTable's short repr
 class PredictionResult(HtmlTable):
     """What :func:`predict_study` returns: settings and one :class:`ModelPrediction` per model."""
 

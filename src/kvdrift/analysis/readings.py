@@ -84,17 +84,19 @@ def _nan(lead: tuple[int, ...], k: int = 0) -> np.ndarray:
 
 
 def derive_readings(m: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The numbers from weighted feature means (leading axes: bootstrap draws)."""
+    """The numbers from weighted feature means (leading axes: bootstrap draws). A draw with
+    no generated position (every replicate of its documents ended at once, as a question
+    answered by EOS can) has no reading: NaN, silently (the interval's percentiles skip it)."""
     positions = m["positions"][..., 0]
     lead = positions.shape
-    out = {"acceptance": 1.0 - m["spec_rejections"][..., 0] / positions,
-           "first_round": m["spec_first_round"]}
     with np.errstate(divide="ignore", invalid="ignore"):
+        out = {"acceptance": 1.0 - m["spec_rejections"][..., 0] / positions,
+               "first_round": m["spec_first_round"]}
         out["tokens_per_round"] = (positions[..., None] / m["spec_rounds"] if "spec_rounds" in m
                                    else _nan(lead, len(GAMMAS)))
-    for key, feature in zip(TEACHER_FORCED, FORCED_FEATURES, strict=True):
-        out[key] = m[feature][..., 0] / positions if feature in m else _nan(lead)
-    out["ppl_ratio"] = np.exp(out["ppl_ratio"])
+        for key, feature in zip(TEACHER_FORCED, FORCED_FEATURES, strict=True):
+            out[key] = m[feature][..., 0] / positions if feature in m else _nan(lead)
+        out["ppl_ratio"] = np.exp(out["ppl_ratio"])
     return out
 
 

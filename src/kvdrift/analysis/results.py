@@ -549,7 +549,7 @@ class StudyMeta:
                    {k: v for k, v in data.items() if k not in own})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)  # a short repr: one line and the curated table
 class StudyAnalysis(HtmlTable):
     """The whole study analysis (:func:`kvdrift.analysis.study.analyze`).
 
@@ -582,6 +582,17 @@ class StudyAnalysis(HtmlTable):
     teacher_forced_contrasts: tuple[TeacherForcedResult, ...] = ()
     speculative_contrasts: tuple[SpeculativeResult, ...] = ()
     two_clocks: tuple[TwoClocks, ...] = ()
+
+    def _repr_html_(self) -> str:
+        from kvdrift.notebook import curated_html
+
+        return curated_html(self, "StudyAnalysis")
+
+    def __repr__(self) -> str:
+        from kvdrift.notebook import analysis_line, curated_frame
+
+        table = curated_frame(self).to_string(index=False) if self.actions else ""
+        return f"StudyAnalysis({analysis_line(self)})\n{table}".rstrip()
 
     @property
     def models(self) -> list[str]:

@@ -188,6 +188,53 @@ def load_jsonl(path: str | os.PathLike[str]) -> list[Document]:
     return docs
 
 
+def documents_from_records(records: Any, where: str = "docs") -> list[Document]:
+    """Documents from objects held in memory, each as one JSONL line gives it (a dict with
+    ``id`` and ``prompt``, or ``context`` and ``question`` or ``questions``) or a
+    :class:`Document`; the same checks and limits as :func:`load_jsonl`, each error naming
+    the item (``docs[2]: ...``)."""
+    if isinstance(records, str | bytes | os.PathLike) or not isinstance(records, list | tuple):
+        raise DocumentError(f"{where} must be a list of document objects ({{\"id\", "
+                            f"\"prompt\"}} or {{\"id\", \"context\", \"questions\"}}) "
+                            f"or a JSONL file's path; got {type(records).__name__}")
+    if len(records) > limits.MAX_DOCUMENTS:
+        raise DocumentError(limits.too_many_documents(where, len(records), 0))
+    docs: list[Document] = []
+    first: dict[str, int] = {}
+    for i, record in enumerate(records):
+        item = f"{where}[{i}]"
+        if isinstance(record, Document):  # e.g. from kvdrift.data.generate
+            record = document_record(record)
+        try:
+            json.dumps(record, ensure_ascii=False, allow_nan=False).encode("utf-8")
+        except (TypeError, ValueError) as err:
+            raise DocumentError(f"{item}: must hold JSON values only (str, int, float, bool, "
+                                f"None, list, dict with str keys): {err}") from None
+        for doc in _documents_from_record(record, item):
+            if doc.id in first:
+                raise DocumentError(f"{item}: duplicate id {doc.id!r} (first in "
+                                    f"{where}[{first[doc.id]}])")
+            first[doc.id] = i
+            docs.append(doc)
+    if not docs:
+        raise DocumentError(f"{where} is empty; give at least one document")
+    limits.documents(docs, where)
+    return docs
+
+
+def document_record(doc: Document) -> dict[str, Any]:
+    """One document as a JSONL line holds it (:func:`documents_from_records` and
+    :func:`load_jsonl` read it back equal)."""
+    text = {"prompt": doc.prompt} if doc.question is None else {
+        "context": doc.prompt, "question": doc.question}
+    record: dict[str, Any] = {"id": doc.id, **text, "stratum": doc.stratum}
+    if doc.answer is not None:
+        record["answer"] = doc.answer
+    if doc.meta:
+        record["meta"] = doc.meta
+    return record
+
+
 def write_jsonl(docs: Iterable[Document], path: str | os.PathLike[str]) -> Path:
     """Write documents as JSON Lines (``load_jsonl`` reads them back equal); returns the path."""
     from kvdrift import output
@@ -195,14 +242,8 @@ def write_jsonl(docs: Iterable[Document], path: str | os.PathLike[str]) -> Path:
     path = Path(path)
     with output.writing(path.parent, path.name) as handle:  # never through a link
         for doc in docs:
-            text = {"prompt": doc.prompt} if doc.question is None else {
-                "context": doc.prompt, "question": doc.question}
-            record: dict[str, Any] = {"id": doc.id, **text, "stratum": doc.stratum}
-            if doc.answer is not None:
-                record["answer"] = doc.answer
-            if doc.meta:
-                record["meta"] = doc.meta
-            handle.write((json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8"))
+            line = json.dumps(document_record(doc), ensure_ascii=False)
+            handle.write((line + "\n").encode("utf-8"))
     return path
 
 

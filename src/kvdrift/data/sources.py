@@ -15,7 +15,12 @@ from typing import Any, ClassVar
 
 from kvdrift import checks
 from kvdrift.data.document import CONTEXT_THEN_QUESTION, WHOLE_PROMPT, Document
-from kvdrift.data.loaders import load_hf_dataset, load_jsonl
+from kvdrift.data.loaders import (
+    document_record,
+    documents_from_records,
+    load_hf_dataset,
+    load_jsonl,
+)
 from kvdrift.data.ruler import RulerConfig, generate
 from kvdrift.data.sizing import token_counter
 
@@ -96,6 +101,29 @@ class JsonlSource(DocumentSource):
 
     def _values(self) -> dict[str, Any]:
         return {"source": self.kind, "path": self.path}
+
+
+@dataclass(frozen=True)
+class RecordsSource(DocumentSource):
+    """Documents handed over in memory (``kvdrift.measure(docs=[{...}])``), checked as JSONL
+    lines are (:func:`kvdrift.data.loaders.documents_from_records`); a store records them
+    whole, so a resume with other documents is refused."""
+
+    kind: ClassVar[str] = "records"
+    docs: tuple[Document, ...]
+
+    def documents(self, tokenizer: Any = None) -> list[Document]:
+        """The documents (``tokenizer`` is ignored)."""
+        return list(self.docs)
+
+    def _values(self) -> dict[str, Any]:
+        return {"source": self.kind, "documents": [document_record(d) for d in self.docs]}
+
+    @classmethod
+    def from_records(cls, records: Any, where: str = "docs",
+                     table_keys: tuple[str, ...] | None = None) -> RecordsSource:
+        """The source of document objects (each as a JSONL line gives it)."""
+        return cls(tuple(documents_from_records(records, where)), table_keys=table_keys)
 
 
 @dataclass(frozen=True)
@@ -182,14 +210,17 @@ class RulerSource(DocumentSource):
         return cls(config, table_keys=tuple(table))
 
 
-def source_from_table(table: Mapping[str, Any]) -> DocumentSource:
+def source_from_table(table: Mapping[str, Any], where: str = "[[documents]]") -> DocumentSource:
     """The typed source of one ``[[documents]]`` table whose keys and value types are
-    already checked (``kvdrift.study_config``); raises ValueError on values a source refuses."""
+    already checked (``kvdrift.study_config``); raises ValueError on values a source refuses
+    (``where`` names the table in a refused document's error)."""
     kind = checks.choice(table.get("source"), "document source",
-                         (c.kind for c in (RulerSource, JsonlSource, HFSource)))
+                         (c.kind for c in (RulerSource, JsonlSource, HFSource, RecordsSource)))
     keys = tuple(table)
     if kind == JsonlSource.kind:
         return JsonlSource(table["path"], table_keys=keys)
+    if kind == RecordsSource.kind:
+        return RecordsSource.from_records(table["documents"], f"{where}.documents", keys)
     if kind == HFSource.kind:
         return HFSource(**{k: v for k, v in table.items() if k != "source"}, table_keys=keys)
     return RulerSource.from_table(table)

@@ -148,7 +148,7 @@ def _not_monotone(family: FamilyResult) -> list[str]:
     return out
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)  # HtmlTable's short repr
 class FrontierResult(HtmlTable):
     """The answer: ``best`` (least cache certified within the tolerance, over all families;
     ``ties`` the other families certified at the same cache), each family's certified budget,

@@ -169,9 +169,12 @@ def _never_diverged(action: ActionResult, cdf: CurveArrays) -> str:
         finite = np.flatnonzero(np.isfinite(cdf.estimate))
         last = finite[-1]
         est, lo, hi = cdf.estimate[last], cdf.lo[last], cdf.hi[last]
-    text = f"never diverged {100 * (1 - est):.1f}%"
+    def percent(p: float) -> str:  # 1 - P(tau <= H); a bootstrap mean of ones can top 1
+        return f"{min(max(100 * p, 0.0), 100.0):.1f}"
+
+    text = f"never diverged {percent(1 - est)}%"
     if math.isfinite(lo) and math.isfinite(hi):
-        text += f" [{100 * (1 - hi):.1f}, {100 * (1 - lo):.1f}]"
+        text += f" [{percent(1 - hi)}, {percent(1 - lo)}]"
     return text
 
 

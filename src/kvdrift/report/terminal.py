@@ -69,7 +69,7 @@ RUN_JSON_QUANTITIES = tuple(registry.quantity(name) for name in (
 
 #: The run table's columns of registry quantities: (header, quantity, digits).
 RUN_COLUMNS = tuple((header, registry.quantity(name), digits) for header, name, digits in (
-    ("P(tau<=H)", "p_diverge", 1), ("entry time", "mean_entry_time", 1), ("R", "R", 2),
+    ("P(τ≤{H})", "p_diverge", 1), ("entry time", "mean_entry_time", 1), ("R", "R", 2),
     ("R_TV", "R_tv", 2), ("O_H", "O", 2), ("E_H", "E", 2), ("Pi_H", "Pi", 2), ("C_H", "C", 1),
     ("F", "F", 2)))
 
@@ -152,12 +152,17 @@ def run_table(analysis: StudyAnalysis) -> Table:
     speculative acceptance, tokens per round at draft length 4) is "—"; a mean entry time
     needs at least one divergence.
     """
+    from kvdrift.analysis import legend
+
     swrb = not analysis.meta.records.complete_branches
-    caption = Text(swrb_rate_note("--json")) if swrb else None
+    H = analysis.meta.horizon
+    notes = legend.lines(["p_diverge", "F", *(name for _, name in legend.READINGS)], H)
+    if swrb:
+        notes.append(swrb_rate_note("--json"))
     table = Table(title="Per action (documents weighted equally within strata, strata equally)",
-                  caption=caption)
-    for col in ("model", "action", "docs", *(header for header, _, _ in RUN_COLUMNS), "KL",
-                "accept", f"tok/round({RUN_DRAFT_LENGTH})", "kv_fraction"):
+                  caption=Text("\n".join(notes)), caption_justify="left")
+    for col in ("model", "action", "docs", *(header.format(H=H) for header, _, _ in RUN_COLUMNS),
+                *(header for header, _ in legend.READINGS), "kv_fraction"):
         table.add_column(col, justify="right")
     for a in analysis.actions:
         readings = _readings(analysis, a)
@@ -193,13 +198,17 @@ def summary_table(analysis: StudyAnalysis) -> Table:
     H = analysis.meta.horizon
     quantities = [q for q in registry.QUANTITIES if q.summary]
     estimator = analysis.meta.estimator
+    from kvdrift.analysis import legend
+
     caption = ("estimate over [lo, hi]; %: of positions (P(τ≤H): of trajectories); "
-               "pp: percentage points")
+               "pp: percentage points\n" + "\n".join(
+                   legend.lines([q.name for q in quantities if q.name in ("p_diverge",
+                                                                          "R_minus_F", "B")], H)))
     if not analysis.meta.records.complete_branches:
         caption += "\n" + swrb_rate_note("analysis.json")
     table = Table(
         title="kvdrift study summary" + (f" ({estimator})" if estimator else ""),
-        caption=Text(caption),
+        caption=Text(caption), caption_justify="left",
         header_style="bold",
     )
     table.add_column("model", style="cyan", overflow="fold")

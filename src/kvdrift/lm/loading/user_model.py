@@ -31,7 +31,16 @@ HOOK_DICTS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_al
 class Model:
     """A transformers causal LM already loaded, its tokenizer, and the name its records carry.
 
-    Example: ``kvdrift.measure(kvdrift.Model(model, tokenizer, "mine"), actions=...)``.
+    Example::
+
+        path = kvdrift.embedded_model_path()
+        mine = kvdrift.Model(AutoModelForCausalLM.from_pretrained(path),
+                             AutoTokenizer.from_pretrained(path), "smollm2")
+        kvdrift.measure(mine, ["snapkv-half"], replicates=2, horizon=8)
+
+    :param model: a transformers causal LM (runs where it is, in its own dtype)
+    :param tokenizer: its tokenizer
+    :param name: the name its records carry (visible text)
     """
 
     model: Any  # a transformers PreTrainedModel (causal LM)
@@ -47,6 +56,15 @@ class Model:
         if not callable(getattr(self.tokenizer, "encode", None)):
             raise ValueError(f"Model.tokenizer must be the model's transformers tokenizer; got "
                              f"a {type(self.tokenizer).__name__}")
+
+    def __repr__(self) -> str:
+        """``Model('smollm2': LlamaForCausalLM, 135M parameters, cpu, torch.float32)``: the
+        name and what was handed over, never the modules' own (long) reprs."""
+        params = list(self.model.parameters())
+        count = sum(p.numel() for p in params)
+        size = f"{count / 1e9:.1f}B" if count >= 1e9 else f"{count / 1e6:.0f}M"
+        where = f", {params[0].device}, {params[0].dtype}" if params else ""
+        return f"Model({self.name!r}: {type(self.model).__name__}, {size} parameters{where})"
 
     def loaded(self) -> LoadedModel:
         """The model as kvdrift holds one: on its own device, in its own dtype."""
