@@ -26,6 +26,8 @@ DIVERGENCE_MARK = "τ▶"
 COMPRESSION_MARK = "✂"
 _EIGHTHS = " ▏▎▍▌▋▊▉█"
 BAR_WIDTH = 8
+#: The terminal width the header lines keep within (``kvdrift show`` on an 80-column terminal).
+WIDTH = 80
 
 
 def token_cell(piece: str) -> str:
@@ -56,9 +58,12 @@ def example_text(view: ExampleView) -> Text:
     times in a row written once with its count, ``⟨×N⟩``)."""
     e = view.example
     out = Text()
-    out.append(f"{printable(e.model)} · {printable(e.doc_id)} · {printable(e.action)} · "
-               f"replicate {e.replicate}", style="bold")
-    out.append(f"  ({view.why})\n", style="dim")
+    title = (f"{printable(e.model)} · {printable(e.doc_id)} · {printable(e.action)} · "
+             f"replicate {e.replicate}")
+    out.append(title, style="bold")
+    # within 80 columns where it fits: the reason on its own line after a long title
+    out.append(("\n" if cell_len(title) + len(view.why) + 4 > WIDTH else "") +
+               f"  ({view.why})\n", style="dim")
     out.append(view.summary() + "\n")
     if view.lost is not None:
         out.append("lost at tau: ", style="bold")
@@ -69,7 +74,7 @@ def example_text(view: ExampleView) -> Text:
             out.append("…" + printable(lost.context) + "…\n", style="dim")
     if view.prompt_tail is not None:
         out.append("prompt ends: ", style="dim")
-        out.append("…" + printable(view.prompt_tail) + "\n")
+        out.append("…" + printable(view.prompt_tail)[-(WIDTH - 14):] + "\n")
     if view.swrb:
         out.append(f"SWRB records hold the continuation after the scan (t >= J = {view.tau}) "
                    "and no TV per position\n", style="dim")
@@ -79,8 +84,8 @@ def example_text(view: ExampleView) -> Text:
     folded = view.folded()
     if view.compressions:
         out.append(f"{COMPRESSION_MARK}: the first position read from Q's cache after a "
-                   f"decoding-time compression ({len(view.compressions)} within H, derived "
-                   "from the press's target and interval)\n", style="dim")
+                   f"compression ({len(view.compressions)} within H)\n   (derived from the "
+                   "decoding-time press's target and interval)\n", style="dim")
     if folded.summary() is not None:
         out.append(folded.summary() + "\n", style="dim")
     shown = [p for p in folded.items if not isinstance(p, Folded)]
