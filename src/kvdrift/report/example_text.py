@@ -26,7 +26,7 @@ DIVERGENCE_MARK = "τ▶"
 COMPRESSION_MARK = "✂"
 _EIGHTHS = " ▏▎▍▌▋▊▉█"
 BAR_WIDTH = 8
-#: The terminal width the header lines keep within (``kvdrift show`` on an 80-column terminal).
+#: The terminal width the header lines keep within where they can (``kvdrift show``).
 WIDTH = 80
 
 
@@ -74,7 +74,7 @@ def example_text(view: ExampleView) -> Text:
             out.append("…" + printable(lost.context) + "…\n", style="dim")
     if view.prompt_tail is not None:
         out.append("prompt ends: ", style="dim")
-        out.append("…" + printable(view.prompt_tail)[-(WIDTH - 14):] + "\n")
+        out.append("…" + printable(view.prompt_tail) + "\n")
     if view.swrb:
         out.append(f"SWRB records hold the continuation after the scan (t >= J = {view.tau}) "
                    "and no TV per position\n", style="dim")
