@@ -26,8 +26,6 @@ DIVERGENCE_MARK = "τ▶"
 COMPRESSION_MARK = "✂"
 _EIGHTHS = " ▏▎▍▌▋▊▉█"
 BAR_WIDTH = 8
-#: The terminal width the header lines keep within where they can (``kvdrift show``).
-WIDTH = 80
 
 
 def token_cell(piece: str) -> str:
@@ -58,12 +56,9 @@ def example_text(view: ExampleView) -> Text:
     times in a row written once with its count, ``⟨×N⟩``)."""
     e = view.example
     out = Text()
-    title = (f"{printable(e.model)} · {printable(e.doc_id)} · {printable(e.action)} · "
-             f"replicate {e.replicate}")
-    out.append(title, style="bold")
-    # within 80 columns where it fits: the reason on its own line after a long title
-    out.append(("\n" if cell_len(title) + len(view.why) + 4 > WIDTH else "") +
-               f"  ({view.why})\n", style="dim")
+    out.append(f"{printable(e.model)} · {printable(e.doc_id)} · {printable(e.action)} · "
+               f"replicate {e.replicate}", style="bold")
+    out.append(f"  ({view.why})\n", style="dim")
     out.append(view.summary() + "\n")
     if view.lost is not None:
         out.append("lost at tau: ", style="bold")
