@@ -86,11 +86,14 @@ def spare(slots: int) -> int:
     return max(32, slots // 8)
 
 
-def slot_capacity(s: Shape, mode: str, h: int, prompt: int) -> tuple[int, int]:
+def slot_capacity(s: Shape, mode: str, h: int, prompt: int, reserve: int = 0
+                  ) -> tuple[int, int]:
     """(generated slots held at length ``h``, the largest buffer capacity up to ``h``): the
     growth rule of lm/engine/cache.py replayed step by step (a compression of the ``press``
     mode writes its kept entries to new buffers of ``kept + spare``)."""
-    slots, cap, peak = 0, spare(0), spare(0)
+    # a row keeping every entry starts with ``reserve`` slots (rows under the press do not)
+    cap = max(spare(0), 0 if mode == "press" else reserve)
+    slots, peak = 0, cap
     for length in range(1, h + 1):
         slots += 1
         if slots > cap:
@@ -111,10 +114,10 @@ def doubled(h: int, start: int = 16) -> int:
     return size
 
 
-def state_bytes(s: Shape, mode: str, h: int, prompt: int) -> dict[str, int]:
+def state_bytes(s: Shape, mode: str, h: int, prompt: int, reserve: int = 0) -> dict[str, int]:
     """The per-row tensors of a state at their peak up to length ``h`` (the shared prompt is
     not counted: it is stored once)."""
-    slots, cap = slot_capacity(s, mode, h, prompt)
+    slots, cap = slot_capacity(s, mode, h, prompt, reserve)
     base = {"keys and values": s.entry * cap, "slot mask and steps int64": 16 * slots,
             "tokens int64": 8 * doubled(h - 1), "logits float32": 4 * s.vocab}
     if mode == "full":
@@ -287,7 +290,7 @@ def main() -> None:
             if str(h) not in results[mode]["at"]:
                 continue
             r = results[mode]["at"][str(h)]
-            formula = sum(state_bytes(shape, mode, h, args.prompt).values()) * args.rows
+            formula = sum(state_bytes(shape, mode, h, args.prompt, max(hs)).values()) * args.rows
             ratio = formula / r["state"]
             worst = max(worst, abs(ratio - 1))
             print(f"| {mode} | {h:,} | {r['cpu']:.4f} | {r['seconds']:.4f} | "
