@@ -143,7 +143,8 @@ def test_rollouts_hold_only_live_entries_and_match_rewindable_ones(tiny_llama, m
     live = coupled_rollouts(pair, replicates=6, horizon=24, seed=3)
     start = LMKernelPair.start
     monkeypatch.setattr(LMKernelPair, "start",
-                        lambda self, side, n, rewind=True: start(self, side, n))
+                        lambda self, side, n, rewind=True, slots=0: start(self, side, n,
+                                                                         slots=slots))
     masked = coupled_rollouts(pair, replicates=6, horizon=24, seed=3)
     assert torch.equal(live.x, masked.x) and torch.equal(live.y, masked.y)
     assert torch.allclose(live.f, masked.f, atol=1e-5)

@@ -35,6 +35,9 @@ class KernelPair(Protocol):
       from it, will be truncated to a length it held long ago; a pair may then drop what only
       going back needs (a language model under a decoding-time press keeps only the entries
       the press keeps; it can go back only to lengths after each row's last compression).
+      ``slots`` (keyword, 0: not known) is how many tokens the rows will be advanced by at
+      most; a pair may allocate for them at once (a language model's full-cache rows do, so
+      a long generation never regrows them).
     - ``logprobs(state)`` returns ``[n, vocab_size]`` float64 log-probabilities of the
       next token at temperature 1 (``-inf`` where a token is impossible), as a new tensor
       the caller may overwrite (the rollouts write Q's forced rows into Q's in place).
@@ -71,7 +74,8 @@ class KernelPair(Protocol):
     @property
     def device(self) -> torch.device: ...
 
-    def start(self, side: Side, n: int, *, rewind: bool = True) -> PathState: ...
+    def start(self, side: Side, n: int, *, rewind: bool = True, slots: int = 0
+              ) -> PathState: ...
 
     def logprobs(self, state: PathState) -> torch.Tensor: ...
 

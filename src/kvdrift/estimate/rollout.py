@@ -93,14 +93,14 @@ def coupled_rollouts(
     H = check_horizon(horizon)
     gen = make_generator(seed, pair.device)
     eos = pair.eos_token_id
-    # a rollout never goes back: its states may keep only what a decoding-time press keeps
-    p_state = pair.start("p", K, rewind=False)
-    q_state = pair.start("q", K, rewind=False)  # Y branch
+    # a rollout never goes back: its states may keep only what a decoding-time press keeps;
+    # it advances them H - 1 times, so a full cache is allocated once (lm/engine/cache.py)
+    p_state = pair.start("p", K, rewind=False, slots=H - 1)
+    q_state = pair.start("q", K, rewind=False, slots=H - 1)  # Y branch
     forced = None  # Q forced along X, diverged rows only (rows `forced_rows`, in that order)
     forced_rows = torch.empty(0, dtype=torch.long, device=pair.device)
 
-    cols: dict[str, list[torch.Tensor]] = {
-        k: [] for k in ("x", "y", "m", "d", "f", "xe", "ye", "lp", "lq", "kl", "top1")}
+    cols = Columns(K, H)
     x_done = torch.zeros(K, dtype=torch.bool, device=pair.device)
     y_done = torch.zeros(K, dtype=torch.bool, device=pair.device)
     diverged = torch.zeros(K, dtype=torch.bool, device=pair.device)
@@ -126,17 +126,8 @@ def coupled_rollouts(
             x_done = x_done | (draw.x == eos)
             y_done = y_done | (draw.y == eos)
         mismatch = draw.x != draw.y
-        cols["x"].append(draw.x)
-        cols["y"].append(draw.y)
-        cols["m"].append(mismatch)
-        cols["d"].append(draw.tv)
-        cols["f"].append(f)
-        cols["xe"].append(x_done.clone())
-        cols["ye"].append(y_done.clone())
-        cols["lp"].append(step.logp_x)
-        cols["lq"].append(step.logq_x)
-        cols["kl"].append(step.kl)
-        cols["top1"].append(step.top1)
+        cols.put(t, x=draw.x, y=draw.y, m=mismatch, d=draw.tv, f=f, xe=x_done, ye=y_done,
+                 lp=step.logp_x, lq=step.logq_x, kl=step.kl, top1=step.top1)
         if t + 1 < H:
             new = torch.nonzero(mismatch & ~diverged).squeeze(-1)
             if new.numel() > 0:  # fork Y at its divergence, before it appends its own token
@@ -153,12 +144,34 @@ def coupled_rollouts(
                     [p_state, q_state, forced], [draw.x, draw.y, draw.x[forced_rows]],
                     checked=False)
 
-    def stack(k: str) -> torch.Tensor:
-        return torch.stack(cols[k], dim=1).cpu()
-
-    mismatch = stack("m")
+    out = cols.done()
     return RolloutResult(
-        x=stack("x"), y=stack("y"), mismatch=mismatch, delta=stack("d"), f=stack("f"),
-        x_eos=stack("xe"), y_eos=stack("ye"), tau=first_mismatch(mismatch), evaluations=K * H,
-        logp_x=stack("lp"), logq_x=stack("lq"), kl=stack("kl"), top1=stack("top1"),
+        x=out["x"], y=out["y"], mismatch=out["m"], delta=out["d"], f=out["f"],
+        x_eos=out["xe"], y_eos=out["ye"], tau=first_mismatch(out["m"]), evaluations=K * H,
+        logp_x=out["lp"], logq_x=out["lq"], kl=out["kl"], top1=out["top1"],
     )
+
+
+class Columns:
+    """The per-position records of ``K`` rows over ``H`` positions: each quantity a ``[K, H]``
+    tensor allocated at its first position (its dtype and device) and written column by
+    column. A list of ``[K]`` tensors per quantity, stacked at the end, kept ~11 small
+    allocations alive per position (a long generation's heap filled with them, between the
+    large blocks the decoding step frees, docs/long-generations.md) and held two copies at
+    the end."""
+
+    def __init__(self, rows: int, horizon: int) -> None:
+        self.shape = (rows, horizon)
+        self.tensors: dict[str, torch.Tensor] = {}
+
+    def put(self, t: int, **values: torch.Tensor) -> None:
+        """Write each quantity's ``[K]`` values at position index ``t`` (0-based)."""
+        for name, value in values.items():
+            held = self.tensors.get(name)
+            if held is None:
+                held = self.tensors[name] = value.new_empty(self.shape)
+            held[:, t] = value
+
+    def done(self) -> dict[str, torch.Tensor]:
+        """Every quantity ``[K, H]`` on the CPU."""
+        return {name: held.cpu() for name, held in self.tensors.items()}

@@ -63,11 +63,12 @@ class Fold:
     total: int
 
     def summary(self) -> str | None:
-        """``folded 3,968 of 4,096 positions: ...``; None when nothing was folded."""
+        """``folded 3,968 of 4,096 positions; shown: ...`` (within 80 columns); None when
+        nothing was folded."""
         if not self.folded:
             return None
-        return (f"folded {self.folded:,} of {self.total:,} positions, showing the start, the "
-                "divergence with its context, each compression (✂) and the end")
+        return (f"folded {self.folded:,} of {self.total:,} positions; shown: start, tau "
+                "with context, each ✂, end")
 
 
 def shown_positions(ts: Sequence[int], tau: int, compressions: Sequence[int]) -> set[int]:

@@ -164,9 +164,9 @@ class FinitePair:
 
     # KernelPair protocol -----------------------------------------------------------
 
-    def start(self, side: Side, n: int, *, rewind: bool = True) -> FinitePath:
-        """``n`` rows of the empty history for kernel ``side`` (``rewind`` changes nothing:
-        a table keeps no cache)."""
+    def start(self, side: Side, n: int, *, rewind: bool = True, slots: int = 0) -> FinitePath:
+        """``n`` rows of the empty history for kernel ``side`` (``rewind`` and ``slots``
+        change nothing: a table keeps no cache)."""
         return FinitePath(check_side(side), ((),) * checks.integer(n, "n", 0))
 
     def logprobs(self, state: FinitePath) -> torch.Tensor:

@@ -70,7 +70,9 @@ class LlamaCppPair:
         """Q's model file in bytes, and as a fraction of P's file."""
         return self._weights
 
-    def start(self, side: Side, n: int, *, rewind: bool = True) -> Rows:
+    def start(self, side: Side, n: int, *, rewind: bool = True, slots: int = 0) -> Rows:
+        """``n`` empty rows (llama.cpp's context is sized when the pair is built: ``rewind``
+        and ``slots`` change nothing)."""
         side = check_side(side)
         return Rows(side, [()] * int(n), [-1] * int(n))
 

@@ -79,8 +79,8 @@ def example_text(view: ExampleView) -> Text:
     folded = view.folded()
     if view.compressions:
         out.append(f"{COMPRESSION_MARK}: the first position read from Q's cache after a "
-                   f"decoding-time compression ({len(view.compressions)} within H, derived "
-                   "from the press's target and interval)\n", style="dim")
+                   f"compression ({len(view.compressions)} within H)\n   (derived from the "
+                   "decoding-time press's target and interval)\n", style="dim")
     if folded.summary() is not None:
         out.append(folded.summary() + "\n", style="dim")
     shown = [p for p in folded.items if not isinstance(p, Folded)]

@@ -47,6 +47,7 @@ class SharedPromptLayer(DynamicLayer):
         keys: torch.Tensor,  # [n, kv_heads, G, head_dim]
         values: torch.Tensor,  # [n, kv_heads, G, head_dim]
         prompt_live: torch.Tensor | None = None,  # [1, kv_heads, P] bool
+        reserve: int = 0,  # generated slots to allocate at once (0: as they come)
     ) -> None:
         super().__init__()
         if prompt_keys.shape[0] != 1 or prompt_values.shape[0] != 1:
@@ -61,7 +62,7 @@ class SharedPromptLayer(DynamicLayer):
         self.prompt_values = prompt_values
         self.prompt_live = prompt_live
         self.lazy_initialization(keys, values)
-        self._rebuffer(keys, values, keys.shape[SEQ])
+        self._rebuffer(keys, values, keys.shape[SEQ], reserve)
 
     @property
     def rows(self) -> int:
@@ -72,10 +73,13 @@ class SharedPromptLayer(DynamicLayer):
         """Generated entries the buffers hold before they must be reallocated."""
         return self._key_buf.shape[SEQ]
 
-    def _rebuffer(self, keys: torch.Tensor, values: torch.Tensor, needed: int) -> None:
-        """Copy ``keys``/``values`` into new buffers with room for ``needed`` entries + spare."""
+    def _rebuffer(self, keys: torch.Tensor, values: torch.Tensor, needed: int,
+                  reserve: int = 0) -> None:
+        """Copy ``keys``/``values`` into new buffers with room for ``needed`` entries + spare,
+        or for ``reserve`` entries if that is more (then :meth:`reserve` never regrows them
+        before they hold ``reserve``)."""
         n, heads, length, dim = keys.shape
-        capacity = needed + spare_slots(needed)
+        capacity = max(needed + spare_slots(needed), reserve)
         key_buf = keys.new_empty(n, heads, capacity, dim)
         value_buf = values.new_empty(n, heads, capacity, values.shape[-1])
         key_buf[:, :, :length].copy_(keys)
@@ -135,13 +139,14 @@ class SharedPromptLayer(DynamicLayer):
     @staticmethod
     def join(layers: list[SharedPromptLayer], width: int) -> SharedPromptLayer:
         """Rows of several layers with the same prompt, generated parts padded to ``width``
-        (padding slots hold zeros: masked, but never NaN)."""
+        (padding slots hold zeros: masked, but never NaN); the buffers keep the largest
+        capacity of the parts (a reservation, :meth:`SharedPromptCache.empty`, carries over)."""
         first = layers[0]
         if any(layer.prompt_keys is not first.prompt_keys for layer in layers):
             raise ValueError("only rows that share one prompt can be joined")
         rows = sum(layer.rows for layer in layers)
         heads, dim, value_dim = first.keys.shape[1], first.keys.shape[3], first.values.shape[3]
-        capacity = width + spare_slots(width)
+        capacity = max(width + spare_slots(width), max(layer.capacity for layer in layers))
         key_buf = first.keys.new_empty(rows, heads, capacity, dim)
         value_buf = first.values.new_empty(rows, heads, capacity, value_dim)
         targets, sources, start = [], [], 0
@@ -168,15 +173,23 @@ class SharedPromptCache(DynamicCache):
     def empty(
         cls, prompt_keys: tuple[torch.Tensor, ...], prompt_values: tuple[torch.Tensor, ...],
         rows: int, prompt_live: tuple[torch.Tensor | None, ...] | None = None,
+        reserve: int = 0,
     ) -> SharedPromptCache:
         """``rows`` rows with no generated entries over the given per-layer prompt tensors
-        (layers may hold different numbers of prompt entries)."""
+        (layers may hold different numbers of prompt entries), with buffers for ``reserve``
+        generated entries allocated at once.
+
+        A long generation whose length is known reserves it: buffers grown by copies left
+        each layer's old block behind at every regrowth, blocks the C allocator could not
+        reuse for the next, larger one (docs/long-generations.md). ``torch.empty`` writes no
+        page, so a reservation costs resident memory as its slots are written."""
         live = prompt_live if prompt_live is not None else (None,) * len(prompt_keys)
         layers = []
         for k, v, m in zip(prompt_keys, prompt_values, live, strict=True):
             heads, dim = k.shape[1], k.shape[3]
             layers.append(SharedPromptLayer(k, v, k.new_empty(rows, heads, 0, dim),
-                                            v.new_empty(rows, heads, 0, v.shape[3]), m))
+                                            v.new_empty(rows, heads, 0, v.shape[3]), m,
+                                            reserve))
         return cls(layers)
 
     @property

@@ -255,15 +255,20 @@ class LMKernelPair:
         return self._prompt[check_side(side)]
 
     # --- protocol methods -------------------------------------------------------------------
-    def start(self, side: Side, n: int, *, rewind: bool = True) -> LMPathState:
+    def start(self, side: Side, n: int, *, rewind: bool = True, slots: int = 0) -> LMPathState:
         """``n`` rows with the empty history over the side's prompt cache (shared, not copied).
 
         Under a decoding-time press, ``rewind=False`` keeps only what the press keeps (memory
         O(target + interval), :mod:`~kvdrift.lm.engine.live_rows`): the rows can then be
         truncated only to lengths after their last compression. ``rewind=True`` keeps every
-        slot, masked, so a row can go back to any length (:mod:`~kvdrift.lm.engine.decoding`)."""
+        slot, masked, so a row can go back to any length (:mod:`~kvdrift.lm.engine.decoding`).
+        ``slots``: the tokens the rows will be advanced by (0: not known); rows that keep every
+        generated entry allocate their buffers for them at once
+        (:meth:`~kvdrift.lm.engine.cache.SharedPromptCache.empty`), rows holding only what a
+        press keeps stay at their bounded size."""
         pc = self._prompt[check_side(side)]
         n = checks.integer(n, "number of rows", 1)
+        slots = checks.integer(slots, "slots", 0)
         dev = self.device
         evictions: DecodeEvictions | LiveRows | CamRows | None = None
         if isinstance(self._rule, CamRule) and side == "q":
@@ -280,9 +285,11 @@ class LMKernelPair:
             evictions = (DecodeEvictions.start(pc.keys, n, hidden, pc.keys[0].dtype,
                                                self._rule.target) if masked else
                          LiveRows.start(pc.keys, n, hidden, pc.keys[0].dtype, self._rule.window))
+        bounded = isinstance(evictions, (LiveRows, CamRows))
         return LMPathState(
             side=side,
-            cache=SharedPromptCache.empty(pc.keys, pc.values, n, pc.live),
+            cache=SharedPromptCache.empty(pc.keys, pc.values, n, pc.live,
+                                          reserve=0 if bounded else slots),
             mask=torch.empty(n, 0, dtype=torch.long, device=dev),
             slot_step=torch.empty(n, 0, dtype=torch.long, device=dev),
             tokens=torch.empty(n, 0, dtype=torch.long, device=dev),

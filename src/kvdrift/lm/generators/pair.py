@@ -102,8 +102,8 @@ class GeneratorPair:
     def _of(self, state: LMPathState) -> LMKernelPair:
         return self.sides[state.side]
 
-    def start(self, side: Side, n: int, *, rewind: bool = True) -> LMPathState:
-        return self.sides[check_side(side)].start(side, n, rewind=rewind)
+    def start(self, side: Side, n: int, *, rewind: bool = True, slots: int = 0) -> LMPathState:
+        return self.sides[check_side(side)].start(side, n, rewind=rewind, slots=slots)
 
     def logprobs(self, state: LMPathState) -> torch.Tensor:
         return self._of(state).logprobs(state)
