@@ -162,7 +162,9 @@ class DecodingRule:
             scores = base.score(module, hidden, entries.keys[None], entries.values[None], None,
                                 kwargs)  # [1, kv, m]
             check_scores(base, scores, entries.keys[None])
-        return RowKept(scores[0].topk(compute_n_kept(m, base.compression_ratio), dim=-1).indices)
+        # topk over the very tensor kvpress's ScorerPress.compress ranks ([1, kv, m]), so an
+        # exact tie falls the same way (topk's order among ties is not documented)
+        return RowKept(scores.topk(compute_n_kept(m, base.compression_ratio), dim=-1).indices[0])
 
     def compresses(self, lengths: torch.Tensor) -> torch.Tensor:
         """``[n]`` bool: rows that compress after reaching these lengths."""
