@@ -275,7 +275,10 @@ def parse_study(data: dict, source: str | None = None, presses: UserPresses | No
         gpus_per_worker=study.get("gpus_per_worker"),
         cpus_per_worker=study.get("cpus_per_worker", 1.0))
     if read_documents:
-        preflight.check_documents(sources)
+        read = preflight.check_documents(sources)
+        if engine == "transformers":  # llama.cpp caches a question as its context
+            preflight.check_questions(actions, sources, read, presses.presses,
+                                      defined=press_names | given)
     if before_torch is not None:  # e.g. a store to resume, held against these settings
         before_torch({
             "name": name, "models": [str(m) for m in study["models"]], "actions": list(actions),

@@ -1,0 +1,217 @@
+"""Issue 63 (2): a decoding-time or quantizing action on a document with a question (kvpress's
+pipeline protocol) is refused in one line naming the action and the document, before torch
+loads where it is a spec string and the documents are in a file, and before anything is
+written where it is a press object."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import kvdrift
+from kvdrift.lm.grammar import after_context
+
+HEAVY = ("torch", "transformers", "kvpress")
+_PROBE = """
+import json, sys
+from kvdrift.cli import app
+try:
+    app(args=sys.argv[1:], prog_name="kvdrift")
+    code = 0
+except SystemExit as exc:
+    code = exc.code
+print(json.dumps({"code": code, "loaded": [m for m in HEAVY if m in sys.modules]}))
+""".replace("HEAVY", repr(HEAVY))
+
+
+def _cli(*args: str, cwd) -> tuple[int, list[str], str]:
+    """Exit code, heavy modules loaded when it returned, and stderr of a fresh ``kvdrift``."""
+    source = os.path.dirname(os.path.dirname(kvdrift.__file__))  # this kvdrift, not another
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(
+        filter(None, (source, os.environ.get("PYTHONPATH"))))}
+    done = subprocess.run([sys.executable, "-c", _PROBE, *args], capture_output=True,
+                          text=True, cwd=cwd, env=env, timeout=600)
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    return report["code"], report["loaded"], done.stderr
+
+
+def _write(path, *records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def _docs(tmp_path):
+    """A file whose second document asks a question after its context."""
+    return _write(tmp_path / "docs.jsonl", {"id": "whole", "prompt": "A prompt."},
+                  {"id": "asks", "context": "The cat sat on the mat.", "question": "Where?"})
+
+
+# --- spec strings, from their names alone -----------------------------------------------------
+
+SPECS = [
+    "full", "snapkv-half", "recent-90", "snapkv:ratio=0.5", "adakv-snapkv:ratio=0.5",
+    "decoding-knorm:interval=4,target=16", "decoding-adakv-knorm:interval=4,target=16",
+    "cam-knorm:interval=4,target=16", "decoding-knorm:interval=4,ratio=0.5",
+    "snapkv:ratio=0.5+decoding-knorm:interval=4,target=16",
+    "adakv-snapkv:ratio=0.5+decoding-adakv-knorm:interval=4,target=16",
+    "snapkv:ratio=0.5+kivi:bits=4", "kivi:bits=2", "knorm:ratio=0.5+gguf:k=q8_0,v=q8_0",
+    "fp8:e4m3", "snapkv:ratio=0.5+knorm:ratio=0.8", "full@int4",
+    "decoding-knorm:interval=4,target=16@int4", "snapkv-half@q8_0",
+]
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_the_names_tell_decoding_and_quantization_as_the_parser_does(spec):
+    from kvdrift.lm.actions.spec import parse_action
+
+    action = parse_action(spec)
+    assert after_context.spec_kinds(spec) == (action.decoding is not None,
+                                              action.quantization is not None)
+
+
+def test_the_decoding_families_are_the_press_library_s():
+    from kvdrift.lm.actions.presses import FAMILIES
+
+    assert after_context.DECODING_FAMILIES == tuple(
+        f.name for f in FAMILIES.values() if f.is_decoding)
+
+
+def test_a_press_of_the_user_s_is_left_to_its_object_and_its_quantizer_is_seen():
+    assert after_context.spec_kinds("decoding-mine", defined={"decoding-mine"}) == (
+        False, False)
+    assert after_context.spec_kinds("mine+kivi:bits=4", defined={"mine"}) == (False, True)
+
+
+# --- spec strings on the command line: before torch, nothing written --------------------------
+
+@pytest.mark.parametrize("action, said", [
+    ("decoding-knorm:interval=4,target=16", "compresses during decoding"),
+    ("snapkv:ratio=0.5+cam-knorm:interval=4,target=16", "compresses during decoding"),
+    ("snapkv:ratio=0.5+kivi:bits=4", "quantizes the cache"),
+])
+def test_kvdrift_run_refuses_before_torch_with_nothing_written(action, said, tmp_path):
+    docs = _docs(tmp_path)
+    code, loaded, stderr = _cli("run", "--actions", f"snapkv-half,{action}", "--docs",
+                                str(docs), "--replicates", "1", "--horizon", "2", "--out",
+                                "out", cwd=tmp_path)
+    assert code == 2, stderr
+    assert stderr.strip() == (
+        f"error: action {action!r} {said}; kvdrift measures "
+        f"{'decoding-time presses' if 'decoding' in said else 'quantization'} on whole-prompt "
+        f"documents only, and document 'asks' asks a question after its context (give "
+        f"'prompt', not 'context' and 'question')"), stderr
+    assert loaded == [], f"{loaded} imported before the refusal"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["docs.jsonl"]  # no output folder
+
+
+def test_kvdrift_study_refuses_generated_questions_before_torch(tmp_path):
+    (tmp_path / "s.toml").write_text(
+        '[study]\nmodels = ["smollm2"]\nactions = ["snapkv-half", '
+        '"decoding-knorm:interval=4,target=16"]\n'
+        '[[documents]]\nsource = "ruler"\nquestion_after = true\n')
+    code, loaded, stderr = _cli("study", "s.toml", "--out", "out", cwd=tmp_path)
+    assert code == 2, stderr
+    assert len(stderr.strip().splitlines()) == 1, stderr
+    assert "every ruler document asks a question after its context (set question_after = " \
+        "false)" in stderr, stderr
+    assert loaded == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.toml"]
+
+
+def test_a_dataset_with_a_question_field_is_refused_before_it_loads(tmp_path):
+    from kvdrift.study_config import parse_study
+
+    table = {"source": "hf", "name": str(tmp_path / "absent"), "split": "test",
+             "prompt_field": "context", "question_field": "question"}
+    with pytest.raises(ValueError, match="every document of dataset .*absent' asks a "
+                       r"question after its context \(drop question_field = 'question'\)"):
+        parse_study({"study": {"models": ["smollm2"], "actions": ["kivi:bits=4"]},
+                     "documents": [table]}, read_documents=True)
+
+
+def test_prefill_actions_and_whole_prompts_are_not_refused(tmp_path):
+    from kvdrift.study_config import parse_study
+
+    whole = _write(tmp_path / "whole.jsonl", {"id": "w", "prompt": "p"})
+    parse_study({"study": {"models": ["smollm2"], "actions": [
+        "decoding-knorm:interval=4,target=16", "kivi:bits=4"]},
+        "documents": [{"source": "jsonl", "path": str(whole)}]}, read_documents=True)
+    parse_study({"study": {"models": ["smollm2"], "actions": [
+        "snapkv-half", "adakv-snapkv:ratio=0.5", "full@int4"]},
+        "documents": [{"source": "jsonl", "path": str(_docs(tmp_path))}]},
+        read_documents=True)
+
+
+# --- press objects: refused before anything is written ----------------------------------------
+
+def _decoding_presses():
+    import kvpress
+
+    def decoding():
+        return kvpress.DecodingPress(base_press=kvpress.KnormPress(), compression_interval=4,
+                                     target_size=16)
+
+    return {
+        "dec": decoding(),
+        "ratio-dec": kvpress.CompressionRatioDecodingPress(
+            base_press=kvpress.KnormPress(), compression_interval=4,
+            target_compression_ratio=0.5),
+        "pre-dec": kvpress.PrefillDecodingPress(
+            prefilling_press=kvpress.SnapKVPress(compression_ratio=0.5),
+            decoding_press=decoding()),
+        "dms": kvpress.DMSPress(press=kvpress.KnormPress(), decoding=True),
+        "cam": kvpress.CAMPress(base_press=kvpress.KnormPress(), compression_interval=4,
+                                target_size=16),
+    }
+
+
+@pytest.mark.parametrize("name", ["dec", "ratio-dec", "pre-dec", "dms", "cam"])
+@pytest.mark.parametrize("out", ["out", None])
+def test_measure_refuses_a_decoding_press_object_with_nothing_written(name, out, tmp_path):
+    press = _decoding_presses()[name]
+    folder = None if out is None else tmp_path / out
+    with pytest.raises(ValueError) as refused:
+        kvdrift.measure(actions={"snapkv-half": "snapkv-half", name: press}, docs=_docs(tmp_path),
+                        out=folder, replicates=1, horizon=2)
+    assert str(refused.value) == (
+        f"action {name!r} compresses during decoding; kvdrift measures decoding-time presses "
+        f"on whole-prompt documents only, and document 'asks' asks a question after its "
+        f"context (give 'prompt', not 'context' and 'question')")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["docs.jsonl"]  # no store
+
+
+def test_a_prefill_press_object_passes_and_its_quantizer_chain_is_refused(tmp_path):
+    import kvpress
+
+    from kvdrift.api import study_from_arguments
+
+    docs = str(_docs(tmp_path))
+    prefill = kvpress.PrefillDecodingPress(
+        prefilling_press=kvpress.SnapKVPress(compression_ratio=0.5), decoding_press=None)
+    study_from_arguments("smollm2", {"mine": prefill, "dms": kvpress.DMSPress(
+        press=kvpress.KnormPress(), decoding=False)}, docs)
+    with pytest.raises(ValueError, match=r"^action 'mine\+kivi:bits=4' quantizes the cache; "
+                       r".*document 'asks' asks a question after its context"):
+        study_from_arguments("smollm2", {"mine": prefill,
+                                         "mine+kivi:bits=4": "mine+kivi:bits=4"}, docs)
+
+
+def test_generated_documents_meet_the_same_refusal_before_the_store(tmp_path):
+    """Documents known only once a tokenizer sizes them are held by the factory's check, which
+    runs before the store is created: the press object's refusal names the document."""
+    from kvdrift.data.document import Document
+    from kvdrift.lm.factory import check_questions_fit
+
+    docs = [Document(id="w", prompt="p"), Document(id="q", prompt="c", question="?")]
+    presses = _decoding_presses()
+    for name in presses:
+        with pytest.raises(ValueError, match=rf"^action '{name}' compresses during decoding; "
+                           r".*document 'q' asks a question"):
+            check_questions_fit(docs, [name], presses)
+    with pytest.raises(ValueError, match=r"^action 'kivi:bits=4' quantizes the cache"):
+        check_questions_fit(docs, ["snapkv-half", "kivi:bits=4"], presses)
+    check_questions_fit(docs[:1], list(presses), presses)  # whole prompts take them all
