@@ -122,6 +122,19 @@ def test_kvdrift_study_refuses_generated_questions_before_torch(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.toml"]
 
 
+def test_kvdrift_frontier_refuses_a_decoding_family_before_torch(tmp_path):
+    docs = _docs(tmp_path)
+    code, loaded, stderr = _cli("frontier", "--families", "snapkv,decoding-knorm", "--docs",
+                                str(docs), "--out", "fr", cwd=tmp_path)
+    assert code == 2, stderr
+    assert stderr.strip() == (
+        "error: family 'decoding-knorm' compresses during decoding; kvdrift measures "
+        "decoding-time presses on whole-prompt documents only, and document 'asks' asks a "
+        "question after its context (give 'prompt', not 'context' and 'question')"), stderr
+    assert loaded == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["docs.jsonl"]
+
+
 def test_a_dataset_with_a_question_field_is_refused_before_it_loads(tmp_path):
     from kvdrift.study_config import parse_study
 

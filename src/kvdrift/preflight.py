@@ -83,12 +83,13 @@ def _asking(sources: Iterable[DocumentSource], read: Iterable[Document]
 
 def check_questions(actions: Iterable[str], sources: Iterable[DocumentSource],
                     read: Iterable[Document], presses: Mapping[str, Any],
-                    defined: Collection[str] = ()) -> None:
+                    defined: Collection[str] = (), what: str = "action") -> None:
     """Refuse a decoding-time or quantizing action where a document asks a question after its
     context (:mod:`kvdrift.lm.grammar.after_context`), in one line naming both, before
     anything loads or is written: spec strings by their names, the press objects ``presses``
     (by action name) by their class; ``read``: the documents read from files, ``defined``:
-    other names that are not specs (models handed over)."""
+    other names that are not specs (models handed over); ``what``: what the names are, for
+    the message (a frontier's families)."""
     asking = _asking(sources, read)
     if asking is None:
         return
@@ -99,7 +100,7 @@ def check_questions(actions: Iterable[str], sources: Iterable[DocumentSource],
 
             refusal = press_refusal(name, presses[name], document, hint)
         else:
-            refusal = spec_refusal(name, set(presses) | set(defined), document, hint)
+            refusal = spec_refusal(name, set(presses) | set(defined), document, hint, what)
         if refusal is not None:
             raise ValueError(refusal)
 

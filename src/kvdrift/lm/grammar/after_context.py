@@ -26,16 +26,16 @@ WHOLE_PROMPT_HINT = "give 'prompt', not 'context' and 'question'"
 
 
 def refusal(name: str, *, decoding: bool, quantization: bool, document: str | None = None,
-            hint: str = WHOLE_PROMPT_HINT) -> str | None:
-    """The one line refusing action ``name`` on a document with a question (``document``:
-    the one that has it, named where known; ``hint``: how to give whole-prompt documents
-    instead), or None where it may take one."""
+            hint: str = WHOLE_PROMPT_HINT, what: str = "action") -> str | None:
+    """The one line refusing action ``name`` (``what``: or a frontier's family) on a document
+    with a question (``document``: the one that has it, named where known; ``hint``: how to
+    give whole-prompt documents instead), or None where it may take one."""
     where = "" if document is None else f", and {document} asks a question after its context"
     if decoding:
-        return (f"action {name!r} compresses during decoding; kvdrift measures decoding-time "
+        return (f"{what} {name!r} compresses during decoding; kvdrift measures decoding-time "
                 f"presses on whole-prompt documents only{where} ({hint})")
     if quantization:
-        return (f"action {name!r} quantizes the cache; kvdrift measures quantization on "
+        return (f"{what} {name!r} quantizes the cache; kvdrift measures quantization on "
                 f"whole-prompt documents only{where} ({hint})")
     return None
 
@@ -64,9 +64,9 @@ def spec_kinds(spec: str, defined: Collection[str] = ()) -> tuple[bool, bool]:
 
 
 def spec_refusal(spec: str, defined: Collection[str] = (), document: str | None = None,
-                 hint: str = WHOLE_PROMPT_HINT) -> str | None:
-    """:func:`refusal` of the action spec ``spec`` on a document with a question (None: it
-    may take one), before kvpress is imported."""
+                 hint: str = WHOLE_PROMPT_HINT, what: str = "action") -> str | None:
+    """:func:`refusal` of the action spec ``spec`` (or a frontier's family, ``what``) on a
+    document with a question (None: it may take one), before kvpress is imported."""
     decoding, quantization = spec_kinds(spec, defined)
     return refusal(spec, decoding=decoding, quantization=quantization, document=document,
-                   hint=hint)
+                   hint=hint, what=what)
