@@ -16,6 +16,10 @@ import kvdrift
 from kvdrift.lm.grammar import after_context
 
 HEAVY = ("torch", "transformers", "kvpress")
+#: What the refusals say kvdrift measures instead.
+MEASURED = ("over a question kvdrift measures only kvpress's DecodingPress with a target_size "
+            "(alone or in a PrefillDecodingPress) given as a press object")
+QUANTIZED = "kvdrift measures quantization on whole-prompt documents only"
 _PROBE = """
 import json, sys
 from kvdrift.cli import app
@@ -100,10 +104,9 @@ def test_kvdrift_run_refuses_before_torch_with_nothing_written(action, said, tmp
                                 "out", cwd=tmp_path)
     assert code == 2, stderr
     assert stderr.strip() == (
-        f"error: action {action!r} {said}; kvdrift measures "
-        f"{'decoding-time presses' if 'decoding' in said else 'quantization'} on whole-prompt "
-        f"documents only, and document 'asks' asks a question after its context (give "
-        f"'prompt', not 'context' and 'question')"), stderr
+        f"error: action {action!r} {said}; "
+        f"{MEASURED if 'decoding' in said else QUANTIZED}, and document 'asks' asks a "
+        f"question after its context (give 'prompt', not 'context' and 'question')"), stderr
     assert loaded == [], f"{loaded} imported before the refusal"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["docs.jsonl"]  # no output folder
 
@@ -128,9 +131,9 @@ def test_kvdrift_frontier_refuses_a_decoding_family_before_torch(tmp_path):
                                 str(docs), "--out", "fr", cwd=tmp_path)
     assert code == 2, stderr
     assert stderr.strip() == (
-        "error: family 'decoding-knorm' compresses during decoding; kvdrift measures "
-        "decoding-time presses on whole-prompt documents only, and document 'asks' asks a "
-        "question after its context (give 'prompt', not 'context' and 'question')"), stderr
+        f"error: family 'decoding-knorm' compresses during decoding; {MEASURED}, and "
+        f"document 'asks' asks a question after its context (give 'prompt', not 'context' "
+        f"and 'question')"), stderr
     assert loaded == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["docs.jsonl"]
 
@@ -170,6 +173,8 @@ def _decoding_presses():
 
     return {
         "dec": decoding(),
+        "ada-dec": kvpress.DecodingPress(base_press=kvpress.AdaKVPress(kvpress.KnormPress()),
+                                         compression_interval=4, target_size=16),
         "ratio-dec": kvpress.CompressionRatioDecodingPress(
             base_press=kvpress.KnormPress(), compression_interval=4,
             target_compression_ratio=0.5),
@@ -182,7 +187,11 @@ def _decoding_presses():
     }
 
 
-@pytest.mark.parametrize("name", ["dec", "ratio-dec", "pre-dec", "dms", "cam"])
+MEASURED_OBJECTS = ("dec", "pre-dec")  # replayed from the question's step
+REFUSED_OBJECTS = ("ada-dec", "ratio-dec", "dms", "cam")
+
+
+@pytest.mark.parametrize("name", REFUSED_OBJECTS)
 @pytest.mark.parametrize("out", ["out", None])
 def test_measure_refuses_a_decoding_press_object_with_nothing_written(name, out, tmp_path):
     press = _decoding_presses()[name]
@@ -191,9 +200,8 @@ def test_measure_refuses_a_decoding_press_object_with_nothing_written(name, out,
         kvdrift.measure(actions={"snapkv-half": "snapkv-half", name: press}, docs=_docs(tmp_path),
                         out=folder, replicates=1, horizon=2)
     assert str(refused.value) == (
-        f"action {name!r} compresses during decoding; kvdrift measures decoding-time presses "
-        f"on whole-prompt documents only, and document 'asks' asks a question after its "
-        f"context (give 'prompt', not 'context' and 'question')")
+        f"action {name!r} compresses during decoding; {MEASURED}, and document 'asks' asks a "
+        f"question after its context (give 'prompt', not 'context' and 'question')")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["docs.jsonl"]  # no store
 
 
@@ -221,10 +229,87 @@ def test_generated_documents_meet_the_same_refusal_before_the_store(tmp_path):
 
     docs = [Document(id="w", prompt="p"), Document(id="q", prompt="c", question="?")]
     presses = _decoding_presses()
-    for name in presses:
+    check_questions_fit(docs, list(MEASURED_OBJECTS), presses)
+    for name in REFUSED_OBJECTS:
         with pytest.raises(ValueError, match=rf"^action '{name}' compresses during decoding; "
                            r".*document 'q' asks a question"):
             check_questions_fit(docs, [name], presses)
     with pytest.raises(ValueError, match=r"^action 'kivi:bits=4' quantizes the cache"):
         check_questions_fit(docs, ["snapkv-half", "kivi:bits=4"], presses)
     check_questions_fit(docs[:1], list(presses), presses)  # whole prompts take them all
+
+
+# --- measured: Q's greedy rows are kvpress's pipeline's ---------------------------------------
+
+CONTEXT = ("The museum opened in 1921 in a former railway station. Its first curator, Ada Lind, "
+           "collected clocks, maps and letters from sailors. In 1950 a fire destroyed the east "
+           "wing.")
+QUESTION = "Who was the first curator?"
+HORIZON = 16
+
+
+def _pipeline_answer(loaded, press):
+    """kvpress's pipeline's greedy answer to QUESTION over CONTEXT, as its own token ids."""
+    import kvpress
+
+    pipe = kvpress.KVPressTextGenerationPipeline(model=loaded.model, tokenizer=loaded.tokenizer)
+    captured, decode = [], loaded.tokenizer.decode
+
+    def capture(ids, **kwargs):
+        captured.append([int(i) for i in ids])
+        return decode(ids, **kwargs)
+
+    loaded.tokenizer.decode = capture
+    try:
+        pipe(CONTEXT, question=QUESTION, press=press, max_new_tokens=HORIZON)
+    finally:
+        del loaded.tokenizer.decode
+    return captured[0]
+
+
+def _greedy(pair, rewind):
+    state, tokens = pair.start("q", 1, rewind=rewind), []
+    for _ in range(HORIZON):
+        token = pair.logprobs(state).argmax(-1)
+        tokens.append(int(token))
+        if tokens[-1] == pair.eos_token_id:
+            break
+        state = pair.advance(state, token)
+    return tokens
+
+
+def _measured_presses(name):
+    import kvpress
+
+    def decoding(base, interval, target):
+        return kvpress.DecodingPress(base_press=base, compression_interval=interval,
+                                     target_size=target)
+
+    return {  # the question's inputs scored with the next two steps' / the question's step
+        # compressing at once (12 question tokens >= target_size) / after a prefill press
+        "scores-the-question": decoding(
+            kvpress.ExpectedAttentionPress(n_future_positions=64, n_sink=2), 3, 36),
+        "question-compresses": decoding(kvpress.KnormPress(), 4, 8),
+        "prefill-then-decoding": kvpress.PrefillDecodingPress(
+            prefilling_press=kvpress.KnormPress(compression_ratio=0.5),
+            decoding_press=decoding(kvpress.KnormPress(), 3, 30)),
+    }[name]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["scores-the-question", "question-compresses",
+                                  "prefill-then-decoding"])
+def test_a_decoding_press_over_a_question_answers_as_kvpress_pipeline(embedded_smollm2, name):
+    """kvpress's pipeline runs the question inside the press as its first decoding step (its
+    inputs buffered, compressing at once where the question is as long as the target): Q's
+    greedy row is the pipeline's answer token for token, from rows that keep every entry and
+    rows that keep only the press's."""
+    from kvdrift.data.document import Document
+    from kvdrift.lm.factory import LMPairFactory
+
+    press = _measured_presses(name)
+    wanted = _pipeline_answer(embedded_smollm2, press)
+    pair = LMPairFactory(embedded_smollm2, presses={name: press})(
+        Document("d", CONTEXT, question=QUESTION), name)
+    assert _greedy(pair, rewind=True) == wanted
+    assert _greedy(pair, rewind=False) == wanted

@@ -45,6 +45,7 @@ from kvdrift.lm.engine.press_path import (
 )
 from kvdrift.lm.engine.press_rules import prompt_problem, wrapped_problem
 from kvdrift.lm.engine.question import after_context_refusal, append_question, press_refusal
+from kvdrift.lm.engine.question_decoding import question_start, replays_over_question
 from kvdrift.lm.generators.build import (
     Generator,
     build_generator,
@@ -289,15 +290,21 @@ class LMPairFactory:
                                 reference=self._reference, general=general)
         if quantization is not None:
             raise ValueError(after_context_refusal(action))
-        if general.rule is not None:  # refused before anything was written; kept as a guard
+        rule = None
+        if general.rule is not None and not replays_over_question(general.rule):
+            # refused before anything was written; kept as a guard
             raise ValueError(press_refusal(name, self.presses[name], f"document {doc.id!r}")
                              or f"action {name!r} compresses during decoding")
         self._general_caches[name] = general  # the next question over this context reuses it
-        answered = append_question(self.loaded.model, general.cache, self._question_ids)
+        if general.rule is not None:  # the question is the press's first decoding step
+            answered, rule = question_start(self.loaded.model, general.cache,
+                                            self._question_ids, general.rule)
+        else:
+            answered = append_question(self.loaded.model, general.cache, self._question_ids)
         kv_bytes, kv_fraction = stored_memory(answered, self.loaded.model.config)
         return LMKernelPair(self.loaded.model, self._ids, action,
                             reference=self._answered_reference(),
-                            general=PressCache(answered, None, kv_bytes, kv_fraction),
+                            general=PressCache(answered, rule, kv_bytes, kv_fraction),
                             question_after=True)
 
     def check_unit(self, doc: Document, action: str) -> None:

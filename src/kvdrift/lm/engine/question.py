@@ -102,11 +102,23 @@ def after_context_refusal(action: Any, document: str | None = None) -> str | Non
 
 def press_refusal(name: str, press: Any, document: str | None = None,
                   hint: str = WHOLE_PROMPT_HINT) -> str | None:
-    """As :func:`after_context_refusal`, for a press object given as action ``name``: kvpress's
-    decoding presses (``DecodingPress`` and its subclasses, a ``PrefillDecodingPress`` with a
-    decoding press, a ``DMSPress`` with ``decoding=True``) compress during decoding."""
+    """As :func:`after_context_refusal`, for a press object given as action ``name``: a
+    decoding press over a question is measured where it is a ``DecodingPress`` with a fixed
+    ``target_size`` over a scorer (alone or as a ``PrefillDecodingPress``'s decoding press,
+    :mod:`kvdrift.lm.engine.question_decoding`); any other that compresses during decoding
+    (``CompressionRatioDecodingPress``, ``CAMPress``, one over ``AdaKVPress``,
+    ``DMSPress(decoding=True)``) is refused."""
     if isinstance(press, kvpress.PrefillDecodingPress):
         press = press.decoding_press
     decodes = isinstance(press, kvpress.DecodingPress) or (
         isinstance(press, kvpress.DMSPress) and bool(press.decoding))
+    if decodes and over_question(press):
+        return None
     return refusal(name, decoding=decodes, quantization=False, document=document, hint=hint)
+
+
+def over_question(press: Any) -> bool:
+    """Whether kvdrift replays the decoding press ``press`` from a question's step."""
+    return (isinstance(press, kvpress.DecodingPress) and not isinstance(press, kvpress.CAMPress)
+            and not isinstance(press.base_press, kvpress.AdaKVPress)
+            and type(press)._resolve_target_size is kvpress.DecodingPress._resolve_target_size)

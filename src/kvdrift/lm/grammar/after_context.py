@@ -1,13 +1,14 @@
 """Which actions a document with a question can take, known without importing kvpress or torch.
 
 A document with a question (kvpress's pipeline protocol, docs/documents.md) has its context
-compressed, then the question appended. kvdrift measures compressions at prefill that way; a
-decoding-time press (``decoding-*``, ``cam-*``) or a quantization is measured on whole-prompt
-documents only. :func:`spec_refusal` tells from an action spec's names alone (the static
-copy in :mod:`kvdrift.lm.grammar.names`) what :func:`kvdrift.lm.actions.spec.parse_action`
-would find in its ``decoding`` and ``quantization``, so that ``kvdrift run`` and ``kvdrift
-study`` refuse such a study before torch loads, with nothing written (a test holds the two
-against each other); :func:`refusal` is the one line every such refusal gives.
+compressed, then the question appended. kvdrift measures compressions at prefill that way, and
+a ``DecodingPress`` given as a press object (:mod:`kvdrift.lm.engine.question_decoding`); a
+decoding-time spec (``decoding-*``, ``cam-*``) or a quantization is measured on whole-prompt
+documents only. :func:`spec_refusal` tells from an action spec's names alone (the static copy
+in :mod:`kvdrift.lm.grammar.names`) what :func:`kvdrift.lm.actions.spec.parse_action` would
+find in its ``decoding`` and ``quantization``, so that ``kvdrift run`` and ``kvdrift study``
+refuse such a study before torch loads, with nothing written (a test holds the two against
+each other); :func:`refusal` is the one line every such refusal gives.
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ def refusal(name: str, *, decoding: bool, quantization: bool, document: str | No
     give whole-prompt documents instead), or None where it may take one."""
     where = "" if document is None else f", and {document} asks a question after its context"
     if decoding:
-        return (f"{what} {name!r} compresses during decoding; kvdrift measures decoding-time "
-                f"presses on whole-prompt documents only{where} ({hint})")
+        return (f"{what} {name!r} compresses during decoding; over a question kvdrift "
+                f"measures only kvpress's DecodingPress with a target_size (alone or in a "
+                f"PrefillDecodingPress) given as a press object{where} ({hint})")
     if quantization:
         return (f"{what} {name!r} quantizes the cache; kvdrift measures quantization on "
                 f"whole-prompt documents only{where} ({hint})")
