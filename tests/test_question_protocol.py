@@ -328,8 +328,9 @@ def test_kvdrift_run_names_the_protocol(tiny_model_dir, tmp_path):
                                       "--horizon", "3", "--out", str(tmp_path / "run")])
     assert result.exit_code != 0  # a decode-time press on a question: refused in one line,
     assert not (tmp_path / "run" / "run.json").exists()  # before anything is written
-    assert "action 'decoding-knorm:interval=4,target=64' compresses during decoding; kvdrift " \
-        "measures decoding-time presses on whole-prompt documents only" in result.output
+    assert "action 'decoding-knorm:interval=4,target=64' compresses during decoding; over a " \
+        "question kvdrift measures only kvpress's DecodingPress" in " ".join(
+            result.output.split())
     result = CliRunner().invoke(app, ["run", "--model", str(tiny_model_dir), "--docs",
                                       str(docs), "--actions", "snapkv-half", "--replicates",
                                       "2", "--horizon", "3", "--out", str(tmp_path / "run2")])

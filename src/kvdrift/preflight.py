@@ -17,8 +17,9 @@ from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from kvdrift.data.document import Document
-from kvdrift.data.sources import DocumentSource, JsonlSource
+from kvdrift.data.document import CONTEXT_THEN_QUESTION, Document
+from kvdrift.data.sources import DocumentSource, HFSource, JsonlSource, RecordsSource
+from kvdrift.lm.grammar.after_context import WHOLE_PROMPT_HINT, spec_refusal
 from kvdrift.lm.grammar.names import check_action_names
 from kvdrift.lm.grammar.values import check_action_values
 from kvdrift.lm.loading.embedded import DEFAULT_MODEL, check_cache
@@ -69,19 +70,66 @@ def check_prompts(models: Iterable[Any], docs: list[Document] | None, horizon: i
         check_prompts_fit(docs, horizon, chat_template, DEFAULT_MODEL)
 
 
-def check_documents(sources: Iterable[DocumentSource]) -> list[Document] | None:
+def check_documents(sources: Iterable[DocumentSource]) -> list[Document]:
     """Read every JSONL document file once, so a missing, unreadable or malformed one is
-    refused now (a dataset from the hub, and generated documents, wait for their loader).
-    Returns the documents every source read without a tokenizer gives (what a store hashes,
-    :data:`~kvdrift.run.run_file.DOCUMENTS_HASH`), or None where one of them is a dataset."""
-    fixed: list[Document] | None = []
+    refused now (a dataset from the hub, and generated documents, wait for their loader);
+    returns the documents read, with those handed over in memory."""
+    read: list[Document] = []
     for source in sources:
-        if isinstance(source, JsonlSource):
-            docs = source.documents()
-            fixed = None if fixed is None else fixed + docs
-        elif not source.needs_tokenizer:
-            fixed = None
-    return fixed
+        if isinstance(source, (JsonlSource, RecordsSource)):
+            read += source.documents()
+    return read
+
+
+def fixed_documents(sources: Iterable[DocumentSource], read: list[Document]
+                    ) -> list[Document] | None:
+    """The documents every source gives without a tokenizer (``read``: those of the JSONL
+    files and in memory), what a store hashes (:data:`~kvdrift.run.run_file.DOCUMENTS_HASH`),
+    or None where one of the sources is a dataset."""
+    if any(isinstance(s, HFSource) for s in sources):
+        return None
+    return read
+
+
+def _asking(sources: Iterable[DocumentSource], read: Iterable[Document]
+            ) -> tuple[str, str] | None:
+    """The first document known now to ask a question after its context, as a message names
+    it, and how to give whole prompts instead: one read from a file, or a source whose every
+    document does (None: none known)."""
+    doc = next((d for d in read if d.question is not None), None)
+    if doc is not None:
+        return f"document {doc.id!r}", WHOLE_PROMPT_HINT
+    for source in sources:
+        if isinstance(source, HFSource) and source.question_field is not None:
+            return (f"every document of dataset {source.name!r}", f"drop question_field = "
+                    f"{source.question_field!r}")
+        if source.protocol == CONTEXT_THEN_QUESTION:
+            return f"every {source.kind} document", "set question_after = false"
+    return None
+
+
+def check_questions(actions: Iterable[str], sources: Iterable[DocumentSource],
+                    read: Iterable[Document], presses: Mapping[str, Any],
+                    defined: Collection[str] = (), what: str = "action") -> None:
+    """Refuse a decoding-time or quantizing action where a document asks a question after its
+    context (:mod:`kvdrift.lm.grammar.after_context`), in one line naming both, before
+    anything loads or is written: spec strings by their names, the press objects ``presses``
+    (by action name) by their class; ``read``: the documents read from files, ``defined``:
+    other names that are not specs (models handed over); ``what``: what the names are, for
+    the message (a frontier's families)."""
+    asking = _asking(sources, read)
+    if asking is None:
+        return
+    document, hint = asking
+    for name in actions:
+        if name in presses:  # a press object: kvpress is imported already
+            from kvdrift.lm.engine.question import press_refusal
+
+            refusal = press_refusal(name, presses[name], document, hint)
+        else:
+            refusal = spec_refusal(name, set(presses) | set(defined), document, hint, what)
+        if refusal is not None:
+            raise ValueError(refusal)
 
 
 #: The recorded settings a resume is held against before torch loads (the store holds the

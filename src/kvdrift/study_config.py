@@ -292,10 +292,14 @@ def parse_study(data: dict, source: str | None = None, presses: UserPresses | No
         kind=study.get("executor", "local"), ray_address=study.get("ray_address"),
         gpus_per_worker=study.get("gpus_per_worker"),
         cpus_per_worker=study.get("cpus_per_worker", 1.0))
-    fixed = preflight.check_documents(sources) if read_documents else None
+    read = preflight.check_documents(sources) if read_documents else None
+    fixed = None if read is None else preflight.fixed_documents(sources, read)
     if engine == "transformers" and isinstance(study.get("models"), list):
         preflight.check_prompts(study["models"], fixed, study.get("horizon", 32),
                                 study.get("chat_template", True))
+    if engine == "transformers" and read is not None:  # llama.cpp caches a question as context
+        preflight.check_questions(actions, sources, read, presses.presses,
+                                  defined=press_names | given)
     if before_torch is not None:  # e.g. a store to resume, held against these settings
         before_torch({
             "name": name, "models": [str(m) for m in study["models"]], "actions": list(actions),

@@ -104,6 +104,13 @@ def frontier(
     from kvdrift.user_presses import load_presses_file
 
     user = load_presses_file(presses) if presses is not None else None
+    if docs is not None and engine == "transformers":  # before any folder or model
+        from kvdrift import preflight
+        from kvdrift.data.sources import JsonlSource
+
+        sources = (JsonlSource(str(docs)),)
+        preflight.check_questions(names, sources, preflight.check_documents(sources), {},
+                                  defined=user.families if user else (), what="family")
     for name in names if user is not None else ():
         if name not in user.families:
             family_budgets(name)

@@ -44,7 +44,8 @@ from kvdrift.lm.engine.press_path import (
     stored_memory,
 )
 from kvdrift.lm.engine.press_rules import prompt_problem, wrapped_problem
-from kvdrift.lm.engine.question import after_context_refusal, append_question
+from kvdrift.lm.engine.question import after_context_refusal, append_question, press_refusal
+from kvdrift.lm.engine.question_decoding import question_start, replays_over_question
 from kvdrift.lm.generators.build import (
     Generator,
     build_generator,
@@ -293,16 +294,21 @@ class LMPairFactory:
                                 reference=self._reference, general=general)
         if quantization is not None:
             raise ValueError(after_context_refusal(action))
-        if general.rule is not None:
-            raise ValueError(f"action {name!r} compresses during decoding; kvdrift measures "
-                             f"decoding-time presses on whole-prompt documents only (give "
-                             f"'prompt', not 'context' and 'question')")
+        rule = None
+        if general.rule is not None and not replays_over_question(general.rule):
+            # refused before anything was written; kept as a guard
+            raise ValueError(press_refusal(name, self.presses[name], f"document {doc.id!r}")
+                             or f"action {name!r} compresses during decoding")
         self._general_caches[name] = general  # the next question over this context reuses it
-        answered = append_question(self.loaded.model, general.cache, self._question_ids)
+        if general.rule is not None:  # the question is the press's first decoding step
+            answered, rule = question_start(self.loaded.model, general.cache,
+                                            self._question_ids, general.rule)
+        else:
+            answered = append_question(self.loaded.model, general.cache, self._question_ids)
         kv_bytes, kv_fraction = stored_memory(answered, self.loaded.model.config)
         return LMKernelPair(self.loaded.model, self._ids, action,
                             reference=self._answered_reference(),
-                            general=PressCache(answered, None, kv_bytes, kv_fraction),
+                            general=PressCache(answered, rule, kv_bytes, kv_fraction),
                             question_after=True)
 
     def check_unit(self, doc: Document, action: str) -> None:
@@ -537,15 +543,22 @@ def check_generators_fit(actions: Sequence[str], p_model: str | LoadedModel,
 def check_questions_fit(documents: Sequence[Document], actions: Sequence[str],
                         presses: Mapping[str, object] | None = None) -> None:
     """Raise a one-line ValueError, before anything is written, if a document asks a question
-    after its context and a named action cannot be measured so (decode-time compression,
-    quantization: :func:`~kvdrift.lm.engine.question.after_context_refusal`). Press objects
-    are checked when their prefill runs."""
-    if not any(doc.question is not None for doc in documents):
+    after its context and an action cannot be measured so (decode-time compression,
+    quantization: :func:`~kvdrift.lm.engine.question.after_context_refusal`, and for a press
+    object :func:`~kvdrift.lm.engine.question.press_refusal`). The study's settings are held
+    so before torch loads where its documents are known then
+    (:func:`kvdrift.preflight.check_questions`); this holds generated ones."""
+    asking = next((doc for doc in documents if doc.question is not None), None)
+    if asking is None:
         return
+    document = f"document {asking.id!r}"
     for name in actions:
         if name in (presses or {}):
-            continue
-        refusal = after_context_refusal(parse_action(name))
+            refusal = press_refusal(name, (presses or {})[name], document) or \
+                after_context_refusal(Action(name=name, quantization=chained_quantizer(name)),
+                                      document)
+        else:
+            refusal = after_context_refusal(parse_action(name), document)
         if refusal is not None:
             raise ValueError(refusal)
 

@@ -66,6 +66,9 @@ class DecodingRule:
     failure: Callable[[str], Exception] = ValueError  # the exception a failing scorer raises
     spec: bool = False  # named by a spec (fields interval=, buffer=), not a press object
     n_prompt: int = 0  # the prompt's tokens (the first generated token is at position n_prompt)
+    # kvpress's pipeline over a question: the question's forward was a decoding step before
+    # generated step 1, per layer its attention inputs [q, hidden] (lm/engine/question_decoding)
+    lead: tuple[torch.Tensor, ...] | None = None
 
     @staticmethod
     def of_stage(stage: Stage) -> DecodingRule:
@@ -110,11 +113,16 @@ class DecodingRule:
 
     def index(self, length: int) -> int:
         """Compressions at generated steps ``1..length``."""
+        if self.lead is not None:  # the question was step 0
+            return (length + 1) // self.interval
         k = self.every_step
         return length if length <= k else k + (length - k) // self.interval
 
     def step_of(self, j: int) -> int:
-        """The generated step after which compression ``j`` (1, 2, ...) happens (0 for j=0)."""
+        """The generated step after which compression ``j`` (1, 2, ...) happens (0 for j=0;
+        -1, the question's step, with a :attr:`lead`)."""
+        if self.lead is not None:
+            return j * self.interval - 1
         k = self.every_step
         return j if j <= k else k + (j - k) * self.interval
 
@@ -131,6 +139,13 @@ class DecodingRule:
     def window(self) -> int:
         """:meth:`window_at` of every compression after the first ``every_step`` ones."""
         return min(self.interval, self.buffer + 1)
+
+    def led(self, layer_idx: int, inputs: torch.Tensor, start: int) -> torch.Tensor:
+        """A compression's attention inputs ``[w, hidden]``: ``inputs`` (steps ``start + 1 ..``),
+        after the question's own where the window reaches its step (``start < 0``)."""
+        if start >= 0 or self.lead is None:
+            return inputs
+        return torch.cat([self.lead[layer_idx].to(inputs.dtype), inputs])
 
     def check(self, action: str | None = None, horizon: int | None = None) -> None:
         """Raise ``failure`` (one line naming ``action`` and the fix) if the press's own rules
@@ -168,6 +183,8 @@ class DecodingRule:
 
     def compresses(self, lengths: torch.Tensor) -> torch.Tensor:
         """``[n]`` bool: rows that compress after reaching these lengths."""
+        if self.lead is not None:
+            return (lengths > 0) & ((lengths + 1) % self.interval == 0)
         k = self.every_step
         return (lengths > 0) & ((lengths <= k) | ((lengths - k) % self.interval == 0))
 
@@ -391,7 +408,8 @@ def _kept_entries(
     start = length - rule.window_at(length)  # inputs of steps start + 1 .. length (step - 1)
     cos, sin = positions[layer_idx]
     kept = rule.compress_row(module, RowEntries(
-        keys.gather(1, idx), values.gather(1, idx), ev.inputs[layer_idx][i, start:length],
+        keys.gather(1, idx), values.gather(1, idx),
+        rule.led(layer_idx, ev.inputs[layer_idx][i, max(start, 0):length], start),
         (cos[i:i + 1], sin[i:i + 1]), length))
     return p_live, o_live, order.gather(1, kept.order)
 

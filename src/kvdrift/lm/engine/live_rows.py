@@ -149,12 +149,14 @@ def compact_rows(
     blocks: dict[int, list[LiveEntries]] = {}
     for i in rows.tolist():
         length = int(lengths[i])
-        ring = torch.arange(length - rule.window_at(length), length, device=mask.device) % window
+        start = length - rule.window_at(length)
+        ring = torch.arange(max(start, 0), length, device=mask.device) % window
         reads = bool(state.reads_prompt[i])
         lives = [_live_of_row(state, cache, layer_idx, i, valid[i], reads)
                  for layer_idx in range(len(modules))]
-        kept = [compress_live(rule, module, live,
-                              state.inputs[layer_idx][i:i + 1].index_select(1, ring),
+        kept = [compress_live(rule, module, live, rule.led(
+                                  layer_idx, state.inputs[layer_idx][i].index_select(0, ring),
+                                  start)[None],
                               tuple(t[i:i + 1] for t in positions[layer_idx]), length)
                 for layer_idx, (module, live) in enumerate(zip(modules, lives, strict=True))]
         if reads and all(k is live for k, live in zip(kept, lives, strict=True)):

@@ -21,13 +21,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import kvpress  # noqa: F401  (imported before the registration below: kvpress wraps earlier ones)
+import kvpress  # (imported before the registration below: kvpress wraps earlier ones)
 import torch
 from transformers import AttentionInterface, DynamicCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from kvdrift.lm.engine.prefill import PromptCache, as_prompt, unwrap_model
 from kvdrift.lm.engine.shared_attention import attention_implementation
+from kvdrift.lm.grammar.after_context import WHOLE_PROMPT_HINT, refusal
 
 ATTENTION_NAME = "kvdrift_question"
 
@@ -91,14 +92,33 @@ def append_question(model: Any, context: PromptCache, question_ids: torch.Tensor
                        n_prompt=n_context + ids.shape[1], live=live)
 
 
-def after_context_refusal(action: Any) -> str | None:
+def after_context_refusal(action: Any, document: str | None = None) -> str | None:
     """Why ``action`` (an :class:`~kvdrift.lm.actions.spec.Action`) cannot be measured with the
-    question after the compressed context yet, or None."""
-    if action.decoding is not None:
-        return (f"action {action.name!r} compresses during decoding; kvdrift measures "
-                f"decoding-time presses on whole-prompt documents only (give 'prompt', not "
-                f"'context' and 'question')")
-    if action.quantization is not None:
-        return (f"action {action.name!r} quantizes the cache; kvdrift measures quantization "
-                f"on whole-prompt documents only (give 'prompt', not 'context' and 'question')")
-    return None
+    question after the compressed context yet, or None (``document``: the one that asks, for
+    the message; :func:`kvdrift.lm.grammar.after_context.refusal`)."""
+    return refusal(action.name, decoding=action.decoding is not None,
+                   quantization=action.quantization is not None, document=document)
+
+
+def press_refusal(name: str, press: Any, document: str | None = None,
+                  hint: str = WHOLE_PROMPT_HINT) -> str | None:
+    """As :func:`after_context_refusal`, for a press object given as action ``name``: a
+    decoding press over a question is measured where it is a ``DecodingPress`` with a fixed
+    ``target_size`` over a scorer (alone or as a ``PrefillDecodingPress``'s decoding press,
+    :mod:`kvdrift.lm.engine.question_decoding`); any other that compresses during decoding
+    (``CompressionRatioDecodingPress``, ``CAMPress``, one over ``AdaKVPress``,
+    ``DMSPress(decoding=True)``) is refused."""
+    if isinstance(press, kvpress.PrefillDecodingPress):
+        press = press.decoding_press
+    decodes = isinstance(press, kvpress.DecodingPress) or (
+        isinstance(press, kvpress.DMSPress) and bool(press.decoding))
+    if decodes and over_question(press):
+        return None
+    return refusal(name, decoding=decodes, quantization=False, document=document, hint=hint)
+
+
+def over_question(press: Any) -> bool:
+    """Whether kvdrift replays the decoding press ``press`` from a question's step."""
+    return (isinstance(press, kvpress.DecodingPress) and not isinstance(press, kvpress.CAMPress)
+            and not isinstance(press.base_press, kvpress.AdaKVPress)
+            and type(press)._resolve_target_size is kvpress.DecodingPress._resolve_target_size)
