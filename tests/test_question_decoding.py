@@ -6,41 +6,24 @@ written where it is a press object."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 import kvdrift
 from kvdrift.lm.grammar import after_context
+from tests.test_hostile_refusals import fresh_cli
 
 HEAVY = ("torch", "transformers", "kvpress")
 #: What the refusals say kvdrift measures instead.
 MEASURED = ("over a question kvdrift measures only kvpress's DecodingPress with a target_size "
             "(alone or in a PrefillDecodingPress) given as a press object")
 QUANTIZED = "kvdrift measures quantization on whole-prompt documents only"
-_PROBE = """
-import json, sys
-from kvdrift.cli import app
-try:
-    app(args=sys.argv[1:], prog_name="kvdrift")
-    code = 0
-except SystemExit as exc:
-    code = exc.code
-print(json.dumps({"code": code, "loaded": [m for m in HEAVY if m in sys.modules]}))
-""".replace("HEAVY", repr(HEAVY))
 
 
 def _cli(*args: str, cwd) -> tuple[int, list[str], str]:
     """Exit code, heavy modules loaded when it returned, and stderr of a fresh ``kvdrift``."""
-    source = os.path.dirname(os.path.dirname(kvdrift.__file__))  # this kvdrift, not another
-    env = os.environ | {"PYTHONPATH": os.pathsep.join(
-        filter(None, (source, os.environ.get("PYTHONPATH"))))}
-    done = subprocess.run([sys.executable, "-c", _PROBE, *args], capture_output=True,
-                          text=True, cwd=cwd, env=env, timeout=600)
-    report = json.loads(done.stdout.strip().splitlines()[-1])
-    return report["code"], report["loaded"], done.stderr
+    code, loaded, stderr, _ = fresh_cli(*args, cwd=cwd)
+    return code, loaded, stderr
 
 
 def _write(path, *records):
