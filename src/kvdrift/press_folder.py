@@ -178,7 +178,8 @@ def shadowed(name: str, file: Path, folder: Path) -> str | None:
     for finder in sys.meta_path:  # an editable install's hook, say
         if not isinstance(finder, type) and type(finder).__module__ != "kvdrift.press_source":
             found = getattr(finder, "find_spec", lambda *_: None)(name, None)
-            if found is not None:
+            if found is not None and not (found.origin and _within(found.origin, (real,))):
+                # (pytest's assertion hook finds the sibling itself: that is no library)
                 return f"the installed module {name!r} ({found.origin or 'an import hook'})"
     if spec is not None and name in installed_names():  # a namespace package
         return f"the installed package {name!r}"

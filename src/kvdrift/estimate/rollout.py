@@ -153,25 +153,30 @@ def coupled_rollouts(
 
 
 class Columns:
-    """The per-position records of ``K`` rows over ``H`` positions: each quantity a ``[K, H]``
-    tensor allocated at its first position (its dtype and device) and written column by
-    column. A list of ``[K]`` tensors per quantity, stacked at the end, kept ~11 small
+    """The per-position records of ``K`` rows over ``H`` positions, held position-major: one
+    ``[H, C, K]`` tensor per dtype (its ``C`` quantities), allocated at the first position and
+    written one ``[C, K]`` slice per position by one ``stack`` (one operator per dtype, not one
+    per quantity). A list of ``[K]`` tensors per quantity, stacked at the end, kept ~11 small
     allocations alive per position (a long generation's heap filled with them, between the
     large blocks the decoding step frees, docs/long-generations.md) and held two copies at
     the end."""
 
     def __init__(self, rows: int, horizon: int) -> None:
-        self.shape = (rows, horizon)
-        self.tensors: dict[str, torch.Tensor] = {}
+        self.rows, self.horizon = rows, horizon
+        self.groups: list[tuple[tuple[str, ...], torch.Tensor]] = []
 
     def put(self, t: int, **values: torch.Tensor) -> None:
         """Write each quantity's ``[K]`` values at position index ``t`` (0-based)."""
-        for name, value in values.items():
-            held = self.tensors.get(name)
-            if held is None:
-                held = self.tensors[name] = value.new_empty(self.shape)
-            held[:, t] = value
+        if not self.groups:
+            kinds: dict[tuple[torch.dtype, torch.device], list[str]] = {}
+            for name, value in values.items():
+                kinds.setdefault((value.dtype, value.device), []).append(name)
+            self.groups = [(tuple(names), values[names[0]].new_empty(
+                (self.horizon, len(names), self.rows))) for names in kinds.values()]
+        for names, held in self.groups:
+            torch.stack([values[name] for name in names], out=held[t])
 
     def done(self) -> dict[str, torch.Tensor]:
         """Every quantity ``[K, H]`` on the CPU."""
-        return {name: held.cpu() for name, held in self.tensors.items()}
+        return {name: held[:, i].T.contiguous().cpu()
+                for names, held in self.groups for i, name in enumerate(names)}
