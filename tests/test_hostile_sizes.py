@@ -364,8 +364,12 @@ def test_ctrl_c_lands_during_document_generation_at_the_longest_length(tiny_mode
     and only once the child has worked a CPU second into generating."""
     import psutil
 
+    # a clean Ctrl-C, as a shell gives one: a child inherits its parent's blocked and ignored
+    # signals, and a library loaded earlier in the same pytest worker may have blocked SIGINT
     code = (
-        "import sys\nfrom transformers import AutoTokenizer\n"
+        "import signal, sys\nsignal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+        "from transformers import AutoTokenizer\n"
         "from kvdrift import limits\nfrom kvdrift.data.ruler import RulerConfig, generate\n"
         f"tok = AutoTokenizer.from_pretrained({str(tiny_model_dir)!r})\n"
         "print('ready', flush=True)\n"
