@@ -168,6 +168,9 @@ def child(mode: str, args: argparse.Namespace) -> dict:
 
     torch.set_num_threads(args.threads)
     lm = load_model("smollm2")
+    if args.layers < SMOLLM2.layers:  # the first layers only (every per-position cost but theirs)
+        lm.model.model.layers = torch.nn.ModuleList(list(lm.model.model.layers)[:args.layers])
+        lm.model.config.num_hidden_layers = args.layers
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(3, 40000, (1, args.prompt), generator=gen)
     spec = f"decoding-knorm:interval={args.interval},target={args.target}"
@@ -238,6 +241,8 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1, help="rows per state (K)")
     parser.add_argument("--prompt", type=int, default=512, help="prompt tokens")
     parser.add_argument("--threads", type=int, default=1, help="threads of each process")
+    parser.add_argument("--layers", type=int, default=SMOLLM2.layers,
+                        help="decoder layers kept, the first ones (default: all 30)")
     parser.add_argument("--masked-up-to", type=int, default=1024,
                         help="longest H of the masked mode (it grows with H; default 1024)")
     parser.add_argument("--save", default=None, help="write the measurements to this JSON file")
@@ -258,13 +263,18 @@ def main() -> None:
     if args.child is not None:
         print(json.dumps(child(args.child, args)))
         return
+    if not 1 <= args.layers <= SMOLLM2.layers:
+        parser.error(f"--layers {args.layers}: SmolLM2-135M has {SMOLLM2.layers} decoder "
+                     f"layers (1-{SMOLLM2.layers})")
     argv = ["--rows", str(args.rows), "--prompt", str(args.prompt), "--threads",
-            str(args.threads), "--target", str(args.target), "--interval", str(args.interval),
+            str(args.threads), "--layers", str(args.layers), "--target", str(args.target),
+            "--interval", str(args.interval),
             *(["--partial", args.partial] if args.partial is not None else [])]
-    shape = replace(SMOLLM2, target=args.target, interval=args.interval,
+    shape = replace(SMOLLM2, layers=args.layers, target=args.target, interval=args.interval,
                     window=min(args.interval, 257))
     hs = sorted(args.horizons)
-    print(f"SmolLM2-135M float32, CPU ({args.threads} threads), prompt {args.prompt} tokens, "
+    cut = "" if args.layers == SMOLLM2.layers else f" cut to its first {args.layers} layers"
+    print(f"SmolLM2-135M{cut} float32, CPU ({args.threads} threads), prompt {args.prompt} tokens, "
           f"K = {args.rows} row(s); press decoding-knorm:interval={args.interval},"
           f"target={args.target}")
     if args.load is not None:  # print a saved measurement again (e.g. with a new formula)

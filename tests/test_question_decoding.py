@@ -12,6 +12,7 @@ import pytest
 import kvdrift
 from kvdrift.lm.grammar import after_context
 from tests.test_hostile_refusals import fresh_cli
+from tests.test_question_protocol import greedy_until_eos
 
 HEAVY = ("torch", "transformers", "kvpress")
 #: What the refusals say kvdrift measures instead.
@@ -250,17 +251,6 @@ def _pipeline_answer(loaded, press):
     return captured[0]
 
 
-def _greedy(pair, rewind):
-    state, tokens = pair.start("q", 1, rewind=rewind), []
-    for _ in range(HORIZON):
-        token = pair.logprobs(state).argmax(-1)
-        tokens.append(int(token))
-        if tokens[-1] == pair.eos_token_id:
-            break
-        state = pair.advance(state, token)
-    return tokens
-
-
 def _measured_presses(name):
     import kvpress
 
@@ -294,5 +284,5 @@ def test_a_decoding_press_over_a_question_answers_as_kvpress_pipeline(embedded_s
     wanted = _pipeline_answer(embedded_smollm2, press)
     pair = LMPairFactory(embedded_smollm2, presses={name: press})(
         Document("d", CONTEXT, question=QUESTION), name)
-    assert _greedy(pair, rewind=True) == wanted
-    assert _greedy(pair, rewind=False) == wanted
+    assert greedy_until_eos(pair, rewind=True, horizon=HORIZON) == wanted
+    assert greedy_until_eos(pair, rewind=False, horizon=HORIZON) == wanted

@@ -132,10 +132,11 @@ def _pipeline_tokens(loaded, press, questions, context=CONTEXT):
     return captured
 
 
-def _greedy(pair, side):
-    """A side's greedy tokens up to and including EOS (at most HORIZON)."""
-    state, tokens = pair.start(side, 1), []
-    for _ in range(HORIZON):
+def greedy_until_eos(pair, side="q", rewind=True, horizon=HORIZON):
+    """A side's greedy tokens up to and including EOS (at most ``horizon``), its row kept
+    whole and masked (``rewind``) or holding only what a decoding press keeps."""
+    state, tokens = pair.start(side, 1, rewind=rewind), []
+    for _ in range(horizon):
         token = pair.logprobs(state).argmax(-1)
         tokens.append(int(token))
         if tokens[-1] == pair.eos_token_id:
@@ -163,8 +164,8 @@ def test_named_action_answers_as_kvpress_pipeline(loaded, action):
     reference = _pipeline_tokens(loaded, None, QUESTIONS)
     for doc, q_tokens, p_tokens in zip(docs, wanted, reference, strict=True):
         pair = factory(doc, action)
-        assert _greedy(pair, "q") == q_tokens
-        assert _greedy(pair, "p") == p_tokens
+        assert greedy_until_eos(pair, "q") == q_tokens
+        assert greedy_until_eos(pair, "p") == p_tokens
     assert factory.prefills <= 2  # one compression for both questions (eager: its own)
 
 
@@ -176,7 +177,7 @@ def test_press_object_answers_as_kvpress_pipeline(loaded):
     wanted = _pipeline_tokens(loaded, press, QUESTIONS)
     for i, (question, tokens) in enumerate(zip(QUESTIONS, wanted, strict=True)):
         pair = factory(Document(f"d:q{i}", CONTEXT, question=question), "mine")
-        assert _greedy(pair, "q") == tokens
+        assert greedy_until_eos(pair, "q") == tokens
     assert factory.prefills == 2  # P's context once, the press's once: shared by the questions
 
 
@@ -289,8 +290,8 @@ def test_smollm2_answers_as_kvpress_pipeline(smollm2_loaded, smollm2_pipeline_wi
     for doc, q_tokens, p_tokens in zip(docs, wanted, smollm2_pipeline_without_press,
                                        strict=True):
         pair = factory(doc, action)
-        assert _greedy(pair, "q") == q_tokens
-        assert _greedy(pair, "p") == p_tokens
+        assert greedy_until_eos(pair, "q") == q_tokens
+        assert greedy_until_eos(pair, "p") == p_tokens
 
 
 def test_run_json_names_the_protocols_a_study_uses(tmp_path):

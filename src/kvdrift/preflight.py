@@ -71,9 +71,9 @@ def check_prompts(models: Iterable[Any], docs: list[Document] | None, horizon: i
 
 
 def check_documents(sources: Iterable[DocumentSource]) -> list[Document]:
-    """Read every JSONL document file once, so a missing, unreadable or malformed one is
-    refused now (a dataset from the hub, and generated documents, wait for their loader);
-    returns the documents read, with those handed over in memory."""
+    """The documents known before any model loads: every JSONL file read once (so a missing,
+    unreadable or malformed one is refused now) and those handed over in memory; a dataset
+    from the hub, and generated documents, wait for their loader."""
     read: list[Document] = []
     for source in sources:
         if isinstance(source, (JsonlSource, RecordsSource)):

@@ -155,11 +155,8 @@ def coupled_rollouts(
 class Columns:
     """The per-position records of ``K`` rows over ``H`` positions, held position-major: one
     ``[H, C, K]`` tensor per dtype (its ``C`` quantities), allocated at the first position and
-    written one ``[C, K]`` slice per position by one ``stack`` (one operator per dtype, not one
-    per quantity). A list of ``[K]`` tensors per quantity, stacked at the end, kept ~11 small
-    allocations alive per position (a long generation's heap filled with them, between the
-    large blocks the decoding step frees, docs/long-generations.md) and held two copies at
-    the end."""
+    written one ``[C, K]`` slice per position by one ``stack`` (one operator per dtype, no
+    small tensor kept per position: docs/long-generations.md)."""
 
     def __init__(self, rows: int, horizon: int) -> None:
         self.rows, self.horizon = rows, horizon
