@@ -72,8 +72,11 @@ def test_show_prints_the_folded_rows_with_marks():
     assert any("positions folded (t = " in line for line in lines)
     assert "folded " in text and "of 2,048 positions" in text
     assert f"{COMPRESSION_MARK}: the first position read from Q's cache after a " in text
-    # P's and Q's text lines stay whole
-    assert lines[-2] == "P: " + "".join(p.x_text for p in positions(2048, 700))
+    # P's and Q's text stay whole, wrapped at 80 columns (a text without spaces folds)
+    p, q = (next(i for i, line in enumerate(lines) if line.startswith(f"{n}: ")) for n in "PQ")
+    assert all(len(line) <= 80 for line in lines[p:])
+    assert "".join(line[3:] for line in lines[p:q]) == "".join(
+        p.x_text for p in positions(2048, 700))
 
 
 def test_show_of_a_view_without_compressions_keeps_its_layout():
