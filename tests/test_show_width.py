@@ -102,7 +102,8 @@ def test_breaks_keep_every_character_in_order_within_the_width():
         for i, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False)):
             room = width - (indent if i else 0)
             assert columns(text[a:b].rstrip()) <= room, (text, width, indent, text[a:b])
-        counts = [m.span() for m in re.finditer(r"⟨×\d+⟩", text)]  # a repeat count stays whole
+        counts = [m.span() for m in re.finditer(r"⟨×\d+⟩", text)  # a count stays whole,
+                  if columns(m.group()) <= width - indent]  # where it fits a line
         assert not any(a < o < b for o in offsets for a, b in counts)
 
 

@@ -75,11 +75,11 @@ def break_offsets(text: str, width: int, indent: int = 0) -> list[int]:
         if cell_len(word) <= room - used:
             used += cell_len(chunk.group())
             continue
-        for atom in _ATOM.finditer(word):  # fold a word wider than a line
-            if used and used + cell_len(atom.group()) > room:
-                offsets.append(chunk.start() + atom.start())
+        for at, atom in _atoms(word, width - indent):  # fold a word wider than a line
+            if used and used + cell_len(atom) > room:
+                offsets.append(chunk.start() + at)
                 used, room = 0, width - indent
-            used += cell_len(atom.group())
+            used += cell_len(atom)
         used += cell_len(chunk.group()) - cell_len(word)
     return offsets
 
@@ -95,4 +95,16 @@ def wrapped(text: Text, width: int = WIDTH, indent: int = 0) -> Text:
         if i:
             out.append("\n" + " " * indent)
         out.append_text(line)
+    return out
+
+
+def _atoms(word: str, most: int) -> list[tuple[int, str]]:
+    """``word``'s pieces with their indices: repeat counts whole where they fit ``most``
+    cells, every other character alone."""
+    out: list[tuple[int, str]] = []
+    for atom in _ATOM.finditer(word):
+        if cell_len(atom.group()) <= most:
+            out.append((atom.start(), atom.group()))
+        else:
+            out.extend((atom.start() + i, char) for i, char in enumerate(atom.group()))
     return out
