@@ -61,10 +61,14 @@ def example_text(view: ExampleView) -> Text:
     a lost token's context too wide for its column is cut with ``…``."""
     e = view.example
     out = Text()
-    head = Text(f"{printable(e.model)} · {printable(e.doc_id)} · {printable(e.action)} · "
-                f"replicate {e.replicate}", style="bold")
-    head.append(f"  ({view.why})", style="dim")
-    _line(out, head, 2)
+    head = wrapped(Text(f"{printable(e.model)} · {printable(e.doc_id)} · "
+                        f"{printable(e.action)} · replicate {e.replicate}", style="bold"),
+                   WIDTH, 2)
+    why = f"  ({view.why})"  # kept whole: on the heading's last line where it fits
+    last = head.plain.rsplit("\n", 1)[-1]
+    head.append(why if cell_len(last + why) <= WIDTH else "\n" + why, style="dim")
+    out.append_text(head)
+    out.append("\n")
     _line(out, Text(view.summary()), 2)
     if view.lost is not None:
         lost = Text("lost at tau: ", style="bold")
