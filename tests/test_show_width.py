@@ -121,3 +121,20 @@ def test_clips_count_wide_characters_and_keep_the_marked_span():
     cut = clip_around(context, 21, 40, 45)
     assert "⟦tok⟧" in cut and cut.startswith("…a") and cut.endswith("b…") and columns(cut) == 21
     assert clip_around("⟦" + "t" * 30 + "⟧", 10, 0, 32) == "⟦tttttttt…"
+
+
+def test_the_reports_example_of_a_long_generation_says_what_is_folded_and_marked():
+    """The report's Examples read in a browser: the same view folded, each ✂ on both sides
+    and said what it marks, and long unbroken names or tokens wrap inside the two columns."""
+    from kvdrift.report.page import CSS, generations
+
+    html = generations(long_view())
+    assert html.count('<span class="cut"') == 2 * len(CUTS)
+    assert html.count('class="tau"') == 2 and "of 1,000 positions" in html
+    assert (f"✂ before a token: the first position read from Q&#x27;s cache after a "
+            f"decoding-time compression ({len(CUTS)} within H") in html
+    assert "\x1b" not in html
+    # grid columns that may shrink below their longest word, and words that may break
+    example = re.search(r"\.example \{([^}]*)\}", CSS).group(1)
+    sides = re.search(r"\.example \.sides \{([^}]*)\}", CSS).group(1)
+    assert "overflow-wrap: anywhere" in example and "minmax(0, 1fr) minmax(0, 1fr)" in sides
