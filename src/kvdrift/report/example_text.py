@@ -94,9 +94,10 @@ def example_text(view: ExampleView) -> Text:
         return out
     folded = view.folded()
     if view.compressions:
-        out.append(f"{COMPRESSION_MARK}: the first position read from Q's cache after a "
-                   f"compression ({len(view.compressions)} within H)\n   (derived from the "
-                   "decoding-time press's target and interval)\n", style="dim")
+        _line(out, Text(f"{COMPRESSION_MARK}: the first position read from Q's cache after a "
+                        f"compression ({len(view.compressions):,} within H)", style="dim"), 3)
+        out.append("   (derived from the decoding-time press's target and interval)\n",
+                   style="dim")
     if folded.summary() is not None:
         _line(out, Text(folded.summary(), style="dim"), 2)
     shown = [p for p in folded.items if not isinstance(p, Folded)]
