@@ -123,3 +123,7 @@ def test_show_of_a_real_run_marks_the_recorded_compressions(tiny_model_dir, tmp_
     rows = [line for line in shown.stdout.splitlines() if re.match(r"^(τ▶|  )[✂ ] +\d+  '", line)]
     assert [int(line[4:8]) for line in rows if line[2] == COMPRESSION_MARK] == [42, 82]
     assert "of 120 positions" in shown.stdout and "positions folded (t = " in shown.stdout
+    # a random model's tokens (any script, any byte) still fit 80 columns on every line
+    from rich.cells import cell_len
+
+    assert max(cell_len(line) for line in shown.stdout.splitlines()) <= 80
