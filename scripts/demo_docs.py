@@ -58,7 +58,11 @@ def show_excerpt(store: Path) -> str:
                           SHOWN], capture_output=True, text=True, check=True, env=env).stdout
     block = next(b for b in out.split("\n\n") if "(median divergence)" in b)
     lines = block.strip("\n").splitlines()
-    head, table, tail = lines[:4], lines[4:-2], lines[-2:]
+    # the heading, the prompt and P's and Q's text wrap at 80 columns: the head ends at the
+    # table's header line, the tail starts at P's text
+    header = next(i for i, line in enumerate(lines) if re.match(r"^ +t  P ", line))
+    text = next(i for i, line in enumerate(lines) if line.startswith("P: "))
+    head, table, tail = lines[:header + 1], lines[header + 1:text], lines[text:]
     at = next(i for i, line in enumerate(table) if line.startswith("τ▶"))
     cut = table[max(at - CONTEXT, 0):at + CONTEXT + 1]
     return "\n".join([*head, "    ...", *cut, "    ...", *tail])

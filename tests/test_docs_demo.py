@@ -44,13 +44,16 @@ def test_the_readmes_show_excerpt_is_the_demos():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     block = re.search(r"\(here from the demo's store\):\n\n```text\n(.*?)\n```", readme, re.S)
     assert block is not None and block.group(1) == NUMBERS["show"], REGENERATE
-    header = NUMBERS["show"].splitlines()[:2]
-    shown = re.search(r"· (\S+) · replicate (\d+)", header[0])
+    lines = NUMBERS["show"].splitlines()
+    end = next(i for i, line in enumerate(lines) if line.startswith("tau = "))
+    heading = " ".join(line.strip() for line in lines[:end])  # wrapped at 80 columns
+    shown = re.search(r"· (\S+) · replicate (\d+)", heading)
     unit = NUMBERS["unit"]
     assert shown is not None and shown.group(1) == unit["action"]
-    assert unit["doc_id"] in header[0]  # the replicate shown is one the slow test recomputes
+    assert unit["doc_id"] in heading  # the replicate shown is one the slow test recomputes
     record = NUMBERS["unit_records"][int(shown.group(2))]
-    assert header[1].startswith(f"tau = {record['tau']}, ")
+    assert lines[end].startswith(f"tau = {record['tau']}, ")
+    assert all(len(line) <= 80 for line in lines)
 
 
 @pytest.mark.parametrize("page", ["README.md", "docs/index.md", "docs/concepts.md"])

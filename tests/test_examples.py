@@ -9,6 +9,7 @@ holds and what ``show`` prints.
 from __future__ import annotations
 
 import re
+from itertools import takewhile
 
 import pandas as pd
 import pyarrow.parquet as pq
@@ -79,18 +80,18 @@ def test_trajectory_frame_holds_the_records_decoded_by_the_runs_tokenizer(tiny_r
 
 
 def _blocks(text: str) -> list[list[str]]:
-    blocks, current = [], None
-    for line in text.splitlines():
-        if " · replicate " in line:
-            current = [line]
-            blocks.append(current)
-        elif current is not None:
-            current.append(line)
+    """show's views (blank lines between them), each heading's wrapped lines joined into its
+    first line (show writes within 80 columns; a model path makes the heading wrap)."""
+    blocks = []
+    for view in text.strip("\n").split("\n\n"):
+        lines = view.splitlines()
+        end = next(i for i, line in enumerate(lines) if line.startswith(("tau = ", "J = ")))
+        blocks.append([" ".join(line.strip() for line in lines[:end]), *lines[end:]])
     return blocks
 
 
 def _check_block(block, steps, reps, tokenizer):
-    heading = re.match(r"(.+) · (.+) · (.+) · replicate (\d+)  \((.+)\)$", block[0])
+    heading = re.match(r"(.+) · (.+) · (.+) · replicate (\d+)\s+\((.+)\)$", block[0])
     assert heading, block[0]
     _, doc, action, r = heading.groups()[:4]
     rep = reps[(reps.doc_id == doc) & (reps.action == action) & (reps.replicate == int(r))]
@@ -134,7 +135,8 @@ def test_show_selects_by_name_and_refuses_unknown_names(tiny_run, tokenizer):
                                  "recent-half", "--replicate", "2", "--prompt-tokens", "0"])
     assert result.exit_code == 0, result.output
     blocks = _blocks(result.stdout)
-    assert len(blocks) == 1 and "d1 · recent-half · replicate 2  (as asked)" in blocks[0][0]
+    assert len(blocks) == 1
+    assert re.search(r"d1 · recent-half · replicate 2\s+\(as asked\)$", blocks[0][0])
     _check_block(blocks[0], _steps(tiny_run), _replicates(tiny_run), tokenizer)
     assert "prompt ends" not in result.stdout
     for args, words in ((["--doc", "d9"], "document in the run's records must be one of d0, d1,"),
@@ -364,7 +366,10 @@ def test_show_on_a_small_demo_prints_the_records_and_rebuilt_prompts(tmp_path):
         assert prompt_sha256(docs[doc].prompt) == stored
         ids = encode_prompt(tokenizer, docs[doc].prompt)[0].tolist()
         tail = printable(tokenizer.decode(ids[-16:]))
-        assert any(line == f"prompt ends: …{tail}" for line in block), block
+        start = next(i for i, line in enumerate(block) if line.startswith("prompt ends: …"))
+        wrapped = [block[start], *takewhile(lambda line: re.match(r"^  \S", line),
+                                            block[start + 1:])]
+        assert re.sub(r"\s", "", "".join(wrapped)) == re.sub(r"\s", "", f"prompt ends: …{tail}")
     diverged = reps[reps.tau > 0]
     assert len(diverged) and diverged["lost_mass"].between(0, 1).all()
     for row in diverged.itertuples():

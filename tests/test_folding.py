@@ -72,8 +72,11 @@ def test_show_prints_the_folded_rows_with_marks():
     assert any("positions folded (t = " in line for line in lines)
     assert "folded " in text and "of 2,048 positions" in text
     assert f"{COMPRESSION_MARK}: the first position read from Q's cache after a " in text
-    # P's and Q's text lines stay whole
-    assert lines[-2] == "P: " + "".join(p.x_text for p in positions(2048, 700))
+    # P's and Q's text stay whole, wrapped at 80 columns (a text without spaces folds)
+    p, q = (next(i for i, line in enumerate(lines) if line.startswith(f"{n}: ")) for n in "PQ")
+    assert all(len(line) <= 80 for line in lines[p:])
+    assert "".join(line[3:] for line in lines[p:q]) == "".join(
+        p.x_text for p in positions(2048, 700))
 
 
 def test_show_of_a_view_without_compressions_keeps_its_layout():
@@ -120,3 +123,7 @@ def test_show_of_a_real_run_marks_the_recorded_compressions(tiny_model_dir, tmp_
     rows = [line for line in shown.stdout.splitlines() if re.match(r"^(τ▶|  )[✂ ] +\d+  '", line)]
     assert [int(line[4:8]) for line in rows if line[2] == COMPRESSION_MARK] == [42, 82]
     assert "of 120 positions" in shown.stdout and "positions folded (t = " in shown.stdout
+    # a random model's tokens (any script, any byte) still fit 80 columns on every line
+    from rich.cells import cell_len
+
+    assert max(cell_len(line) for line in shown.stdout.splitlines()) <= 80

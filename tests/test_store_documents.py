@@ -7,6 +7,7 @@ The runs are the tiny random Llama saved with the embedded SmolLM2 tokenizer
 
 from __future__ import annotations
 
+import re
 import shutil
 
 import pyarrow.parquet as pq
@@ -111,6 +112,17 @@ def _strip_identity(store):
         pq.write_table(table.replace_schema_metadata(meta), path)
 
 
+def _without_prompt(lines: list[str]) -> list[str]:
+    """show's lines without the prompt's end: its line and its wrapped continuations (two
+    spaces, then text)."""
+    out, inside = [], False
+    for line in lines:
+        inside = line.startswith("prompt ends") or (inside and re.match(r"^  \S", line))
+        if not inside:
+            out.append(line)
+    return out
+
+
 def test_an_old_store_without_documents_or_digests_still_reads_and_resumes(store, tmp_path,
                                                                             tiny_model_dir):
     out, _ = store
@@ -123,8 +135,7 @@ def test_an_old_store_without_documents_or_digests_still_reads_and_resumes(store
     assert "prompt ends" not in stdout and "prompt ends" not in html
     note = "the prompts are not shown: this store was written before kvdrift recorded its"
     assert note in stderr and note in html
-    assert stdout.splitlines() == [line for line in before[0].splitlines()
-                                   if not line.startswith("prompt ends")]
+    assert stdout.splitlines() == _without_prompt(before[0].splitlines())
     resumed = _run(tiny_model_dir, out.parent / "docs.jsonl", old)
     assert resumed.exit_code == 0, resumed.output
     assert "recomputing" not in resumed.output  # its units are kept as they are

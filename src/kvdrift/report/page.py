@@ -14,6 +14,7 @@ from string import Template
 
 from kvdrift.examples.folding import Folded
 from kvdrift.examples.views import ExampleView
+from kvdrift.report.example_text import COMPRESSION_MARK
 from kvdrift.report.numbers import MISSING, number_text
 from kvdrift.report.page_model import (
     Block,
@@ -65,8 +66,9 @@ dl.glossary dt { font-weight: 600; margin-top: .5rem; }
 dl.glossary dd { margin-left: 1.2rem; }
 details pre { background: var(--band); padding: .8rem; overflow-x: auto; font-size: .8rem; }
 code { font-size: .9em; }
-.example { margin: .8rem 0 1.4rem; }
-.example .sides { display: grid; grid-template-columns: 1fr 1fr; gap: .4rem 1.2rem; }
+.example { margin: .8rem 0 1.4rem; overflow-wrap: anywhere; }
+.example .sides { display: grid; grid-template-columns: minmax(0, 1fr) minmax(0, 1fr);
+                  gap: .4rem 1.2rem; }
 .example .side { font: .85rem/1.9 ui-monospace, Menlo, Consolas, monospace; unicode-bidi: isolate;
                  direction: ltr; white-space: pre-wrap; word-break: break-all; }
 .example .prompt { color: var(--muted); font: .8rem ui-monospace, Menlo, Consolas, monospace;
@@ -194,14 +196,20 @@ def _side(view: ExampleView, side: str) -> str:
 
 
 def generations(view: ExampleView) -> str:
-    """One example: its heading and numbers, the prompt's end, P's and Q's text side by side."""
+    """One example: its heading and numbers, what was folded and what ✂ marks (a long
+    generation under a decoding-time press), the prompt's end, P's and Q's text side by
+    side."""
     e = view.example
     head = (f"<p><strong>{visible(e.doc_id)} · {visible(e.action)} · replicate "
             f"{e.replicate}</strong> ({escape(view.why)}; "
             f"{escape(view.summary())})</p>")
-    fold = view.folded().summary()
-    if fold is not None:
-        head += f'<p class="note">{escape(fold)}</p>'
+    notes = [n for n in (view.folded().summary(),) if n is not None]
+    if view.compressions:
+        notes.append(f"{COMPRESSION_MARK} before a token: the first position read from Q's "
+                     f"cache after a decoding-time compression ({len(view.compressions)} "
+                     "within H; derived from the press's target and interval)")
+    if notes:
+        head += f'<p class="note">{"<br>".join(escape(n) for n in notes)}</p>'
     prompt = ("" if view.prompt_tail is None else
               f'<div class="prompt">prompt ends: …{visible(view.prompt_tail)}</div>')
     sides = (f'<div class="sides"><div><strong>P</strong> (full cache)</div>'
