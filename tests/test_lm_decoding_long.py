@@ -155,6 +155,8 @@ def first_near_tie(a: Compression, b: Compression) -> float | None:
         f"layer {a.layer}: kvdrift scores other entries than kvpress"
     if torch.equal(a.kept, b.kept):
         return None
+    assert not torch.equal(a.scores, b.scores), \
+        f"layer {a.layer}: kept sets part on equal scores (ties broken otherwise than topk)"
     head, place = (int(x) for x in torch.nonzero(a.kept != b.kept)[0])
     ours, theirs = int(a.kept[head, place]), int(b.kept[head, place])
     gap = abs(float(a.scores[head, ours] - a.scores[head, theirs]))
@@ -174,6 +176,8 @@ def first_near_tie_shown(a: Compression, b: Compression) -> float | None:
         f"layer {a.layer}: kvdrift hides another count than kvpress"
     if torch.equal(a.kept, b.kept):
         return None
+    assert not torch.equal(a.scores, b.scores), \
+        f"layer {a.layer}: hidden entries part on equal scores (ties broken otherwise)"
     ours = tuple(torch.nonzero(a.kept & ~b.kept)[0].tolist())  # shown by kvpress only
     theirs = tuple(torch.nonzero(b.kept & ~a.kept)[0].tolist())  # shown by kvdrift only
     gap = abs(float(a.scores[ours] - a.scores[theirs]))
@@ -210,11 +214,13 @@ class EntryScores:
         monkeypatch.setattr(scorer, "score", spy)
 
 
-def dms_parted_at(theirs: EntryScores, ours: EntryScores, n: int) -> int:
+def dms_parted_at(theirs: EntryScores, ours: EntryScores, n: int,
+                  steps: int) -> tuple[int, float | None]:
     """The first forward whose hidden entries may differ between kvpress (``theirs``) and
-    kvdrift (``ours``) under :func:`dms`, a near tie at the threshold; :data:`STEPS` if none
-    (AssertionError where they score an entry apart, or part on it by more than float noise)."""
-    last = n + STEPS - 1 - DMS_WINDOW  # the last entry kvdrift's STEPS steps move out
+    kvdrift (``ours``) under :func:`dms` over ``steps`` positions, and the distance of the
+    entry's score from the threshold there; ``(steps, None)`` if none (AssertionError where
+    they score an entry apart, or part on it by more than float noise)."""
+    last = n + steps - 1 - DMS_WINDOW  # the last entry kvdrift's steps move out
     left = {key for key in theirs.scores if key[1] <= last}
     assert left and left <= set(ours.scores), "kvdrift scores other entries than kvpress"
     decided = torch.stack([theirs.scores[key] < DMS_THRESHOLD for key in left])
@@ -228,8 +234,8 @@ def dms_parted_at(theirs: EntryScores, ours: EntryScores, n: int) -> int:
             gap = float((a - DMS_THRESHOLD)[apart].abs().max())
             assert gap <= SCORE_MARGIN * scale, \
                 f"layer {layer}: entry {place} hidden apart at {gap:.3g} from the threshold"
-            return place + DMS_WINDOW - n + 2  # the forward hiding it (prefill: 1)
-    return STEPS
+            return place + DMS_WINDOW - n + 2, gap  # the forward hiding it (prefill: 1)
+    return steps, None
 
 
 def decoding_press(press):
@@ -248,10 +254,25 @@ def kvdrift_pair(model, ids, name: str) -> LMKernelPair:
         LMKernelPair(model, ids, spec)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(SPECS))
-def test_decoding_presses_equal_generate_over_512_positions(shallow, monkeypatch, name):
-    model, ids = shallow
+@dataclass(frozen=True)
+class Comparison:
+    """kvdrift's greedy row (``got``) against kvpress's ``generate`` (``want``) inside one press:
+    the first position they part at (None: never), the two best logits' gap there in
+    ``generate``, and the first forward (1: the prefill) whose compression parted at a near
+    tie, with that tie's score gap (``parted_at`` = the steps compared, ``tie`` None: none)."""
+
+    want: list[int]
+    got: list[int]
+    t: int | None
+    logit_gap: float | None
+    parted_at: int
+    tie: float | None
+    compressions: int  # kvpress's scoring calls (DMSPress: entries scored as they leave)
+
+
+def compare(model, ids, name: str, monkeypatch, steps: int = STEPS) -> Comparison:
+    """Run :data:`SPECS` ``name`` both ways over ``steps`` positions, every compression
+    compared (AssertionError where they score other entries, or part by more than noise)."""
     n = ids.shape[1]
     press = make_press(name, n)
     assert type(press).__name__ == name.split("(")[0]
@@ -273,7 +294,7 @@ def test_decoding_presses_equal_generate_over_512_positions(shallow, monkeypatch
         with torch.random.fork_rng(), press(model), torch.no_grad():
             torch.manual_seed(merge_seed(0, 0))  # CAMPress's merges: Q row 0's seed
             out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                 max_new_tokens=STEPS, min_new_tokens=STEPS,
+                                 max_new_tokens=steps, min_new_tokens=steps,
                                  output_scores=True, return_dict_in_generate=True)
     finally:
         if handle is not None:
@@ -292,26 +313,35 @@ def test_decoding_presses_equal_generate_over_512_positions(shallow, monkeypatch
             return kept
 
         monkeypatch.setattr(DecodingRule, "compress_row", kept_by_kvdrift)
-    got = greedy_q(kvdrift_pair(model, ids, name), STEPS)
+    got = greedy_q(kvdrift_pair(model, ids, name), steps)
     monkeypatch.undo()
     if threshold:
-        parted_at = dms_parted_at(theirs, ours, n)
-    else:
-        assert len(theirs.calls) >= 7 * LAYERS  # compressions after 64, 128, ... 448 generated
-        assert len(ours.calls) >= len(theirs.calls)  # (and after 512, which generate never runs)
-        parted_at = STEPS  # the first position a near tie in a compression may change
+        parted_at, tie = dms_parted_at(theirs, ours, n, steps)
+        count = len(theirs.scores)
+    else:  # compressions after 64, 128, ... generated (and after the last, generate never runs)
+        assert len(theirs.calls) >= (steps // 64 - 1) * model.config.num_hidden_layers
+        assert len(ours.calls) >= len(theirs.calls)
+        parted_at, tie, count = steps, None, len(theirs.calls)
         for a, b in zip(theirs.calls, ours.calls, strict=False):
-            if first_near_tie(a, b) is not None:
+            tie = first_near_tie(a, b)
+            if tie is not None:
                 parted_at = a.forward  # the forward writing token L compresses: L + 2 reads it
                 break
-    if got == want:
-        return
-    t = next(i for i, (x, y) in enumerate(zip(got, want, strict=True)) if x != y)
-    if t >= parted_at:
-        return  # the kept entries parted at a near tie before position t
-    top = out.scores[t][0].float().topk(2).values
-    assert float(top[0] - top[1]) <= LOGIT_MARGIN, \
-        f"{name}: parts from generate at t = {t}, not at a near tie"
+    t = next((i for i, (x, y) in enumerate(zip(got, want, strict=True)) if x != y), None)
+    top = None if t is None else out.scores[t][0].float().topk(2).values
+    return Comparison(want, got, t, None if top is None else float(top[0] - top[1]),
+                      parted_at, tie, count)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_decoding_presses_equal_generate_over_512_positions(shallow, monkeypatch, name):
+    model, ids = shallow
+    c = compare(model, ids, name, monkeypatch)
+    if c.t is None or c.t >= c.parted_at:
+        return  # equal, or the kept entries parted at a near tie before position t
+    assert c.logit_gap <= LOGIT_MARGIN, \
+        f"{name}: parts from generate at t = {c.t}, not at a near tie"
 
 
 # --- sampled: recorded TVs against a recomputation along the recorded paths ------------------
