@@ -7,7 +7,7 @@ compression's scores and kept entries checked as well as the tokens) on the embe
 with ``--layers`` layers (default: all 30) over ``--steps`` positions (default 1,024, twice the
 test's) and prints, per press, where the greedy tokens first part (``equal`` if never), the
 gap between ``generate``'s two best logits there, the first compression whose kept entries
-parted at a near tie (its forward and score gap), and a verdict: ``equal``, ``near tie`` (the
+parted at a near tie (its forward, score gap and layer), and a verdict: ``equal``, ``near tie`` (the
 parting is float noise at a near tie, as the test allows) or ``NOT A TIE`` (a bug). A
 compression scored apart, or kept sets parted by more than noise, is printed as
 ``NOT A TIE`` with the test's message. Then partings per 1,000 positions observed (a row
@@ -57,7 +57,7 @@ def main() -> None:
     print(f"SmolLM2, first {args.layers} layers, {ids.shape[1]}-token prompt, greedy, "
           f"{args.steps} positions")
     print(f"{'press':32s} {'equal to':>9s} {'logit gap':>10s} {'tie at':>7s} "
-          f"{'tie gap':>9s} {'scored':>7s} {'cpu s':>6s}  verdict")
+          f"{'tie gap':>9s} {'layer':>5s} {'scored':>7s} {'cpu s':>6s}  verdict")
     observed, parted = 0, 0
     with first_layers(loaded.model, args.layers) as model:
         for name in names:
@@ -77,7 +77,8 @@ def main() -> None:
             gap = "" if c.logit_gap is None else f"{c.logit_gap:.3g}"
             tie_at = "" if c.tie is None else str(c.parted_at)
             tie = "" if c.tie is None else f"{c.tie:.3g}"
-            print(f"{name:32s} {equal:>9d} {gap:>10s} {tie_at:>7s} {tie:>9s} "
+            layer = "" if c.tie_layer is None else str(c.tie_layer)
+            print(f"{name:32s} {equal:>9d} {gap:>10s} {tie_at:>7s} {tie:>9s} {layer:>5s} "
                   f"{c.compressions:>7d} {seconds:>6.0f}  {verdict}", flush=True)
     print(f"partings: {parted} in {observed} positions observed "
           f"({1000 * parted / max(observed, 1):.2f} per 1,000)")

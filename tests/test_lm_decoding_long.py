@@ -215,11 +215,11 @@ class EntryScores:
 
 
 def dms_parted_at(theirs: EntryScores, ours: EntryScores, n: int,
-                  steps: int) -> tuple[int, float | None]:
+                  steps: int) -> tuple[int, float | None, int | None]:
     """The first forward whose hidden entries may differ between kvpress (``theirs``) and
-    kvdrift (``ours``) under :func:`dms` over ``steps`` positions, and the distance of the
-    entry's score from the threshold there; ``(steps, None)`` if none (AssertionError where
-    they score an entry apart, or part on it by more than float noise)."""
+    kvdrift (``ours``) under :func:`dms` over ``steps`` positions, the distance of the
+    entry's score from the threshold there and its layer; ``(steps, None, None)`` if none
+    (AssertionError where they score an entry apart, or part on it by more than noise)."""
     last = n + steps - 1 - DMS_WINDOW  # the last entry kvdrift's steps move out
     left = {key for key in theirs.scores if key[1] <= last}
     assert left and left <= set(ours.scores), "kvdrift scores other entries than kvpress"
@@ -234,8 +234,8 @@ def dms_parted_at(theirs: EntryScores, ours: EntryScores, n: int,
             gap = float((a - DMS_THRESHOLD)[apart].abs().max())
             assert gap <= SCORE_MARGIN * scale, \
                 f"layer {layer}: entry {place} hidden apart at {gap:.3g} from the threshold"
-            return place + DMS_WINDOW - n + 2, gap  # the forward hiding it (prefill: 1)
-    return steps, None
+            return place + DMS_WINDOW - n + 2, gap, layer  # the forward hiding it
+    return steps, None, None
 
 
 def decoding_press(press):
@@ -259,7 +259,8 @@ class Comparison:
     """kvdrift's greedy row (``got``) against kvpress's ``generate`` (``want``) inside one press:
     the first position they part at (None: never), the two best logits' gap there in
     ``generate``, and the first forward (1: the prefill) whose compression parted at a near
-    tie, with that tie's score gap (``parted_at`` = the steps compared, ``tie`` None: none)."""
+    tie, with that tie's score gap and layer (``parted_at`` = the steps compared, ``tie``
+    None: none)."""
 
     want: list[int]
     got: list[int]
@@ -267,6 +268,7 @@ class Comparison:
     logit_gap: float | None
     parted_at: int
     tie: float | None
+    tie_layer: int | None
     compressions: int  # kvpress's scoring calls (DMSPress: entries scored as they leave)
 
 
@@ -316,21 +318,22 @@ def compare(model, ids, name: str, monkeypatch, steps: int = STEPS) -> Compariso
     got = greedy_q(kvdrift_pair(model, ids, name), steps)
     monkeypatch.undo()
     if threshold:
-        parted_at, tie = dms_parted_at(theirs, ours, n, steps)
+        parted_at, tie, layer = dms_parted_at(theirs, ours, n, steps)
         count = len(theirs.scores)
     else:  # compressions after 64, 128, ... generated (and after the last, generate never runs)
         assert len(theirs.calls) >= (steps // 64 - 1) * model.config.num_hidden_layers
         assert len(ours.calls) >= len(theirs.calls)
-        parted_at, tie, count = steps, None, len(theirs.calls)
+        parted_at, tie, layer, count = steps, None, None, len(theirs.calls)
         for a, b in zip(theirs.calls, ours.calls, strict=False):
             tie = first_near_tie(a, b)
             if tie is not None:
-                parted_at = a.forward  # the forward writing token L compresses: L + 2 reads it
+                # the forward writing token L compresses: L + 2 reads it
+                parted_at, layer = a.forward, a.layer
                 break
     t = next((i for i, (x, y) in enumerate(zip(got, want, strict=True)) if x != y), None)
     top = None if t is None else out.scores[t][0].float().topk(2).values
     return Comparison(want, got, t, None if top is None else float(top[0] - top[1]),
-                      parted_at, tie, count)
+                      parted_at, tie, layer, count)
 
 
 @pytest.mark.slow
