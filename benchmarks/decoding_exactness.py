@@ -13,7 +13,7 @@ compression scored apart, or kept sets parted by more than noise, is printed as
 ``NOT A TIE`` with the test's message. Then partings per 1,000 positions observed (a row
 that parted is observed up to its first parting).
 
-Run: ``nice python benchmarks/decoding_exactness.py`` (about 5 CPU-minutes per press on the
+Run: ``nice python benchmarks/decoding_exactness.py`` (about 3 CPU-minutes per press on the
 whole model over 1,024 positions); ``--press DMSPress --press PrefillDecodingPress`` for some;
 ``--layers 4 --steps 512`` is the test itself.
 """
