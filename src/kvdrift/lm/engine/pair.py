@@ -72,6 +72,7 @@ from kvdrift.lm.engine.prefill import (
     unwrap_model,
 )
 from kvdrift.lm.engine.press_path import KEPT_ENTRIES, STORED_BYTES, PressCache
+from kvdrift.lm.engine.row_invariant import row_invariant_keys
 from kvdrift.lm.engine.shared_attention import ATTENTION_NAME, attention_implementation, hidden_bias
 from kvdrift.lm.quantized.transform import GeneratedView, kv_memory
 
@@ -538,8 +539,13 @@ class LMKernelPair:
                     extra["kvdrift_quant"] = views[0]
             elif any(v is not None for v in views):
                 extra["kvdrift_quant"] = views
+        # under a decoding-time press the first layer's keys and values are the same bits in
+        # any batch, so its exact ties fall the same way in every batch (lm/engine/row_invariant)
+        rows_alone: Any = contextlib.nullcontext()
+        if self._rule is not None:
+            rows_alone = row_invariant_keys(self._modules[0])
         with torch.no_grad(), attention_implementation(self.model, ATTENTION_NAME), \
-                capture as seen:
+                capture as seen, rows_alone:
             out = self.model(
                 input_ids=torch.cat([part.tokens for part in parts])[:, None],
                 position_ids=torch.cat([part.positions for part in parts])[:, None],
