@@ -76,14 +76,21 @@ def first_layers(model, n: int):
         model.model.layers, model.config.num_hidden_layers = layers, count
 
 
-@pytest.fixture(scope="module")
-def shallow(embedded_smollm2):
+@contextlib.contextmanager
+def licence_model(loaded):
+    """The loaded model cut to its first :data:`LAYERS` layers, and a prompt repeating a
+    licence text (layer 0's exact KnormPress ties)."""
     from kvdrift.lm.loading.model import encode_prompt
 
-    ids = encode_prompt(embedded_smollm2.tokenizer, TEXT * 3 + "Write a long commentary on "
-                                                              "this licence.")
-    with first_layers(embedded_smollm2.model, LAYERS) as model:
+    ids = encode_prompt(loaded.tokenizer, TEXT * 3 + "Write a long commentary on this licence.")
+    with first_layers(loaded.model, LAYERS) as model:
         yield model, ids
+
+
+@pytest.fixture(scope="module")
+def shallow(embedded_smollm2):
+    with licence_model(embedded_smollm2) as made:
+        yield made
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,9 @@ layer's keys and values were computed row by row (lm/engine/row_invariant.py) th
 parted by up to 0.28 here: a batch of another size rounded a row's first-layer keys otherwise,
 and KnormPress's exact ties in that layer (a prompt repeating a text) fell another way.
 
-On the embedded SmolLM2 cut to its first :data:`LAYERS` layers, :data:`REPLICATES` rows, each
-of which diverges. The worst gap per press is printed (``-s``) and recorded as the test's
-``worst_tv_gap`` property (docs/decoding-presses.md, sampled TVs).
+On the embedded SmolLM2 cut to its first layers (``test_lm_decoding_long.LAYERS``),
+:data:`REPLICATES` rows, each of which diverges. The worst gap per press is printed (``-s``)
+and recorded as the test's ``worst_tv_gap`` property (docs/decoding-presses.md, sampled TVs).
 """
 
 from __future__ import annotations
@@ -25,11 +25,10 @@ import torch
 
 from kvdrift.lm.actions.spec import parse_action
 from kvdrift.lm.engine.pair import LMKernelPair
-from tests.test_lm_decoding_long import TEXT, first_layers
+from tests.test_lm_decoding_long import licence_model
 from tests.test_lm_press_path import general_pair
 
 STEPS = 512  # generated positions
-LAYERS = 4  # SmolLM2's first layers kept (layer 0 holds KnormPress's exact ties)
 REPLICATES = 2  # rows of a rollout; each diverges, so each has a forced path
 SEED = 5
 TV_TOLERANCE = 1e-4  # recorded TV against its recomputation (issue 60, item 3)
@@ -55,12 +54,8 @@ PRESSES: dict[str, str | Callable[[], kvpress.BasePress]] = {
 
 @pytest.fixture(scope="module")
 def shallow(embedded_smollm2):
-    from kvdrift.lm.loading.model import encode_prompt
-
-    ids = encode_prompt(embedded_smollm2.tokenizer, TEXT * 3 + "Write a long commentary on "
-                                                              "this licence.")
-    with first_layers(embedded_smollm2.model, LAYERS) as model:
-        yield model, ids
+    with licence_model(embedded_smollm2) as made:
+        yield made
 
 
 def make_pair(model, ids, name: str) -> LMKernelPair:
