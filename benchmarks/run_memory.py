@@ -11,9 +11,10 @@ nothing written to disk. The child reports its peak resident memory (``ru_maxrss
 ``/usr/bin/time -f %M`` prints for ``kvdrift run``) and its resident memory before the run.
 
 What a run must hold whatever the press: P's reference rows keep every generated entry,
-``K x (H - 1)`` entries of ``layers x kv_heads x head_dim x 2 x 4`` bytes. The table prints
-that formula beside each peak and the peak without it, then the ratios to the smallest H of
-the peak and of the peak less P's rows (the part a decoding press can bound).
+``K x (H - 1)`` entries (``--batch B``: B replicates at a time, so ``B x (H - 1)``) of
+``layers x kv_heads x head_dim x 2 x 4`` bytes. The table prints that formula beside each peak
+and the peak without it, then the ratios to the smallest H of the peak and of the peak less
+P's rows (the part a decoding press can bound).
 
 Run: ``python benchmarks/run_memory.py --layers 4`` (about 15 minutes on two cores);
 ``--horizons 256 1024`` and ``--layers 30`` for the whole model.
@@ -64,10 +65,11 @@ def child(args: argparse.Namespace) -> dict:
     result = kvdrift.measure(kvdrift.Model(model, lm.tokenizer, "smollm2"), [args.action],
                              [{"id": "memo", "prompt": TEXT * 4 + "Write the minutes."}],
                              replicates=args.replicates, horizon=args.horizon,
-                             temperature=0.7, seed=0, bootstrap=200)
+                             temperature=0.7, seed=0, bootstrap=200, batch=args.batch)
     seconds = time.perf_counter() - started
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    p_rows = args.replicates * (args.horizon - 1) * entry
+    held = args.batch or args.replicates  # replicates whose P rows are held at once
+    p_rows = min(held, args.replicates) * (args.horizon - 1) * entry
     return {"horizon": args.horizon, "peak": peak, "before": before, "p_rows": p_rows,
             "seconds": seconds, "tau": [int(t) for t in result.records.replicates["tau"]]}
 
@@ -79,6 +81,8 @@ def main() -> None:
     parser.add_argument("--replicates", type=int, default=4, help="K")
     parser.add_argument("--action", default="decoding-knorm:interval=128,target=256")
     parser.add_argument("--threads", type=int, default=2, help="torch threads of the child")
+    parser.add_argument("--batch", type=int, default=0,
+                        help="most replicates per forward batch (0: all K at once)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--horizon", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -90,7 +94,8 @@ def main() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     print(f"SmolLM2-135M float32 cut to {args.layers} layer(s), CPU ({args.threads} threads), "
-          f"K = {args.replicates}, {args.action}, temperature 0.7, one ~300-token document",
+          f"K = {args.replicates} (batch {args.batch or args.replicates}), {args.action}, "
+          f"temperature 0.7, one ~300-token document",
           flush=True)
     print("| H | peak MiB | P's rows MiB | peak less P's rows MiB | before the run MiB | "
           "run s | tau per replicate |")
@@ -100,7 +105,8 @@ def main() -> None:
         out = subprocess.run(
             [sys.executable, __file__, "--child", "--horizon", str(h), "--layers",
              str(args.layers), "--replicates", str(args.replicates), "--action", args.action,
-             "--threads", str(args.threads)], env=env, capture_output=True, text=True)
+             "--threads", str(args.threads), "--batch", str(args.batch)],
+            env=env, capture_output=True, text=True)
         if out.returncode != 0:
             raise SystemExit(f"H = {h}: the measurement failed (exit {out.returncode}):\n"
                              f"{out.stderr[-2000:]}")
